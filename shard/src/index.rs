@@ -1,0 +1,346 @@
+//! The per-shard sidecar index (`train-000123.tar.idx`): the byte range and checksum of every
+//! sample, so a work unit that is a sample range can be fetched with one HTTP Range request
+//! and checked on arrival (a whole-shard hash cannot check a range), while the manifest stays
+//! around 100 bytes per shard.
+//!
+//! Binary, little-endian, 24 bytes a sample:
+//!
+//! ```text
+//! magic "SLUICEIX" | version u32 = 1 | flags u32 = 0 | samples u64 | shard_size u64 | shard_checksum u64
+//! samples × (offset u64, len u64, xxh3 u64 of the sample's tar bytes)
+//! xxh3 u64 of everything before it
+//! ```
+//!
+//! Offsets are in the tar stream (for a gzip shard, the decompressed one).
+
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+
+use crate::error::{Result, ShardError};
+use crate::manifest::{Checksum, Compression, ShardInfo};
+use crate::read::{decompressed, ReadOptions, SampleReader};
+
+const MAGIC: &[u8; 8] = b"SLUICEIX";
+const VERSION: u32 = 1;
+const HEADER_LEN: usize = 40;
+const RECORD_LEN: usize = 24;
+
+/// Where one sample lies in its shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub offset: u64,
+    pub len: u64,
+    /// xxh3-64 of the sample's bytes `[offset, offset + len)`.
+    pub checksum: u64,
+}
+
+/// The sidecar index of one shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SampleIndex {
+    /// Size of the tar stream.
+    pub shard_size: u64,
+    /// The manifest's checksum of the shard file this index describes.
+    pub shard_checksum: Checksum,
+    pub entries: Vec<IndexEntry>,
+}
+
+impl SampleIndex {
+    /// `train-000123.tar` → `train-000123.tar.idx`.
+    pub fn sidecar_path(shard: &Path) -> PathBuf {
+        crate::write::sibling(shard, ".idx")
+    }
+
+    /// The sidecar's URL or path for a shard URL or path.
+    pub fn sidecar_url(shard_url: &str) -> String {
+        format!("{shard_url}.idx")
+    }
+
+    /// The byte range `(offset, len)` holding samples `start..end`, or `None` when the range
+    /// is empty or out of bounds.
+    pub fn byte_range(&self, start: u64, end: u64) -> Option<(u64, u64)> {
+        if start >= end {
+            return None;
+        }
+        let first = self.entries.get(usize::try_from(start).ok()?)?;
+        let last = self.entries.get(usize::try_from(end - 1).ok()?)?;
+        Some((first.offset, last.offset + last.len - first.offset))
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_LEN + self.entries.len() * RECORD_LEN + 8);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
+        out.extend_from_slice(&self.shard_size.to_le_bytes());
+        out.extend_from_slice(&self.shard_checksum.0.to_le_bytes());
+        for e in &self.entries {
+            out.extend_from_slice(&e.offset.to_le_bytes());
+            out.extend_from_slice(&e.len.to_le_bytes());
+            out.extend_from_slice(&e.checksum.to_le_bytes());
+        }
+        let sum = xxh3_64(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// Decodes and validates an index; `path` names it in errors.
+    pub fn decode(bytes: &[u8], path: &str) -> Result<Self> {
+        let err = |detail: String| ShardError::Index {
+            path: path.to_string(),
+            detail,
+        };
+        if bytes.len() < HEADER_LEN + 8 {
+            return Err(err(format!("{} bytes is too short for an index", bytes.len())));
+        }
+        if &bytes[..8] != MAGIC {
+            return Err(err("not a sluice sample index (bad magic)".into()));
+        }
+        let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
+        let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap_or([0; 4]));
+        if version != VERSION {
+            return Err(err(format!("index version {version}, this build reads {VERSION}")));
+        }
+        let count = word(16);
+        let expected = count
+            .checked_mul(RECORD_LEN as u64)
+            .and_then(|n| n.checked_add((HEADER_LEN + 8) as u64));
+        if expected != Some(bytes.len() as u64) {
+            return Err(err(format!(
+                "claims {count} samples but is {} bytes long",
+                bytes.len()
+            )));
+        }
+        let body = bytes.len() - 8;
+        if xxh3_64(&bytes[..body]) != word(body) {
+            return Err(err("checksum mismatch: the index is corrupt".into()));
+        }
+        let shard_size = word(24);
+        let mut entries = Vec::with_capacity(count as usize);
+        let mut next = 0u64;
+        for i in 0..count as usize {
+            let at = HEADER_LEN + i * RECORD_LEN;
+            let e = IndexEntry {
+                offset: word(at),
+                len: word(at + 8),
+                checksum: word(at + 16),
+            };
+            let end = e.offset.checked_add(e.len);
+            if e.offset < next || e.len == 0 || end.is_none_or(|end| end > shard_size) {
+                return Err(err(format!("sample {i} has an impossible range")));
+            }
+            next = e.offset + e.len;
+            entries.push(e);
+        }
+        Ok(SampleIndex {
+            shard_size,
+            shard_checksum: Checksum(word(32)),
+            entries,
+        })
+    }
+
+    pub fn write_file(&self, path: &Path) -> Result<()> {
+        let tmp = crate::write::sibling(path, ".partial");
+        let io_err = |source| ShardError::Io {
+            shard: path.display().to_string(),
+            offset: 0,
+            source,
+        };
+        std::fs::write(&tmp, self.encode()).map_err(io_err)?;
+        std::fs::rename(&tmp, path).map_err(io_err)
+    }
+
+    /// Reads an index file, refusing one larger than `max_bytes`.
+    pub fn read_file(path: &Path, max_bytes: u64) -> Result<Self> {
+        let name = path.display().to_string();
+        let file = std::fs::File::open(path).map_err(|source| ShardError::Io {
+            shard: name.clone(),
+            offset: 0,
+            source,
+        })?;
+        let bytes = read_bounded(file, max_bytes, &name)?;
+        Self::decode(&bytes, &name)
+    }
+}
+
+/// Reads a whole stream, refusing more than `max_bytes`.
+pub fn read_bounded<R: Read>(r: R, max_bytes: u64, name: &str) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    r.take(max_bytes.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|source| ShardError::Io {
+            shard: name.to_string(),
+            offset: bytes.len() as u64,
+            source,
+        })?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(ShardError::Index {
+            path: name.to_string(),
+            detail: format!("larger than the limit of {max_bytes} bytes"),
+        });
+    }
+    Ok(bytes)
+}
+
+/// Counts and hashes the raw bytes of a shard file as they stream past.
+struct FileTap<R> {
+    inner: R,
+    state: Arc<Mutex<(Xxh3, u64)>>,
+}
+
+impl<R: Read> Read for FileTap<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if let Ok(mut s) = self.state.lock() {
+            s.0.update(&buf[..n]);
+            s.1 += n as u64;
+        }
+        Ok(n)
+    }
+}
+
+/// Keeps the tar bytes since the last sample boundary, so each sample's bytes can be hashed
+/// once its end is known. Holds at most one sample plus a read's worth of bytes.
+struct TarTap<R> {
+    inner: R,
+    base: u64,
+    kept: Vec<u8>,
+}
+
+impl<R: Read> Read for TarTap<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.kept.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+}
+
+impl<R> TarTap<R> {
+    /// Hashes `[start, end)` and forgets everything before `end`.
+    fn take_range(&mut self, start: u64, end: u64) -> u64 {
+        let lo = (start - self.base) as usize;
+        let hi = (end - self.base) as usize;
+        let sum = xxh3_64(&self.kept[lo..hi]);
+        self.kept.drain(..hi);
+        self.base = end;
+        sum
+    }
+}
+
+/// Reads a whole shard (plain or gzip) from `raw` and describes it: the manifest entry (size,
+/// sample count and checksum of the raw bytes) and the sidecar index. `url` names the shard.
+pub fn scan_shard<R: Read + Send + 'static>(
+    raw: R,
+    url: &str,
+    options: &ReadOptions,
+    mut on_sample: impl FnMut(&crate::Sample),
+) -> Result<(ShardInfo, SampleIndex)> {
+    let state = Arc::new(Mutex::new((Xxh3::new(), 0u64)));
+    let tap = FileTap {
+        inner: raw,
+        state: state.clone(),
+    };
+    let io_err = |source| ShardError::Io {
+        shard: url.to_string(),
+        offset: 0,
+        source,
+    };
+    let mut buffered = io::BufReader::with_capacity(1 << 20, tap);
+    let compression = match io::BufRead::fill_buf(&mut buffered).map_err(io_err)? {
+        head if head.starts_with(&[0x1f, 0x8b]) => Compression::Gzip,
+        _ => Compression::None,
+    };
+    let stream = decompressed(buffered).map_err(io_err)?;
+    let tar_tap = TarTap {
+        inner: stream,
+        base: 0,
+        kept: Vec::new(),
+    };
+    let mut reader = SampleReader::new(tar_tap, url, options);
+    let mut entries = Vec::new();
+    while let Some(sample) = reader.next_sample()? {
+        on_sample(&sample);
+        let checksum = reader.get_mut().take_range(sample.start, sample.end);
+        entries.push(IndexEntry {
+            offset: sample.start,
+            len: sample.end - sample.start,
+            checksum,
+        });
+    }
+    let tar_end = reader.offset();
+    // Read to the end of the file (record padding after the end-of-archive blocks), so the
+    // checksum covers every byte.
+    let tap = reader.get_mut();
+    let rest = io::copy(&mut tap.inner, &mut io::sink()).map_err(|source| ShardError::Io {
+        shard: url.to_string(),
+        offset: tar_end,
+        source,
+    })?;
+    let (hasher, size) = {
+        let s = state.lock().map_err(|_| ShardError::Index {
+            path: url.to_string(),
+            detail: "checksum state poisoned".into(),
+        })?;
+        (s.0.clone(), s.1)
+    };
+    let checksum = Checksum(hasher.digest());
+    let tar_size = tap.base + tap.kept.len() as u64 + rest;
+    let info = ShardInfo {
+        url: url.to_string(),
+        size,
+        samples: entries.len() as u64,
+        checksum,
+        compression,
+    };
+    let index = SampleIndex {
+        shard_size: tar_size.max(tar_end),
+        shard_checksum: checksum,
+        entries,
+    };
+    Ok((info, index))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_index() -> SampleIndex {
+        SampleIndex {
+            shard_size: 10_240,
+            shard_checksum: Checksum(42),
+            entries: vec![
+                IndexEntry { offset: 0, len: 1024, checksum: 1 },
+                IndexEntry { offset: 1024, len: 2048, checksum: 2 },
+                IndexEntry { offset: 4096, len: 512, checksum: 3 },
+            ],
+        }
+    }
+
+    #[test]
+    fn round_trips_and_gives_byte_ranges() {
+        let idx = sample_index();
+        let back = SampleIndex::decode(&idx.encode(), "t.idx").unwrap();
+        assert_eq!(back, idx);
+        assert_eq!(idx.byte_range(0, 1), Some((0, 1024)));
+        assert_eq!(idx.byte_range(1, 3), Some((1024, 3584)));
+        assert_eq!(idx.byte_range(2, 2), None);
+        assert_eq!(idx.byte_range(2, 4), None);
+    }
+
+    #[test]
+    fn rejects_corrupt_or_lying_indexes() {
+        let good = sample_index().encode();
+        let mut flipped = good.clone();
+        flipped[50] ^= 1;
+        assert!(SampleIndex::decode(&flipped, "t.idx").unwrap_err().to_string().contains("corrupt"));
+        let mut huge = good.clone();
+        huge[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+        let msg = SampleIndex::decode(&huge, "t.idx").unwrap_err().to_string();
+        assert!(msg.contains("t.idx") && msg.contains("claims"), "{msg}");
+        assert!(SampleIndex::decode(&good[..20], "t.idx").is_err());
+        assert!(SampleIndex::decode(b"not an index at all, not at all, no.....xxxxxxxx", "t.idx").is_err());
+    }
+}

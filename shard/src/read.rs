@@ -1,0 +1,383 @@
+//! The IO shells around [`TarDecoder`]: a blocking reader over `std::io::Read` and an async
+//! reader over `tokio::io::AsyncRead`. Neither seeks, so both work on sockets and on gzip
+//! streams. Each yields regular-file [`Entry`]s; [`SampleReader`] and [`AsyncSampleReader`]
+//! group them into samples.
+//!
+//! Field data is read straight from the source into the entry's own buffer (one copy, the
+//! unavoidable one). The buffer grows with the bytes that actually arrive, so a header that
+//! lies about its size cannot make the reader allocate more than the limit, and a truncated
+//! stream costs no more memory than it delivered.
+
+use std::io::{self, BufRead, Read};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt};
+
+use crate::error::Result;
+use crate::sample::{Sample, SampleGrouper};
+use crate::tar::{EntryHeader, Limits, Step, TarDecoder, BLOCK};
+
+/// Up to this many bytes of an entry's data are reserved up front; larger entries grow as
+/// their bytes arrive.
+const PREALLOC: u64 = 8 << 20;
+
+/// A regular file from a tar stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub header: EntryHeader,
+    pub data: Vec<u8>,
+}
+
+/// Where a reader starts: a whole shard, or a sample range fetched from a byte offset.
+#[derive(Clone, Debug)]
+pub struct ReadOptions {
+    pub limits: Limits,
+    /// Shard byte offset of the first byte the reader sees.
+    pub start_offset: u64,
+    /// Index in the shard of the first sample the reader sees.
+    pub first_index: u64,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions {
+            limits: Limits::default(),
+            start_offset: 0,
+            first_index: 0,
+        }
+    }
+}
+
+/// Reads the regular-file entries of a tar stream, blocking.
+pub struct TarReader<R> {
+    inner: R,
+    decoder: TarDecoder,
+    scratch: Vec<u8>,
+}
+
+impl<R: Read> TarReader<R> {
+    pub fn new(inner: R, shard: impl Into<Arc<str>>, options: &ReadOptions) -> Self {
+        TarReader {
+            inner,
+            decoder: TarDecoder::starting_at(shard.into(), options.limits, options.start_offset),
+            scratch: Vec::new(),
+        }
+    }
+
+    pub fn shard(&self) -> &Arc<str> {
+        self.decoder.shard()
+    }
+
+    /// The shard offset the reader has reached.
+    pub fn offset(&self) -> u64 {
+        self.decoder.offset()
+    }
+
+    /// The next regular file, or `None` at the end of the archive.
+    pub fn next_entry(&mut self) -> Result<Option<Entry>> {
+        loop {
+            match self.decoder.step() {
+                Step::Header => {
+                    let mut block = [0u8; BLOCK];
+                    let got = read_full(&mut self.inner, &mut block)
+                        .map_err(|e| self.decoder.io_error(e))?;
+                    if got == 0 {
+                        self.decoder.on_eof()?;
+                    } else if got < BLOCK {
+                        return Err(self.decoder.truncated("tar header", (BLOCK - got) as u64));
+                    } else {
+                        self.decoder.on_header(&block)?;
+                    }
+                }
+                Step::Meta(n) => {
+                    self.scratch.clear();
+                    self.scratch.resize(n, 0);
+                    let got = read_full(&mut self.inner, &mut self.scratch)
+                        .map_err(|e| self.decoder.io_error(e))?;
+                    if got < n {
+                        return Err(self.decoder.truncated("", (n - got) as u64));
+                    }
+                    self.decoder.on_meta(&self.scratch)?;
+                }
+                Step::Data(header) => {
+                    let mut data = Vec::with_capacity(header.size.min(PREALLOC) as usize);
+                    let got = (&mut self.inner)
+                        .take(header.size)
+                        .read_to_end(&mut data)
+                        .map_err(|e| self.decoder.io_error(e))?;
+                    if (got as u64) < header.size {
+                        return Err(self.decoder.truncated("", header.size - got as u64));
+                    }
+                    self.decoder.on_data();
+                    return Ok(Some(Entry { header, data }));
+                }
+                Step::Skip(n) => {
+                    let got = io::copy(&mut (&mut self.inner).take(n), &mut io::sink())
+                        .map_err(|e| self.decoder.io_error(e))?;
+                    if got < n {
+                        return Err(self.decoder.truncated("", n - got));
+                    }
+                    self.decoder.on_skipped();
+                }
+                Step::End => return Ok(None),
+            }
+        }
+    }
+}
+
+/// Reads samples (consecutive entries sharing a key) from a tar stream, blocking.
+pub struct SampleReader<R> {
+    tar: TarReader<R>,
+    grouper: SampleGrouper,
+    done: bool,
+}
+
+impl<R: Read> SampleReader<R> {
+    pub fn new(inner: R, shard: impl Into<Arc<str>>, options: &ReadOptions) -> Self {
+        let tar = TarReader::new(inner, shard, options);
+        let grouper = SampleGrouper::new(tar.shard().clone(), options.first_index);
+        SampleReader {
+            tar,
+            grouper,
+            done: false,
+        }
+    }
+
+    /// The shard offset the underlying tar reader has reached.
+    pub fn offset(&self) -> u64 {
+        self.tar.offset()
+    }
+
+    /// The underlying stream.
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.tar.inner
+    }
+
+    /// The next sample, or `None` at the end of the shard.
+    pub fn next_sample(&mut self) -> Result<Option<Sample>> {
+        while !self.done {
+            match self.tar.next_entry()? {
+                Some(entry) => {
+                    if let Some(sample) = self.grouper.push(entry) {
+                        return Ok(Some(sample));
+                    }
+                }
+                None => self.done = true,
+            }
+        }
+        Ok(self.grouper.finish())
+    }
+}
+
+impl<R: Read> Iterator for SampleReader<R> {
+    type Item = Result<Sample>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self.next_sample() {
+            Ok(Some(s)) => Some(Ok(s)),
+            Ok(None) => None,
+            Err(e) => {
+                // After an error the stream position is unknown: stop.
+                self.done = true;
+                self.grouper.discard();
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// Reads the regular-file entries of a tar stream without blocking a runtime thread.
+pub struct AsyncTarReader<R> {
+    inner: R,
+    decoder: TarDecoder,
+    scratch: Vec<u8>,
+}
+
+impl<R: AsyncRead + Unpin> AsyncTarReader<R> {
+    pub fn new(inner: R, shard: impl Into<Arc<str>>, options: &ReadOptions) -> Self {
+        AsyncTarReader {
+            inner,
+            decoder: TarDecoder::starting_at(shard.into(), options.limits, options.start_offset),
+            scratch: Vec::new(),
+        }
+    }
+
+    pub fn shard(&self) -> &Arc<str> {
+        self.decoder.shard()
+    }
+
+    pub fn offset(&self) -> u64 {
+        self.decoder.offset()
+    }
+
+    /// The next regular file, or `None` at the end of the archive.
+    pub async fn next_entry(&mut self) -> Result<Option<Entry>> {
+        loop {
+            match self.decoder.step() {
+                Step::Header => {
+                    let mut block = [0u8; BLOCK];
+                    let got = read_full_async(&mut self.inner, &mut block)
+                        .await
+                        .map_err(|e| self.decoder.io_error(e))?;
+                    if got == 0 {
+                        self.decoder.on_eof()?;
+                    } else if got < BLOCK {
+                        return Err(self.decoder.truncated("tar header", (BLOCK - got) as u64));
+                    } else {
+                        self.decoder.on_header(&block)?;
+                    }
+                }
+                Step::Meta(n) => {
+                    self.scratch.clear();
+                    self.scratch.resize(n, 0);
+                    let got = read_full_async(&mut self.inner, &mut self.scratch)
+                        .await
+                        .map_err(|e| self.decoder.io_error(e))?;
+                    if got < n {
+                        return Err(self.decoder.truncated("", (n - got) as u64));
+                    }
+                    self.decoder.on_meta(&self.scratch)?;
+                }
+                Step::Data(header) => {
+                    let mut data = Vec::with_capacity(header.size.min(PREALLOC) as usize);
+                    let got = (&mut self.inner)
+                        .take(header.size)
+                        .read_to_end(&mut data)
+                        .await
+                        .map_err(|e| self.decoder.io_error(e))?;
+                    if (got as u64) < header.size {
+                        return Err(self.decoder.truncated("", header.size - got as u64));
+                    }
+                    self.decoder.on_data();
+                    return Ok(Some(Entry { header, data }));
+                }
+                Step::Skip(n) => {
+                    let got = tokio::io::copy(&mut (&mut self.inner).take(n), &mut tokio::io::sink())
+                        .await
+                        .map_err(|e| self.decoder.io_error(e))?;
+                    if got < n {
+                        return Err(self.decoder.truncated("", n - got));
+                    }
+                    self.decoder.on_skipped();
+                }
+                Step::End => return Ok(None),
+            }
+        }
+    }
+}
+
+/// Reads samples from a tar stream without blocking a runtime thread.
+pub struct AsyncSampleReader<R> {
+    tar: AsyncTarReader<R>,
+    grouper: SampleGrouper,
+    done: bool,
+}
+
+impl<R: AsyncRead + Unpin> AsyncSampleReader<R> {
+    pub fn new(inner: R, shard: impl Into<Arc<str>>, options: &ReadOptions) -> Self {
+        let tar = AsyncTarReader::new(inner, shard, options);
+        let grouper = SampleGrouper::new(tar.shard().clone(), options.first_index);
+        AsyncSampleReader {
+            tar,
+            grouper,
+            done: false,
+        }
+    }
+
+    pub fn offset(&self) -> u64 {
+        self.tar.offset()
+    }
+
+    /// The next sample, or `None` at the end of the shard. After an error, returns `None`.
+    pub async fn next_sample(&mut self) -> Result<Option<Sample>> {
+        while !self.done {
+            match self.tar.next_entry().await {
+                Ok(Some(entry)) => {
+                    if let Some(sample) = self.grouper.push(entry) {
+                        return Ok(Some(sample));
+                    }
+                }
+                Ok(None) => self.done = true,
+                Err(e) => {
+                    self.done = true;
+                    self.grouper.discard();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(self.grouper.finish())
+    }
+}
+
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+/// Wraps a buffered stream in a gzip decoder when it starts with the gzip magic bytes, so
+/// `.tgz` / `.tar.gz` shards read like plain ones. Concatenated gzip members are read as one
+/// stream, as `gzip -d` does.
+pub fn decompressed<R: BufRead + Send + 'static>(mut inner: R) -> io::Result<Box<dyn Read + Send>> {
+    let head = inner.fill_buf()?;
+    if head.starts_with(&GZIP_MAGIC) {
+        Ok(Box::new(flate2::bufread::MultiGzDecoder::new(inner)))
+    } else {
+        Ok(Box::new(inner))
+    }
+}
+
+/// The async form of [`decompressed`].
+pub async fn decompressed_async<R>(mut inner: R) -> io::Result<Pin<Box<dyn AsyncRead + Send>>>
+where
+    R: AsyncBufRead + Unpin + Send + 'static,
+{
+    let head = inner.fill_buf().await?;
+    if head.starts_with(&GZIP_MAGIC) {
+        let mut dec = async_compression::tokio::bufread::GzipDecoder::new(inner);
+        dec.multiple_members(true);
+        Ok(Box::pin(dec))
+    } else {
+        Ok(Box::pin(inner))
+    }
+}
+
+/// Opens a shard file (plain or gzip-compressed) for blocking sample reads.
+pub fn open_shard(
+    path: &std::path::Path,
+    options: &ReadOptions,
+) -> Result<SampleReader<Box<dyn Read + Send>>> {
+    let name: Arc<str> = path.display().to_string().into();
+    let io_err = |source| crate::ShardError::Io {
+        shard: name.to_string(),
+        offset: 0,
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io_err)?;
+    let reader = decompressed(io::BufReader::with_capacity(1 << 20, file)).map_err(io_err)?;
+    Ok(SampleReader::new(reader, name.clone(), options))
+}
+
+/// Reads until `buf` is full or the stream ends; returns how many bytes were read.
+fn read_full<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+async fn read_full_async<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]).await {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
