@@ -94,7 +94,10 @@ impl SampleIndex {
             detail,
         };
         if bytes.len() < HEADER_LEN + 8 {
-            return Err(err(format!("{} bytes is too short for an index", bytes.len())));
+            return Err(err(format!(
+                "{} bytes is too short for an index",
+                bytes.len()
+            )));
         }
         if &bytes[..8] != MAGIC {
             return Err(err("not a sluice sample index (bad magic)".into()));
@@ -102,7 +105,9 @@ impl SampleIndex {
         let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
         let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap_or([0; 4]));
         if version != VERSION {
-            return Err(err(format!("index version {version}, this build reads {VERSION}")));
+            return Err(err(format!(
+                "index version {version}, this build reads {VERSION}"
+            )));
         }
         let count = word(16);
         let expected = count
@@ -312,9 +317,21 @@ mod tests {
             shard_size: 10_240,
             shard_checksum: Checksum(42),
             entries: vec![
-                IndexEntry { offset: 0, len: 1024, checksum: 1 },
-                IndexEntry { offset: 1024, len: 2048, checksum: 2 },
-                IndexEntry { offset: 4096, len: 512, checksum: 3 },
+                IndexEntry {
+                    offset: 0,
+                    len: 1024,
+                    checksum: 1,
+                },
+                IndexEntry {
+                    offset: 1024,
+                    len: 2048,
+                    checksum: 2,
+                },
+                IndexEntry {
+                    offset: 4096,
+                    len: 512,
+                    checksum: 3,
+                },
             ],
         }
     }
@@ -335,12 +352,18 @@ mod tests {
         let good = sample_index().encode();
         let mut flipped = good.clone();
         flipped[50] ^= 1;
-        assert!(SampleIndex::decode(&flipped, "t.idx").unwrap_err().to_string().contains("corrupt"));
+        assert!(SampleIndex::decode(&flipped, "t.idx")
+            .unwrap_err()
+            .to_string()
+            .contains("corrupt"));
         let mut huge = good.clone();
         huge[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
         let msg = SampleIndex::decode(&huge, "t.idx").unwrap_err().to_string();
         assert!(msg.contains("t.idx") && msg.contains("claims"), "{msg}");
         assert!(SampleIndex::decode(&good[..20], "t.idx").is_err());
-        assert!(SampleIndex::decode(b"not an index at all, not at all, no.....xxxxxxxx", "t.idx").is_err());
+        assert!(
+            SampleIndex::decode(b"not an index at all, not at all, no.....xxxxxxxx", "t.idx")
+                .is_err()
+        );
     }
 }

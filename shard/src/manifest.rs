@@ -158,7 +158,10 @@ impl Manifest {
             })
         };
         if self.format != MANIFEST_FORMAT {
-            return err(format!("\"format\" is {:?}, expected {MANIFEST_FORMAT:?}", self.format));
+            return err(format!(
+                "\"format\" is {:?}, expected {MANIFEST_FORMAT:?}",
+                self.format
+            ));
         }
         if self.version != MANIFEST_VERSION {
             return err(format!(
@@ -179,7 +182,10 @@ impl Manifest {
                 return err(format!("shards[{i}].url {:?} is listed twice", s.url));
             }
             if u32::try_from(s.samples).is_err() {
-                return err(format!("shards[{i}].samples {} is more than 2^32", s.samples));
+                return err(format!(
+                    "shards[{i}].samples {} is more than 2^32",
+                    s.samples
+                ));
             }
             total = match total.checked_add(s.samples) {
                 Some(t) => t,
@@ -252,27 +258,41 @@ mod tests {
     #[test]
     fn refuses_bad_manifests_naming_the_key() {
         let dup = Manifest::new(vec![shard("a.tar", 3), shard("a.tar", 4)]);
-        let msg = Manifest::from_json(dup.to_json().as_bytes(), "m.json").unwrap_err().to_string();
-        assert!(msg.contains("shards[1].url") && msg.contains("m.json"), "{msg}");
+        let msg = Manifest::from_json(dup.to_json().as_bytes(), "m.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("shards[1].url") && msg.contains("m.json"),
+            "{msg}"
+        );
 
         let mut v2 = Manifest::new(vec![shard("a.tar", 1)]);
         v2.version = 2;
-        let msg = Manifest::from_json(v2.to_json().as_bytes(), "m.json").unwrap_err().to_string();
+        let msg = Manifest::from_json(v2.to_json().as_bytes(), "m.json")
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("version"), "{msg}");
 
         let unknown = br#"{"format":"sluice-manifest","version":1,"shards":[],"extra":1}"#;
-        let msg = Manifest::from_json(unknown, "m.json").unwrap_err().to_string();
+        let msg = Manifest::from_json(unknown, "m.json")
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("extra"), "{msg}");
 
         let bad_sum = br#"{"format":"sluice-manifest","version":1,"shards":[{"url":"a","size":1,"samples":1,"checksum":"md5:00"}]}"#;
-        let msg = Manifest::from_json(bad_sum, "m.json").unwrap_err().to_string();
+        let msg = Manifest::from_json(bad_sum, "m.json")
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("xxh3"), "{msg}");
     }
 
     #[test]
     fn resolves_relative_urls() {
         assert_eq!(resolve_url("/data/m.json", "a.tar"), "/data/a.tar");
-        assert_eq!(resolve_url("http://h:7000/v1/b/m.json", "a.tar"), "http://h:7000/v1/b/a.tar");
+        assert_eq!(
+            resolve_url("http://h:7000/v1/b/m.json", "a.tar"),
+            "http://h:7000/v1/b/a.tar"
+        );
         assert_eq!(resolve_url("m.json", "a.tar"), "a.tar");
         assert_eq!(resolve_url("/data/m.json", "/abs/a.tar"), "/abs/a.tar");
         assert_eq!(resolve_url("/data/m.json", "s3://b/a.tar"), "s3://b/a.tar");

@@ -92,7 +92,12 @@ fn parse_group(pattern: &str, chars: &[char], pos: &mut usize, open: usize) -> R
                 *pos += 1;
                 break;
             }
-            _ => return Err(err(pattern, format!("'{{' at character {open} is never closed"))),
+            _ => {
+                return Err(err(
+                    pattern,
+                    format!("'{{' at character {open} is never closed"),
+                ))
+            }
         }
     }
     if alts.len() < 2 {
@@ -109,7 +114,12 @@ fn parse_range(pattern: &str, body: &str) -> Result<Node> {
     let (lo, hi, step) = match parts.as_slice() {
         [lo, hi] => (*lo, *hi, "1"),
         [lo, hi, step] => (*lo, *hi, *step),
-        _ => return Err(err(pattern, format!("range {{{body}}} is not A..B or A..B..STEP"))),
+        _ => {
+            return Err(err(
+                pattern,
+                format!("range {{{body}}} is not A..B or A..B..STEP"),
+            ))
+        }
     };
     let number = |s: &str| -> Result<u64> {
         if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
@@ -149,7 +159,10 @@ fn count(seq: &[Node]) -> u64 {
     seq.iter().fold(1u64, |acc, node| match node {
         Node::Lit(_) => acc,
         Node::Alt(alts) => {
-            let n = alts.iter().map(|a| count(a)).fold(0u64, u64::saturating_add);
+            let n = alts
+                .iter()
+                .map(|a| count(a))
+                .fold(0u64, u64::saturating_add);
             acc.saturating_mul(n)
         }
     })
@@ -204,7 +217,16 @@ mod tests {
 
     #[test]
     fn malformed_patterns_are_errors() {
-        for bad in ["{0..9", "a}", "{a}", "{}", "{0..x}", "{0..9..0}", "{1..2..3..4}", "{-1..2}"] {
+        for bad in [
+            "{0..9",
+            "a}",
+            "{a}",
+            "{}",
+            "{0..x}",
+            "{0..9..0}",
+            "{1..2..3..4}",
+            "{-1..2}",
+        ] {
             let e = expand(bad).expect_err(bad);
             assert!(e.to_string().contains(bad), "{e}");
         }

@@ -253,9 +253,10 @@ impl<R: AsyncRead + Unpin> AsyncTarReader<R> {
                     return Ok(Some(Entry { header, data }));
                 }
                 Step::Skip(n) => {
-                    let got = tokio::io::copy(&mut (&mut self.inner).take(n), &mut tokio::io::sink())
-                        .await
-                        .map_err(|e| self.decoder.io_error(e))?;
+                    let got =
+                        tokio::io::copy(&mut (&mut self.inner).take(n), &mut tokio::io::sink())
+                            .await
+                            .map_err(|e| self.decoder.io_error(e))?;
                     if got < n {
                         return Err(self.decoder.truncated("", n - got));
                     }

@@ -128,7 +128,10 @@ mod tests {
     #[test]
     fn keys_follow_the_webdataset_rule() {
         assert_eq!(split_key("000123.jpg"), Some(("000123", "jpg")));
-        assert_eq!(split_key("a/b/000123.seg.png"), Some(("a/b/000123", "seg.png")));
+        assert_eq!(
+            split_key("a/b/000123.seg.png"),
+            Some(("a/b/000123", "seg.png"))
+        );
         assert_eq!(split_key("a.b/c.d"), Some(("a.b/c", "d")));
         assert_eq!(split_key("dir/noext"), None);
         assert_eq!(split_key("dir/.hidden"), None);

@@ -391,9 +391,12 @@ impl TarDecoder {
                 }
                 let mut n: u64 = u64::from(first & 0x7f);
                 for &b in &field[1..] {
-                    n = n.checked_mul(256).map(|n| n + u64::from(b)).ok_or_else(|| {
-                        self.malformed(at, "tar header", format!("{name} overflows 64 bits"))
-                    })?;
+                    n = n
+                        .checked_mul(256)
+                        .map(|n| n + u64::from(b))
+                        .ok_or_else(|| {
+                            self.malformed(at, "tar header", format!("{name} overflows 64 bits"))
+                        })?;
                 }
                 return Ok(n);
             }
@@ -406,7 +409,10 @@ impl TarDecoder {
                 return Err(self.malformed(
                     at,
                     "tar header",
-                    format!("{name} field {:?} is not octal", String::from_utf8_lossy(field)),
+                    format!(
+                        "{name} field {:?} is not octal",
+                        String::from_utf8_lossy(field)
+                    ),
                 ));
             }
             n = n
@@ -423,7 +429,11 @@ impl TarDecoder {
         let name = until_nul(&block[0..100]);
         // Only POSIX ustar uses the prefix field; GNU tar keeps other data there.
         let posix = &block[257..263] == b"ustar\0";
-        let prefix = if posix { until_nul(&block[345..500]) } else { &[] };
+        let prefix = if posix {
+            until_nul(&block[345..500])
+        } else {
+            &[]
+        };
         let name = self.utf8(name, at, "entry name")?;
         if prefix.is_empty() {
             Ok(name)
@@ -449,7 +459,10 @@ impl TarDecoder {
                 return Err(self.malformed(
                     at,
                     "pax record",
-                    format!("length {:?} is not a number", String::from_utf8_lossy(len_text)),
+                    format!(
+                        "length {:?} is not a number",
+                        String::from_utf8_lossy(len_text)
+                    ),
                 ));
             }
             let len: usize = std::str::from_utf8(len_text)
@@ -487,7 +500,10 @@ impl TarDecoder {
                             self.malformed(
                                 at,
                                 "pax record",
-                                format!("size {:?} is not a number", String::from_utf8_lossy(value)),
+                                format!(
+                                    "size {:?} is not a number",
+                                    String::from_utf8_lossy(value)
+                                ),
                             )
                         })?;
                     self.meta.pax_size = Some(size);

@@ -75,7 +75,9 @@ fn validate_sample(key: &str, fields: &[(&str, &[u8])]) -> Result<()> {
     }
     for (i, (name, _)) in fields.iter().enumerate() {
         if name.is_empty() || name.contains('/') || name.contains('\0') {
-            return bad(&format!("field name {name:?} must be non-empty, without '/' or NUL"));
+            return bad(&format!(
+                "field name {name:?} must be non-empty, without '/' or NUL"
+            ));
         }
         if fields[..i].iter().any(|(n, _)| n == name) {
             return bad(&format!("field {name:?} appears twice"));
@@ -281,7 +283,8 @@ impl ShardWriter {
             .out
             .into_inner()
             .map_err(|e| io_error(&cur.path, cur.bytes, e.into_error()))?;
-        file.sync_all().map_err(|e| io_error(&cur.path, cur.bytes, e))?;
+        file.sync_all()
+            .map_err(|e| io_error(&cur.path, cur.bytes, e))?;
         drop(file);
         std::fs::rename(&cur.tmp, &cur.path).map_err(|e| io_error(&cur.path, cur.bytes, e))?;
 
@@ -345,7 +348,10 @@ mod tests {
 
     #[test]
     fn patterns_format_shard_numbers() {
-        assert_eq!(format_pattern("out/train-%06d.tar", 7).unwrap(), "out/train-000007.tar");
+        assert_eq!(
+            format_pattern("out/train-%06d.tar", 7).unwrap(),
+            "out/train-000007.tar"
+        );
         assert_eq!(format_pattern("s%d.tar", 12).unwrap(), "s12.tar");
         assert_eq!(format_pattern("100%%-%03d.tar", 1).unwrap(), "100%-001.tar");
         assert!(format_pattern("no-number.tar", 0).is_err());

@@ -22,14 +22,20 @@ fn entries(bytes: &[u8]) -> Result<Vec<(String, Vec<u8>, u64)>> {
 fn file(name: &str, data: &[u8]) -> Vec<u8> {
     let mut out = ustar(name.as_bytes(), data.len() as u64, b'0').to_vec();
     out.extend_from_slice(data);
-    out.resize(out.len() + (padded(data.len() as u64) as usize - data.len()), 0);
+    out.resize(
+        out.len() + (padded(data.len() as u64) as usize - data.len()),
+        0,
+    );
     out
 }
 
 fn meta(typeflag: u8, payload: &[u8]) -> Vec<u8> {
     let mut out = ustar(b"././@LongLink", payload.len() as u64, typeflag).to_vec();
     out.extend_from_slice(payload);
-    out.resize(out.len() + (padded(payload.len() as u64) as usize - payload.len()), 0);
+    out.resize(
+        out.len() + (padded(payload.len() as u64) as usize - payload.len()),
+        0,
+    );
     out
 }
 
@@ -160,14 +166,20 @@ fn a_bad_checksum_is_an_error_with_its_offset() {
     second[0] = b'c';
     t.extend(second);
     let e = expect_err(&t);
-    assert!(matches!(e, ShardError::BadChecksum { offset: 1024, .. }), "{e}");
+    assert!(
+        matches!(e, ShardError::BadChecksum { offset: 1024, .. }),
+        "{e}"
+    );
     assert!(e.to_string().contains("t.tar"), "{e}");
 }
 
 #[test]
 fn non_tar_input_is_an_error_not_an_empty_shard() {
     let e = expect_err(&[b'G'; 4096]);
-    assert!(matches!(e, ShardError::BadChecksum { offset: 0, .. }), "{e}");
+    assert!(
+        matches!(e, ShardError::BadChecksum { offset: 0, .. }),
+        "{e}"
+    );
 }
 
 #[test]
@@ -176,7 +188,10 @@ fn truncation_is_an_error_naming_entry_and_offset() {
     let e = expect_err(&t[..1500]);
     match &e {
         ShardError::Truncated {
-            offset, what, needed, ..
+            offset,
+            what,
+            needed,
+            ..
         } => {
             assert_eq!(*offset, 512);
             assert!(what.contains("a.jpg"), "{what}");
@@ -185,10 +200,16 @@ fn truncation_is_an_error_naming_entry_and_offset() {
         other => panic!("{other}"),
     }
     // In the padding, and in a header.
-    assert!(matches!(expect_err(&t[..2530]), ShardError::Truncated { offset: 2512, .. }));
+    assert!(matches!(
+        expect_err(&t[..2530]),
+        ShardError::Truncated { offset: 2512, .. }
+    ));
     let mut two = file("a.jpg", b"x");
     two.extend_from_slice(&[1u8; 100]);
-    assert!(matches!(expect_err(&two), ShardError::Truncated { offset: 1024, .. }));
+    assert!(matches!(
+        expect_err(&two),
+        ShardError::Truncated { offset: 1024, .. }
+    ));
 }
 
 #[test]
@@ -199,7 +220,10 @@ fn sizes_over_the_limit_fail_before_allocating() {
     h[128..136].copy_from_slice(&(1u64 << 60).to_be_bytes());
     set_checksum(&mut h);
     let e = expect_err(&h);
-    assert!(matches!(e, ShardError::TooLarge { size, .. } if size == 1 << 60), "{e}");
+    assert!(
+        matches!(e, ShardError::TooLarge { size, .. } if size == 1 << 60),
+        "{e}"
+    );
 
     let records = pax_record("size", b"99999999999999999");
     let mut t = meta(b'x', &records);
@@ -213,18 +237,22 @@ fn sizes_over_the_limit_fail_before_allocating() {
 #[test]
 fn malformed_pax_records_are_errors() {
     for bad in [
-        &b"5 path=abc\n"[..],     // length says 5, record is longer
-        b"11 path=abc",           // no newline
-        b"x path=abc\n",          // no number
-        b"12 pathabc\n\n",        // no '='
-        b"9999 path=a\n",         // longer than the payload
-        b"12 size=1a2\n",         // size not a number
-        b"11 size=-1\n",          // negative size
+        &b"5 path=abc\n"[..], // length says 5, record is longer
+        b"11 path=abc",       // no newline
+        b"x path=abc\n",      // no number
+        b"12 pathabc\n\n",    // no '='
+        b"9999 path=a\n",     // longer than the payload
+        b"12 size=1a2\n",     // size not a number
+        b"11 size=-1\n",      // negative size
     ] {
         let mut t = meta(b'x', bad);
         t.extend(file("a.jpg", b"x"));
         let e = expect_err(&t);
-        assert!(matches!(e, ShardError::Malformed { .. }), "{:?}: {e}", String::from_utf8_lossy(bad));
+        assert!(
+            matches!(e, ShardError::Malformed { .. }),
+            "{:?}: {e}",
+            String::from_utf8_lossy(bad)
+        );
     }
 }
 
@@ -280,12 +308,18 @@ fn reading_from_an_offset_reports_shard_offsets() {
         .collect::<Result<_>>()
         .unwrap();
     assert_eq!(samples.len(), 2);
-    assert_eq!((samples[0].index, samples[0].start, samples[0].key.as_str()), (1, 1536, "s1"));
+    assert_eq!(
+        (samples[0].index, samples[0].start, samples[0].key.as_str()),
+        (1, 1536, "s1")
+    );
     assert_eq!(samples[1].start, 3072);
 }
 
 fn arb_samples() -> impl Strategy<Value = Vec<(String, Vec<(String, Vec<u8>)>)>> {
-    let field = ("[a-z]{1,6}(\\.[a-z]{1,4})?", proptest::collection::vec(any::<u8>(), 0..1500));
+    let field = (
+        "[a-z]{1,6}(\\.[a-z]{1,4})?",
+        proptest::collection::vec(any::<u8>(), 0..1500),
+    );
     let sample = (
         "[a-z0-9_]{1,12}(/[a-z0-9_]{1,130})?",
         proptest::collection::vec(field, 1..4),
@@ -307,7 +341,10 @@ fn arb_samples() -> impl Strategy<Value = Vec<(String, Vec<(String, Vec<u8>)>)>>
 fn encode_all(samples: &[(String, Vec<(String, Vec<u8>)>)]) -> Vec<u8> {
     let mut t = Vec::new();
     for (key, fields) in samples {
-        let f: Vec<(&str, &[u8])> = fields.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
+        let f: Vec<(&str, &[u8])> = fields
+            .iter()
+            .map(|(n, d)| (n.as_str(), d.as_slice()))
+            .collect();
         encode_sample(key, &f, &mut t).unwrap();
     }
     t.extend(end());

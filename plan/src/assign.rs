@@ -1,0 +1,257 @@
+//! The steps of a plan over sample ranges ("pieces"): cutting the line of shards into ranks,
+//! the partial exchange, the remainder, and cutting pieces into ordered work units.
+//!
+//! Partial exchange, per epoch k ≥ 1, starting from the fixed `local` assignment: every rank
+//! gives away round(Q × its samples), taken as whole ranges in a seeded order (the last one
+//! split); the ranks are put in a seeded ring; the given ranges are laid end to end in ring
+//! order and the line is rotated by at least the largest contribution, so each rank receives
+//! exactly as many samples as it gave, none of them its own (except for a possible single
+//! sample when two ranks' shares differ by one). Epoch e is the result of e such exchanges,
+//! so consecutive epochs differ by Q of each rank's samples; the cost is O(e × shards).
+
+use crate::rng::{stream, Domain};
+use crate::{PlanConfig, Remainder, ShufflePolicy, WorkUnit};
+
+/// A range of samples of one shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    pub shard: u32,
+    pub start: u64,
+    pub end: u64,
+    pub padding: bool,
+}
+
+impl Piece {
+    fn len(&self) -> u64 {
+        self.end - self.start
+    }
+}
+
+fn total(pieces: &[Piece]) -> u64 {
+    pieces.iter().map(Piece::len).sum()
+}
+
+/// The fixed shard order of `local`/`partial` uses this in place of an epoch.
+const FIXED: u64 = u64::MAX;
+
+fn shard_order(counts: &[u64], config: &PlanConfig, epoch: u64) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..counts.len() as u32).collect();
+    let key = match config.policy {
+        ShufflePolicy::Global => epoch,
+        ShufflePolicy::Local | ShufflePolicy::Partial(_) => FIXED,
+    };
+    stream(config.seed, Domain::ShardOrder, key, 0).shuffle(&mut order);
+    order
+}
+
+/// Lays the shards end to end in `order` and cuts the line into `world` runs; the first
+/// `total % world` runs are one sample longer.
+fn cut_into_ranks(counts: &[u64], order: &[u32], world: u32) -> Vec<Vec<Piece>> {
+    let n: u64 = counts.iter().sum();
+    let w = u64::from(world);
+    let (base, rem) = (n / w, n % w);
+    let mut ranks: Vec<Vec<Piece>> = vec![Vec::new(); world as usize];
+    let mut r = 0usize;
+    let mut room = base + u64::from(rem > 0);
+    for &shard in order {
+        let mut start = 0;
+        let len = counts[shard as usize];
+        while start < len {
+            while room == 0 {
+                r += 1;
+                room = base + u64::from((r as u64) < rem);
+            }
+            let take = room.min(len - start);
+            ranks[r].push(Piece {
+                shard,
+                start,
+                end: start + take,
+                padding: false,
+            });
+            start += take;
+            room -= take;
+        }
+    }
+    ranks
+}
+
+/// The pieces `rank` holds in `epoch`, before the remainder is settled.
+pub fn rank_pieces(counts: &[u64], config: &PlanConfig, epoch: u64, rank: u32) -> Vec<Piece> {
+    let order = shard_order(counts, config, epoch);
+    let mut ranks = cut_into_ranks(counts, &order, config.world_size);
+    if let ShufflePolicy::Partial(q) = config.policy {
+        for k in 1..=epoch {
+            exchange(&mut ranks, q, config.seed, k);
+        }
+    }
+    std::mem::take(&mut ranks[rank as usize])
+}
+
+/// One epoch's partial exchange (see the module documentation).
+fn exchange(ranks: &mut [Vec<Piece>], q: f64, seed: u64, epoch: u64) {
+    let w = ranks.len();
+    if w < 2 || q <= 0.0 {
+        return;
+    }
+    let mut shares = Vec::with_capacity(w);
+    let mut given: Vec<Vec<Piece>> = Vec::with_capacity(w);
+    for (r, pieces) in ranks.iter_mut().enumerate() {
+        let n = total(pieces);
+        let share = ((q * n as f64).round() as u64).min(n);
+        stream(seed, Domain::PartialTake, epoch, r as u64).shuffle(pieces);
+        let (give, keep) = split_off_samples(std::mem::take(pieces), share);
+        *pieces = keep;
+        given.push(give);
+        shares.push(share);
+    }
+    let line_len: u64 = shares.iter().sum();
+    if line_len == 0 {
+        return;
+    }
+    let mut ring: Vec<usize> = (0..w).collect();
+    let mut rng = stream(seed, Domain::PartialRing, epoch, 0);
+    rng.shuffle(&mut ring);
+    let largest = shares.iter().copied().max().unwrap_or(0);
+    let rotation = if line_len >= 2 * largest {
+        largest + rng.below(line_len - 2 * largest + 1)
+    } else {
+        largest % line_len
+    };
+    let line: Vec<Piece> = ring
+        .iter()
+        .flat_map(|&r| given[r].iter().copied())
+        .collect();
+    let (head, tail) = split_off_samples(line, rotation);
+    let mut rotated = tail;
+    rotated.extend(head);
+    for &r in &ring {
+        let (mine, rest) = split_off_samples(rotated, shares[r]);
+        rotated = rest;
+        ranks[r].extend(mine);
+    }
+    for pieces in ranks.iter_mut() {
+        normalize(pieces);
+    }
+}
+
+/// Splits a run of pieces after `n` samples: (the first `n` samples, the rest).
+fn split_off_samples(pieces: Vec<Piece>, n: u64) -> (Vec<Piece>, Vec<Piece>) {
+    let mut head = Vec::new();
+    let mut tail = Vec::new();
+    let mut taken = 0;
+    for p in pieces {
+        if taken == n {
+            tail.push(p);
+        } else if taken + p.len() <= n {
+            taken += p.len();
+            head.push(p);
+        } else {
+            let cut = p.start + (n - taken);
+            head.push(Piece { end: cut, ..p });
+            tail.push(Piece { start: cut, ..p });
+            taken = n;
+        }
+    }
+    (head, tail)
+}
+
+/// Sorts pieces by position and merges adjacent ranges of a shard, so repeated exchanges do
+/// not fragment a rank's reads.
+fn normalize(pieces: &mut Vec<Piece>) {
+    pieces.sort_by_key(|p| (p.shard, p.start));
+    let mut merged: Vec<Piece> = Vec::with_capacity(pieces.len());
+    for p in pieces.drain(..) {
+        match merged.last_mut() {
+            Some(last) if last.shard == p.shard && last.end == p.start && !last.padding => {
+                last.end = p.end;
+            }
+            _ => merged.push(p),
+        }
+    }
+    *pieces = merged;
+}
+
+/// Brings a rank to exactly `samples_per_rank` samples by dropping or repeating seeded
+/// samples.
+pub fn settle_remainder(
+    mut pieces: Vec<Piece>,
+    counts: &[u64],
+    config: &PlanConfig,
+    epoch: u64,
+    rank: u32,
+) -> Vec<Piece> {
+    let target = crate::samples_per_rank(counts.iter().sum(), config.world_size, config.remainder);
+    let mut rng = stream(config.seed, Domain::Remainder, epoch, u64::from(rank));
+    match config.remainder {
+        Remainder::Drop => {
+            while total(&pieces) > target {
+                let at = rng.below(total(&pieces));
+                let (head, tail) = split_off_samples(pieces, at);
+                let (_dropped, tail) = split_off_samples(tail, 1);
+                pieces = head;
+                pieces.extend(tail);
+            }
+        }
+        Remainder::Pad => {
+            let real = total(&pieces);
+            // Repeat the rank's own samples (cache-friendly), or any sample when the dataset
+            // is smaller than the world and this rank has none.
+            let source = if real > 0 {
+                pieces.clone()
+            } else {
+                counts
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &n)| n > 0)
+                    .map(|(s, &n)| Piece {
+                        shard: s as u32,
+                        start: 0,
+                        end: n,
+                        padding: false,
+                    })
+                    .collect()
+            };
+            let mut added = Vec::new();
+            for _ in real..target {
+                let at = rng.below(total(&source));
+                let (_, tail) = split_off_samples(source.clone(), at);
+                if let Some(p) = tail.first() {
+                    added.push(Piece {
+                        shard: p.shard,
+                        start: p.start,
+                        end: p.start + 1,
+                        padding: true,
+                    });
+                }
+            }
+            pieces.extend(added);
+        }
+    }
+    pieces
+}
+
+/// Cuts pieces into work units of at most `max_unit_samples` (near-equal parts) and puts
+/// them in the rank's seeded order for the epoch.
+pub fn into_units(pieces: Vec<Piece>, config: &PlanConfig, epoch: u64, rank: u32) -> Vec<WorkUnit> {
+    let max = config.max_unit_samples;
+    let mut units = Vec::new();
+    for p in pieces {
+        let parts = p.len().div_ceil(max);
+        for i in 0..parts {
+            let start = p.start + p.len() * i / parts;
+            let end = p.start + p.len() * (i + 1) / parts;
+            units.push(WorkUnit {
+                id: 0,
+                shard: p.shard,
+                start,
+                end,
+                padding: p.padding,
+            });
+        }
+    }
+    stream(config.seed, Domain::UnitOrder, epoch, u64::from(rank)).shuffle(&mut units);
+    for (i, u) in units.iter_mut().enumerate() {
+        u.id = i as u32;
+    }
+    units
+}
