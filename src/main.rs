@@ -1,1 +1,47 @@
-fn main() {}
+//! `sluice`: one binary for every Sluice daemon and tool. Each subcommand is a page of
+//! argument parsing that calls into the library crates; errors get their context here, at
+//! the edge, with `anyhow`.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "Feeds training data to GPUs at cluster scale"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write WebDataset shards from an image folder, a labelled flat folder, or a tar stream.
+    Shard(cmd::shard::Args),
+    /// Describe shards in a manifest and write each shard's sample index (.idx).
+    Index(cmd::index::Args),
+    /// List a shard's samples and validate it; exits non-zero on a broken shard.
+    Inspect(cmd::inspect::Args),
+    /// Generate a synthetic ImageFolder dataset of JPEGs (for demos and load tests).
+    Synth(cmd::synth::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Shard(args) => cmd::shard::run(args),
+        Command::Index(args) => cmd::index::run(args),
+        Command::Inspect(args) => cmd::inspect::run(args),
+        Command::Synth(args) => cmd::synth::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

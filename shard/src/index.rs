@@ -254,9 +254,11 @@ pub fn scan_shard<R: Read + Send + 'static>(
         source,
     };
     let mut buffered = io::BufReader::with_capacity(1 << 20, tap);
-    let compression = match io::BufRead::fill_buf(&mut buffered).map_err(io_err)? {
-        head if head.starts_with(&[0x1f, 0x8b]) => Compression::Gzip,
-        _ => Compression::None,
+    let head = io::BufRead::fill_buf(&mut buffered).map_err(io_err)?;
+    let compression = if head.starts_with(&[0x1f, 0x8b]) {
+        Compression::Gzip
+    } else {
+        Compression::None
     };
     let stream = decompressed(buffered).map_err(io_err)?;
     let tar_tap = TarTap {

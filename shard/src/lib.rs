@@ -25,9 +25,9 @@ pub use error::{Result, ShardError};
 pub use index::{scan_shard, IndexEntry, SampleIndex};
 pub use manifest::{resolve_url, Checksum, Compression, Manifest, ShardInfo};
 pub use pattern::expand;
-pub use read::{
-    open_shard, AsyncSampleReader, AsyncTarReader, Entry, ReadOptions, SampleReader, TarReader,
-};
+pub use read::{open_shard, Entry, ReadOptions, SampleReader, TarReader};
+#[cfg(feature = "async")]
+pub use read::{AsyncSampleReader, AsyncTarReader};
 pub use sample::{split_key, Field, Sample, SampleGrouper};
 pub use tar::Limits;
 pub use write::{encode_sample, format_pattern, ShardWriter, WriterConfig, WrittenShard};

@@ -9,9 +9,11 @@
 //! stream costs no more memory than it delivered.
 
 use std::io::{self, BufRead, Read};
+#[cfg(feature = "async")]
 use std::pin::Pin;
 use std::sync::Arc;
 
+#[cfg(feature = "async")]
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt};
 
 use crate::error::Result;
@@ -30,23 +32,13 @@ pub struct Entry {
 }
 
 /// Where a reader starts: a whole shard, or a sample range fetched from a byte offset.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct ReadOptions {
     pub limits: Limits,
     /// Shard byte offset of the first byte the reader sees.
     pub start_offset: u64,
     /// Index in the shard of the first sample the reader sees.
     pub first_index: u64,
-}
-
-impl Default for ReadOptions {
-    fn default() -> Self {
-        ReadOptions {
-            limits: Limits::default(),
-            start_offset: 0,
-            first_index: 0,
-        }
-    }
 }
 
 /// Reads the regular-file entries of a tar stream, blocking.
@@ -187,6 +179,7 @@ impl<R: Read> Iterator for SampleReader<R> {
     }
 }
 
+#[cfg(feature = "async")]
 /// Reads the regular-file entries of a tar stream without blocking a runtime thread.
 pub struct AsyncTarReader<R> {
     inner: R,
@@ -194,6 +187,7 @@ pub struct AsyncTarReader<R> {
     scratch: Vec<u8>,
 }
 
+#[cfg(feature = "async")]
 impl<R: AsyncRead + Unpin> AsyncTarReader<R> {
     pub fn new(inner: R, shard: impl Into<Arc<str>>, options: &ReadOptions) -> Self {
         AsyncTarReader {
@@ -268,6 +262,7 @@ impl<R: AsyncRead + Unpin> AsyncTarReader<R> {
     }
 }
 
+#[cfg(feature = "async")]
 /// Reads samples from a tar stream without blocking a runtime thread.
 pub struct AsyncSampleReader<R> {
     tar: AsyncTarReader<R>,
@@ -275,6 +270,7 @@ pub struct AsyncSampleReader<R> {
     done: bool,
 }
 
+#[cfg(feature = "async")]
 impl<R: AsyncRead + Unpin> AsyncSampleReader<R> {
     pub fn new(inner: R, shard: impl Into<Arc<str>>, options: &ReadOptions) -> Self {
         let tar = AsyncTarReader::new(inner, shard, options);
@@ -325,6 +321,7 @@ pub fn decompressed<R: BufRead + Send + 'static>(mut inner: R) -> io::Result<Box
     }
 }
 
+#[cfg(feature = "async")]
 /// The async form of [`decompressed`].
 pub async fn decompressed_async<R>(mut inner: R) -> io::Result<Pin<Box<dyn AsyncRead + Send>>>
 where
@@ -370,6 +367,7 @@ fn read_full<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
     Ok(got)
 }
 
+#[cfg(feature = "async")]
 async fn read_full_async<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
     let mut got = 0;
     while got < buf.len() {

@@ -109,7 +109,7 @@ fn ustar_prefix_is_joined_and_gnu_magic_ignores_it() {
     h[345..348].copy_from_slice(b"pre");
     set_checksum(&mut h);
     let mut t = h.to_vec();
-    t.extend_from_slice(&[b'z']);
+    t.extend_from_slice(b"z");
     t.resize(1024, 0);
     assert_eq!(entries(&t).unwrap()[0].0, "pre/name.txt");
 
@@ -315,7 +315,10 @@ fn reading_from_an_offset_reports_shard_offsets() {
     assert_eq!(samples[1].start, 3072);
 }
 
-fn arb_samples() -> impl Strategy<Value = Vec<(String, Vec<(String, Vec<u8>)>)>> {
+/// Samples as (key, [(field, bytes)]).
+type Samples = Vec<(String, Vec<(String, Vec<u8>)>)>;
+
+fn arb_samples() -> impl Strategy<Value = Samples> {
     let field = (
         "[a-z]{1,6}(\\.[a-z]{1,4})?",
         proptest::collection::vec(any::<u8>(), 0..1500),
@@ -338,7 +341,7 @@ fn arb_samples() -> impl Strategy<Value = Vec<(String, Vec<(String, Vec<u8>)>)>>
     })
 }
 
-fn encode_all(samples: &[(String, Vec<(String, Vec<u8>)>)]) -> Vec<u8> {
+fn encode_all(samples: &Samples) -> Vec<u8> {
     let mut t = Vec::new();
     for (key, fields) in samples {
         let f: Vec<(&str, &[u8])> = fields

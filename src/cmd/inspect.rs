@@ -1,0 +1,80 @@
+//! `sluice inspect`: lists a shard's samples and validates it end to end (every header,
+//! every size, and the sidecar index when there is one); exits non-zero on a broken shard.
+
+use std::io::Write;
+
+use anyhow::{bail, Context, Result};
+use sluice_shard::{scan_shard, ReadOptions, SampleIndex};
+
+use super::index::Location;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A shard: path, file:// or http(s):// URL.
+    shard: String,
+    /// List at most this many samples (the whole shard is still validated).
+    #[arg(long)]
+    limit: Option<u64>,
+    /// Print only the summary.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let location = Location::parse(&args.shard);
+    let raw = location.open()?;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let limit = if args.quiet {
+        0
+    } else {
+        args.limit.unwrap_or(u64::MAX)
+    };
+    let mut listed = 0u64;
+    let mut write_err = None;
+    let scanned = scan_shard(raw, &location.display(), &ReadOptions::default(), |s| {
+        if listed < limit && write_err.is_none() {
+            let fields: Vec<String> = s
+                .fields
+                .iter()
+                .map(|f| format!("{}:{}", f.name, f.data.len()))
+                .collect();
+            if let Err(e) = writeln!(out, "{}\t{}\t{}", s.index, s.key, fields.join(" ")) {
+                write_err = Some(e);
+            }
+            listed += 1;
+        }
+    });
+    if let Some(e) = write_err {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            return Err(e.into());
+        }
+    }
+    let (info, index) = scanned.with_context(|| format!("{} is broken", location.display()))?;
+    if let Location::File(path) = &location {
+        let sidecar = SampleIndex::sidecar_path(path);
+        if sidecar.exists() {
+            let stored = SampleIndex::read_file(&sidecar, 1 << 32)?;
+            if stored != index {
+                bail!(
+                    "{} does not match the shard (stale index, or the shard changed): rerun `sluice index`",
+                    sidecar.display()
+                );
+            }
+        }
+    }
+    let _ = out.flush();
+    println!(
+        "{}: ok, {} samples, {} bytes, {}{}",
+        location.display(),
+        info.samples,
+        info.size,
+        info.checksum,
+        if info.compression == sluice_shard::Compression::Gzip {
+            ", gzip"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}

@@ -1,0 +1,7 @@
+//! One module per subcommand.
+
+pub mod index;
+pub mod inspect;
+pub mod progress;
+pub mod shard;
+pub mod synth;

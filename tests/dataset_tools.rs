@@ -1,0 +1,380 @@
+//! The dataset tools end to end through the real binary: `synth`, `shard` (ImageFolder,
+//! labelled flat folder, tar on stdin), `index` and `inspect`.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use sluice_shard::{Manifest, SampleIndex};
+use support::{path_str, shared_data, sluice, sluice_ok};
+
+fn read_samples(shards: &[std::path::PathBuf]) -> Vec<sluice_shard::Sample> {
+    let mut out = Vec::new();
+    for s in shards {
+        let reader = sluice_shard::open_shard(s, &Default::default()).unwrap();
+        out.extend(reader.map(|r| r.unwrap()));
+    }
+    out
+}
+
+fn shard_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "tar"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn image_folder_to_shards_index_and_inspect() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    sluice_ok(&[
+        "synth",
+        "--output",
+        path_str(&images),
+        "--classes",
+        "3",
+        "--per-class",
+        "5",
+    ]);
+    // A non-image field beside one image, and a file with no extension (skipped).
+    std::fs::write(
+        images.join("class_001/img_001_00002.json"),
+        br#"{"note": 1}"#,
+    )
+    .unwrap();
+    std::fs::write(images.join("class_001/README"), b"skip me").unwrap();
+
+    let out = dir.path().join("out");
+    let pattern = format!("{}/train-%06d.tar", out.display());
+    let manifest = out.join("manifest.json");
+    sluice_ok(&[
+        "shard",
+        "--input",
+        path_str(&images),
+        "--output",
+        &pattern,
+        "--max-count",
+        "4",
+        "--manifest",
+        path_str(&manifest),
+    ]);
+    let shards = shard_files(&out);
+    assert_eq!(shards.len(), 4, "15 samples at 4 per shard");
+
+    let samples = read_samples(&shards);
+    assert_eq!(samples.len(), 15);
+    for s in &samples {
+        let class: u64 = s.key[6..9].parse().unwrap();
+        assert_eq!(
+            s.field("cls"),
+            Some(class.to_string().as_bytes()),
+            "{}",
+            s.key
+        );
+        let original = std::fs::read(images.join(format!("{}.jpg", s.key))).unwrap();
+        assert_eq!(s.field("jpg"), Some(original.as_slice()), "{}", s.key);
+    }
+    let with_json = samples
+        .iter()
+        .find(|s| s.key == "class_001/img_001_00002")
+        .unwrap();
+    assert_eq!(with_json.field("json"), Some(&br#"{"note": 1}"#[..]));
+
+    // `sluice index` agrees with what `sluice shard` recorded, and inspect validates.
+    let written = Manifest::load(&manifest, 1 << 20).unwrap();
+    let indexed_path = dir.path().join("indexed.json");
+    let brace = format!("{}/train-{{000000..000003}}.tar", out.display());
+    sluice_ok(&["index", &brace, "--output", path_str(&indexed_path)]);
+    let indexed = Manifest::load(&indexed_path, 1 << 20).unwrap();
+    assert_eq!(written.total_samples(), 15);
+    for (a, b) in written.shards.iter().zip(&indexed.shards) {
+        assert_eq!(
+            (a.size, a.samples, a.checksum),
+            (b.size, b.samples, b.checksum)
+        );
+        assert_eq!(b.url, format!("out/{}", a.url));
+    }
+    let idx = SampleIndex::read_file(&SampleIndex::sidecar_path(&shards[0]), 1 << 20).unwrap();
+    assert_eq!(idx.entries.len(), 4);
+    let listing = sluice_ok(&["inspect", path_str(&shards[0])]);
+    assert!(
+        listing.contains("class_000/img_000_00000\tjpg:"),
+        "{listing}"
+    );
+    assert!(listing.contains(": ok, 4 samples"), "{listing}");
+}
+
+#[test]
+fn sharding_is_deterministic() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    sluice_ok(&[
+        "synth",
+        "--output",
+        path_str(&images),
+        "--classes",
+        "2",
+        "--per-class",
+        "3",
+    ]);
+    let run = |name: &str| {
+        let pattern = format!("{}/{name}/s-%03d.tar", dir.path().display());
+        sluice_ok(&[
+            "shard",
+            "--input",
+            path_str(&images),
+            "--output",
+            &pattern,
+            "--max-size",
+            "100000",
+        ]);
+        shard_files(&dir.path().join(name))
+            .iter()
+            .map(|p| std::fs::read(p).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let (a, b) = (run("a"), run("b"));
+    assert!(a.len() > 1, "--max-size splits the shards");
+    assert_eq!(a, b);
+}
+
+#[test]
+fn labelled_flat_folder_and_its_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let flat = dir.path().join("flat");
+    std::fs::create_dir(&flat).unwrap();
+    for (name, data) in [
+        ("b.JPEG", "bb"),
+        ("a.JPEG", "aa"),
+        ("c.JPEG", "cc"),
+        ("a.txt", "caption"),
+    ] {
+        std::fs::write(flat.join(name), data).unwrap();
+    }
+    let labels = dir.path().join("labels.tsv");
+    std::fs::write(
+        &labels,
+        "file\tclass_index\tname\na.JPEG\t5\tx\nb.JPEG\t2\ty\n",
+    )
+    .unwrap();
+    let pattern = format!("{}/out/s-%02d.tar", dir.path().display());
+    let out = sluice(&[
+        "shard",
+        "--input",
+        path_str(&flat),
+        "--labels",
+        path_str(&labels),
+        "--output",
+        &pattern,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("1 samples"),
+        "c.JPEG has no label and is reported"
+    );
+    let samples = read_samples(&shard_files(&dir.path().join("out")));
+    let got: Vec<_> = samples
+        .iter()
+        .map(|s| {
+            (
+                s.key.as_str(),
+                s.field("jpg").unwrap(),
+                s.field("cls").unwrap(),
+                s.field("txt"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("a", &b"aa"[..], &b"5"[..], Some(&b"caption"[..])),
+            ("b", &b"bb"[..], &b"2"[..], None)
+        ]
+    );
+
+    for (table, expect) in [
+        ("file\tlabel\na.JPEG\t1\n", "\"class_index\""),
+        ("file\tclass_index\na.JPEG\tseven\n", "labels.tsv:2"),
+        ("file\tclass_index\nmissing.JPEG\t1\n", "missing.JPEG"),
+    ] {
+        std::fs::write(&labels, table).unwrap();
+        let out = sluice(&[
+            "shard",
+            "--input",
+            path_str(&flat),
+            "--labels",
+            path_str(&labels),
+            "--output",
+            &pattern,
+        ]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expect), "expected {expect:?} in: {err}");
+    }
+}
+
+#[test]
+fn reshards_a_tar_stream_from_stdin() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    sluice_ok(&[
+        "synth",
+        "--output",
+        path_str(&images),
+        "--classes",
+        "2",
+        "--per-class",
+        "4",
+    ]);
+    let tar = Command::new("tar")
+        .arg("-cf")
+        .arg("-")
+        .arg("-C")
+        .arg(&images)
+        .arg(".")
+        .output();
+    let Some(tar) = tar.ok().filter(|o| o.status.success()) else {
+        eprintln!("skipping: GNU tar not available");
+        return;
+    };
+    let pattern = format!("{}/out/s-%02d.tar", dir.path().display());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "shard",
+            "--input",
+            "-",
+            "--output",
+            &pattern,
+            "--max-count",
+            "3",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&tar.stdout).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let samples = read_samples(&shard_files(&dir.path().join("out")));
+    assert_eq!(samples.len(), 8);
+    let keys: Vec<_> = samples
+        .iter()
+        .map(|s| s.key.trim_start_matches("./").to_string())
+        .collect();
+    assert!(
+        keys.contains(&"class_001/img_001_00003".to_string()),
+        "{keys:?}"
+    );
+}
+
+#[test]
+fn inspect_fails_on_a_broken_shard_naming_shard_and_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    sluice_ok(&[
+        "synth",
+        "--output",
+        path_str(&images),
+        "--classes",
+        "1",
+        "--per-class",
+        "3",
+    ]);
+    let pattern = format!("{}/s-%02d.tar", dir.path().display());
+    sluice_ok(&["shard", "--input", path_str(&images), "--output", &pattern]);
+    let shard = dir.path().join("s-00.tar");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let second = SampleIndex::read_file(&SampleIndex::sidecar_path(&shard), 1 << 20)
+        .unwrap()
+        .entries[1]
+        .offset;
+    bytes[second as usize + 10] ^= 0x55; // corrupt the second sample's header
+    std::fs::write(&shard, &bytes).unwrap();
+    let out = sluice(&["inspect", path_str(&shard)]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("s-00.tar") && err.contains(&format!("byte {second}")),
+        "{err}"
+    );
+
+    // Truncated: also an error, with the entry named.
+    std::fs::write(&shard, &bytes[..second as usize + 700]).unwrap();
+    let err = String::from_utf8_lossy(&sluice(&["inspect", path_str(&shard)]).stderr).into_owned();
+    assert!(
+        err.contains("bad tar header checksum") || err.contains("truncated"),
+        "{err}"
+    );
+
+    // Not a tar at all.
+    std::fs::write(&shard, b"<html>not a shard</html>").unwrap();
+    assert!(!sluice(&["inspect", path_str(&shard)]).status.success());
+}
+
+#[test]
+fn shards_the_real_imagenet_sample_with_its_labels() {
+    let Some(dir) = shared_data("imagenet-sample") else {
+        eprintln!("skipping: ../shared/data/imagenet-sample is absent");
+        return;
+    };
+    let labels_path = dir.join("labels.tsv");
+    let labels: BTreeMap<String, String> = std::fs::read_to_string(&labels_path)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let cols: Vec<&str> = l.split('\t').collect();
+            (
+                cols[0].trim_end_matches(".JPEG").to_string(),
+                cols[1].to_string(),
+            )
+        })
+        .collect();
+    let out = tempfile::tempdir().unwrap();
+    let pattern = format!("{}/imagenet-%04d.tar", out.path().display());
+    let manifest = out.path().join("manifest.json");
+    sluice_ok(&[
+        "shard",
+        "--input",
+        path_str(&dir),
+        "--labels",
+        path_str(&labels_path),
+        "--output",
+        &pattern,
+        "--max-size",
+        "20000000",
+        "--manifest",
+        path_str(&manifest),
+    ]);
+    let samples = read_samples(&shard_files(out.path()));
+    assert_eq!(samples.len(), 804);
+    for s in &samples {
+        assert_eq!(
+            std::str::from_utf8(s.field("cls").unwrap()).unwrap(),
+            labels[&s.key],
+            "{}",
+            s.key
+        );
+        let original = std::fs::read(dir.join(format!("{}.JPEG", s.key))).unwrap();
+        assert_eq!(s.field("jpg").unwrap(), original.as_slice());
+    }
+    let m = Manifest::load(&manifest, 1 << 20).unwrap();
+    assert_eq!(m.total_samples(), 804);
+    assert!(m.shards.len() >= 4 && m.shards.iter().all(|s| s.size <= 20_000_000));
+}

@@ -1,0 +1,193 @@
+//! The workspace's dependency rules, checked from `cargo metadata` so that a new dependency
+//! that breaks the architecture fails CI instead of growing unnoticed:
+//! - the pure crates (planner, wire protocol) pull in no runtime, network, clock or metrics
+//!   crate, even transitively; the shard format crate may use tokio only through its optional
+//!   `async` feature (IO traits for the async reader);
+//! - tier crates do not depend on each other;
+//! - the GPU client links no image decoder;
+//! - `anyhow` is for the binary's edge only.
+
+use std::collections::{BTreeSet, HashMap};
+use std::process::Command;
+
+use serde_json::Value;
+
+const TIERS: [&str; 3] = ["sluice-storage", "sluice-cpu", "sluice-client"];
+const PURE: [&str; 2] = ["sluice-plan", "sluice-wire"];
+const IMPURE: [&str; 8] = [
+    "tokio", "quinn", "hyper", "reqwest", "metrics", "mio", "axum", "rustls",
+];
+const DECODERS: [&str; 5] = ["image", "zune-jpeg", "jpeg-decoder", "turbojpeg", "mozjpeg"];
+
+struct Graph {
+    /// package name → names of its normal (non-dev, non-build) dependencies, resolved.
+    deps: HashMap<String, BTreeSet<String>>,
+    /// workspace package name → [(dependency name, optional)] as declared.
+    declared: HashMap<String, Vec<(String, bool, String)>>,
+}
+
+fn graph() -> Graph {
+    let out = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--manifest-path"])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+        .output()
+        .expect("cargo metadata");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
+    let mut names = HashMap::new();
+    let mut declared = HashMap::new();
+    let members: BTreeSet<&str> = meta["workspace_members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for p in meta["packages"].as_array().unwrap() {
+        let id = p["id"].as_str().unwrap();
+        let name = p["name"].as_str().unwrap().to_string();
+        names.insert(id.to_string(), name.clone());
+        if members.contains(id) {
+            let deps = p["dependencies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| {
+                    (
+                        d["name"].as_str().unwrap().to_string(),
+                        d["optional"].as_bool().unwrap_or(false),
+                        d["kind"].as_str().unwrap_or("normal").to_string(),
+                    )
+                })
+                .collect();
+            declared.insert(name, deps);
+        }
+    }
+    let mut deps = HashMap::new();
+    for node in meta["resolve"]["nodes"].as_array().unwrap() {
+        let name = names[node["id"].as_str().unwrap()].clone();
+        let normal: BTreeSet<String> = node["deps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| {
+                d["dep_kinds"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|k| k["kind"].is_null())
+            })
+            .map(|d| names[d["pkg"].as_str().unwrap()].clone())
+            .collect();
+        deps.entry(name)
+            .or_insert_with(BTreeSet::new)
+            .extend(normal);
+    }
+    Graph { deps, declared }
+}
+
+impl Graph {
+    fn transitive(&self, root: &str) -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![root.to_string()];
+        while let Some(p) = stack.pop() {
+            for d in self.deps.get(&p).into_iter().flatten() {
+                if seen.insert(d.clone()) {
+                    stack.push(d.clone());
+                }
+            }
+        }
+        seen
+    }
+}
+
+/// Normal dependencies of `krate`, transitively, with features resolved as a build of that
+/// crate alone resolves them (`cargo metadata` unifies features across the workspace).
+fn tree(krate: &str) -> BTreeSet<String> {
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "tree",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "-f",
+            "{p}",
+            "-p",
+            krate,
+            "--manifest-path",
+        ])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+        .output()
+        .expect("cargo tree");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn pure_crates_pull_in_no_runtime_network_or_metrics() {
+    for krate in PURE {
+        let all = tree(krate);
+        let bad: Vec<_> = IMPURE.iter().filter(|i| all.contains(**i)).collect();
+        assert!(bad.is_empty(), "{krate} depends on {bad:?}");
+    }
+    let g = graph();
+    for (dep, optional, kind) in &g.declared["sluice-shard"] {
+        if kind == "normal" && IMPURE.contains(&dep.as_str()) {
+            assert!(
+                dep == "tokio" && *optional,
+                "sluice-shard depends on {dep} (only an optional tokio is allowed)"
+            );
+        }
+    }
+    let shard_alone = tree("sluice-shard");
+    assert!(
+        !shard_alone.contains("tokio")
+            || g.declared["sluice-shard"]
+                .iter()
+                .any(|(d, o, _)| d == "tokio" && *o)
+    );
+}
+
+#[test]
+fn tiers_do_not_depend_on_each_other() {
+    let g = graph();
+    for tier in TIERS {
+        let all = g.transitive(tier);
+        for other in TIERS.iter().filter(|t| **t != tier) {
+            assert!(!all.contains(*other), "{tier} depends on {other}");
+        }
+    }
+}
+
+#[test]
+fn gpu_client_links_no_image_decoder() {
+    let all = graph().transitive("sluice-client");
+    let bad: Vec<_> = DECODERS.iter().filter(|d| all.contains(**d)).collect();
+    assert!(bad.is_empty(), "sluice-client links {bad:?}");
+}
+
+#[test]
+fn anyhow_only_in_the_binary() {
+    let g = graph();
+    for (krate, deps) in &g.declared {
+        if krate != "sluice" {
+            assert!(
+                !deps
+                    .iter()
+                    .any(|(d, _, kind)| d == "anyhow" && kind == "normal"),
+                "{krate} depends on anyhow: libraries use thiserror enums"
+            );
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! Shared helpers for the end-to-end tests: running the real `sluice` binary, finding
+//! `../shared` data and a Python with `webdataset`, and generating datasets.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Runs `sluice` with `args`; returns its output whatever the exit status.
+pub fn sluice(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .output()
+        .expect("running the sluice binary")
+}
+
+/// Runs `sluice` and insists on success; returns stdout.
+pub fn sluice_ok(args: &[&str]) -> String {
+    let out = sluice(args);
+    assert!(
+        out.status.success(),
+        "sluice {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `../shared/data/<name>` when it exists.
+pub fn shared_data(name: &str) -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/data")
+        .join(name);
+    p.exists().then_some(p)
+}
+
+/// A Python interpreter with the `webdataset` package: `$SLUICE_TEST_PYTHON`, else the repo's
+/// `.venv`. `None` (the caller skips) unless `SLUICE_REQUIRE_PYTHON` is set, as CI sets it.
+pub fn webdataset_python() -> Option<PathBuf> {
+    let candidates = std::env::var_os("SLUICE_TEST_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python")]);
+    for py in candidates {
+        let ok = Command::new(&py)
+            .args(["-c", "import webdataset"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return Some(py);
+        }
+    }
+    assert!(
+        std::env::var_os("SLUICE_REQUIRE_PYTHON").is_none(),
+        "SLUICE_REQUIRE_PYTHON is set but no Python with webdataset was found"
+    );
+    None
+}
+
+pub fn path_str(p: &Path) -> &str {
+    p.to_str().expect("test paths are UTF-8")
+}
