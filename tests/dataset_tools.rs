@@ -378,3 +378,55 @@ fn shards_the_real_imagenet_sample_with_its_labels() {
     assert_eq!(m.total_samples(), 804);
     assert!(m.shards.len() >= 4 && m.shards.iter().all(|s| s.size <= 20_000_000));
 }
+
+#[test]
+fn indexes_shards_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    sluice_ok(&[
+        "synth",
+        "--output",
+        path_str(&images),
+        "--classes",
+        "2",
+        "--per-class",
+        "3",
+    ]);
+    let shards = dir.path().join("served");
+    let pattern = format!("{}/train-%06d.tar", shards.display());
+    sluice_ok(&[
+        "shard",
+        "--input",
+        path_str(&images),
+        "--output",
+        &pattern,
+        "--max-count",
+        "4",
+    ]);
+    let addr = support::serve_dir(shards.clone());
+
+    let manifest = dir.path().join("m/manifest.json");
+    let url = format!("http://{addr}/train-{{000000..000001}}.tar");
+    sluice_ok(&["index", &url, "--output", path_str(&manifest)]);
+    let m = Manifest::load(&manifest, 1 << 20).unwrap();
+    assert_eq!(m.total_samples(), 6);
+    assert_eq!(m.shards[1].url, format!("http://{addr}/train-000001.tar"));
+    let local = SampleIndex::read_file(
+        &SampleIndex::sidecar_path(&shards.join("train-000000.tar")),
+        1 << 20,
+    )
+    .unwrap();
+    let fetched =
+        SampleIndex::read_file(&dir.path().join("m/train-000000.tar.idx"), 1 << 20).unwrap();
+    assert_eq!(local, fetched);
+
+    let out = sluice(&[
+        "index",
+        &format!("http://{addr}/missing.tar"),
+        "--output",
+        path_str(&manifest),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("missing.tar") && err.contains("404"), "{err}");
+}

@@ -380,3 +380,79 @@ async fn read_full_async<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8]) -> io:
     }
     Ok(got)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+    use crate::write::encode_sample;
+
+    fn gzipped_shard() -> (Vec<u8>, Vec<u8>) {
+        let mut tar = Vec::new();
+        for i in 0..5u8 {
+            encode_sample(
+                &format!("k{i}"),
+                &[("bin", &vec![i; 3000]), ("cls", b"1")],
+                &mut tar,
+            )
+            .unwrap();
+        }
+        tar.extend_from_slice(&[0; 1024]);
+        // Two gzip members, as `cat a.gz b.gz` makes: one stream to the reader.
+        let (a, b) = tar.split_at(4096);
+        let mut gz = Vec::new();
+        for part in [a, b] {
+            let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            enc.write_all(part).unwrap();
+            gz.extend(enc.finish().unwrap());
+        }
+        (tar, gz)
+    }
+
+    #[test]
+    fn gzip_shards_read_like_plain_ones_sync_and_async() {
+        let (tar, gz) = gzipped_shard();
+        let plain: Vec<Sample> = SampleReader::new(&tar[..], "s.tar", &ReadOptions::default())
+            .collect::<Result<_>>()
+            .unwrap();
+        assert_eq!(plain.len(), 5);
+        let sync_gz: Vec<Sample> = SampleReader::new(
+            decompressed(io::Cursor::new(gz.clone())).unwrap(),
+            "s.tar",
+            &ReadOptions::default(),
+        )
+        .collect::<Result<_>>()
+        .unwrap();
+        assert_eq!(sync_gz, plain);
+
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let async_gz = rt.block_on(async {
+            let stream = decompressed_async(io::Cursor::new(gz)).await.unwrap();
+            let mut r = AsyncSampleReader::new(stream, "s.tar", &ReadOptions::default());
+            let mut v = Vec::new();
+            while let Some(s) = r.next_sample().await.unwrap() {
+                v.push(s);
+            }
+            v
+        });
+        assert_eq!(async_gz, plain);
+    }
+
+    #[test]
+    fn a_truncated_gzip_stream_is_an_error() {
+        let (_, gz) = gzipped_shard();
+        let cut = &gz[..gz.len() / 2];
+        let results: Vec<Result<Sample>> = SampleReader::new(
+            decompressed(io::Cursor::new(cut.to_vec())).unwrap(),
+            "s.tgz",
+            &ReadOptions::default(),
+        )
+        .collect();
+        let last = results.last().unwrap();
+        assert!(last.is_err(), "the cut stream must end in an error");
+        assert!(last.as_ref().unwrap_err().to_string().contains("s.tgz"));
+    }
+}
