@@ -27,6 +27,8 @@ enum Command {
     Inspect(cmd::inspect::Args),
     /// Generate a synthetic ImageFolder dataset of JPEGs (for demos and load tests).
     Synth(cmd::synth::Args),
+    /// Measure a tier (or the whole chain) and compare.
+    Bench(cmd::bench::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -36,6 +38,7 @@ fn main() -> std::process::ExitCode {
         Command::Index(args) => cmd::index::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Synth(args) => cmd::synth::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -46,13 +46,17 @@ pub fn stream(seed: u64, domain: Domain, a: u64, b: u64) -> Stream {
 /// The seed of one sample's augmentation: a function of (job seed, epoch, shard, index in the
 /// shard) only, so the sample's output is byte-identical whichever worker or thread makes it.
 pub fn sample_seed(seed: u64, epoch: u64, shard: u32, index: u64) -> u64 {
+    sample_stream(seed, epoch, shard, index).next_u64()
+}
+
+/// The random stream of one sample's augmentation (see [`sample_seed`]).
+pub fn sample_stream(seed: u64, epoch: u64, shard: u32, index: u64) -> Stream {
     stream(
         seed,
         Domain::Sample,
         epoch,
         (u64::from(shard) << 32) ^ index,
     )
-    .next_u64()
 }
 
 /// A seeded random stream.

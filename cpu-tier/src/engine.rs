@@ -1,0 +1,675 @@
+//! The engine: turns samples into tensors on a rayon pool.
+//!
+//! Per sample: find the image field, read the header, compose the pipeline's geometry into one
+//! source window ([`crate::geometry`]), decode only that window at the smallest DCT scale that
+//! keeps at least one source pixel per output pixel ([`crate::jpeg`]), resample it once with
+//! SIMD (`fast_image_resize`, the Pillow/torchvision antialiased bilinear filter) straight from
+//! the decoder's buffer into the output tensor, then flip and convert in place. Each pool
+//! thread keeps its decoder and buffers, so the hot path allocates only the output tensor.
+//!
+//! Every random draw comes from the sample's stream, seeded by (job seed, epoch, shard, index
+//! in shard): the output is byte-identical whichever thread or worker makes it. A sample that
+//! cannot be decoded (corrupt, truncated, too large, no image, even a decoder panic) becomes a
+//! [`SampleError`] and, by the bad-sample policy, a reported skip or a unit failure.
+
+use std::cell::RefCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::sync_channel;
+use std::sync::Arc;
+use std::time::Instant;
+
+use fast_image_resize::images::{Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use rayon::iter::{ParallelBridge, ParallelIterator};
+use serde::{Deserialize, Serialize};
+use sluice_plan::rng::sample_stream;
+use sluice_shard::{Field, Sample, ShardError};
+
+use crate::error::{DecodeError, EngineError, SampleError};
+use crate::geometry::{compose, dct_scale, Geometry, RectF};
+use crate::jpeg::{exif_orientation, DecodeLimits, JpegDecoder, Rect};
+use crate::spec::{DType, PipelineSpec};
+
+/// What happens to a sample that cannot be decoded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BadSamplePolicy {
+    /// Report it as skipped (shard, key, reason) and go on.
+    #[default]
+    Skip,
+    /// Fail the work unit.
+    Fail,
+}
+
+/// Engine settings.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Decode threads; 0 means one per core.
+    pub threads: usize,
+    pub limits: DecodeLimits,
+    /// Decode at a reduced DCT scale when the output is smaller than the crop.
+    pub dct_scaling: bool,
+    /// Decode only the crop window.
+    pub roi_decode: bool,
+    pub policy: BadSamplePolicy,
+    /// Samples parsed ahead of the decoders, and results waiting for the consumer.
+    pub readahead: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            threads: 0,
+            limits: DecodeLimits::default(),
+            dct_scaling: true,
+            roi_decode: true,
+            policy: BadSamplePolicy::Skip,
+            readahead: 64,
+        }
+    }
+}
+
+/// The job coordinates that seed a sample's augmentation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleContext {
+    pub seed: u64,
+    pub epoch: u64,
+    /// The shard's index in the manifest.
+    pub shard: u32,
+}
+
+/// An output image.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub height: u32,
+    pub width: u32,
+    pub dtype: DType,
+    /// Channels first (3×H×W) rather than H×W×3.
+    pub chw: bool,
+    /// Little-endian elements.
+    pub data: Vec<u8>,
+}
+
+/// A processed sample.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Processed {
+    pub shard: u32,
+    pub index: u64,
+    pub key: String,
+    /// The `.cls` field, when present.
+    pub label: Option<i64>,
+    pub tensor: Tensor,
+    /// Fields passed through untouched (everything but the image and `.cls`).
+    pub fields: Vec<Field>,
+}
+
+/// What became of one sample.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    Done(Processed),
+    Skipped(SampleError),
+}
+
+/// Cumulative time per stage, in nanoseconds (summed over threads).
+#[derive(Debug, Default)]
+pub struct StageTimes {
+    pub fetch_parse_ns: AtomicU64,
+    pub decode_ns: AtomicU64,
+    pub transform_ns: AtomicU64,
+    pub samples: AtomicU64,
+    pub skipped: AtomicU64,
+}
+
+/// Counts of one work unit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnitStats {
+    pub done: u64,
+    pub skipped: u64,
+}
+
+const IMAGE_FIELDS: [&str; 5] = ["jpg", "jpeg", "png", "webp", "img"];
+
+/// Per-thread decoder and buffers, reused across samples.
+struct Workspace {
+    limits: (u64, u32),
+    jpeg: JpegDecoder,
+    region: Vec<u8>,
+    oriented: Vec<u8>,
+    tmp: Vec<u8>,
+    resizer: Resizer,
+}
+
+thread_local! {
+    static WORKSPACE: RefCell<Option<Workspace>> = const { RefCell::new(None) };
+}
+
+/// The decode/augment engine.
+pub struct Engine {
+    spec: PipelineSpec,
+    config: EngineConfig,
+    pool: rayon::ThreadPool,
+    times: Arc<StageTimes>,
+}
+
+impl Engine {
+    pub fn new(spec: PipelineSpec, config: EngineConfig) -> Result<Self, EngineError> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(config.threads)
+            .thread_name(|i| format!("sluice-decode-{i}"))
+            .build()
+            .map_err(|e| EngineError::Pool(e.to_string()))?;
+        Ok(Engine {
+            spec,
+            config,
+            pool,
+            times: Arc::new(StageTimes::default()),
+        })
+    }
+
+    pub fn spec(&self) -> &PipelineSpec {
+        &self.spec
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    pub fn times(&self) -> &StageTimes {
+        &self.times
+    }
+
+    /// Processes one sample on the calling thread.
+    pub fn process(&self, sample: &Sample, ctx: &SampleContext) -> Outcome {
+        let started = Instant::now();
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            WORKSPACE.with(|cell| {
+                let mut slot = cell.borrow_mut();
+                let limits = (
+                    self.config.limits.max_pixels,
+                    self.config.limits.max_progressive_scans,
+                );
+                if slot.as_ref().is_none_or(|ws| ws.limits != limits) {
+                    *slot = Some(Workspace {
+                        limits,
+                        jpeg: JpegDecoder::new(self.config.limits)?,
+                        region: Vec::new(),
+                        oriented: Vec::new(),
+                        tmp: Vec::new(),
+                        resizer: Resizer::new(),
+                    });
+                }
+                let ws = slot
+                    .as_mut()
+                    .ok_or_else(|| DecodeError::Decoder("no workspace".into()))?;
+                self.render(ws, sample, ctx)
+            })
+        }));
+        let result = result.unwrap_or_else(|panic| {
+            // A panicking decoder may leave the thread's workspace half-updated: drop it.
+            WORKSPACE.with(|cell| cell.replace(None));
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(DecodeError::Panic(msg))
+        });
+        metrics::histogram!("sluice_cpu_sample_seconds").record(started.elapsed().as_secs_f64());
+        match result {
+            Ok(p) => {
+                self.times.samples.fetch_add(1, Ordering::Relaxed);
+                Outcome::Done(p)
+            }
+            Err(reason) => {
+                self.times.skipped.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("sluice_cpu_samples_skipped_total").increment(1);
+                Outcome::Skipped(SampleError {
+                    shard: sample.shard.to_string(),
+                    key: sample.key.clone(),
+                    index: sample.index,
+                    reason,
+                })
+            }
+        }
+    }
+
+    /// Processes samples already in memory on the pool; outcomes in input order.
+    pub fn process_all(&self, samples: &[Sample], ctx: &SampleContext) -> Vec<Outcome> {
+        use rayon::iter::{IntoParallelRefIterator, ParallelIterator as _};
+        self.pool
+            .install(|| samples.par_iter().map(|s| self.process(s, ctx)).collect())
+    }
+
+    /// Runs a work unit: samples stream in from `samples` (read and parsed on their own
+    /// thread, so decoding starts on the first sample while the rest still arrives), are
+    /// processed on the pool, and their outcomes are handed to `sink` on the calling thread in
+    /// completion order. `sink` returns `false` to cancel. Every queue is bounded by
+    /// `readahead`, so a slow sink slows the reader.
+    pub fn run_unit<I>(
+        &self,
+        samples: I,
+        ctx: SampleContext,
+        mut sink: impl FnMut(Outcome) -> bool,
+    ) -> Result<UnitStats, EngineError>
+    where
+        I: Iterator<Item = Result<Sample, ShardError>> + Send,
+    {
+        let bound = self.config.readahead.max(1);
+        let cancel = AtomicBool::new(false);
+        let (in_tx, in_rx) = sync_channel::<Sample>(bound);
+        let (out_tx, out_rx) = sync_channel::<Outcome>(bound);
+        let mut stats = UnitStats::default();
+        let mut failure: Option<EngineError> = None;
+        let read_error = std::thread::scope(|scope| {
+            let cancel = &cancel;
+            let times = &self.times;
+            let reader = scope.spawn(move || -> Option<ShardError> {
+                let mut samples = samples;
+                loop {
+                    let t = Instant::now();
+                    let next = samples.next();
+                    times
+                        .fetch_parse_ns
+                        .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    match next {
+                        None => return None,
+                        Some(Err(e)) => return Some(e),
+                        Some(Ok(s)) => {
+                            if cancel.load(Ordering::Relaxed) || in_tx.send(s).is_err() {
+                                return None;
+                            }
+                        }
+                    }
+                }
+            });
+            scope.spawn(move || {
+                self.pool.install(|| {
+                    in_rx
+                        .into_iter()
+                        .par_bridge()
+                        .for_each_with(out_tx, |tx, sample| {
+                            if !cancel.load(Ordering::Relaxed) {
+                                let _ = tx.send(self.process(&sample, &ctx));
+                            }
+                        });
+                });
+            });
+            for outcome in out_rx {
+                if failure.is_some() {
+                    continue; // drain so the workers finish
+                }
+                match &outcome {
+                    Outcome::Done(_) => stats.done += 1,
+                    Outcome::Skipped(e) => {
+                        stats.skipped += 1;
+                        if self.config.policy == BadSamplePolicy::Fail {
+                            failure = Some(EngineError::BadSample(e.clone()));
+                            cancel.store(true, Ordering::Relaxed);
+                            continue;
+                        }
+                    }
+                }
+                if !sink(outcome) {
+                    cancel.store(true, Ordering::Relaxed);
+                }
+            }
+            reader.join().unwrap_or(None)
+        });
+        if let Some(f) = failure {
+            return Err(f);
+        }
+        if let Some(e) = read_error {
+            return Err(EngineError::Shard(e));
+        }
+        Ok(stats)
+    }
+
+    fn render(
+        &self,
+        ws: &mut Workspace,
+        sample: &Sample,
+        ctx: &SampleContext,
+    ) -> Result<Processed, DecodeError> {
+        let (image_field, data) = self.image_field(sample)?;
+        let label = match sample.field("cls") {
+            Some(raw) => Some(
+                std::str::from_utf8(raw)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<i64>().ok())
+                    .ok_or_else(|| {
+                        DecodeError::Corrupt(format!(
+                            "cls field {:?} is not an integer",
+                            String::from_utf8_lossy(&raw[..raw.len().min(32)])
+                        ))
+                    })?,
+            ),
+            None => None,
+        };
+        let mut rng = sample_stream(ctx.seed, ctx.epoch, ctx.shard, sample.index);
+        let t0 = Instant::now();
+        let (tensor, decode_ns) = if data.starts_with(&[0xFF, 0xD8, 0xFF]) {
+            self.render_jpeg(ws, data, &mut rng, t0)?
+        } else {
+            let img = self.decode_other(data)?;
+            let (w, h) = (img.width(), img.height());
+            ws.oriented = img.into_raw();
+            let g = compose(&self.spec.ops, w, h, &mut rng);
+            let decode_ns = t0.elapsed().as_nanos() as u64;
+            let buf = std::mem::take(&mut ws.oriented);
+            let t = self.resample(ws, &buf, w, h, g.src, &g);
+            ws.oriented = buf;
+            (t?, decode_ns)
+        };
+        let total = t0.elapsed().as_nanos() as u64;
+        self.times.decode_ns.fetch_add(decode_ns, Ordering::Relaxed);
+        self.times
+            .transform_ns
+            .fetch_add(total - decode_ns, Ordering::Relaxed);
+        metrics::histogram!("sluice_cpu_decode_seconds").record(decode_ns as f64 * 1e-9);
+        metrics::histogram!("sluice_cpu_transform_seconds")
+            .record((total - decode_ns) as f64 * 1e-9);
+        let fields = sample
+            .fields
+            .iter()
+            .filter(|f| f.name != image_field && f.name != "cls")
+            .cloned()
+            .collect();
+        Ok(Processed {
+            shard: ctx.shard,
+            index: sample.index,
+            key: sample.key.clone(),
+            label,
+            tensor,
+            fields,
+        })
+    }
+
+    fn image_field<'s>(&self, sample: &'s Sample) -> Result<(&'s str, &'s [u8]), DecodeError> {
+        let found = match &self.spec.field {
+            Some(name) => sample.fields.iter().find(|f| &f.name == name),
+            None => IMAGE_FIELDS
+                .iter()
+                .find_map(|n| sample.fields.iter().find(|f| f.name == *n)),
+        };
+        found
+            .map(|f| (f.name.as_str(), f.data.as_slice()))
+            .ok_or_else(|| DecodeError::NoImage {
+                wanted: self
+                    .spec
+                    .field
+                    .clone()
+                    .unwrap_or_else(|| IMAGE_FIELDS.join("/")),
+                present: sample
+                    .fields
+                    .iter()
+                    .map(|f| f.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+
+    fn render_jpeg(
+        &self,
+        ws: &mut Workspace,
+        data: &[u8],
+        rng: &mut sluice_plan::rng::Stream,
+        t0: Instant,
+    ) -> Result<(Tensor, u64), DecodeError> {
+        let header = ws.jpeg.header(data)?;
+        let orientation = exif_orientation(data);
+        if orientation != 1 {
+            // Rare: decode everything, orient, then crop from the oriented image.
+            let full = Rect {
+                x: 0,
+                y: 0,
+                w: header.width,
+                h: header.height,
+            };
+            let mut region = std::mem::take(&mut ws.region);
+            let decoded = ws.jpeg.decode_region(data, &header, full, 8, &mut region);
+            let decoded = match decoded {
+                Ok(d) => d,
+                Err(e) => {
+                    ws.region = region;
+                    return Err(e);
+                }
+            };
+            let (w, h) = orient(
+                &region,
+                decoded.rect.w,
+                decoded.rect.h,
+                orientation,
+                &mut ws.oriented,
+            );
+            ws.region = region;
+            let g = compose(&self.spec.ops, w, h, rng);
+            let decode_ns = t0.elapsed().as_nanos() as u64;
+            let buf = std::mem::take(&mut ws.oriented);
+            let t = self.resample(ws, &buf, w, h, g.src, &g);
+            ws.oriented = buf;
+            return Ok((t?, decode_ns));
+        }
+        let g = compose(&self.spec.ops, header.width, header.height, rng);
+        let scale = if self.config.dct_scaling {
+            dct_scale(&g)
+        } else {
+            8
+        };
+        let want = if self.config.roi_decode {
+            let x0 = g.src.x.max(0.0).floor() as u32;
+            let y0 = g.src.y.max(0.0).floor() as u32;
+            let x1 = ((g.src.x + g.src.w).ceil().max(0.0) as u32).min(header.width);
+            let y1 = ((g.src.y + g.src.h).ceil().max(0.0) as u32).min(header.height);
+            Rect {
+                x: x0.min(header.width - 1),
+                y: y0.min(header.height - 1),
+                w: x1.saturating_sub(x0).max(1),
+                h: y1.saturating_sub(y0).max(1),
+            }
+        } else {
+            Rect {
+                x: 0,
+                y: 0,
+                w: header.width,
+                h: header.height,
+            }
+        };
+        let mut region = std::mem::take(&mut ws.region);
+        let decoded = ws
+            .jpeg
+            .decode_region(data, &header, want, scale, &mut region);
+        let decode_ns = t0.elapsed().as_nanos() as u64;
+        let result = decoded.and_then(|d| {
+            let s = f64::from(d.scale_num) / 8.0;
+            let crop = RectF {
+                x: g.src.x * s - f64::from(d.rect.x),
+                y: g.src.y * s - f64::from(d.rect.y),
+                w: g.src.w * s,
+                h: g.src.h * s,
+            };
+            self.resample(ws, &region, d.rect.w, d.rect.h, crop, &g)
+        });
+        ws.region = region;
+        Ok((result?, decode_ns))
+    }
+
+    fn decode_other(&self, data: &[u8]) -> Result<image::RgbImage, DecodeError> {
+        let format = image::guess_format(data)
+            .map_err(|_| DecodeError::Unsupported("not JPEG, PNG or WebP".into()))?;
+        if !matches!(format, image::ImageFormat::Png | image::ImageFormat::WebP) {
+            return Err(DecodeError::Unsupported(format!("{format:?}")));
+        }
+        let mut reader = image::ImageReader::with_format(std::io::Cursor::new(data), format);
+        let mut limits = image::Limits::default();
+        limits.max_alloc = Some(self.config.limits.max_pixels.saturating_mul(4));
+        reader.limits(limits.clone());
+        let (w, h) = reader
+            .into_dimensions()
+            .map_err(|e| DecodeError::Corrupt(e.to_string()))?;
+        if u64::from(w) * u64::from(h) > self.config.limits.max_pixels {
+            return Err(DecodeError::TooLarge {
+                width: w,
+                height: h,
+                limit: self.config.limits.max_pixels,
+            });
+        }
+        let mut reader = image::ImageReader::with_format(std::io::Cursor::new(data), format);
+        reader.limits(limits);
+        let img = reader
+            .decode()
+            .map_err(|e| DecodeError::Corrupt(e.to_string()))?;
+        Ok(img.into_rgb8())
+    }
+
+    /// Resamples `crop` (in `buf`'s pixel coordinates, `bw`×`bh` RGB) to the output size,
+    /// black where the crop lies outside the image, then flips and converts.
+    fn resample(
+        &self,
+        ws: &mut Workspace,
+        buf: &[u8],
+        bw: u32,
+        bh: u32,
+        crop: RectF,
+        g: &Geometry,
+    ) -> Result<Tensor, DecodeError> {
+        let (ow, oh) = (g.out_w, g.out_h);
+        let mut out = vec![0u8; ow as usize * oh as usize * 3];
+        let src = ImageRef::new(bw, bh, buf, PixelType::U8x3)
+            .map_err(|e| DecodeError::Decoder(e.to_string()))?;
+        let alg = ResizeAlg::Convolution(FilterType::Bilinear);
+        let (bwf, bhf) = (f64::from(bw), f64::from(bh));
+        let eps = 1e-6;
+        let inside = crop.x >= -eps
+            && crop.y >= -eps
+            && crop.x + crop.w <= bwf + eps
+            && crop.y + crop.h <= bhf + eps;
+        if inside {
+            let (x, y) = (crop.x.clamp(0.0, bwf), crop.y.clamp(0.0, bhf));
+            let opts = ResizeOptions::new().resize_alg(alg).crop(
+                x,
+                y,
+                crop.w.min(bwf - x),
+                crop.h.min(bhf - y),
+            );
+            let mut dst = Image::from_slice_u8(ow, oh, &mut out, PixelType::U8x3)
+                .map_err(|e| DecodeError::Decoder(e.to_string()))?;
+            ws.resizer
+                .resize(&src, &mut dst, &opts)
+                .map_err(|e| DecodeError::Decoder(e.to_string()))?;
+        } else {
+            // Padding: resample the part inside the image into its place in a black output.
+            let (kx, ky) = (f64::from(ow) / crop.w, f64::from(oh) / crop.h);
+            let vx0 = crop.x.max(0.0);
+            let vy0 = crop.y.max(0.0);
+            let vx1 = (crop.x + crop.w).min(bwf);
+            let vy1 = (crop.y + crop.h).min(bhf);
+            let ox0 = (((vx0 - crop.x) * kx).round() as u32).min(ow);
+            let oy0 = (((vy0 - crop.y) * ky).round() as u32).min(oh);
+            let ox1 = (((vx1 - crop.x) * kx).round() as u32).min(ow);
+            let oy1 = (((vy1 - crop.y) * ky).round() as u32).min(oh);
+            if vx1 > vx0 && vy1 > vy0 && ox1 > ox0 && oy1 > oy0 {
+                let (pw, ph) = (ox1 - ox0, oy1 - oy0);
+                ws.tmp.clear();
+                ws.tmp.resize(pw as usize * ph as usize * 3, 0);
+                let opts =
+                    ResizeOptions::new()
+                        .resize_alg(alg)
+                        .crop(vx0, vy0, vx1 - vx0, vy1 - vy0);
+                let mut dst = Image::from_slice_u8(pw, ph, &mut ws.tmp, PixelType::U8x3)
+                    .map_err(|e| DecodeError::Decoder(e.to_string()))?;
+                ws.resizer
+                    .resize(&src, &mut dst, &opts)
+                    .map_err(|e| DecodeError::Decoder(e.to_string()))?;
+                let row = pw as usize * 3;
+                for r in 0..ph as usize {
+                    let at = ((oy0 as usize + r) * ow as usize + ox0 as usize) * 3;
+                    out[at..at + row].copy_from_slice(&ws.tmp[r * row..(r + 1) * row]);
+                }
+            }
+        }
+        if g.flip {
+            for row in out.chunks_exact_mut(ow as usize * 3) {
+                let n = row.len() / 3;
+                for i in 0..n / 2 {
+                    let (a, b) = (i * 3, (n - 1 - i) * 3);
+                    for c in 0..3 {
+                        row.swap(a + c, b + c);
+                    }
+                }
+            }
+        }
+        Ok(self.convert(out, ow, oh))
+    }
+
+    /// Applies normalization and layout.
+    fn convert(&self, hwc: Vec<u8>, w: u32, h: u32) -> Tensor {
+        let chw = self.spec.chw;
+        let plane = w as usize * h as usize;
+        let index = |p: usize, c: usize| if chw { c * plane + p } else { p * 3 + c };
+        let data = match &self.spec.normalize {
+            None if !chw => hwc,
+            None => {
+                let mut out = vec![0u8; hwc.len()];
+                for (p, px) in hwc.chunks_exact(3).enumerate() {
+                    for c in 0..3 {
+                        out[index(p, c)] = px[c];
+                    }
+                }
+                out
+            }
+            Some(n) => {
+                let scale: [f32; 3] = std::array::from_fn(|c| 1.0 / (255.0 * n.std[c]));
+                let shift: [f32; 3] = std::array::from_fn(|c| -n.mean[c] / n.std[c]);
+                let size = n.dtype.size();
+                let mut out = vec![0u8; hwc.len() * size];
+                for (p, px) in hwc.chunks_exact(3).enumerate() {
+                    for c in 0..3 {
+                        let v = f32::from(px[c]) * scale[c] + shift[c];
+                        let at = index(p, c) * size;
+                        match n.dtype {
+                            DType::F16 => out[at..at + 2]
+                                .copy_from_slice(&half::f16::from_f32(v).to_le_bytes()),
+                            _ => out[at..at + 4].copy_from_slice(&v.to_le_bytes()),
+                        }
+                    }
+                }
+                out
+            }
+        };
+        Tensor {
+            height: h,
+            width: w,
+            dtype: self.spec.dtype(),
+            chw,
+            data,
+        }
+    }
+}
+
+/// Applies EXIF orientation `o` (2–8) to a `w`×`h` RGB image into `out`; returns the new size.
+fn orient(src: &[u8], w: u32, h: u32, o: u8, out: &mut Vec<u8>) -> (u32, u32) {
+    let (w, h) = (w as usize, h as usize);
+    let swap = o >= 5;
+    let (nw, nh) = if swap { (h, w) } else { (w, h) };
+    out.clear();
+    out.resize(nw * nh * 3, 0);
+    for y in 0..nh {
+        for x in 0..nw {
+            // Source pixel for destination (x, y), per the EXIF orientation definitions.
+            let (sx, sy) = match o {
+                2 => (w - 1 - x, y),
+                3 => (w - 1 - x, h - 1 - y),
+                4 => (x, h - 1 - y),
+                5 => (y, x),
+                6 => (y, h - 1 - x),
+                7 => (w - 1 - y, h - 1 - x),
+                8 => (w - 1 - y, x),
+                _ => (x, y),
+            };
+            let (d, s) = ((y * nw + x) * 3, (sy * w + sx) * 3);
+            out[d..d + 3].copy_from_slice(&src[s..s + 3]);
+        }
+    }
+    (nw as u32, nh as u32)
+}

@@ -1,0 +1,485 @@
+//! Sources: where a work unit's bytes come from, as a blocking byte stream that the tar reader
+//! parses while it arrives (the engine's reader thread runs it, never a runtime thread).
+//!
+//! - local files (`/path`, `file:///path`);
+//! - HTTP(S) URLs: any server, including a sluice storage node; a shard may list several
+//!   replica URLs, tried in order when one is down or answers an error;
+//! - a sample range is fetched with one `Range` request, located through the shard's `.idx`
+//!   sidecar (fetched once per shard and cached), and every sample's bytes are checked against
+//!   the index's checksum as they stream past; a whole shard is also checked against the
+//!   manifest's checksum when its last byte has arrived.
+//!
+//! A checksum mismatch or a short body surfaces as a read error naming the shard and offset,
+//! and the unit fails (the client reassigns it).
+
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::sync::{Arc, Mutex};
+
+use sluice_shard::read::decompressed;
+use sluice_shard::{Checksum, Compression, ReadOptions, SampleIndex, SampleReader, ShardInfo};
+use xxhash_rust::xxh3::Xxh3;
+
+/// Why a source could not deliver.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("{url}: HTTP {status}")]
+    Status { url: String, status: u16 },
+    #[error("{url}: {detail}")]
+    Request { url: String, detail: String },
+    #[error("{url}: {source}")]
+    Io {
+        url: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("every replica of {shard} failed: {}", errors.join("; "))]
+    AllReplicasFailed { shard: String, errors: Vec<String> },
+    #[error("sample index of {shard}: {detail}")]
+    Index { shard: String, detail: String },
+    #[error("samples {start}..{end} are outside shard {shard} ({samples} samples)")]
+    Range {
+        shard: String,
+        start: u64,
+        end: u64,
+        samples: u64,
+    },
+}
+
+/// A shard as a source sees it: its replicas and what the manifest says of it.
+#[derive(Clone, Debug)]
+pub struct ShardLocation {
+    /// Replica URLs or paths, in order of preference.
+    pub urls: Vec<String>,
+    pub info: ShardInfo,
+}
+
+impl ShardLocation {
+    pub fn name(&self) -> &str {
+        self.info.name()
+    }
+}
+
+/// Settings shared by sources.
+#[derive(Clone, Debug)]
+pub struct SourceConfig {
+    /// Verify per-sample and whole-shard checksums.
+    pub verify: bool,
+    /// Largest `.idx` accepted.
+    pub max_index_bytes: u64,
+    /// Sidecar indexes kept in memory.
+    pub index_cache: usize,
+    pub read_options: ReadOptions,
+    /// Connect timeout for HTTP.
+    pub connect_timeout: std::time::Duration,
+}
+
+impl Default for SourceConfig {
+    fn default() -> Self {
+        SourceConfig {
+            verify: true,
+            max_index_bytes: 256 << 20,
+            index_cache: 1024,
+            read_options: ReadOptions::default(),
+            connect_timeout: std::time::Duration::from_secs(5),
+        }
+    }
+}
+
+/// Samples of a unit, as the engine consumes them.
+pub type UnitSamples =
+    Box<dyn Iterator<Item = Result<sluice_shard::Sample, sluice_shard::ShardError>> + Send>;
+
+/// Opens shards from local paths and HTTP(S) URLs.
+pub struct ShardSource {
+    config: SourceConfig,
+    http: reqwest::blocking::Client,
+    indexes: Mutex<HashMap<String, Arc<SampleIndex>>>,
+}
+
+impl ShardSource {
+    pub fn new(config: SourceConfig) -> Result<Self, SourceError> {
+        let http = reqwest::blocking::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .timeout(None)
+            .build()
+            .map_err(|e| SourceError::Request {
+                url: String::new(),
+                detail: e.to_string(),
+            })?;
+        Ok(ShardSource {
+            config,
+            http,
+            indexes: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The samples `start..end` of a shard, streamed and checked.
+    pub fn open_unit(
+        &self,
+        loc: &ShardLocation,
+        start: u64,
+        end: u64,
+    ) -> Result<UnitSamples, SourceError> {
+        if start >= end || end > loc.info.samples {
+            return Err(SourceError::Range {
+                shard: loc.name().into(),
+                start,
+                end,
+                samples: loc.info.samples,
+            });
+        }
+        let whole = start == 0 && end == loc.info.samples;
+        let ranged = !whole && loc.info.compression == Compression::None;
+        let index = if self.config.verify || ranged {
+            self.index(loc).ok()
+        } else {
+            None
+        };
+        let name: Arc<str> = loc.name().into();
+        let (stream, options): (Box<dyn Read + Send>, ReadOptions) = match (&index, ranged) {
+            (Some(index), true) => {
+                let (offset, len) =
+                    index
+                        .byte_range(start, end)
+                        .ok_or_else(|| SourceError::Index {
+                            shard: loc.name().into(),
+                            detail: format!("has no samples {start}..{end}"),
+                        })?;
+                let body = self.fetch(loc, Some((offset, len)))?;
+                let checks = &index.entries[start as usize..end as usize];
+                let body: Box<dyn Read + Send> = if self.config.verify {
+                    Box::new(Verified::new(
+                        body,
+                        name.clone(),
+                        offset,
+                        start,
+                        checks,
+                        None,
+                    ))
+                } else {
+                    Box::new(body.take(len))
+                };
+                let options = ReadOptions {
+                    start_offset: offset,
+                    first_index: start,
+                    ..self.config.read_options.clone()
+                };
+                (body, options)
+            }
+            _ => {
+                // A whole shard, a gzip shard, or no index: stream from the start, and skip
+                // to the range. The file checksum covers the stored (maybe compressed) bytes;
+                // sample checksums cover the tar stream.
+                let body = self.fetch(loc, None)?;
+                let verify = self.config.verify;
+                let body: Box<dyn Read + Send> = if verify {
+                    Box::new(Verified::new(
+                        body,
+                        name.clone(),
+                        0,
+                        0,
+                        &[],
+                        Some(loc.info.checksum),
+                    ))
+                } else {
+                    body
+                };
+                let tar = decompressed(io::BufReader::with_capacity(1 << 20, body)).map_err(
+                    |source| SourceError::Io {
+                        url: loc.name().into(),
+                        source,
+                    },
+                )?;
+                let tar: Box<dyn Read + Send> = match (&index, verify) {
+                    (Some(index), true) => {
+                        Box::new(Verified::new(tar, name.clone(), 0, 0, &index.entries, None))
+                    }
+                    _ => tar,
+                };
+                (tar, self.config.read_options.clone())
+            }
+        };
+        let reader = SampleReader::new(stream, name, &options);
+        Ok(Box::new(
+            reader
+                .filter(move |s| s.as_ref().map_or(true, |s| s.index >= start))
+                .take_while_inclusive_end(end),
+        ))
+    }
+
+    /// The shard's sidecar index (fetched once, then cached).
+    pub fn index(&self, loc: &ShardLocation) -> Result<Arc<SampleIndex>, SourceError> {
+        let key = loc.urls.first().cloned().unwrap_or_default();
+        if let Some(i) = self.indexes.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(i);
+        }
+        let idx_loc = ShardLocation {
+            urls: loc
+                .urls
+                .iter()
+                .map(|u| SampleIndex::sidecar_url(u))
+                .collect(),
+            info: loc.info.clone(),
+        };
+        let body = self.fetch(&idx_loc, None)?;
+        let bytes =
+            sluice_shard::index::read_bounded(body, self.config.max_index_bytes, &idx_loc.urls[0])
+                .map_err(|e| SourceError::Index {
+                    shard: loc.name().into(),
+                    detail: e.to_string(),
+                })?;
+        let index =
+            SampleIndex::decode(&bytes, &idx_loc.urls[0]).map_err(|e| SourceError::Index {
+                shard: loc.name().into(),
+                detail: e.to_string(),
+            })?;
+        if index.shard_checksum != loc.info.checksum
+            || index.entries.len() as u64 != loc.info.samples
+        {
+            return Err(SourceError::Index {
+                shard: loc.name().into(),
+                detail: format!(
+                    "describes a different shard ({} samples, {}) than the manifest ({} samples, {})",
+                    index.entries.len(),
+                    index.shard_checksum,
+                    loc.info.samples,
+                    loc.info.checksum
+                ),
+            });
+        }
+        let index = Arc::new(index);
+        if let Ok(mut m) = self.indexes.lock() {
+            if m.len() >= self.config.index_cache {
+                m.clear();
+            }
+            m.insert(key, index.clone());
+        }
+        Ok(index)
+    }
+
+    /// Opens the bytes `range` (offset, len) of an object, trying each replica in turn.
+    fn fetch(
+        &self,
+        loc: &ShardLocation,
+        range: Option<(u64, u64)>,
+    ) -> Result<Box<dyn Read + Send>, SourceError> {
+        let mut errors = Vec::new();
+        for url in &loc.urls {
+            match self.fetch_one(url, range) {
+                Ok(r) => return Ok(r),
+                Err(e) => {
+                    metrics::counter!("sluice_cpu_source_failovers_total").increment(1);
+                    errors.push(e.to_string());
+                }
+            }
+        }
+        if errors.len() == 1 {
+            return Err(SourceError::Request {
+                url: loc.urls[0].clone(),
+                detail: errors.remove(0),
+            });
+        }
+        Err(SourceError::AllReplicasFailed {
+            shard: loc.name().into(),
+            errors,
+        })
+    }
+
+    fn fetch_one(
+        &self,
+        url: &str,
+        range: Option<(u64, u64)>,
+    ) -> Result<Box<dyn Read + Send>, SourceError> {
+        if url.starts_with("http://") || url.starts_with("https://") {
+            let mut req = self.http.get(url);
+            if let Some((offset, len)) = range {
+                req = req.header(
+                    reqwest::header::RANGE,
+                    format!("bytes={}-{}", offset, offset + len - 1),
+                );
+            }
+            let resp = req.send().map_err(|e| SourceError::Request {
+                url: url.into(),
+                detail: e.to_string(),
+            })?;
+            let status = resp.status().as_u16();
+            match (range, status) {
+                (Some(_), 206) | (None, 200) => Ok(Box::new(resp)),
+                (Some((offset, len)), 200) => {
+                    // The server ignored Range: skip to the offset ourselves.
+                    let mut resp = resp;
+                    io::copy(&mut (&mut resp).take(offset), &mut io::sink()).map_err(|source| {
+                        SourceError::Io {
+                            url: url.into(),
+                            source,
+                        }
+                    })?;
+                    Ok(Box::new(resp.take(len)))
+                }
+                _ => Err(SourceError::Status {
+                    url: url.into(),
+                    status,
+                }),
+            }
+        } else {
+            let path = url.strip_prefix("file://").unwrap_or(url);
+            let mut file = std::fs::File::open(path).map_err(|source| SourceError::Io {
+                url: url.into(),
+                source,
+            })?;
+            match range {
+                Some((offset, len)) => {
+                    use std::io::Seek;
+                    file.seek(io::SeekFrom::Start(offset))
+                        .map_err(|source| SourceError::Io {
+                            url: url.into(),
+                            source,
+                        })?;
+                    Ok(Box::new(file.take(len)))
+                }
+                None => Ok(Box::new(file)),
+            }
+        }
+    }
+}
+
+/// Ends a sample stream after the sample with index `end - 1`, without reading further.
+trait TakeUntilEnd:
+    Iterator<Item = Result<sluice_shard::Sample, sluice_shard::ShardError>> + Sized
+{
+    fn take_while_inclusive_end(self, end: u64) -> UntilEnd<Self> {
+        UntilEnd {
+            inner: self,
+            end,
+            done: false,
+        }
+    }
+}
+
+impl<I: Iterator<Item = Result<sluice_shard::Sample, sluice_shard::ShardError>>> TakeUntilEnd
+    for I
+{
+}
+
+struct UntilEnd<I> {
+    inner: I,
+    end: u64,
+    done: bool,
+}
+
+impl<I: Iterator<Item = Result<sluice_shard::Sample, sluice_shard::ShardError>>> Iterator
+    for UntilEnd<I>
+{
+    type Item = I::Item;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let item = self.inner.next()?;
+        match &item {
+            Ok(s) if s.index + 1 >= self.end => self.done = true,
+            Err(_) => self.done = true,
+            _ => {}
+        }
+        Some(item)
+    }
+}
+
+/// Checks bytes as they stream past: each sample's range against its index checksum, and
+/// optionally the whole file against the manifest's checksum at the end.
+struct Verified<R> {
+    inner: R,
+    shard: Arc<str>,
+    /// Stream position as a shard offset.
+    pos: u64,
+    checks: Vec<sluice_shard::IndexEntry>,
+    /// Sample index of `checks[0]`.
+    first_index: u64,
+    next_check: usize,
+    sample_hash: Xxh3,
+    file_hash: Option<(Xxh3, Checksum)>,
+}
+
+impl<R: Read> Verified<R> {
+    fn new(
+        inner: R,
+        shard: Arc<str>,
+        start: u64,
+        first_index: u64,
+        checks: &[sluice_shard::IndexEntry],
+        whole: Option<Checksum>,
+    ) -> Self {
+        Verified {
+            inner,
+            shard,
+            pos: start,
+            checks: checks.to_vec(),
+            first_index,
+            next_check: 0,
+            sample_hash: Xxh3::new(),
+            file_hash: whole.map(|c| (Xxh3::new(), c)),
+        }
+    }
+
+    fn bad(&self, what: String) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} at byte {} of shard {}", what, self.pos, self.shard),
+        )
+    }
+}
+
+impl<R: Read> Read for Verified<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n == 0 {
+            if let Some((hash, expected)) = &self.file_hash {
+                let got = Checksum(hash.digest());
+                if got != *expected {
+                    return Err(self.bad(format!(
+                        "shard checksum mismatch (manifest {expected}, read {got})"
+                    )));
+                }
+                self.file_hash = None;
+            }
+            return Ok(0);
+        }
+        if let Some((hash, _)) = &mut self.file_hash {
+            hash.update(&buf[..n]);
+        }
+        // Hash the parts of `buf` that fall inside sample ranges, checking each range as it
+        // completes. Bytes between samples (directories, the end-of-archive) are not covered.
+        let mut at = 0usize;
+        while at < n {
+            let Some(check) = self.checks.get(self.next_check).copied() else {
+                break;
+            };
+            let here = self.pos + at as u64;
+            let check_end = check.offset + check.len;
+            if here < check.offset {
+                at += ((check.offset - here) as usize).min(n - at);
+                continue;
+            }
+            let take = ((check_end - here) as usize).min(n - at);
+            self.sample_hash.update(&buf[at..at + take]);
+            at += take;
+            if self.pos + at as u64 == check_end {
+                let got = self.sample_hash.digest();
+                if got != check.checksum {
+                    self.pos += at as u64;
+                    return Err(self.bad(format!(
+                        "checksum mismatch in sample #{} (index {:016x}, read {got:016x})",
+                        self.first_index + self.next_check as u64,
+                        check.checksum
+                    )));
+                }
+                self.sample_hash.reset();
+                self.next_check += 1;
+            }
+        }
+        self.pos += n as u64;
+        Ok(n)
+    }
+}

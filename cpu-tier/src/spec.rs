@@ -1,0 +1,377 @@
+//! The pipeline spec: what a worker does to each sample, as a small text language that travels
+//! in the wire protocol and in configs:
+//!
+//! ```text
+//! decode | random_resized_crop 224 | hflip 0.5
+//! decode | resize 256 | center_crop 224 | normalize mean=0.485,0.456,0.406 std=0.229,0.224,0.225 dtype=f16 | chw
+//! ```
+//!
+//! Ops (torchvision semantics): `decode [field=jpg]`, `random_resized_crop SIZE [scale=A,B]
+//! [ratio=A,B]`, `center_crop SIZE`, `resize SIZE` (shorter side) or `resize HxW`, `hflip [P]`,
+//! `normalize mean=R,G,B std=R,G,B [dtype=f32|f16]`, `chw`. SIZE is `N` or `HxW`. The output
+//! must have a fixed size (end the geometry in a crop or an `HxW` resize), so batches stack.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// One geometric or flip op, in order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Op {
+    RandomResizedCrop {
+        h: u32,
+        w: u32,
+        scale: (f64, f64),
+        ratio: (f64, f64),
+    },
+    CenterCrop {
+        h: u32,
+        w: u32,
+    },
+    /// Resize the shorter side to this length, keeping the aspect ratio.
+    ResizeShorter(u32),
+    /// Resize to exactly this size.
+    Resize {
+        h: u32,
+        w: u32,
+    },
+    HFlip(f64),
+}
+
+/// Output element type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DType {
+    #[default]
+    U8,
+    F16,
+    F32,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::U8 => 1,
+            DType::F16 => 2,
+            DType::F32 => 4,
+        }
+    }
+}
+
+/// Per-channel normalization `(x / 255 - mean) / std`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Normalize {
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+    pub dtype: DType,
+}
+
+/// A parsed, validated pipeline.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PipelineSpec {
+    /// The field holding the image; `None` picks the first of jpg, jpeg, png, webp.
+    pub field: Option<String>,
+    pub ops: Vec<Op>,
+    pub normalize: Option<Normalize>,
+    /// Channels first (CHW) instead of HWC.
+    pub chw: bool,
+}
+
+/// Why a spec is invalid; the message names the op.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("invalid pipeline spec {spec:?}: {detail}")]
+pub struct SpecError {
+    pub spec: String,
+    pub detail: String,
+}
+
+impl PipelineSpec {
+    /// The output (height, width): fixed by the last crop or exact resize.
+    pub fn output_size(&self) -> Option<(u32, u32)> {
+        self.ops
+            .iter()
+            .rev()
+            .find_map(|op| match op {
+                Op::RandomResizedCrop { h, w, .. }
+                | Op::CenterCrop { h, w }
+                | Op::Resize { h, w } => Some((*h, *w)),
+                Op::ResizeShorter(_) => Some((0, 0)),
+                Op::HFlip(_) => None,
+            })
+            .filter(|&(h, w)| h > 0 && w > 0)
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.normalize.as_ref().map_or(DType::U8, |n| n.dtype)
+    }
+
+    /// Bytes of one output tensor.
+    pub fn output_bytes(&self) -> usize {
+        let (h, w) = self.output_size().unwrap_or((0, 0));
+        h as usize * w as usize * 3 * self.dtype().size()
+    }
+}
+
+fn parse_size(s: &str) -> Option<(u32, u32)> {
+    let (h, w) = match s.split_once('x') {
+        Some((h, w)) => (h.parse().ok()?, w.parse().ok()?),
+        None => {
+            let n = s.parse().ok()?;
+            (n, n)
+        }
+    };
+    (h > 0 && w > 0 && h <= 16384 && w <= 16384).then_some((h, w))
+}
+
+fn parse_floats<const N: usize>(s: &str) -> Option<[f64; N]> {
+    let v: Vec<f64> = s
+        .split(',')
+        .map(|x| x.trim().parse::<f64>())
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let arr: [f64; N] = v.try_into().ok()?;
+    arr.iter().all(|x| x.is_finite()).then_some(arr)
+}
+
+impl FromStr for PipelineSpec {
+    type Err = SpecError;
+
+    fn from_str(text: &str) -> Result<Self, SpecError> {
+        let err = |detail: String| SpecError {
+            spec: text.to_string(),
+            detail,
+        };
+        let mut spec = PipelineSpec {
+            field: None,
+            ops: Vec::new(),
+            normalize: None,
+            chw: false,
+        };
+        let mut decoded = false;
+        for (i, stage) in text.split('|').enumerate() {
+            let mut words = stage.split_whitespace();
+            let Some(name) = words.next() else {
+                return Err(err(format!("stage {} is empty", i + 1)));
+            };
+            let mut positional = Vec::new();
+            let mut named = Vec::new();
+            for w in words {
+                match w.split_once('=') {
+                    Some((k, v)) => named.push((k, v)),
+                    None => positional.push(w),
+                }
+            }
+            let named_arg = |key: &str| named.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
+            let allow = |keys: &[&str], max_pos: usize| -> Result<(), SpecError> {
+                if let Some((k, _)) = named.iter().find(|(k, _)| !keys.contains(k)) {
+                    return Err(err(format!("{name}: unknown argument {k:?}")));
+                }
+                if positional.len() > max_pos {
+                    return Err(err(format!("{name}: too many arguments")));
+                }
+                Ok(())
+            };
+            if i == 0 && name != "decode" {
+                return Err(err("the pipeline must start with decode".into()));
+            }
+            if spec.normalize.is_some() && name != "chw" {
+                return Err(err(format!(
+                    "{name} after normalize: normalize comes last (before chw)"
+                )));
+            }
+            if spec.chw {
+                return Err(err(format!("{name} after chw: chw comes last")));
+            }
+            let size = |what: &str| -> Result<(u32, u32), SpecError> {
+                positional
+                    .first()
+                    .and_then(|s| parse_size(s))
+                    .ok_or_else(|| err(format!("{what} needs a size N or HxW (1..16384)")))
+            };
+            match name {
+                "decode" => {
+                    allow(&["field"], 0)?;
+                    if decoded {
+                        return Err(err("decode appears twice".into()));
+                    }
+                    decoded = true;
+                    spec.field = named_arg("field").map(str::to_string);
+                }
+                "random_resized_crop" => {
+                    allow(&["scale", "ratio"], 1)?;
+                    let (h, w) = size(name)?;
+                    let scale = match named_arg("scale") {
+                        Some(s) => parse_floats::<2>(s)
+                            .ok_or_else(|| err(format!("{name}: scale={s} is not A,B")))?,
+                        None => [0.08, 1.0],
+                    };
+                    let ratio = match named_arg("ratio") {
+                        Some(s) => parse_floats::<2>(s)
+                            .ok_or_else(|| err(format!("{name}: ratio={s} is not A,B")))?,
+                        None => [3.0 / 4.0, 4.0 / 3.0],
+                    };
+                    if !(0.0 < scale[0] && scale[0] <= scale[1] && scale[1] <= 1.0) {
+                        return Err(err(format!("{name}: scale must satisfy 0 < A <= B <= 1")));
+                    }
+                    if !(0.0 < ratio[0] && ratio[0] <= ratio[1]) {
+                        return Err(err(format!("{name}: ratio must satisfy 0 < A <= B")));
+                    }
+                    spec.ops.push(Op::RandomResizedCrop {
+                        h,
+                        w,
+                        scale: (scale[0], scale[1]),
+                        ratio: (ratio[0], ratio[1]),
+                    });
+                }
+                "center_crop" => {
+                    allow(&[], 1)?;
+                    let (h, w) = size(name)?;
+                    spec.ops.push(Op::CenterCrop { h, w });
+                }
+                "resize" => {
+                    allow(&[], 1)?;
+                    let arg = positional.first().copied().unwrap_or("");
+                    let (h, w) = size(name)?;
+                    spec.ops.push(if arg.contains('x') {
+                        Op::Resize { h, w }
+                    } else {
+                        Op::ResizeShorter(h)
+                    });
+                }
+                "hflip" => {
+                    allow(&[], 1)?;
+                    let p = match positional.first() {
+                        Some(p) => p
+                            .parse::<f64>()
+                            .ok()
+                            .filter(|p| (0.0..=1.0).contains(p))
+                            .ok_or_else(|| {
+                                err(format!("hflip: probability {p} is not in [0, 1]"))
+                            })?,
+                        None => 0.5,
+                    };
+                    spec.ops.push(Op::HFlip(p));
+                }
+                "normalize" => {
+                    allow(&["mean", "std", "dtype"], 0)?;
+                    let triple = |key: &str| -> Result<[f32; 3], SpecError> {
+                        let v = named_arg(key)
+                            .and_then(parse_floats::<3>)
+                            .ok_or_else(|| err(format!("normalize needs {key}=R,G,B")))?;
+                        Ok(v.map(|x| x as f32))
+                    };
+                    let (mean, std) = (triple("mean")?, triple("std")?);
+                    if std.iter().any(|s| *s <= 0.0) {
+                        return Err(err("normalize: std must be positive".into()));
+                    }
+                    let dtype = match named_arg("dtype").unwrap_or("f32") {
+                        "f32" => DType::F32,
+                        "f16" => DType::F16,
+                        other => {
+                            return Err(err(format!(
+                                "normalize: dtype {other:?} is not f32 or f16"
+                            )))
+                        }
+                    };
+                    spec.normalize = Some(Normalize { mean, std, dtype });
+                }
+                "chw" => {
+                    allow(&[], 0)?;
+                    spec.chw = true;
+                }
+                other => return Err(err(format!("unknown op {other:?}"))),
+            }
+        }
+        if spec.output_size().is_none() {
+            return Err(err(
+                "the output size is not fixed: end the geometry with random_resized_crop, center_crop or resize HxW".into(),
+            ));
+        }
+        Ok(spec)
+    }
+}
+
+impl fmt::Display for PipelineSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.field {
+            Some(field) => write!(f, "decode field={field}")?,
+            None => f.write_str("decode")?,
+        }
+        for op in &self.ops {
+            match op {
+                Op::RandomResizedCrop { h, w, scale, ratio } => write!(
+                    f,
+                    " | random_resized_crop {h}x{w} scale={},{} ratio={},{}",
+                    scale.0, scale.1, ratio.0, ratio.1
+                )?,
+                Op::CenterCrop { h, w } => write!(f, " | center_crop {h}x{w}")?,
+                Op::ResizeShorter(s) => write!(f, " | resize {s}")?,
+                Op::Resize { h, w } => write!(f, " | resize {h}x{w}")?,
+                Op::HFlip(p) => write!(f, " | hflip {p}")?,
+            }
+        }
+        if let Some(n) = &self.normalize {
+            let dtype = if n.dtype == DType::F16 { "f16" } else { "f32" };
+            let [m0, m1, m2] = n.mean;
+            let [s0, s1, s2] = n.std;
+            write!(
+                f,
+                " | normalize mean={m0},{m1},{m2} std={s0},{s1},{s2} dtype={dtype}"
+            )?;
+        }
+        if self.chw {
+            f.write_str(" | chw")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_usual_pipelines_and_round_trips() {
+        for text in [
+            "decode | random_resized_crop 224 | hflip 0.5",
+            "decode | resize 256 | center_crop 224",
+            "decode field=png | resize 32x48",
+            "decode | random_resized_crop 176x144 scale=0.35,1 ratio=0.5,2 | hflip | normalize mean=0.485,0.456,0.406 std=0.229,0.224,0.225 dtype=f16 | chw",
+        ] {
+            let spec: PipelineSpec = text.parse().unwrap();
+            let again: PipelineSpec = spec.to_string().parse().unwrap();
+            assert_eq!(spec, again, "{text}");
+        }
+        let spec: PipelineSpec = "decode | random_resized_crop 224 | hflip 0.5"
+            .parse()
+            .unwrap();
+        assert_eq!(spec.output_size(), Some((224, 224)));
+        assert_eq!(spec.output_bytes(), 224 * 224 * 3);
+    }
+
+    #[test]
+    fn invalid_specs_name_the_problem() {
+        for (text, expect) in [
+            ("random_resized_crop 224", "start with decode"),
+            ("decode | blur 3", "unknown op \"blur\""),
+            ("decode | random_resized_crop", "needs a size"),
+            ("decode | random_resized_crop 224 scale=0,1", "scale"),
+            (
+                "decode | random_resized_crop 224 colour=1",
+                "unknown argument",
+            ),
+            ("decode | hflip 2", "probability"),
+            ("decode | resize 256", "not fixed"),
+            (
+                "decode | center_crop 224 | normalize mean=1,2 std=1,1,1",
+                "mean=R,G,B",
+            ),
+            ("decode | center_crop 224 | chw | hflip", "chw comes last"),
+            ("decode | center_crop 224 ||", "empty"),
+            ("decode | decode | center_crop 2", "twice"),
+        ] {
+            let e = text.parse::<PipelineSpec>().unwrap_err();
+            assert!(e.to_string().contains(expect), "{text}: {e}");
+        }
+    }
+}
