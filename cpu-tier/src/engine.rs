@@ -457,10 +457,15 @@ impl Engine {
             8
         };
         let want = if self.config.roi_decode {
-            let x0 = g.src.x.max(0.0).floor() as u32;
-            let y0 = g.src.y.max(0.0).floor() as u32;
-            let x1 = ((g.src.x + g.src.w).ceil().max(0.0) as u32).min(header.width);
-            let y1 = ((g.src.y + g.src.h).ceil().max(0.0) as u32).min(header.height);
+            // The resampling filter reaches past the crop's edges (bilinear: one output pixel's
+            // width in source pixels, as torchvision resizes the whole image): decode that
+            // margin too, so edge pixels match a full decode.
+            let mx = (g.src.w / f64::from(g.out_w)).max(1.0).ceil() + 1.0;
+            let my = (g.src.h / f64::from(g.out_h)).max(1.0).ceil() + 1.0;
+            let x0 = (g.src.x - mx).max(0.0).floor() as u32;
+            let y0 = (g.src.y - my).max(0.0).floor() as u32;
+            let x1 = ((g.src.x + g.src.w + mx).ceil().max(0.0) as u32).min(header.width);
+            let y1 = ((g.src.y + g.src.h + my).ceil().max(0.0) as u32).min(header.height);
             Rect {
                 x: x0.min(header.width - 1),
                 y: y0.min(header.height - 1),

@@ -96,16 +96,28 @@ pub fn has_eoi(data: &[u8]) -> bool {
 
 impl JpegDecoder {
     pub fn new(limits: DecodeLimits) -> Result<Self, DecodeError> {
-        // SAFETY: plain constructor; a null handle is checked.
-        let handle = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_DECOMPRESS as i32) };
-        if handle.is_null() {
-            return Err(DecodeError::Decoder("tj3Init failed".into()));
-        }
-        let dec = JpegDecoder {
-            handle,
+        let mut dec = JpegDecoder {
+            handle: std::ptr::null_mut(),
             limits,
             cmyk_scratch: Vec::new(),
         };
+        dec.init()?;
+        Ok(dec)
+    }
+
+    /// (Re)creates the TurboJPEG handle. After a failed call a handle can stay in an error
+    /// state (seen with libjpeg-turbo 3.1: every later header read repeats the old error), so
+    /// a failure always starts the next image on a fresh handle.
+    fn init(&mut self) -> Result<(), DecodeError> {
+        // SAFETY: destroying null is a no-op; the old handle is not used again.
+        unsafe { tj::tj3Destroy(self.handle) };
+        // SAFETY: plain constructor; a null handle is checked.
+        self.handle = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_DECOMPRESS as i32) };
+        if self.handle.is_null() {
+            return Err(DecodeError::Decoder("tj3Init failed".into()));
+        }
+        let limits = self.limits;
+        let dec = &*self;
         let max_pixels = i32::try_from(limits.max_pixels).unwrap_or(i32::MAX);
         dec.set(tj::TJPARAM_TJPARAM_STOPONWARNING, 1)?;
         dec.set(tj::TJPARAM_TJPARAM_MAXPIXELS, max_pixels)?;
@@ -113,7 +125,7 @@ impl JpegDecoder {
             tj::TJPARAM_TJPARAM_SCANLIMIT,
             i32::try_from(limits.max_progressive_scans).unwrap_or(i32::MAX),
         )?;
-        Ok(dec)
+        Ok(())
     }
 
     fn set(&self, param: tj::TJPARAM, value: i32) -> Result<(), DecodeError> {
@@ -135,11 +147,20 @@ impl JpegDecoder {
         DecodeError::Corrupt(msg.to_string_lossy().into_owned())
     }
 
+    /// The error of the last call, leaving a fresh handle for the next image.
+    fn fail(&mut self) -> DecodeError {
+        let err = self.error();
+        if let Err(e) = self.init() {
+            return e;
+        }
+        err
+    }
+
     /// Reads the header; checks the pixel limit before anything is allocated.
     pub fn header(&mut self, data: &[u8]) -> Result<JpegHeader, DecodeError> {
         // SAFETY: the buffer pointer and length come from a live slice.
         if unsafe { tj::tj3DecompressHeader(self.handle, data.as_ptr(), data.len() as _) } != 0 {
-            return Err(self.error());
+            return Err(self.fail());
         }
         let width = self.get(tj::TJPARAM_TJPARAM_JPEGWIDTH);
         let height = self.get(tj::TJPARAM_TJPARAM_JPEGHEIGHT);
@@ -195,7 +216,7 @@ impl JpegDecoder {
         };
         // SAFETY: valid handle; the header was read on this handle.
         if unsafe { tj::tj3SetScalingFactor(self.handle, factor) } != 0 {
-            return Err(self.error());
+            return Err(self.fail());
         }
         let (sw, sh) = (
             scaled(header.width, scale_num),
@@ -240,7 +261,7 @@ impl JpegDecoder {
         };
         // SAFETY: valid handle; the region lies within the scaled image.
         if unsafe { tj::tj3SetCroppingRegion(self.handle, region) } != 0 {
-            return Err(self.error());
+            return Err(self.fail());
         }
         let (w, h) = (rect.w as usize, rect.h as usize);
         out.clear();
@@ -260,7 +281,7 @@ impl JpegDecoder {
                 )
             };
             if rc != 0 {
-                return Err(self.error());
+                return Err(self.fail());
             }
             // Adobe CMYK JPEGs store inverted values: R = C'·K'/255 (as Pillow converts).
             for (rgb, cmyk) in out
@@ -285,7 +306,7 @@ impl JpegDecoder {
                 )
             };
             if rc != 0 {
-                return Err(self.error());
+                return Err(self.fail());
             }
         }
         Ok(Decoded { rect, scale_num })

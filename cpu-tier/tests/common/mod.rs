@@ -1,0 +1,77 @@
+//! Helpers for the engine's integration tests: corpus and Python lookup, image generation.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sluice_shard::{Field, Sample};
+
+/// `../shared/data/imagenet-sample`'s JPEGs (sorted), or `None` when absent.
+pub fn corpus() -> Option<Vec<PathBuf>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/imagenet-sample");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "JPEG"))
+        .collect();
+    files.sort();
+    (!files.is_empty()).then_some(files)
+}
+
+/// A Python with Pillow: `$SLUICE_TEST_PYTHON`, else the repository's `.venv`. `None` unless
+/// `SLUICE_REQUIRE_PYTHON` is set (CI), in which case its absence fails the test.
+pub fn pillow_python() -> Option<PathBuf> {
+    let candidates = std::env::var_os("SLUICE_TEST_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python")]);
+    for py in candidates {
+        if Command::new(&py)
+            .args(["-c", "import PIL"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            return Some(py);
+        }
+    }
+    assert!(
+        std::env::var_os("SLUICE_REQUIRE_PYTHON").is_none(),
+        "SLUICE_REQUIRE_PYTHON is set but no Python with Pillow was found"
+    );
+    None
+}
+
+/// A JPEG of a smooth test pattern, `w`×`h`, seeded.
+pub fn jpeg(w: u32, h: u32, seed: u32) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(w, h, |x, y| {
+        let v = (x * 3 + y * 5 + seed * 17) % 256;
+        image::Rgb([
+            v as u8,
+            ((x * 7 + seed) % 256) as u8,
+            ((y * 11 + seed * 3) % 256) as u8,
+        ])
+    });
+    let mut out = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 90)
+        .encode_image(&img)
+        .unwrap();
+    out
+}
+
+pub fn sample(index: u64, fields: Vec<(&str, Vec<u8>)>) -> Sample {
+    Sample {
+        shard: "test.tar".into(),
+        key: format!("s{index:04}"),
+        index,
+        start: 0,
+        end: 0,
+        fields: fields
+            .into_iter()
+            .map(|(n, d)| Field {
+                name: n.into(),
+                data: d,
+            })
+            .collect(),
+    }
+}
