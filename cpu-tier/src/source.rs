@@ -4,6 +4,9 @@
 //! - local files (`/path`, `file:///path`);
 //! - HTTP(S) URLs: any server, including a sluice storage node; a shard may list several
 //!   replica URLs, tried in order when one is down or answers an error;
+//! - `s3://bucket/key` through `object_store` (AWS S3 or any S3-compatible store: MinIO,
+//!   AIStore, Ceph), with endpoint, region and credentials from [`S3Config`] or the usual
+//!   `AWS_*` environment variables;
 //! - a sample range is fetched with one `Range` request, located through the shard's `.idx`
 //!   sidecar (fetched once per shard and cached), and every sample's bytes are checked against
 //!   the index's checksum as they stream past; a whole shard is also checked against the
@@ -14,7 +17,11 @@
 
 use std::collections::HashMap;
 use std::io::{self, Read};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as ObjectPath;
+use object_store::{GetOptions, GetRange, ObjectStore};
 
 use sluice_shard::read::decompressed;
 use sluice_shard::{Checksum, Compression, ReadOptions, SampleIndex, SampleReader, ShardInfo};
@@ -60,6 +67,18 @@ impl ShardLocation {
     }
 }
 
+/// Where `s3://` URLs go. Unset fields fall back to the `AWS_*` environment variables.
+#[derive(Clone, Debug, Default)]
+pub struct S3Config {
+    /// Endpoint of an S3-compatible store (`http://minio:9000`); unset for AWS.
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+    /// Allow a plain-HTTP endpoint.
+    pub allow_http: bool,
+}
+
 /// Settings shared by sources.
 #[derive(Clone, Debug)]
 pub struct SourceConfig {
@@ -72,6 +91,7 @@ pub struct SourceConfig {
     pub read_options: ReadOptions,
     /// Connect timeout for HTTP.
     pub connect_timeout: std::time::Duration,
+    pub s3: S3Config,
 }
 
 impl Default for SourceConfig {
@@ -82,6 +102,7 @@ impl Default for SourceConfig {
             index_cache: 1024,
             read_options: ReadOptions::default(),
             connect_timeout: std::time::Duration::from_secs(5),
+            s3: S3Config::default(),
         }
     }
 }
@@ -90,11 +111,15 @@ impl Default for SourceConfig {
 pub type UnitSamples =
     Box<dyn Iterator<Item = Result<sluice_shard::Sample, sluice_shard::ShardError>> + Send>;
 
-/// Opens shards from local paths and HTTP(S) URLs.
+/// Opens shards from local paths, HTTP(S) and S3 URLs. Blocking: call it from a thread that
+/// is not a tokio runtime worker (the engine's reader thread, or `spawn_blocking`).
 pub struct ShardSource {
     config: SourceConfig,
     http: reqwest::blocking::Client,
     indexes: Mutex<HashMap<String, Arc<SampleIndex>>>,
+    /// Started on the first `s3://` request: drives object_store's async IO.
+    runtime: OnceLock<tokio::runtime::Runtime>,
+    buckets: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
 }
 
 impl ShardSource {
@@ -111,6 +136,8 @@ impl ShardSource {
             config,
             http,
             indexes: Mutex::new(HashMap::new()),
+            runtime: OnceLock::new(),
+            buckets: Mutex::new(HashMap::new()),
         })
     }
 
@@ -291,6 +318,9 @@ impl ShardSource {
         url: &str,
         range: Option<(u64, u64)>,
     ) -> Result<Box<dyn Read + Send>, SourceError> {
+        if let Some(rest) = url.strip_prefix("s3://") {
+            return self.fetch_s3(url, rest, range);
+        }
         if url.starts_with("http://") || url.starts_with("https://") {
             let mut req = self.http.get(url);
             if let Some((offset, len)) = range {
@@ -341,6 +371,113 @@ impl ShardSource {
                 None => Ok(Box::new(file)),
             }
         }
+    }
+}
+
+impl ShardSource {
+    fn runtime(&self) -> Result<&tokio::runtime::Runtime, SourceError> {
+        if let Some(rt) = self.runtime.get() {
+            return Ok(rt);
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("sluice-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| SourceError::Request {
+                url: "s3://".into(),
+                detail: format!("starting the S3 runtime: {e}"),
+            })?;
+        Ok(self.runtime.get_or_init(|| rt))
+    }
+
+    fn bucket(&self, name: &str) -> Result<Arc<dyn ObjectStore>, SourceError> {
+        let mut buckets = self.buckets.lock().map_err(|_| SourceError::Request {
+            url: format!("s3://{name}"),
+            detail: "bucket cache poisoned".into(),
+        })?;
+        if let Some(b) = buckets.get(name) {
+            return Ok(b.clone());
+        }
+        let c = &self.config.s3;
+        let mut builder = AmazonS3Builder::from_env()
+            .with_bucket_name(name)
+            .with_allow_http(c.allow_http);
+        if let Some(e) = &c.endpoint {
+            builder = builder.with_endpoint(e);
+        }
+        if let Some(r) = &c.region {
+            builder = builder.with_region(r);
+        }
+        if let Some(k) = &c.access_key_id {
+            builder = builder.with_access_key_id(k);
+        }
+        if let Some(k) = &c.secret_access_key {
+            builder = builder.with_secret_access_key(k);
+        }
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(builder.build().map_err(|e| SourceError::Request {
+                url: format!("s3://{name}"),
+                detail: e.to_string(),
+            })?);
+        buckets.insert(name.to_string(), store.clone());
+        Ok(store)
+    }
+
+    fn fetch_s3(
+        &self,
+        url: &str,
+        bucket_key: &str,
+        range: Option<(u64, u64)>,
+    ) -> Result<Box<dyn Read + Send>, SourceError> {
+        let (bucket, key) = bucket_key
+            .split_once('/')
+            .filter(|(b, k)| !b.is_empty() && !k.is_empty())
+            .ok_or_else(|| SourceError::Request {
+                url: url.into(),
+                detail: "expected s3://bucket/key".into(),
+            })?;
+        let store = self.bucket(bucket)?;
+        let rt = self.runtime()?;
+        let options = GetOptions {
+            range: range.map(|(o, l)| GetRange::Bounded(o..o + l)),
+            ..GetOptions::default()
+        };
+        let path = ObjectPath::from(key);
+        let result =
+            rt.block_on(store.get_opts(&path, options))
+                .map_err(|e| SourceError::Request {
+                    url: url.into(),
+                    detail: e.to_string(),
+                })?;
+        Ok(Box::new(S3Body {
+            runtime: rt.handle().clone(),
+            stream: result.into_stream(),
+            chunk: bytes::Bytes::new(),
+        }))
+    }
+}
+
+/// An object_store byte stream read as a blocking `Read`.
+struct S3Body {
+    runtime: tokio::runtime::Handle,
+    stream: futures_util::stream::BoxStream<'static, object_store::Result<bytes::Bytes>>,
+    chunk: bytes::Bytes,
+}
+
+impl Read for S3Body {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use futures_util::StreamExt;
+        while self.chunk.is_empty() {
+            match self.runtime.block_on(self.stream.next()) {
+                Some(Ok(b)) => self.chunk = b,
+                Some(Err(e)) => return Err(io::Error::other(e)),
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.chunk.len());
+        buf[..n].copy_from_slice(&self.chunk.split_to(n));
+        Ok(n)
     }
 }
 

@@ -1,0 +1,274 @@
+//! Sources end to end over real files and a real loopback HTTP server: whole shards and sample
+//! ranges (one Range request), replica failover, checksum verification, gzip shards, and the
+//! engine consuming a unit while it streams.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use sluice_cpu::{
+    Engine, EngineConfig, Outcome, SampleContext, ShardLocation, ShardSource, SourceConfig,
+    SourceError,
+};
+use sluice_shard::{scan_shard, ReadOptions, SampleIndex, ShardWriter, WriterConfig};
+
+/// Writes one shard of `n` JPEG samples; returns its location (a local path).
+fn make_shard(dir: &Path, n: u64) -> ShardLocation {
+    let mut w =
+        ShardWriter::new(WriterConfig::new(format!("{}/s-%02d.tar", dir.display()))).unwrap();
+    for i in 0..n {
+        let j = common::jpeg(120 + i as u32, 90, i as u32);
+        w.write(
+            &format!("k{i:03}"),
+            &[("jpg", &j), ("cls", i.to_string().as_bytes())],
+        )
+        .unwrap();
+    }
+    let shard = w.finish().unwrap().remove(0);
+    ShardLocation {
+        urls: vec![shard.path.display().to_string()],
+        info: shard.info,
+    }
+}
+
+fn keys(
+    source: &ShardSource,
+    loc: &ShardLocation,
+    start: u64,
+    end: u64,
+) -> Result<Vec<(u64, String)>, String> {
+    let samples = source
+        .open_unit(loc, start, end)
+        .map_err(|e| e.to_string())?;
+    samples
+        .map(|s| s.map(|s| (s.index, s.key)).map_err(|e| e.to_string()))
+        .collect()
+}
+
+#[test]
+fn file_source_reads_whole_shards_and_ranges() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = make_shard(dir.path(), 10);
+    let source = ShardSource::new(SourceConfig::default()).unwrap();
+    let all = keys(&source, &loc, 0, 10).unwrap();
+    assert_eq!(all.len(), 10);
+    assert_eq!(all[9], (9, "k009".to_string()));
+    assert_eq!(
+        keys(&source, &loc, 3, 7).unwrap(),
+        (3..7).map(|i| (i, format!("k{i:03}"))).collect::<Vec<_>>()
+    );
+    assert!(matches!(
+        source.open_unit(&loc, 8, 11),
+        Err(SourceError::Range { .. })
+    ));
+}
+
+#[test]
+fn corrupted_bytes_fail_the_checksum_naming_the_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = make_shard(dir.path(), 10);
+    let path = Path::new(&loc.urls[0]);
+    let index = SampleIndex::read_file(&SampleIndex::sidecar_path(path), 1 << 20).unwrap();
+    let mut bytes = std::fs::read(path).unwrap();
+    let at = (index.entries[5].offset + 600) as usize; // inside sample 5's JPEG data
+    bytes[at] ^= 0x01;
+    std::fs::write(path, &bytes).unwrap();
+    let source = ShardSource::new(SourceConfig::default()).unwrap();
+    let err = keys(&source, &loc, 3, 7).unwrap_err();
+    assert!(
+        err.contains("checksum mismatch in sample #5") && err.contains("s-00.tar"),
+        "{err}"
+    );
+    let err = keys(&source, &loc, 0, 10).unwrap_err();
+    assert!(err.contains("checksum mismatch"), "{err}");
+    // With verification off the flipped bit goes through (it is inside JPEG data).
+    let lax = ShardSource::new(SourceConfig {
+        verify: false,
+        ..SourceConfig::default()
+    })
+    .unwrap();
+    assert_eq!(keys(&lax, &loc, 3, 7).unwrap().len(), 4);
+}
+
+/// A loopback HTTP/1.1 server for `root` with single-range support; counts requests.
+fn serve(root: std::path::PathBuf) -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let count = Arc::new(AtomicUsize::new(0));
+    let counter = count.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            counter.fetch_add(1, Ordering::SeqCst);
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut request = String::new();
+            let _ = reader.read_line(&mut request);
+            let mut range = None;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(r) = line.to_ascii_lowercase().strip_prefix("range: bytes=") {
+                    let (a, b) = r.trim().split_once('-').unwrap();
+                    range = Some((a.parse::<usize>().unwrap(), b.parse::<usize>().unwrap()));
+                }
+            }
+            let path = request
+                .split_whitespace()
+                .nth(1)
+                .unwrap_or("/")
+                .trim_start_matches('/')
+                .to_string();
+            let resp = match std::fs::read(root.join(&path)) {
+                Ok(body) => {
+                    match range {
+                        Some((a, b)) => {
+                            let part = &body[a..=b.min(body.len() - 1)];
+                            let mut r = format!("HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {a}-{}/{}\r\nConnection: close\r\n\r\n", part.len(), a + part.len() - 1, body.len()).into_bytes();
+                            r.extend_from_slice(part);
+                            r
+                        }
+                        None => {
+                            let mut r = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len()).into_bytes();
+                            r.extend(body);
+                            r
+                        }
+                    }
+                }
+                Err(_) => {
+                    b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        .to_vec()
+                }
+            };
+            let _ = conn.write_all(&resp);
+        }
+    });
+    (base, count)
+}
+
+#[test]
+fn http_ranges_fail_over_between_replicas() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = make_shard(dir.path(), 12);
+    let (base, requests) = serve(dir.path().to_path_buf());
+    // A replica nobody listens on comes first.
+    let dead = TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_url = format!("http://{}/s-00.tar", dead.local_addr().unwrap());
+    drop(dead);
+    let loc = ShardLocation {
+        urls: vec![dead_url.clone(), format!("{base}/s-00.tar")],
+        info: local.info.clone(),
+    };
+    let source = ShardSource::new(SourceConfig::default()).unwrap();
+    assert_eq!(keys(&source, &loc, 2, 9).unwrap().len(), 7);
+    let after_first = requests.load(Ordering::SeqCst);
+    assert_eq!(
+        after_first, 2,
+        "one request for the .idx, one Range request for the unit"
+    );
+    assert_eq!(keys(&source, &loc, 9, 12).unwrap().len(), 3);
+    assert_eq!(
+        requests.load(Ordering::SeqCst),
+        after_first + 1,
+        "the index is cached"
+    );
+
+    // Every replica down: a clear error listing each.
+    let gone = ShardLocation {
+        urls: vec![dead_url, format!("{base}/missing.tar")],
+        info: local.info.clone(),
+    };
+    let err = ShardSource::new(SourceConfig::default())
+        .unwrap()
+        .open_unit(&gone, 0, 12)
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&err, SourceError::AllReplicasFailed { errors, .. } if errors.len() == 2),
+        "{err}"
+    );
+    assert!(err.to_string().contains("404"), "{err}");
+}
+
+#[test]
+fn a_stale_index_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = make_shard(dir.path(), 6);
+    let mut other = loc.clone();
+    other.info.checksum = sluice_shard::Checksum(1);
+    let err = ShardSource::new(SourceConfig::default())
+        .unwrap()
+        .index(&other)
+        .unwrap_err();
+    assert!(err.to_string().contains("different shard"), "{err}");
+}
+
+#[test]
+fn gzip_shards_stream_whole_and_skip_to_the_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = make_shard(dir.path(), 8);
+    let tar = std::fs::read(&loc.urls[0]).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar).unwrap();
+    let tgz = dir.path().join("s.tgz");
+    std::fs::write(&tgz, gz.finish().unwrap()).unwrap();
+    let (info, index) = scan_shard(
+        std::fs::File::open(&tgz).unwrap(),
+        "s.tgz",
+        &ReadOptions::default(),
+        |_| {},
+    )
+    .unwrap();
+    index.write_file(&SampleIndex::sidecar_path(&tgz)).unwrap();
+    let loc = ShardLocation {
+        urls: vec![tgz.display().to_string()],
+        info,
+    };
+    let source = ShardSource::new(SourceConfig::default()).unwrap();
+    assert_eq!(
+        keys(&source, &loc, 5, 8).unwrap(),
+        vec![(5, "k005".into()), (6, "k006".into()), (7, "k007".into())]
+    );
+}
+
+#[test]
+fn the_engine_consumes_a_unit_as_it_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = make_shard(dir.path(), 30);
+    let source = ShardSource::new(SourceConfig::default()).unwrap();
+    let engine = Engine::new(
+        "decode | random_resized_crop 64 | hflip".parse().unwrap(),
+        EngineConfig {
+            threads: 2,
+            readahead: 4,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let mut labels = Vec::new();
+    let stats = engine
+        .run_unit(
+            source.open_unit(&loc, 4, 30).unwrap(),
+            SampleContext {
+                seed: 1,
+                epoch: 0,
+                shard: 0,
+            },
+            |o| {
+                if let Outcome::Done(p) = o {
+                    assert_eq!(p.label, Some(p.index as i64));
+                    labels.push(p.index);
+                }
+                true
+            },
+        )
+        .unwrap();
+    labels.sort_unstable();
+    assert_eq!(stats.done, 26);
+    assert_eq!(labels, (4..30).collect::<Vec<_>>());
+}
