@@ -17,7 +17,9 @@
 
 use std::collections::HashMap;
 use std::io::{self, Read};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
@@ -294,7 +296,7 @@ impl ShardSource {
         let mut errors = Vec::new();
         for url in &loc.urls {
             match self.fetch_one(url, range) {
-                Ok(r) => return Ok(r),
+                Ok(r) => return Ok(Box::new(Timed { inner: r })),
                 Err(e) => {
                     metrics::counter!("sluice_cpu_source_failovers_total").increment(1);
                     errors.push(e.to_string());
@@ -477,6 +479,32 @@ impl Read for S3Body {
         }
         let n = buf.len().min(self.chunk.len());
         buf[..n].copy_from_slice(&self.chunk.split_to(n));
+        Ok(n)
+    }
+}
+
+/// Time spent blocked on source bytes, summed over all readers (the "fetch" stage; the
+/// engine's read time minus this is the tar parse).
+static FETCH_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Nanoseconds spent waiting for source bytes since the process started.
+pub fn fetch_nanos() -> u64 {
+    FETCH_NS.load(Ordering::Relaxed)
+}
+
+/// Counts the time reads of a source body take.
+struct Timed<R> {
+    inner: R,
+}
+
+impl<R: Read> Read for Timed<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let started = Instant::now();
+        let n = self.inner.read(buf)?;
+        let ns = started.elapsed().as_nanos() as u64;
+        FETCH_NS.fetch_add(ns, Ordering::Relaxed);
+        metrics::counter!("sluice_cpu_fetch_nanoseconds_total").increment(ns);
+        metrics::counter!("sluice_cpu_fetched_bytes_total").increment(n as u64);
         Ok(n)
     }
 }
