@@ -29,6 +29,8 @@ enum Command {
     Synth(cmd::synth::Args),
     /// Measure a tier (or the whole chain) and compare.
     Bench(cmd::bench::Args),
+    /// Serve shards from local disks over HTTP (the storage tier).
+    Storage(cmd::storage::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -39,6 +41,7 @@ fn main() -> std::process::ExitCode {
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Synth(args) => cmd::synth::run(args),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Storage(args) => cmd::storage::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,3 +1,14 @@
-//! The storage tier (`sluice storage`): serves shards over HTTP and S3 from local disks.
+//! The storage tier (`sluice storage`): serves shards from local disks over HTTP/1.1 with
+//! Range, at the disks' sequential speed.
 //!
-//! Empty on purpose: the server is built by the storage-tier issue. Nothing here yet.
+//! - [`config`]: the TOML config and its validation.
+//! - [`mountpath`]: per-disk folders, `openat2(RESOLVE_BENEATH)` opening, stream limits,
+//!   rendezvous placement.
+//! - [`server`]: the HTTP server (`run(listener, config, shutdown)`), handlers, metrics.
+
+pub mod config;
+pub mod mountpath;
+pub mod server;
+
+pub use config::{ConfigError, StorageConfig};
+pub use server::{metrics_handle, run, StorageError, CHECKSUM_HEADER};

@@ -1,0 +1,55 @@
+//! What every daemon subcommand shares: structured logs, systemd readiness and watchdog, and a
+//! shutdown token cancelled by SIGTERM or SIGINT.
+
+use anyhow::Result;
+use tokio_util::sync::CancellationToken;
+
+/// Logs to stderr (`RUST_LOG` filters; default `info`).
+pub fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// A token cancelled on SIGTERM or SIGINT.
+pub fn shutdown_on_signals() -> Result<CancellationToken> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let token = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let t = token.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: draining"),
+            _ = int.recv() => tracing::info!("SIGINT: draining"),
+        }
+        t.cancel();
+    });
+    Ok(token)
+}
+
+/// Tells systemd we are ready (a no-op outside systemd) and pings its watchdog at half the
+/// configured interval until `shutdown`.
+pub fn notify_ready(shutdown: &CancellationToken) {
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+    if let Some(interval) = sd_notify::watchdog_enabled() {
+        let token = shutdown.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval / 2);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => { let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]); }
+                    _ = token.cancelled() => break,
+                }
+            }
+        });
+    }
+}
+
+/// Tells systemd we are stopping.
+pub fn notify_stopping() {
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+}

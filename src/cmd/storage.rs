@@ -1,0 +1,54 @@
+//! `sluice storage`: the shard server. `--config FILE` (see `configs/storage.toml`), or the
+//! quick start `--data DIR --listen ADDR` (DIR is one mountpath; its subfolders are buckets).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use sluice_storage::StorageConfig;
+
+use super::daemon;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// TOML config file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Quick start: serve this folder (one bucket per subfolder).
+    #[arg(long, conflicts_with = "config")]
+    data: Option<PathBuf>,
+    /// Listen address (overrides the config's).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    daemon::init_logs();
+    let mut config = match (&args.config, &args.data) {
+        (Some(path), _) => StorageConfig::load(path)?,
+        (None, Some(dir)) => StorageConfig {
+            mountpaths: vec![dir.clone()],
+            ..StorageConfig::default()
+        },
+        (None, None) => bail!("give --config FILE or --data DIR"),
+    };
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    config.validate()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("sluice-storage")
+        .build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+        tracing::info!(listen = %listener.local_addr()?, mountpaths = ?config.mountpaths, "sluice storage serving");
+        let shutdown = daemon::shutdown_on_signals()?;
+        daemon::notify_ready(&shutdown);
+        let result = sluice_storage::run(listener, config, shutdown).await;
+        daemon::notify_stopping();
+        result?;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}

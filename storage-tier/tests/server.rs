@@ -1,0 +1,391 @@
+//! The storage server over real loopback sockets: objects, ranges, listings, uploads, hostile
+//! paths, slow and greedy clients, and the SIGTERM drain (cancelling the shutdown token).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::Duration;
+
+use sluice_shard::{ShardWriter, WriterConfig};
+use sluice_storage::{StorageConfig, CHECKSUM_HEADER};
+use tokio_util::sync::CancellationToken;
+
+struct Node {
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Node {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Cancels the token and waits for `run` to return.
+    fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+fn start(config: StorageConfig) -> Node {
+    let shutdown = CancellationToken::new();
+    let token = shutdown.clone();
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            sluice_storage::run(listener, config, token).await.unwrap();
+        });
+    });
+    Node {
+        addr: rx.recv().unwrap(),
+        shutdown,
+        thread: Some(thread),
+    }
+}
+
+fn config(root: &Path) -> StorageConfig {
+    StorageConfig {
+        mountpaths: vec![root.to_path_buf()],
+        upload_tokens: vec!["secret-token-0123456789".into()],
+        ..StorageConfig::default()
+    }
+}
+
+/// A data folder with bucket `b`: a shard (with its .idx), a nested object, and a secret
+/// outside the data root reachable only through a symlink.
+fn data(dir: &Path) -> (std::path::PathBuf, sluice_shard::WrittenShard) {
+    let root = dir.join("data");
+    std::fs::create_dir_all(root.join("b/nested")).unwrap();
+    let mut w = ShardWriter::new(WriterConfig::new(format!(
+        "{}/b/train-%06d.tar",
+        root.display()
+    )))
+    .unwrap();
+    for i in 0..20u32 {
+        w.write(&format!("k{i}"), &[("bin", &vec![i as u8; 3000])])
+            .unwrap();
+    }
+    let shard = w.finish().unwrap().remove(0);
+    std::fs::write(root.join("b/nested/x.bin"), b"nested object").unwrap();
+    std::fs::write(dir.join("secret.txt"), b"do not serve").unwrap();
+    std::os::unix::fs::symlink(dir.join("secret.txt"), root.join("b/escape.bin")).unwrap();
+    (root, shard)
+}
+
+fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+/// Sends raw bytes and returns the response's status line and body (URL libraries normalize
+/// `..` away, so hostile paths go raw).
+fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+#[test]
+fn serves_objects_ranges_heads_and_listings() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, shard) = data(dir.path());
+    let node = start(config(&root));
+    let http = client();
+    let bytes = std::fs::read(&shard.path).unwrap();
+
+    let r = http.get(node.url("/v1/b/train-000000.tar")).send().unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()[CHECKSUM_HEADER],
+        shard.info.checksum.to_string().as_str()
+    );
+    assert_eq!(r.headers()["accept-ranges"], "bytes");
+    assert_eq!(r.bytes().unwrap().as_ref(), bytes.as_slice());
+
+    let r = http
+        .get(node.url("/v1/b/train-000000.tar"))
+        .header("Range", "bytes=1000-1999")
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 206);
+    assert_eq!(
+        r.headers()["content-range"],
+        format!("bytes 1000-1999/{}", bytes.len()).as_str()
+    );
+    assert_eq!(r.bytes().unwrap().as_ref(), &bytes[1000..2000]);
+    let r = http
+        .get(node.url("/v1/b/train-000000.tar"))
+        .header("Range", "bytes=-100")
+        .send()
+        .unwrap();
+    assert_eq!(r.bytes().unwrap().as_ref(), &bytes[bytes.len() - 100..]);
+    let r = http
+        .get(node.url("/v1/b/train-000000.tar"))
+        .header("Range", format!("bytes={}-", bytes.len()))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 416);
+    assert_eq!(
+        r.headers()["content-range"],
+        format!("bytes */{}", bytes.len()).as_str()
+    );
+
+    let r = http
+        .head(node.url("/v1/b/train-000000.tar"))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["content-length"],
+        bytes.len().to_string().as_str()
+    );
+
+    let list: serde_json::Value = serde_json::from_str(
+        &http
+            .get(node.url("/v1/b?prefix=train"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap(),
+    )
+    .unwrap();
+    let keys: Vec<&str> = list["objects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["train-000000.tar", "train-000000.tar.idx"]);
+    let all: serde_json::Value =
+        serde_json::from_str(&http.get(node.url("/v1/b")).send().unwrap().text().unwrap()).unwrap();
+    assert!(all["objects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|o| o["key"] == "nested/x.bin"));
+
+    let r = http.get(node.url("/v1/b/nested/x.bin")).send().unwrap();
+    assert_eq!(r.text().unwrap(), "nested object");
+    for (path, status) in [
+        ("/v1/b/missing.tar", 404),
+        ("/v1/nobucket", 404),
+        ("/v1/Bad!", 400),
+        ("/elsewhere", 404),
+    ] {
+        let r = http.get(node.url(path)).send().unwrap();
+        assert_eq!(r.status(), status, "{path}");
+        let body: serde_json::Value = serde_json::from_str(&r.text().unwrap()).unwrap();
+        assert!(body["error"].is_string(), "{path}: {body}");
+    }
+    assert_eq!(
+        http.get(node.url("/healthz"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap(),
+        "ok\n"
+    );
+    let metrics = http
+        .get(node.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        metrics.contains("sluice_storage_requests_total"),
+        "{metrics}"
+    );
+    node.stop();
+}
+
+#[test]
+fn hostile_paths_never_leave_the_data_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, _) = data(dir.path());
+    let node = start(config(&root));
+    for path in [
+        "/v1/b/../../secret.txt",
+        "/v1/b/%2e%2e/%2e%2e/secret.txt",
+        "/v1/b/%2E%2E%2F%2E%2E%2Fsecret.txt",
+        "/v1/b//etc/passwd",
+        "/v1/b/nested/../../../secret.txt",
+        "/v1/b/escape.bin",
+        "/v1/%2e%2e/secret.txt",
+        "/v1/b/a%00b",
+    ] {
+        let (status, text) = raw(
+            node.addr,
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        );
+        assert!(status == 400 || status == 404, "{path}: {status}");
+        assert!(!text.contains("do not serve"), "{path} leaked the secret");
+        assert!(text.contains("\"error\""), "{path}: {text}");
+    }
+    node.stop();
+}
+
+#[test]
+fn uploads_need_a_token_and_land_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, _) = data(dir.path());
+    let node = start(config(&root));
+    let http = client();
+    let url = node.url("/v1/up/dir/new.tar");
+    assert_eq!(http.put(&url).body("x").send().unwrap().status(), 401);
+    assert_eq!(
+        http.put(&url)
+            .bearer_auth("wrong-token-0123456789")
+            .body("x")
+            .send()
+            .unwrap()
+            .status(),
+        403
+    );
+    let body = vec![7u8; 3 << 20];
+    let r = http
+        .put(&url)
+        .bearer_auth("secret-token-0123456789")
+        .body(body.clone())
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let sum = r.headers()[CHECKSUM_HEADER].to_str().unwrap().to_string();
+    assert_eq!(
+        sum,
+        sluice_shard::Checksum(xxhash_rust::xxh3::xxh3_64(&body)).to_string()
+    );
+    let r = http.get(&url).send().unwrap();
+    assert_eq!(r.headers()[CHECKSUM_HEADER], sum.as_str());
+    assert_eq!(r.bytes().unwrap().len(), body.len());
+    // No temporary file is left behind or listed.
+    let leftovers: Vec<_> = std::fs::read_dir(root.join("up/dir"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(leftovers, ["new.tar"]);
+    node.stop();
+}
+
+#[test]
+fn slow_and_oversized_request_heads_are_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, _) = data(dir.path());
+    let mut cfg = config(&root);
+    cfg.timeouts.header_read_secs = 1.0;
+    cfg.limits.max_header_bytes = 8192;
+    let node = start(cfg);
+    // Slowloris: half a request head, then silence.
+    let mut s = TcpStream::connect(node.addr).unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    assert!(
+        !String::from_utf8_lossy(&buf).contains("200 OK"),
+        "a slow head must not be served"
+    );
+    // An oversized head.
+    let big = format!(
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(64 << 10)
+    );
+    let (status, _) = raw(node.addr, big.as_bytes());
+    assert!(status == 431 || status == 0, "oversized head got {status}");
+    // The server is still healthy.
+    assert_eq!(
+        client().get(node.url("/healthz")).send().unwrap().status(),
+        200
+    );
+    node.stop();
+}
+
+#[test]
+fn connections_beyond_the_limit_wait_for_a_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, _) = data(dir.path());
+    let mut cfg = config(&root);
+    cfg.limits.max_connections = 1;
+    let node = start(cfg);
+    let hold = TcpStream::connect(node.addr).unwrap(); // takes the only slot
+    std::thread::sleep(Duration::from_millis(200));
+    let mut waiting = TcpStream::connect(node.addr).unwrap();
+    waiting
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    waiting
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    assert!(
+        waiting.read(&mut buf).is_err(),
+        "served beyond max_connections"
+    );
+    drop(hold);
+    waiting
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut out = Vec::new();
+    waiting.read_to_end(&mut out).unwrap();
+    assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200"));
+    node.stop();
+}
+
+#[test]
+fn shutdown_lets_an_in_flight_stream_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    std::fs::create_dir_all(root.join("b")).unwrap();
+    let big: Vec<u8> = (0..(24u32 << 20)).map(|i| (i % 251) as u8).collect();
+    std::fs::write(root.join("b/big.bin"), &big).unwrap();
+    let mut cfg = config(&root);
+    cfg.limits.read_size = 1 << 20;
+    let node = start(cfg);
+    let mut s = TcpStream::connect(node.addr).unwrap();
+    s.write_all(b"GET /v1/b/big.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut first = [0u8; 4096];
+    let n = s.read(&mut first).unwrap();
+    assert!(n > 0);
+    node.shutdown.cancel(); // SIGTERM
+    let mut rest = first[..n].to_vec();
+    s.read_to_end(&mut rest).unwrap();
+    let body_at = rest.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    assert_eq!(
+        rest.len() - body_at,
+        big.len(),
+        "the stream was cut short by the drain"
+    );
+    assert!(rest[body_at..] == big[..]);
+    let addr = node.addr;
+    node.stop();
+    // Stopped: the listener is closed.
+    assert!(TcpStream::connect(addr).is_err());
+}
