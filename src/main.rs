@@ -31,6 +31,8 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Serve shards from local disks over HTTP (the storage tier).
     Storage(cmd::storage::Args),
+    /// Upload shards (and their .idx) to a storage node.
+    Put(cmd::put::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -42,6 +44,7 @@ fn main() -> std::process::ExitCode {
         Command::Synth(args) => cmd::synth::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Storage(args) => cmd::storage::run(args),
+        Command::Put(args) => cmd::put::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

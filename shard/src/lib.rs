@@ -8,6 +8,7 @@
 //! - [`index`]: the per-shard `.idx` sidecar (byte range and checksum of every sample).
 //! - [`manifest`]: the dataset manifest (shards, sizes, counts, checksums).
 //! - [`pattern`]: brace notation for shard lists.
+//! - [`placement`]: rendezvous hashing of objects onto storage nodes.
 //!
 //! This crate is pure format logic plus blocking/async readers: it depends on no network
 //! client, clock, metrics or runtime beyond tokio's IO traits.
@@ -16,6 +17,7 @@ pub mod error;
 pub mod index;
 pub mod manifest;
 pub mod pattern;
+pub mod placement;
 pub mod read;
 pub mod sample;
 pub mod tar;

@@ -34,6 +34,12 @@ pub struct StorageConfig {
     pub timeouts: Timeouts,
     /// Bearer tokens allowed to upload (`PUT`); empty: uploads are refused.
     pub upload_tokens: Vec<String>,
+    /// Every storage node's base URL (this one included); empty for a single node.
+    pub peers: Vec<String>,
+    /// This node's URL as it appears in `peers`.
+    pub advertise: Option<String>,
+    /// Copies of each object, placed on the top `replicas` peers by rendezvous hashing.
+    pub replicas: usize,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -72,6 +78,9 @@ impl Default for StorageConfig {
             limits: Limits::default(),
             timeouts: Timeouts::default(),
             upload_tokens: Vec::new(),
+            peers: Vec::new(),
+            advertise: None,
+            replicas: 1,
         }
     }
 }
@@ -170,6 +179,22 @@ impl StorageConfig {
             if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
                 return invalid(key, "must be a number of seconds in (0, 86400]");
             }
+        }
+        if !self.peers.is_empty() {
+            match &self.advertise {
+                Some(a) if self.peers.contains(a) => {}
+                _ => return invalid("advertise", "must be set to this node's entry in peers"),
+            }
+            if self
+                .peers
+                .iter()
+                .any(|p| !(p.starts_with("http://") || p.starts_with("https://")))
+            {
+                return invalid("peers", "each peer is a base URL such as http://node1:7000");
+            }
+        }
+        if self.replicas == 0 || (!self.peers.is_empty() && self.replicas > self.peers.len()) {
+            return invalid("replicas", "must be between 1 and the number of peers");
         }
         if self.upload_tokens.iter().any(|t| t.len() < 16) {
             return invalid("upload_tokens", "each token needs at least 16 characters");

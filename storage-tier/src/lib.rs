@@ -2,8 +2,7 @@
 //! Range, at the disks' sequential speed.
 //!
 //! - [`config`]: the TOML config and its validation.
-//! - [`mountpath`]: per-disk folders, `openat2(RESOLVE_BENEATH)` opening, stream limits,
-//!   rendezvous placement.
+//! - [`mountpath`]: per-disk folders, `openat2(RESOLVE_BENEATH)` opening, stream limits.
 //! - [`server`]: the HTTP server (`run(listener, config, shutdown)`), handlers, metrics.
 
 pub mod config;

@@ -169,15 +169,6 @@ pub fn valid_bucket(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
 }
 
-/// Rendezvous (highest random weight) choice among `n` candidates for `key`.
-pub fn rendezvous(key: &str, candidates: &[String]) -> usize {
-    candidates
-        .iter()
-        .enumerate()
-        .max_by_key(|(_, c)| xxhash_rust::xxh3::xxh3_64(format!("{c}\0{key}").as_bytes()))
-        .map_or(0, |(i, _)| i)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,18 +213,5 @@ mod tests {
             .open_beneath("b/escape.tar", libc::O_RDONLY, 0)
             .unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EXDEV), "{err}");
-    }
-
-    #[test]
-    fn rendezvous_is_stable_and_spreads() {
-        let nodes: Vec<String> = (0..3).map(|i| format!("n{i}")).collect();
-        let mut counts = [0; 3];
-        for i in 0..3000 {
-            let k = format!("train-{i:06}.tar");
-            let a = rendezvous(&k, &nodes);
-            assert_eq!(a, rendezvous(&k, &nodes));
-            counts[a] += 1;
-        }
-        assert!(counts.iter().all(|&c| c > 800), "{counts:?}");
     }
 }

@@ -32,7 +32,7 @@ use tokio_util::task::TaskTracker;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::config::StorageConfig;
-use crate::mountpath::{advise_sequential, rendezvous, valid_bucket, valid_key, Mountpath};
+use crate::mountpath::{advise_sequential, valid_bucket, valid_key, Mountpath};
 
 type Body = BoxBody<Bytes, io::Error>;
 
@@ -187,6 +187,12 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
     match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => return text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/metrics") => return text(StatusCode::OK, &state.metrics.render()),
+        (&Method::GET, "/cluster") => {
+            return json(
+                StatusCode::OK,
+                serde_json::json!({"peers": state.config.peers, "replicas": state.config.replicas, "advertise": state.config.advertise}),
+            )
+        }
         _ => {}
     }
     let Some(rest) = path.strip_prefix("/v1/") else {
@@ -363,6 +369,9 @@ async fn get(
 ) -> Response<Body> {
     let (mi, file) = match open_object(state, bucket, key) {
         Ok(x) => x,
+        Err(e) if e.0 == StatusCode::NOT_FOUND => {
+            return redirect_to_owner(state, bucket, key).unwrap_or_else(|| e.into())
+        }
         Err(e) => return e.into(),
     };
     let mountpath = &state.mountpaths[mi];
@@ -490,6 +499,31 @@ async fn get(
     builder
         .body(body)
         .unwrap_or_else(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "response"))
+}
+
+/// For an object this node does not hold: a 307 to its first owner, when this node is not an
+/// owner itself (an owner that lacks the object answers 404, so redirects cannot loop).
+fn redirect_to_owner(state: &State, bucket: &str, key: &str) -> Option<Response<Body>> {
+    let me = state.config.advertise.as_deref()?;
+    let owners = sluice_shard::placement::owners(
+        &format!("{bucket}/{key}"),
+        &state.config.peers,
+        state.config.replicas,
+    );
+    if owners.contains(&me) {
+        return None;
+    }
+    let location = format!(
+        "{}/v1/{bucket}/{key}",
+        owners.first()?.trim_end_matches('/')
+    );
+    let mut r = error(
+        StatusCode::TEMPORARY_REDIRECT,
+        "object lives on another node",
+    );
+    r.headers_mut()
+        .insert(header::LOCATION, HeaderValue::from_str(&location).ok()?);
+    Some(r)
 }
 
 /// An mpsc receiver as a `Stream` of frames.
@@ -624,7 +658,7 @@ async fn put(
     // Keep an existing object on its disk; place a new one by rendezvous hashing.
     let mi = match open_object(state, bucket, key) {
         Ok((i, _)) => i,
-        Err(_) => rendezvous(&rel, &state.labels),
+        Err(_) => sluice_shard::placement::preference(&rel, &state.labels)[0],
     };
     let mountpath = &state.mountpaths[mi];
     let parent = std::path::Path::new(&rel)

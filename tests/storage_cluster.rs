@@ -1,0 +1,190 @@
+//! Three storage nodes on loopback with `replicas = 2`: `sluice put` writes each object to its
+//! two rendezvous owners, a non-owner answers 307 to an owner, and a reader with both owners'
+//! URLs still gets every sample when one owner is stopped.
+
+mod support;
+
+use std::time::Duration;
+
+use sluice_cpu::{ShardLocation, ShardSource, SourceConfig};
+use sluice_storage::StorageConfig;
+use support::{path_str, sluice_ok};
+use tokio_util::sync::CancellationToken;
+
+const TOKEN: &str = "cluster-token-0123456789";
+
+struct Cluster {
+    urls: Vec<String>,
+    tokens: Vec<CancellationToken>,
+    _threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+fn start_cluster(root: &std::path::Path, n: usize) -> Cluster {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let urls: Vec<String> = listeners
+        .iter()
+        .map(|l| format!("http://{}", l.local_addr().unwrap()))
+        .collect();
+    let mut tokens = Vec::new();
+    let mut threads = Vec::new();
+    for (i, listener) in listeners.into_iter().enumerate() {
+        let dir = root.join(format!("node{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = StorageConfig {
+            mountpaths: vec![dir],
+            upload_tokens: vec![TOKEN.into()],
+            peers: urls.clone(),
+            advertise: Some(urls[i].clone()),
+            replicas: 2,
+            ..StorageConfig::default()
+        };
+        config.validate().unwrap();
+        let token = CancellationToken::new();
+        tokens.push(token.clone());
+        threads.push(std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                listener.set_nonblocking(true).unwrap();
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                sluice_storage::run(listener, config, token).await.unwrap();
+            });
+        }));
+    }
+    Cluster {
+        urls,
+        tokens,
+        _threads: threads,
+    }
+}
+
+#[test]
+fn replicated_puts_redirects_and_failover() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = start_cluster(&dir.path().join("nodes"), 3);
+    let images = dir.path().join("images");
+    sluice_ok(&[
+        "synth",
+        "--output",
+        path_str(&images),
+        "--classes",
+        "3",
+        "--per-class",
+        "4",
+    ]);
+    let pattern = format!("{}/out/s-%02d.tar", dir.path().display());
+    sluice_ok(&[
+        "shard",
+        "--input",
+        path_str(&images),
+        "--output",
+        &pattern,
+        "--max-count",
+        "2",
+    ]);
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let shards = format!("{}/out/s-{{00..05}}.tar", dir.path().display());
+    let out = sluice_ok(&[
+        "put",
+        &shards,
+        "--to",
+        &format!("{}/v1/train/", cluster.urls[0]),
+        "--token-file",
+        path_str(&token_file),
+    ]);
+    assert!(out.contains("(2 copies each)"), "{out}");
+
+    let http = reqwest::blocking::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let follow = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    for i in 0..6 {
+        let name = format!("s-{i:02}.tar");
+        let owners = sluice_shard::placement::owners(&format!("train/{name}"), &cluster.urls, 2);
+        // Exactly the two owners hold it.
+        let held: Vec<bool> = (0..3)
+            .map(|n| {
+                dir.path()
+                    .join(format!("nodes/node{n}/train/{name}"))
+                    .exists()
+            })
+            .collect();
+        for (n, url) in cluster.urls.iter().enumerate() {
+            assert_eq!(
+                held[n],
+                owners.contains(&url.as_str()),
+                "{name} on node {n}"
+            );
+        }
+        // The non-owner redirects to the first owner; following the redirect gets the bytes.
+        let other = cluster
+            .urls
+            .iter()
+            .find(|u| !owners.contains(&u.as_str()))
+            .unwrap();
+        let r = http.get(format!("{other}/v1/train/{name}")).send().unwrap();
+        assert_eq!(r.status(), 307);
+        assert_eq!(
+            r.headers()["location"],
+            format!("{}/v1/train/{name}", owners[0]).as_str()
+        );
+        let body = follow
+            .get(format!("{other}/v1/train/{name}"))
+            .send()
+            .unwrap()
+            .bytes()
+            .unwrap();
+        assert_eq!(
+            body.as_ref(),
+            std::fs::read(dir.path().join(format!("out/{name}")))
+                .unwrap()
+                .as_slice()
+        );
+    }
+
+    // Stop the first owner of s-00.tar: a reader with both owners still reads every sample.
+    let name = "s-00.tar";
+    let owners: Vec<String> =
+        sluice_shard::placement::owners(&format!("train/{name}"), &cluster.urls, 2)
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+    let first = cluster.urls.iter().position(|u| *u == owners[0]).unwrap();
+    cluster.tokens[first].cancel();
+    std::thread::sleep(Duration::from_millis(300));
+    let (info, _) = sluice_shard::scan_shard(
+        std::fs::File::open(dir.path().join("out").join(name)).unwrap(),
+        name,
+        &Default::default(),
+        |_| {},
+    )
+    .unwrap();
+    let loc = ShardLocation {
+        urls: owners
+            .iter()
+            .map(|o| format!("{o}/v1/train/{name}"))
+            .collect(),
+        info,
+    };
+    let source = ShardSource::new(SourceConfig::default()).unwrap();
+    let keys: Vec<String> = source
+        .open_unit(&loc, 0, 2)
+        .unwrap()
+        .map(|s| s.unwrap().key)
+        .collect();
+    assert_eq!(keys.len(), 2);
+    for t in &cluster.tokens {
+        t.cancel();
+    }
+}

@@ -1,0 +1,159 @@
+//! `sluice storage` as a real process: `sluice put` uploads shards with a token, `sluice index`
+//! reads them back over HTTP, and SIGTERM lets an in-flight download finish before a clean exit.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use support::{path_str, sluice, sluice_ok};
+
+struct Daemon {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `sluice storage --config FILE --listen 127.0.0.1:0` and reads the bound address
+/// from its log.
+fn start(config: &std::path::Path) -> Daemon {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "storage",
+            "--config",
+            path_str(config),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(at) = line.find("listen=") {
+                let addr: String = line[at + 7..]
+                    .chars()
+                    .take_while(|c| !c.is_whitespace())
+                    .collect();
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(addr);
+                }
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("sluice storage did not log its address");
+    Daemon { child, addr }
+}
+
+#[test]
+fn put_index_and_a_graceful_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("train")).unwrap();
+    let token = "test-upload-token-0123456789";
+    let config = dir.path().join("storage.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "mountpaths = [\"{}\"]\nupload_tokens = [\"{token}\"]\n[limits]\nread_size = 65536\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let node = start(&config);
+
+    let images = dir.path().join("images");
+    sluice_ok(&[
+        "synth",
+        "--output",
+        path_str(&images),
+        "--classes",
+        "2",
+        "--per-class",
+        "5",
+    ]);
+    let pattern = format!("{}/out/s-%02d.tar", dir.path().display());
+    sluice_ok(&[
+        "shard",
+        "--input",
+        path_str(&images),
+        "--output",
+        &pattern,
+        "--max-count",
+        "5",
+    ]);
+    let shards = format!("{}/out/s-{{00..01}}.tar", dir.path().display());
+    let to = format!("http://{}/v1/train/", node.addr);
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "not-the-token-0123456789").unwrap();
+    let refused = sluice(&[
+        "put",
+        &shards,
+        "--to",
+        &to,
+        "--token-file",
+        path_str(&wrong),
+    ]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("403"));
+    let out = sluice_ok(&[
+        "put",
+        &shards,
+        "--to",
+        &to,
+        "--token-file",
+        path_str(&token_file),
+    ]);
+    assert!(out.contains("uploaded 4 objects (1 copies each)"), "{out}");
+    assert!(data.join("train/s-01.tar.idx").exists());
+
+    let manifest = dir.path().join("m.json");
+    let indexed = sluice_ok(&[
+        "index",
+        &format!("{to}s-{{00..01}}.tar"),
+        "--output",
+        path_str(&manifest),
+    ]);
+    assert!(indexed.contains("10 samples"), "{indexed}");
+
+    // A big object, read slowly, while SIGTERM arrives.
+    let big: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 253) as u8).collect();
+    std::fs::write(data.join("train/big.bin"), &big).unwrap();
+    let mut s = TcpStream::connect(&node.addr).unwrap();
+    s.write_all(b"GET /v1/train/big.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut head = [0u8; 1024];
+    let n = s.read(&mut head).unwrap();
+    let st = Command::new("kill")
+        .args(["-TERM", &node.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut all = head[..n].to_vec();
+    s.read_to_end(&mut all).unwrap();
+    let body_at = all.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    assert_eq!(
+        all.len() - body_at,
+        big.len(),
+        "the download was cut by SIGTERM"
+    );
+    let mut node = node;
+    let status = node.child.wait().unwrap();
+    assert!(status.success(), "sluice storage exited with {status}");
+}
