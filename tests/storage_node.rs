@@ -111,7 +111,8 @@ fn put_index_and_a_graceful_sigterm() {
         path_str(&wrong),
     ]);
     assert!(!refused.status.success());
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("403"));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("403"), "{err}");
     let out = sluice_ok(&[
         "put",
         &shards,

@@ -84,6 +84,19 @@ pub fn run(args: Args) -> Result<()> {
         bar.set_style(style);
     }
     let client = reqwest::blocking::Client::builder().timeout(None).build()?;
+    // Check the token first: a refused upload is cut off mid-body, which hides the reason.
+    let auth = client
+        .get(format!("{node}/auth"))
+        .bearer_auth(&token)
+        .send()
+        .with_context(|| format!("contacting {node}"))?;
+    if !auth.status().is_success() {
+        let status = auth.status();
+        bail!(
+            "{node} refuses uploads with this token: HTTP {status}: {}",
+            auth.text().unwrap_or_default().trim()
+        );
+    }
     // A cluster places each object on its rendezvous owners; a single node takes everything.
     let cluster: serde_json::Value = client
         .get(format!("{node}/cluster"))

@@ -187,6 +187,14 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
     match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => return text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/metrics") => return text(StatusCode::OK, &state.metrics.render()),
+        (&Method::GET, "/auth") => {
+            // Lets an uploader check its token before streaming a large body that a refusal
+            // would cut off mid-send.
+            return match token_ok(state, &req) {
+                Ok(()) => json(StatusCode::OK, serde_json::json!({"upload": true})),
+                Err(e) => e.into(),
+            };
+        }
         (&Method::GET, "/cluster") => {
             return json(
                 StatusCode::OK,
