@@ -24,7 +24,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use sluice_shard::Checksum;
-use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -458,45 +458,31 @@ async fn get(
         let sent =
             metrics::counter!("sluice_storage_bytes_sent_total", "mountpath" => label.clone());
         let read_latency = metrics::histogram!("sluice_storage_read_seconds", "mountpath" => label);
-        let mut file = tokio::fs::File::from_std(file);
-        let mut left = len;
-        if let Err(e) = file.seek(io::SeekFrom::Start(offset)).await {
-            let _ = tx.send(Err(e)).await;
-            left = 0;
-        }
-        while left > 0 {
-            let want = left.min(read_size) as usize;
-            let mut buf = BytesMut::with_capacity(want);
+        // Each chunk is read with pread on the blocking pool straight into the buffer that
+        // hyper sends (tokio::fs would copy it once more through its own buffer).
+        let file = Arc::new(file);
+        let mut pos = offset;
+        let end = offset + len;
+        while pos < end {
+            let want = (end - pos).min(read_size) as usize;
             let t = Instant::now();
-            let mut failed = None;
-            while buf.len() < want {
-                match (&mut file)
-                    .take((want - buf.len()) as u64)
-                    .read_buf(&mut buf)
-                    .await
-                {
-                    Ok(0) => {
-                        failed = Some(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "object shrank while being read",
-                        ));
-                        break;
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
-                }
-            }
+            let f = file.clone();
+            let chunk = tokio::task::spawn_blocking(move || read_chunk(&f, pos, want)).await;
             read_latency.record(t.elapsed().as_secs_f64());
-            if let Some(e) = failed {
-                let _ = tx.send(Err(e)).await;
-                break;
-            }
-            left -= buf.len() as u64;
-            sent.increment(buf.len() as u64);
-            match tokio::time::timeout(idle, tx.send(Ok(Frame::data(buf.freeze())))).await {
+            let chunk = match chunk {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
+                    let _ = tx.send(Err(e)).await;
+                    break;
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(io::Error::other(e))).await;
+                    break;
+                }
+            };
+            pos += chunk.len() as u64;
+            sent.increment(chunk.len() as u64);
+            match tokio::time::timeout(idle, tx.send(Ok(Frame::data(chunk)))).await {
                 Ok(Ok(())) => {}
                 _ => break, // the client went away, or stopped reading for the idle timeout
             }
@@ -507,6 +493,27 @@ async fn get(
     builder
         .body(body)
         .unwrap_or_else(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "response"))
+}
+
+/// Reads exactly `len` bytes at `offset` (pread), failing if the object shrank.
+fn read_chunk(file: &std::fs::File, offset: u64, len: usize) -> io::Result<Bytes> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = BytesMut::zeroed(len);
+    let mut got = 0;
+    while got < len {
+        match file.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "object shrank while being read",
+                ))
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(buf.freeze())
 }
 
 /// For an object this node does not hold: a 307 to its first owner, when this node is not an
