@@ -5,11 +5,10 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::Path;
 use std::process::{Command, Stdio};
 
 use sluice_shard::{Manifest, SampleIndex};
-use support::{path_str, shared_data, sluice, sluice_ok};
+use support::{path_str, shard_files, shared_data, sluice, sluice_ok};
 
 fn read_samples(shards: &[std::path::PathBuf]) -> Vec<sluice_shard::Sample> {
     let mut out = Vec::new();
@@ -20,29 +19,10 @@ fn read_samples(shards: &[std::path::PathBuf]) -> Vec<sluice_shard::Sample> {
     out
 }
 
-fn shard_files(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut v: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "tar"))
-        .collect();
-    v.sort();
-    v
-}
-
 #[test]
 fn image_folder_to_shards_index_and_inspect() {
     let dir = tempfile::tempdir().unwrap();
-    let images = dir.path().join("images");
-    sluice_ok(&[
-        "synth",
-        "--output",
-        path_str(&images),
-        "--classes",
-        "3",
-        "--per-class",
-        "5",
-    ]);
+    let images = support::synth_images(dir.path(), 3, 5);
     // A non-image field beside one image, and a file with no extension (skipped).
     std::fs::write(
         images.join("class_001/img_001_00002.json"),
@@ -114,16 +94,7 @@ fn image_folder_to_shards_index_and_inspect() {
 #[test]
 fn sharding_is_deterministic() {
     let dir = tempfile::tempdir().unwrap();
-    let images = dir.path().join("images");
-    sluice_ok(&[
-        "synth",
-        "--output",
-        path_str(&images),
-        "--classes",
-        "2",
-        "--per-class",
-        "3",
-    ]);
+    let images = support::synth_images(dir.path(), 2, 3);
     let run = |name: &str| {
         let pattern = format!("{}/{name}/s-%03d.tar", dir.path().display());
         sluice_ok(&[
@@ -227,16 +198,7 @@ fn labelled_flat_folder_and_its_errors() {
 #[test]
 fn reshards_a_tar_stream_from_stdin() {
     let dir = tempfile::tempdir().unwrap();
-    let images = dir.path().join("images");
-    sluice_ok(&[
-        "synth",
-        "--output",
-        path_str(&images),
-        "--classes",
-        "2",
-        "--per-class",
-        "4",
-    ]);
+    let images = support::synth_images(dir.path(), 2, 4);
     let tar = Command::new("tar")
         .arg("-cf")
         .arg("-")
@@ -286,16 +248,7 @@ fn reshards_a_tar_stream_from_stdin() {
 #[test]
 fn inspect_fails_on_a_broken_shard_naming_shard_and_offset() {
     let dir = tempfile::tempdir().unwrap();
-    let images = dir.path().join("images");
-    sluice_ok(&[
-        "synth",
-        "--output",
-        path_str(&images),
-        "--classes",
-        "1",
-        "--per-class",
-        "3",
-    ]);
+    let images = support::synth_images(dir.path(), 1, 3);
     let pattern = format!("{}/s-%02d.tar", dir.path().display());
     sluice_ok(&["shard", "--input", path_str(&images), "--output", &pattern]);
     let shard = dir.path().join("s-00.tar");
@@ -382,16 +335,7 @@ fn shards_the_real_imagenet_sample_with_its_labels() {
 #[test]
 fn indexes_shards_over_http() {
     let dir = tempfile::tempdir().unwrap();
-    let images = dir.path().join("images");
-    sluice_ok(&[
-        "synth",
-        "--output",
-        path_str(&images),
-        "--classes",
-        "2",
-        "--per-class",
-        "3",
-    ]);
+    let images = support::synth_images(dir.path(), 2, 3);
     let shards = dir.path().join("served");
     let pattern = format!("{}/train-%06d.tar", shards.display());
     sluice_ok(&[

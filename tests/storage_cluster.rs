@@ -67,16 +67,7 @@ fn start_cluster(root: &std::path::Path, n: usize) -> Cluster {
 fn replicated_puts_redirects_and_failover() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = start_cluster(&dir.path().join("nodes"), 3);
-    let images = dir.path().join("images");
-    sluice_ok(&[
-        "synth",
-        "--output",
-        path_str(&images),
-        "--classes",
-        "3",
-        "--per-class",
-        "4",
-    ]);
+    let images = support::synth_images(dir.path(), 3, 4);
     let pattern = format!("{}/out/s-%02d.tar", dir.path().display());
     sluice_ok(&[
         "shard",

@@ -78,16 +78,7 @@ fn put_index_and_a_graceful_sigterm() {
     std::fs::write(&token_file, format!("{token}\n")).unwrap();
     let node = start(&config);
 
-    let images = dir.path().join("images");
-    sluice_ok(&[
-        "synth",
-        "--output",
-        path_str(&images),
-        "--classes",
-        "2",
-        "--per-class",
-        "5",
-    ]);
+    let images = support::synth_images(dir.path(), 2, 5);
     let pattern = format!("{}/out/s-%02d.tar", dir.path().display());
     sluice_ok(&[
         "shard",

@@ -46,12 +46,7 @@ fn compare(input: &[&str], extra: &[&str]) {
     args.extend_from_slice(&["--output", &pattern]);
     args.extend_from_slice(extra);
     sluice_ok(&args);
-    let mut shards: Vec<_> = std::fs::read_dir(out.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "tar"))
-        .collect();
-    shards.sort();
+    let shards = support::shard_files(out.path());
     let py = Command::new(python)
         .arg("-c")
         .arg(READ_PY)
@@ -79,16 +74,7 @@ fn compare(input: &[&str], extra: &[&str]) {
 #[test]
 fn webdataset_reads_generated_shards_identically() {
     let dir = tempfile::tempdir().unwrap();
-    let images = dir.path().join("images");
-    sluice_ok(&[
-        "synth",
-        "--output",
-        path_str(&images),
-        "--classes",
-        "3",
-        "--per-class",
-        "7",
-    ]);
+    let images = support::synth_images(dir.path(), 3, 7);
     std::fs::write(
         images.join("class_002/img_002_00001.seg.png"),
         b"not really a png",

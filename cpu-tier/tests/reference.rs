@@ -48,7 +48,7 @@ fn diff(a: &[u8], b: &[u8]) -> (u8, f64) {
 
 #[test]
 fn decodes_and_center_crops_like_pillow() {
-    let Some(python) = common::pillow_python() else {
+    let Some(python) = common::python_with("PIL") else {
         eprintln!("skipping: no Python with Pillow (set SLUICE_TEST_PYTHON, or make .venv as .ci/run does)");
         return;
     };

@@ -5,7 +5,6 @@
 mod common;
 
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -22,27 +21,6 @@ impl Drop for Server {
     }
 }
 
-fn moto_python() -> Option<PathBuf> {
-    let candidates = std::env::var_os("SLUICE_TEST_PYTHON")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python")]);
-    for py in candidates {
-        if Command::new(&py)
-            .args(["-c", "import moto.server, boto3"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            return Some(py);
-        }
-    }
-    assert!(
-        std::env::var_os("SLUICE_REQUIRE_PYTHON").is_none(),
-        "SLUICE_REQUIRE_PYTHON is set but no Python with moto[server] was found"
-    );
-    None
-}
-
 const UPLOAD: &str = r#"
 import sys, boto3
 endpoint, bucket = sys.argv[1], sys.argv[2]
@@ -54,7 +32,7 @@ for path in sys.argv[3:]:
 
 #[test]
 fn reads_shards_and_ranges_from_an_s3_compatible_store() {
-    let Some(python) = moto_python() else {
+    let Some(python) = common::python_with("moto.server, boto3") else {
         eprintln!("skipping: no Python with moto[server] (set SLUICE_TEST_PYTHON, or make .venv as .ci/run does)");
         return;
     };

@@ -108,3 +108,29 @@ pub fn serve_dir(root: PathBuf) -> std::net::SocketAddr {
     });
     addr
 }
+
+/// Generates a synthetic ImageFolder dataset under `dir/images` with the real binary.
+pub fn synth_images(dir: &Path, classes: u32, per_class: u32) -> PathBuf {
+    let images = dir.join("images");
+    sluice_ok(&[
+        "synth",
+        "--output",
+        path_str(&images),
+        "--classes",
+        &classes.to_string(),
+        "--per-class",
+        &per_class.to_string(),
+    ]);
+    images
+}
+
+/// The `.tar` files directly in `dir`, sorted.
+pub fn shard_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .expect("listing shards")
+        .map(|e| e.expect("listing shards").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "tar"))
+        .collect();
+    v.sort();
+    v
+}

@@ -19,16 +19,17 @@ pub fn corpus() -> Option<Vec<PathBuf>> {
     (!files.is_empty()).then_some(files)
 }
 
-/// A Python with Pillow: `$SLUICE_TEST_PYTHON`, else the repository's `.venv`. `None` unless
-/// `SLUICE_REQUIRE_PYTHON` is set (CI), in which case its absence fails the test.
-pub fn pillow_python() -> Option<PathBuf> {
+/// A Python that can `import {modules}`: `$SLUICE_TEST_PYTHON`, else the repository's `.venv`.
+/// `None` (the caller skips) unless `SLUICE_REQUIRE_PYTHON` is set (CI), when its absence fails.
+pub fn python_with(modules: &str) -> Option<PathBuf> {
     let candidates = std::env::var_os("SLUICE_TEST_PYTHON")
         .map(PathBuf::from)
         .into_iter()
         .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python")]);
     for py in candidates {
+        let import = format!("import {modules}");
         if Command::new(&py)
-            .args(["-c", "import PIL"])
+            .args(["-c", &import])
             .output()
             .is_ok_and(|o| o.status.success())
         {
@@ -37,7 +38,7 @@ pub fn pillow_python() -> Option<PathBuf> {
     }
     assert!(
         std::env::var_os("SLUICE_REQUIRE_PYTHON").is_none(),
-        "SLUICE_REQUIRE_PYTHON is set but no Python with Pillow was found"
+        "SLUICE_REQUIRE_PYTHON is set but no Python with {modules} was found"
     );
     None
 }
