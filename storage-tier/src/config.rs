@@ -40,6 +40,10 @@ pub struct StorageConfig {
     pub advertise: Option<String>,
     /// Copies of each object, placed on the top `replicas` peers by rendezvous hashing.
     pub replicas: usize,
+    /// S3 read path credentials: with both set, S3 requests must be SigV4-signed with them;
+    /// with neither, the S3 read path is anonymous.
+    pub s3_access_key: Option<String>,
+    pub s3_secret_key: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -81,6 +85,8 @@ impl Default for StorageConfig {
             peers: Vec::new(),
             advertise: None,
             replicas: 1,
+            s3_access_key: None,
+            s3_secret_key: None,
         }
     }
 }
@@ -195,6 +201,12 @@ impl StorageConfig {
         }
         if self.replicas == 0 || (!self.peers.is_empty() && self.replicas > self.peers.len()) {
             return invalid("replicas", "must be between 1 and the number of peers");
+        }
+        if self.s3_access_key.is_some() != self.s3_secret_key.is_some() {
+            return invalid(
+                "s3_access_key",
+                "set both s3_access_key and s3_secret_key, or neither",
+            );
         }
         if self.upload_tokens.iter().any(|t| t.len() < 16) {
             return invalid("upload_tokens", "each token needs at least 16 characters");

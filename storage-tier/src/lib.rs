@@ -3,10 +3,12 @@
 //!
 //! - [`config`]: the TOML config and its validation.
 //! - [`mountpath`]: per-disk folders, `openat2(RESOLVE_BENEATH)` opening, stream limits.
+//! - [`s3`]: the S3-compatible read path's SigV4 check and XML bodies.
 //! - [`server`]: the HTTP server (`run(listener, config, shutdown)`), handlers, metrics.
 
 pub mod config;
 pub mod mountpath;
+pub mod s3;
 pub mod server;
 
 pub use config::{ConfigError, StorageConfig};

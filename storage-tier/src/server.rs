@@ -204,10 +204,7 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         _ => {}
     }
     let Some(rest) = path.strip_prefix("/v1/") else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "no such endpoint (objects are under /v1/{bucket}/{key})",
-        );
+        return s3_route(state, req).await;
     };
     let Ok(rest) = percent_encoding::percent_decode_str(rest).decode_utf8() else {
         return error(StatusCode::BAD_REQUEST, "path is not UTF-8");
@@ -548,22 +545,185 @@ fn tokio_stream(
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-async fn list(state: &Arc<State>, bucket: &str, query: &str) -> Response<Body> {
-    let prefix = query
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("prefix="))
-        .map(|p| {
-            percent_encoding::percent_decode_str(&p.replace('+', " "))
+/// The S3-compatible read path (path-style `/{bucket}/{key}`), with S3's XML errors.
+async fn s3_route(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
+    let s3_error = |status: StatusCode, code: &str, message: &str| {
+        let mut r = Response::new(full(Bytes::from(crate::s3::error_xml(code, message))));
+        *r.status_mut() = status;
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/xml"),
+        );
+        r
+    };
+    if let (Some(key), Some(secret)) = (&state.config.s3_access_key, &state.config.s3_secret_key) {
+        let headers = req.headers().clone();
+        let lookup = move |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let signed = crate::s3::SignedRequest {
+            method: req.method().as_str(),
+            raw_path: req.uri().path(),
+            raw_query: req.uri().query().unwrap_or(""),
+            header: &lookup,
+        };
+        match crate::s3::verify(&signed, key, secret) {
+            Ok(()) => {}
+            Err(crate::s3::AuthError::UnknownKey) => {
+                return s3_error(
+                    StatusCode::FORBIDDEN,
+                    "InvalidAccessKeyId",
+                    "unknown access key",
+                )
+            }
+            Err(crate::s3::AuthError::Missing) => {
+                return s3_error(
+                    StatusCode::FORBIDDEN,
+                    "AccessDenied",
+                    "this store requires signed requests",
+                )
+            }
+            Err(_) => {
+                return s3_error(
+                    StatusCode::FORBIDDEN,
+                    "SignatureDoesNotMatch",
+                    "the request signature does not match",
+                )
+            }
+        }
+    }
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let Ok(rest) = percent_encoding::percent_decode_str(path.trim_start_matches('/')).decode_utf8()
+    else {
+        return s3_error(StatusCode::BAD_REQUEST, "InvalidURI", "path is not UTF-8");
+    };
+    let (bucket, key) = match rest.split_once('/') {
+        Some((b, k)) if !k.is_empty() => (b.to_string(), Some(k.to_string())),
+        Some((b, _)) => (b.to_string(), None),
+        None => (rest.to_string(), None),
+    };
+    if !valid_bucket(&bucket) {
+        return s3_error(
+            StatusCode::BAD_REQUEST,
+            "InvalidBucketName",
+            "invalid bucket name",
+        );
+    }
+    match (req.method().clone(), key) {
+        (Method::GET | Method::HEAD, Some(key)) => {
+            if !valid_key(&key) {
+                return s3_error(
+                    StatusCode::BAD_REQUEST,
+                    "InvalidArgument",
+                    "invalid object key",
+                );
+            }
+            let resp = get(state, req, &bucket, &key).await;
+            let (code, message) = match resp.status() {
+                StatusCode::NOT_FOUND => ("NoSuchKey", "the specified key does not exist"),
+                StatusCode::RANGE_NOT_SATISFIABLE => {
+                    ("InvalidRange", "the requested range is not satisfiable")
+                }
+                StatusCode::SERVICE_UNAVAILABLE => ("SlowDown", "the node is shutting down"),
+                StatusCode::INTERNAL_SERVER_ERROR => {
+                    ("InternalError", "the object could not be read")
+                }
+                _ => return resp,
+            };
+            let mut out = s3_error(resp.status(), code, message);
+            if let Some(cr) = resp.headers().get(header::CONTENT_RANGE) {
+                out.headers_mut().insert(header::CONTENT_RANGE, cr.clone());
+            }
+            out
+        }
+        (Method::GET, None) if query_param(&query, "list-type").as_deref() == Some("2") => {
+            let prefix = query_param(&query, "prefix").unwrap_or_default();
+            let max = query_param(&query, "max-keys")
+                .and_then(|m| m.parse::<usize>().ok())
+                .unwrap_or(1000)
+                .clamp(1, 1000);
+            let token = query_param(&query, "continuation-token");
+            let after = token.clone().or_else(|| query_param(&query, "start-after"));
+            let Some(found) = collect_keys(state, &bucket, prefix.clone()).await else {
+                return s3_error(
+                    StatusCode::NOT_FOUND,
+                    "NoSuchBucket",
+                    "the specified bucket does not exist",
+                );
+            };
+            let mut page: Vec<(String, u64)> = found
+                .into_iter()
+                .filter(|(k, _)| after.as_ref().is_none_or(|a| k > a))
+                .take(max + 1)
+                .collect();
+            let next = (page.len() > max).then(|| {
+                page.truncate(max);
+                page.last().map(|(k, _)| k.clone()).unwrap_or_default()
+            });
+            let url_encoding = query_param(&query, "encoding-type").as_deref() == Some("url");
+            let body = crate::s3::list_v2_xml(
+                &bucket,
+                &prefix,
+                &page,
+                max,
+                next.as_deref(),
+                token.as_deref(),
+                url_encoding,
+            );
+            let mut r = Response::new(full(Bytes::from(body)));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/xml"),
+            );
+            r
+        }
+        _ if !state
+            .mountpaths
+            .iter()
+            .any(|m| m.path.join(&bucket).is_dir()) =>
+        {
+            s3_error(
+                StatusCode::NOT_FOUND,
+                "NoSuchBucket",
+                "the specified bucket does not exist",
+            )
+        }
+        _ => s3_error(
+            StatusCode::NOT_IMPLEMENTED,
+            "NotImplemented",
+            "this store serves GetObject, HeadObject and ListObjectsV2",
+        ),
+    }
+}
+
+/// A query parameter, percent-decoded.
+fn query_param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        (k == name).then(|| {
+            percent_encoding::percent_decode_str(&v.replace('+', " "))
                 .decode_utf8_lossy()
                 .into_owned()
         })
-        .unwrap_or_default();
+    })
+}
+
+/// Every object of `bucket` (across mountpaths) whose key starts with `prefix`, sorted, with
+/// sizes; `None` when no mountpath has the bucket.
+async fn collect_keys(
+    state: &Arc<State>,
+    bucket: &str,
+    prefix: String,
+) -> Option<std::collections::BTreeMap<String, u64>> {
     let roots: Vec<std::path::PathBuf> = state
         .mountpaths
         .iter()
         .map(|m| m.path.join(bucket))
         .collect();
-    let max = state.config.limits.max_list_keys;
     let listed = tokio::task::spawn_blocking(move || {
         let mut found = std::collections::BTreeMap::new();
         let mut any_bucket = false;
@@ -599,15 +759,18 @@ async fn list(state: &Arc<State>, bucket: &str, query: &str) -> Response<Body> {
                 }
             }
         }
-        (any_bucket, found)
+        any_bucket.then_some(found)
     })
     .await;
-    let Ok((any_bucket, found)) = listed else {
-        return error(StatusCode::INTERNAL_SERVER_ERROR, "listing failed");
-    };
-    if !any_bucket {
+    listed.ok().flatten()
+}
+
+async fn list(state: &Arc<State>, bucket: &str, query: &str) -> Response<Body> {
+    let prefix = query_param(query, "prefix").unwrap_or_default();
+    let max = state.config.limits.max_list_keys;
+    let Some(found) = collect_keys(state, bucket, prefix).await else {
         return error(StatusCode::NOT_FOUND, "no such bucket");
-    }
+    };
     let truncated = found.len() > max;
     let objects: Vec<_> = found
         .into_iter()

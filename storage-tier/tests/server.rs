@@ -197,13 +197,16 @@ fn serves_objects_ranges_heads_and_listings() {
         ("/v1/b/missing.tar", 404),
         ("/v1/nobucket", 404),
         ("/v1/Bad!", 400),
-        ("/elsewhere", 404),
     ] {
         let r = http.get(node.url(path)).send().unwrap();
         assert_eq!(r.status(), status, "{path}");
         let body: serde_json::Value = serde_json::from_str(&r.text().unwrap()).unwrap();
         assert!(body["error"].is_string(), "{path}: {body}");
     }
+    // Outside /v1/ is the S3 read path: its errors are S3's XML.
+    let r = http.get(node.url("/elsewhere")).send().unwrap();
+    assert_eq!(r.status(), 404);
+    assert!(r.text().unwrap().contains("<Code>NoSuchBucket</Code>"));
     assert_eq!(
         http.get(node.url("/healthz"))
             .send()
