@@ -175,6 +175,21 @@ fn replicated_puts_redirects_and_failover() {
         .map(|s| s.unwrap().key)
         .collect();
     assert_eq!(keys.len(), 2);
+    // A manifest that names another version of the object: the checksum header gives the
+    // stale replica away before a byte of it is read.
+    let mut stale = loc.clone();
+    stale.info.checksum = sluice_shard::Checksum(stale.info.checksum.0 ^ 1);
+    let lax = ShardSource::new(SourceConfig {
+        verify: false,
+        ..SourceConfig::default()
+    })
+    .unwrap();
+    let err = lax
+        .open_unit(&stale, 0, 2)
+        .err()
+        .expect("stale object refused")
+        .to_string();
+    assert!(err.contains("stale object"), "{err}");
     for t in &cluster.tokens {
         t.cancel();
     }

@@ -175,7 +175,7 @@ impl ShardSource {
                             shard: loc.name().into(),
                             detail: format!("has no samples {start}..{end}"),
                         })?;
-                let body = self.fetch(loc, Some((offset, len)))?;
+                let body = self.fetch(loc, Some((offset, len)), Some(loc.info.checksum))?;
                 let checks = &index.entries[start as usize..end as usize];
                 let body: Box<dyn Read + Send> = if self.config.verify {
                     Box::new(Verified::new(
@@ -200,7 +200,7 @@ impl ShardSource {
                 // A whole shard, a gzip shard, or no index: stream from the start, and skip
                 // to the range. The file checksum covers the stored (maybe compressed) bytes;
                 // sample checksums cover the tar stream.
-                let body = self.fetch(loc, None)?;
+                let body = self.fetch(loc, None, Some(loc.info.checksum))?;
                 let verify = self.config.verify;
                 let body: Box<dyn Read + Send> = if verify {
                     Box::new(Verified::new(
@@ -251,7 +251,7 @@ impl ShardSource {
                 .collect(),
             info: loc.info.clone(),
         };
-        let body = self.fetch(&idx_loc, None)?;
+        let body = self.fetch(&idx_loc, None, None)?;
         let bytes =
             sluice_shard::index::read_bounded(body, self.config.max_index_bytes, &idx_loc.urls[0])
                 .map_err(|e| SourceError::Index {
@@ -287,15 +287,18 @@ impl ShardSource {
         Ok(index)
     }
 
-    /// Opens the bytes `range` (offset, len) of an object, trying each replica in turn.
+    /// Opens the bytes `range` (offset, len) of an object, trying each replica in turn. With
+    /// `expect`, a replica whose checksum header (sluice storage's `X-Sluice-Checksum`) names
+    /// another version of the object is skipped as stale before any byte is read.
     fn fetch(
         &self,
         loc: &ShardLocation,
         range: Option<(u64, u64)>,
+        expect: Option<Checksum>,
     ) -> Result<Box<dyn Read + Send>, SourceError> {
         let mut errors = Vec::new();
         for url in &loc.urls {
-            match self.fetch_one(url, range) {
+            match self.fetch_one(url, range, expect) {
                 Ok(r) => return Ok(Box::new(Timed { inner: r })),
                 Err(e) => {
                     metrics::counter!("sluice_cpu_source_failovers_total").increment(1);
@@ -319,6 +322,7 @@ impl ShardSource {
         &self,
         url: &str,
         range: Option<(u64, u64)>,
+        expect: Option<Checksum>,
     ) -> Result<Box<dyn Read + Send>, SourceError> {
         if let Some(rest) = url.strip_prefix("s3://") {
             return self.fetch_s3(url, rest, range);
@@ -336,6 +340,21 @@ impl ShardSource {
                 detail: e.to_string(),
             })?;
             let status = resp.status().as_u16();
+            let stated = resp
+                .headers()
+                .get("x-sluice-checksum")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<Checksum>().ok());
+            if let (Some(stated), Some(expect)) = (stated, expect) {
+                if stated != expect && (200..300).contains(&status) {
+                    return Err(SourceError::Request {
+                        url: url.into(),
+                        detail: format!(
+                            "stale object: the server has {stated}, the manifest says {expect}"
+                        ),
+                    });
+                }
+            }
             match (range, status) {
                 (Some(_), 206) | (None, 200) => Ok(Box::new(resp)),
                 (Some((offset, len)), 200) => {

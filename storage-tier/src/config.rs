@@ -30,6 +30,11 @@ pub struct StorageConfig {
     pub listen: SocketAddr,
     /// One folder per disk; each holds one subfolder per bucket.
     pub mountpaths: Vec<PathBuf>,
+    /// Buckets served; empty serves every bucket folder.
+    pub buckets: Vec<String>,
+    /// A second address serving only `/metrics` and `/healthz` (for a scrape network); unset
+    /// serves them on `listen` too.
+    pub metrics_listen: Option<SocketAddr>,
     pub limits: Limits,
     pub timeouts: Timeouts,
     /// Bearer tokens allowed to upload (`PUT`); empty: uploads are refused.
@@ -79,6 +84,8 @@ impl Default for StorageConfig {
         StorageConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7000)),
             mountpaths: Vec::new(),
+            buckets: Vec::new(),
+            metrics_listen: None,
             limits: Limits::default(),
             timeouts: Timeouts::default(),
             upload_tokens: Vec::new(),
@@ -162,6 +169,16 @@ impl StorageConfig {
                     detail: format!("{} is not a folder", m.display()),
                 });
             }
+        }
+        if let Some(b) = self
+            .buckets
+            .iter()
+            .find(|b| !crate::mountpath::valid_bucket(b))
+        {
+            return Err(ConfigError::Invalid {
+                key: "buckets",
+                detail: format!("{b:?} is not a bucket name (1-63 of a-z 0-9 . _ -)"),
+            });
         }
         let l = &self.limits;
         if l.max_connections == 0 {

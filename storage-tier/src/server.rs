@@ -77,6 +77,51 @@ struct State {
     shutdown: CancellationToken,
 }
 
+impl State {
+    /// Whether `bucket` is served (the config's `buckets`, or every bucket when that is empty).
+    fn serves(&self, bucket: &str) -> bool {
+        self.config.buckets.is_empty() || self.config.buckets.iter().any(|b| b == bucket)
+    }
+}
+
+/// Serves `/metrics` and `/healthz` only, on the separate `metrics_listen` address.
+async fn serve_admin(
+    listener: TcpListener,
+    metrics: PrometheusHandle,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(_) => { tokio::time::sleep(std::time::Duration::from_millis(100)).await; continue }
+            },
+            _ = shutdown.cancelled() => return,
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let metrics = metrics.clone();
+                async move {
+                    Ok::<_, Infallible>(match req.uri().path() {
+                        "/metrics" => text(StatusCode::OK, &metrics.render()),
+                        "/healthz" => text(StatusCode::OK, "ok\n"),
+                        _ => error(
+                            StatusCode::NOT_FOUND,
+                            "this address serves /metrics and /healthz",
+                        ),
+                    })
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
 /// Serves until `shutdown` is cancelled, then lets in-flight requests finish for up to the
 /// configured drain time.
 pub async fn run(
@@ -107,6 +152,13 @@ pub async fn run(
         shutdown: shutdown.clone(),
         config,
     });
+    if let Some(addr) = state.config.metrics_listen {
+        let admin = TcpListener::bind(addr)
+            .await
+            .map_err(StorageError::Accept)?;
+        tracing::info!(metrics_listen = %addr, "serving /metrics and /healthz");
+        tokio::spawn(serve_admin(admin, state.metrics.clone(), shutdown.clone()));
+    }
     let connections = Arc::new(Semaphore::new(state.config.limits.max_connections));
     // hyper's smallest read buffer is 8 KiB.
     let max_buf = state.config.limits.max_header_bytes.max(8192);
@@ -215,6 +267,9 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
     };
     if !valid_bucket(&bucket) {
         return error(StatusCode::BAD_REQUEST, "invalid bucket name");
+    }
+    if !state.serves(&bucket) {
+        return error(StatusCode::NOT_FOUND, "no such bucket");
     }
     match (req.method().clone(), key) {
         (Method::GET, None) => list(state, &bucket, &query).await,
@@ -611,6 +666,13 @@ async fn s3_route(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> 
             StatusCode::BAD_REQUEST,
             "InvalidBucketName",
             "invalid bucket name",
+        );
+    }
+    if !state.serves(&bucket) {
+        return s3_error(
+            StatusCode::NOT_FOUND,
+            "NoSuchBucket",
+            "the specified bucket does not exist",
         );
     }
     match (req.method().clone(), key) {

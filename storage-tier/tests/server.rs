@@ -392,3 +392,51 @@ fn shutdown_lets_an_in_flight_stream_finish() {
     // Stopped: the listener is closed.
     assert!(TcpStream::connect(addr).is_err());
 }
+
+#[test]
+fn only_listed_buckets_are_served_and_metrics_can_have_their_own_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, _) = data(dir.path());
+    std::fs::create_dir_all(root.join("other")).unwrap();
+    std::fs::write(root.join("other/x.bin"), b"x").unwrap();
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut cfg = config(&root);
+    cfg.buckets = vec!["b".into()];
+    cfg.metrics_listen = Some(metrics_port);
+    let node = start(cfg);
+    let http = client();
+    assert_eq!(
+        http.get(node.url("/v1/b/nested/x.bin"))
+            .send()
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        http.get(node.url("/v1/other/x.bin"))
+            .send()
+            .unwrap()
+            .status(),
+        404
+    );
+    assert_eq!(
+        http.get(node.url("/other/x.bin")).send().unwrap().status(),
+        404
+    );
+    let m = http
+        .get(format!("http://{metrics_port}/metrics"))
+        .send()
+        .unwrap();
+    assert_eq!(m.status(), 200);
+    assert_eq!(
+        http.get(format!("http://{metrics_port}/v1/b/nested/x.bin"))
+            .send()
+            .unwrap()
+            .status(),
+        404
+    );
+    node.stop();
+}
