@@ -160,8 +160,12 @@ impl ShardSource {
         }
         let whole = start == 0 && end == loc.info.samples;
         let ranged = !whole && loc.info.compression == Compression::None;
+        // Without a usable index the unit still reads, from the start of the shard, checked
+        // against the manifest's whole-shard checksum; the counter tells an operator.
         let index = if self.config.verify || ranged {
-            self.index(loc).ok()
+            self.index(loc)
+                .map_err(|_| metrics::counter!("sluice_cpu_index_unavailable_total").increment(1))
+                .ok()
         } else {
             None
         };
