@@ -137,16 +137,15 @@ fn cpu(args: CpuArgs) -> Result<()> {
             ..EngineConfig::default()
         };
         let engine = Engine::new(spec.clone(), config)?;
+        // Each pass is a new epoch, so every pass draws new crops.
+        let ctx = |epoch| SampleContext {
+            seed: 0,
+            epoch,
+            shard: 0,
+        };
         let mut epoch = 0;
         let skipped: Vec<_> = engine
-            .process_all(
-                &samples,
-                &SampleContext {
-                    seed: 0,
-                    epoch,
-                    shard: 0,
-                },
-            )
+            .process_all(&samples, &ctx(epoch))
             .into_iter()
             .filter_map(|o| match o {
                 Outcome::Skipped(e) => Some(e),
@@ -168,16 +167,7 @@ fn cpu(args: CpuArgs) -> Result<()> {
         let mut images = 0u64;
         while started.elapsed().as_secs_f64() < args.seconds {
             epoch += 1;
-            images += engine
-                .process_all(
-                    &samples,
-                    &SampleContext {
-                        seed: 0,
-                        epoch,
-                        shard: 0,
-                    },
-                )
-                .len() as u64;
+            images += engine.process_all(&samples, &ctx(epoch)).len() as u64;
         }
         let secs = started.elapsed().as_secs_f64();
         let t = engine.times();

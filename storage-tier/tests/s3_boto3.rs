@@ -3,11 +3,12 @@
 //! a request signed with the wrong secret refused. Skips without a Python that has boto3
 //! (CI installs it and sets SLUICE_REQUIRE_PYTHON).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use sluice_storage::StorageConfig;
-use tokio_util::sync::CancellationToken;
 
 fn boto3_python() -> Option<PathBuf> {
     let candidates = std::env::var_os("SLUICE_TEST_PYTHON")
@@ -85,22 +86,8 @@ fn boto3_lists_gets_ranges_and_heads() {
         s3_secret_key: Some("sluice-test-secret".into()),
         ..StorageConfig::default()
     };
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    let server = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            sluice_storage::run(listener, config, token).await.unwrap();
-        });
-    });
-    let addr = rx.recv().unwrap();
+    let node = common::start(config);
+    let addr = node.addr;
     let out = Command::new(&python)
         .arg("-c")
         .arg(CLIENT)
@@ -108,8 +95,7 @@ fn boto3_lists_gets_ranges_and_heads() {
         .arg("sluice-test-secret")
         .output()
         .unwrap();
-    shutdown.cancel();
-    server.join().unwrap();
+    node.stop();
     assert!(
         out.status.success(),
         "boto3 failed: {}",

@@ -6,58 +6,11 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
+mod common;
+
+use common::start;
 use sluice_shard::{ShardWriter, WriterConfig};
 use sluice_storage::{StorageConfig, CHECKSUM_HEADER};
-use tokio_util::sync::CancellationToken;
-
-struct Node {
-    addr: SocketAddr,
-    shutdown: CancellationToken,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Node {
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    /// Cancels the token and waits for `run` to return.
-    fn stop(mut self) {
-        self.shutdown.cancel();
-        if let Some(t) = self.thread.take() {
-            t.join().unwrap();
-        }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
-fn start(config: StorageConfig) -> Node {
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            sluice_storage::run(listener, config, token).await.unwrap();
-        });
-    });
-    Node {
-        addr: rx.recv().unwrap(),
-        shutdown,
-        thread: Some(thread),
-    }
-}
 
 fn config(root: &Path) -> StorageConfig {
     StorageConfig {
