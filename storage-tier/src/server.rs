@@ -710,18 +710,16 @@ async fn s3_route(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> 
                 .clamp(1, 1000);
             let token = query_param(&query, "continuation-token");
             let after = token.clone().or_else(|| query_param(&query, "start-after"));
-            let Some(found) = collect_keys(state, &bucket, prefix.clone()).await else {
+            let Some(found) =
+                collect_keys(state, &bucket, prefix.clone(), after.clone(), max + 1).await
+            else {
                 return s3_error(
                     StatusCode::NOT_FOUND,
                     "NoSuchBucket",
                     "the specified bucket does not exist",
                 );
             };
-            let mut page: Vec<(String, u64)> = found
-                .into_iter()
-                .filter(|(k, _)| after.as_ref().is_none_or(|a| k > a))
-                .take(max + 1)
-                .collect();
+            let mut page: Vec<(String, u64)> = found.into_iter().collect();
             let next = (page.len() > max).then(|| {
                 page.truncate(max);
                 page.last().map(|(k, _)| k.clone()).unwrap_or_default()
@@ -774,12 +772,14 @@ fn query_param(query: &str, name: &str) -> Option<String> {
     })
 }
 
-/// Every object of `bucket` (across mountpaths) whose key starts with `prefix`, sorted, with
-/// sizes; `None` when no mountpath has the bucket.
+/// The first `limit` objects of `bucket` (across mountpaths, sorted by key) whose key starts
+/// with `prefix` and comes after `after`, with sizes; `None` when no mountpath has the bucket.
 async fn collect_keys(
     state: &Arc<State>,
     bucket: &str,
     prefix: String,
+    after: Option<String>,
+    limit: usize,
 ) -> Option<std::collections::BTreeMap<String, u64>> {
     let roots: Vec<std::path::PathBuf> = state
         .mountpaths
@@ -813,9 +813,14 @@ async fn collect_keys(
                             .strip_prefix(&root)
                             .map(|p| p.to_string_lossy().into_owned())
                             .unwrap_or_default();
-                        if key.starts_with(&prefix) {
+                        if key.starts_with(&prefix) && after.as_ref().is_none_or(|a| &key > a) {
                             let size = e.metadata().map(|m| m.len()).unwrap_or(0);
                             found.insert(key, size);
+                            // Keep only the first `limit` keys: memory is bounded by the
+                            // page, not by the bucket.
+                            if found.len() > limit {
+                                found.pop_last();
+                            }
                         }
                     }
                 }
@@ -830,7 +835,7 @@ async fn collect_keys(
 async fn list(state: &Arc<State>, bucket: &str, query: &str) -> Response<Body> {
     let prefix = query_param(query, "prefix").unwrap_or_default();
     let max = state.config.limits.max_list_keys;
-    let Some(found) = collect_keys(state, bucket, prefix).await else {
+    let Some(found) = collect_keys(state, bucket, prefix, None, max + 1).await else {
         return error(StatusCode::NOT_FOUND, "no such bucket");
     };
     let truncated = found.len() > max;

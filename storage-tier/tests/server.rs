@@ -359,8 +359,14 @@ fn only_listed_buckets_are_served_and_metrics_can_have_their_own_address() {
     let mut cfg = config(&root);
     cfg.buckets = vec!["b".into()];
     cfg.metrics_listen = Some(metrics_port);
+    cfg.limits.max_list_keys = 1;
     let node = start(cfg);
     let http = client();
+    let page: serde_json::Value =
+        serde_json::from_str(&http.get(node.url("/v1/b")).send().unwrap().text().unwrap()).unwrap();
+    assert_eq!(page["objects"].as_array().unwrap().len(), 1);
+    assert_eq!(page["objects"][0]["key"], "nested/x.bin");
+    assert_eq!(page["truncated"], true);
     assert_eq!(
         http.get(node.url("/v1/b/nested/x.bin"))
             .send()
