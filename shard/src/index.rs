@@ -37,6 +37,42 @@ pub struct IndexEntry {
     pub checksum: u64,
 }
 
+/// Bytes of the fixed header at the start of every index.
+pub const INDEX_HEADER_LEN: usize = HEADER_LEN;
+
+/// The fixed header of an index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexHeader {
+    pub samples: u64,
+    pub shard_size: u64,
+    pub shard_checksum: Checksum,
+}
+
+/// Parses and checks (magic, version) the fixed header; the one place that knows its layout.
+fn parse_header(bytes: &[u8]) -> std::result::Result<IndexHeader, String> {
+    if bytes.len() < HEADER_LEN {
+        return Err(format!(
+            "{} bytes is too short for an index header",
+            bytes.len()
+        ));
+    }
+    if &bytes[..8] != MAGIC {
+        return Err("not a sluice sample index (bad magic)".into());
+    }
+    let version = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+    if version != VERSION {
+        return Err(format!(
+            "index version {version}, this build reads {VERSION}"
+        ));
+    }
+    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
+    Ok(IndexHeader {
+        samples: word(16),
+        shard_size: word(24),
+        shard_checksum: Checksum(word(32)),
+    })
+}
+
 /// The sidecar index of one shard.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SampleIndex {
@@ -99,17 +135,9 @@ impl SampleIndex {
                 bytes.len()
             )));
         }
-        if &bytes[..8] != MAGIC {
-            return Err(err("not a sluice sample index (bad magic)".into()));
-        }
+        let header = parse_header(bytes).map_err(err)?;
         let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
-        let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap_or([0; 4]));
-        if version != VERSION {
-            return Err(err(format!(
-                "index version {version}, this build reads {VERSION}"
-            )));
-        }
-        let count = word(16);
+        let count = header.samples;
         let expected = count
             .checked_mul(RECORD_LEN as u64)
             .and_then(|n| n.checked_add((HEADER_LEN + 8) as u64));
@@ -123,7 +151,7 @@ impl SampleIndex {
         if xxh3_64(&bytes[..body]) != word(body) {
             return Err(err("checksum mismatch: the index is corrupt".into()));
         }
-        let shard_size = word(24);
+        let shard_size = header.shard_size;
         let mut entries = Vec::with_capacity(count as usize);
         let mut next = 0u64;
         for i in 0..count as usize {
@@ -142,9 +170,16 @@ impl SampleIndex {
         }
         Ok(SampleIndex {
             shard_size,
-            shard_checksum: Checksum(word(32)),
+            shard_checksum: header.shard_checksum,
             entries,
         })
+    }
+
+    /// What an index's fixed header says (the first [`INDEX_HEADER_LEN`] bytes), without
+    /// reading its records: enough to learn a shard's checksum cheaply. `None` when the bytes
+    /// are not a header this build reads.
+    pub fn peek_header(head: &[u8]) -> Option<IndexHeader> {
+        parse_header(head).ok()
     }
 
     pub fn write_file(&self, path: &Path) -> Result<()> {

@@ -393,17 +393,23 @@ pub fn parse_range(value: &str, size: u64) -> Result<Option<(u64, u64)>, Unsatis
 
 /// The object's checksum: from its `.idx` sidecar when that describes this file, or from an
 /// upload to this node.
+/// The key of an uploaded object's checksum: its path and the size and mtime it was
+/// written with, so a later change to the file makes the entry miss.
+fn upload_key(mountpath: &Mountpath, rel: &str, meta: &std::fs::Metadata) -> (String, u64, i64) {
+    (
+        format!("{}/{rel}", mountpath.label),
+        meta.len(),
+        meta.mtime_nsec() + meta.mtime() * 1_000_000_000,
+    )
+}
+
 fn checksum(
     state: &State,
     mountpath: &Mountpath,
     rel: &str,
     meta: &std::fs::Metadata,
 ) -> Option<Checksum> {
-    let key = (
-        format!("{}/{rel}", mountpath.label),
-        meta.len(),
-        meta.mtime_nsec() + meta.mtime() * 1_000_000_000,
-    );
+    let key = upload_key(mountpath, rel, meta);
     if let Some(c) = state
         .uploaded
         .lock()
@@ -415,10 +421,10 @@ fn checksum(
     let mut f = mountpath
         .open_beneath(&format!("{rel}.idx"), libc::O_RDONLY, 0)
         .ok()?;
-    let mut head = [0u8; 40];
+    let mut head = [0u8; sluice_shard::index::INDEX_HEADER_LEN];
     io::Read::read_exact(&mut f, &mut head).ok()?;
-    let word = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().unwrap_or([0; 8]));
-    (&head[..8] == b"SLUICEIX" && word(24) == meta.len()).then(|| Checksum(word(32)))
+    let header = sluice_shard::SampleIndex::peek_header(&head)?;
+    (header.shard_size == meta.len()).then_some(header.shard_checksum)
 }
 
 async fn get(
@@ -989,14 +995,7 @@ async fn put(
     let checksum = Checksum(hasher.digest());
     if let Ok(meta) = std::fs::metadata(&final_path) {
         if let Ok(mut m) = state.uploaded.lock() {
-            m.insert(
-                (
-                    format!("{}/{rel}", mountpath.label),
-                    meta.len(),
-                    meta.mtime_nsec() + meta.mtime() * 1_000_000_000,
-                ),
-                checksum,
-            );
+            m.insert(upload_key(mountpath, &rel, &meta), checksum);
         }
     }
     let mut r = json(
