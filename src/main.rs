@@ -33,6 +33,10 @@ enum Command {
     Storage(cmd::storage::Args),
     /// Upload shards (and their .idx) to a storage node.
     Put(cmd::put::Args),
+    /// Decode and augment samples for GPU clients over QUIC (the CPU tier).
+    Cpu(cmd::cpu::Args),
+    /// Synthetic GPU consumers: load-test workers and check the exactly-once contract.
+    Loadgen(cmd::loadgen::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -45,6 +49,8 @@ fn main() -> std::process::ExitCode {
         Command::Bench(args) => cmd::bench::run(args),
         Command::Storage(args) => cmd::storage::run(args),
         Command::Put(args) => cmd::put::run(args),
+        Command::Cpu(args) => cmd::cpu::run(args),
+        Command::Loadgen(args) => cmd::loadgen::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

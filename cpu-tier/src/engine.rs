@@ -148,23 +148,40 @@ thread_local! {
 pub struct Engine {
     spec: PipelineSpec,
     config: EngineConfig,
-    pool: rayon::ThreadPool,
+    /// Shared by every job of a worker, so they divide the cores between them.
+    pool: Arc<rayon::ThreadPool>,
     times: Arc<StageTimes>,
 }
 
 impl Engine {
+    /// An engine with its own pool of `config.threads` threads.
     pub fn new(spec: PipelineSpec, config: EngineConfig) -> Result<Self, EngineError> {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(config.threads)
+        let pool = Self::pool(config.threads)?;
+        Ok(Self::with_pool(spec, config, pool))
+    }
+
+    /// A decode pool (`threads` 0 = one per core) that several engines can share.
+    pub fn pool(threads: usize) -> Result<Arc<rayon::ThreadPool>, EngineError> {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
             .thread_name(|i| format!("sluice-decode-{i}"))
             .build()
-            .map_err(|e| EngineError::Pool(e.to_string()))?;
-        Ok(Engine {
+            .map(Arc::new)
+            .map_err(|e| EngineError::Pool(e.to_string()))
+    }
+
+    /// An engine that runs on a shared pool (`config.threads` is ignored).
+    pub fn with_pool(
+        spec: PipelineSpec,
+        config: EngineConfig,
+        pool: Arc<rayon::ThreadPool>,
+    ) -> Self {
+        Engine {
             spec,
             config,
             pool,
             times: Arc::new(StageTimes::default()),
-        })
+        }
     }
 
     pub fn spec(&self) -> &PipelineSpec {

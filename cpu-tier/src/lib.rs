@@ -7,15 +7,20 @@
 //! - [`jpeg`]: libjpeg-turbo region + DCT-scaled decoding, hardened.
 //! - [`engine`]: the per-sample hot path and the pipelined work-unit runner.
 //!
-//! The network daemon (`sluice cpu`) wraps this library; nothing here opens a listening
-//! socket.
+//! - [`worker`]: the engine as a wire-protocol worker (jobs sharing one pool).
+//! - [`server`]: the `sluice cpu` daemon: QUIC, TLS, tokens, credits, heartbeats, drain.
+//! - [`config`], [`tls`]: its configuration and TLS identity.
 
+pub mod config;
 pub mod engine;
 pub mod error;
 pub mod geometry;
 pub mod jpeg;
+pub mod server;
 pub mod source;
 pub mod spec;
+pub mod tls;
+pub mod worker;
 
 pub use engine::{
     BadSamplePolicy, Engine, EngineConfig, Outcome, Processed, SampleContext, Tensor, UnitStats,
@@ -23,3 +28,4 @@ pub use engine::{
 pub use error::{DecodeError, EngineError, SampleError};
 pub use source::{ShardLocation, ShardSource, SourceConfig, SourceError};
 pub use spec::{DType, PipelineSpec};
+pub use worker::CpuWorker;

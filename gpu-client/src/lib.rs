@@ -1,3 +1,47 @@
-//! The GPU client: plans epochs, accounts for samples, assembles and uploads batches.
+//! The GPU client: the library inside each training process. It plans each epoch from the
+//! manifest (no coordinator), hands work units to CPU workers a few at a time under credits,
+//! accepts every planned sample exactly once (the [`ledger`]), assembles batches in a bounded
+//! ring of reusable host buffers, and checkpoints what it delivered.
 //!
-//! Empty on purpose: the client is built by the "running system" issue. Nothing here yet.
+//! ```no_run
+//! # fn main() -> Result<(), sluice_client::ClientError> {
+//! # let manifest: sluice_shard::Manifest = todo!();
+//! let loader = sluice_client::Loader::builder()
+//!     .dataset(manifest)
+//!     .workers(["cpu-0:7100", "cpu-1:7100"])
+//!     .trust_cert("/etc/sluice/cert.pem")
+//!     .token("…")
+//!     .batch_size(256)
+//!     .seed(42)
+//!     .rank(0)
+//!     .world_size(8)
+//!     .build()?;
+//! for batch in loader.epoch(0)? {
+//!     let batch = batch?;
+//!     let _pixels: &[u8] = batch.images(); // N×H×W×3 uint8
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Modules: [`loader`] (builder, epochs, checkpoints), `coordinator` (assignment, credits,
+//! reassignment), [`ledger`] (exactly-once), [`batch`] (ring, allocator, short batches),
+//! `link` (QUIC and in-process workers), `tls` (certificate pinning), [`stats`].
+//!
+//! Links no image decoder: in-process decoding takes a [`sluice_wire::UnitRunner`] from the
+//! caller (the CPU tier's `CpuWorker`).
+
+pub mod batch;
+mod coordinator;
+pub mod error;
+pub mod ledger;
+mod link;
+pub mod loader;
+pub mod stats;
+mod tls;
+
+pub use batch::{Batch, HeapAllocator, HostAllocator, HostMemory, LastBatch, SampleId, ShortBatch};
+pub use error::ClientError;
+pub use loader::{Checkpoint, Epoch, Loader, LoaderBuilder, Workers};
+pub use sluice_plan::{Remainder, ShufflePolicy};
+pub use sluice_wire::SampleShape;
+pub use stats::{EpochReport, StatsSnapshot, WorkerStats};

@@ -149,7 +149,7 @@ impl WorkUnit {
 }
 
 /// Why a plan cannot be made.
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq)]
 pub enum PlanError {
     #[error("world_size must be at least 1")]
     NoRanks,

@@ -136,3 +136,58 @@ pub fn run(args: Args) -> Result<()> {
     );
     Ok(())
 }
+
+/// A dataset for the client: a manifest (path or http(s) URL, ending in `.json`) or shards
+/// (paths, URLs, brace patterns) described on the spot. Shard URLs come out absolute, so a
+/// worker on another host can open them.
+pub fn dataset(spec: &str) -> Result<Manifest> {
+    const MAX_MANIFEST: u64 = 256 << 20;
+    if spec.ends_with(".json") {
+        let location = Location::parse(spec);
+        let (mut manifest, origin) = match &location {
+            Location::File(p) => {
+                let m = Manifest::load(p, MAX_MANIFEST)?;
+                let abs = std::fs::canonicalize(p)
+                    .with_context(|| format!("resolving {}", p.display()))?;
+                (m, abs.display().to_string())
+            }
+            Location::Http(url) => {
+                let mut bytes = Vec::new();
+                location
+                    .open()?
+                    .take(MAX_MANIFEST + 1)
+                    .read_to_end(&mut bytes)
+                    .with_context(|| format!("reading {url}"))?;
+                if bytes.len() as u64 > MAX_MANIFEST {
+                    bail!("manifest {url} is larger than {MAX_MANIFEST} bytes");
+                }
+                (Manifest::from_json(&bytes, url)?, url.clone())
+            }
+        };
+        for s in &mut manifest.shards {
+            s.url = sluice_shard::resolve_url(&origin, &s.url);
+        }
+        return Ok(manifest);
+    }
+    let mut infos = Vec::new();
+    for name in expand(spec)? {
+        let location = Location::parse(&name);
+        let (mut info, _) = scan_shard(
+            location.open()?,
+            &location.display(),
+            &ReadOptions::default(),
+            |_| {},
+        )?;
+        info.url = match &location {
+            Location::File(p) => std::fs::canonicalize(p)
+                .with_context(|| format!("resolving {}", p.display()))?
+                .display()
+                .to_string(),
+            Location::Http(u) => u.clone(),
+        };
+        infos.push(info);
+    }
+    let manifest = Manifest::new(infos);
+    manifest.validate(spec)?;
+    Ok(manifest)
+}

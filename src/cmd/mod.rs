@@ -1,9 +1,11 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod cpu;
 pub mod daemon;
 pub mod index;
 pub mod inspect;
+pub mod loadgen;
 pub mod progress;
 pub mod put;
 pub mod shard;

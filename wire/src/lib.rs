@@ -1,3 +1,21 @@
-//! The wire protocol between the CPU tier and the GPU client (frames, versioned headers).
+//! The wire protocol between GPU clients and CPU workers: versioned message headers
+//! ([`message`]), a sans-IO length-prefixed frame codec ([`codec`]), the worker's job interface
+//! shared by the daemon and the in-process mode ([`runner`]), and, behind the `io` feature, a
+//! thin async shell over any byte stream ([`io`]).
 //!
-//! Empty on purpose: the protocol is built by the "running system" issue. Nothing here yet.
+//! Pure by design: no sockets, runtime, clock or metrics outside the optional `io` feature
+//! (tokio's IO traits only). bincode serializes the small headers and nothing else; it stays
+//! behind [`codec`] so it can be swapped without touching the tiers.
+
+pub mod codec;
+#[cfg(feature = "io")]
+pub mod io;
+pub mod message;
+pub mod runner;
+
+pub use codec::{decode_frame, encode_frame, Frame, Limits, WireError, VERSION};
+pub use message::*;
+pub use runner::{Finished, JobRunner, Output, UnitRunner};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,305 @@
+//! `sluice cpu` configuration: TOML with every key documented in `configs/cpu.toml`. Unknown
+//! keys are errors (serde), and [`CpuConfig::validate`] names the key of any invalid value.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::engine::EngineConfig;
+use crate::jpeg::DecodeLimits;
+use crate::source::{S3Config, SourceConfig};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {detail}")]
+    Parse { path: String, detail: String },
+    #[error("config key {key}: {detail}")]
+    Invalid { key: &'static str, detail: String },
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CpuConfig {
+    /// UDP address of the QUIC endpoint.
+    pub listen: SocketAddr,
+    /// TCP address serving `/metrics` and `/healthz`; unset: none.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Decode threads; 0 = one per core.
+    pub threads: usize,
+    /// Where a generated self-signed certificate is kept (`cert.pem`, `key.pem`).
+    pub state_dir: PathBuf,
+    /// TLS certificate chain and key (PEM); unset: a self-signed pair in `state_dir`.
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    /// File holding the cluster token clients must present.
+    pub token_file: Option<PathBuf>,
+    /// Accept clients without a token (then only on a loopback address).
+    pub no_auth: bool,
+    pub limits: Limits,
+    pub timeouts: Timeouts,
+    pub source: Source,
+    pub decode: Decode,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Client connections at most; further ones are refused ("unavailable").
+    pub max_connections: usize,
+    /// Assignments being processed at once over all clients (FIFO beyond); 0 = 2 per
+    /// decode thread.
+    pub max_active_units: usize,
+    /// Assignments one connection may have queued or running.
+    pub max_units_per_connection: usize,
+    /// Most credits (samples in flight) a client may grant one job.
+    pub max_credits: u32,
+    /// Largest frame header and payload accepted, bytes.
+    pub max_header_bytes: u32,
+    pub max_payload_bytes: u32,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    /// Seconds between heartbeats sent to each client.
+    pub heartbeat_secs: f64,
+    /// Seconds without any frame from a client before its jobs are cancelled.
+    pub client_silence_secs: f64,
+    /// Seconds a new connection has to complete TLS and say hello.
+    pub handshake_secs: f64,
+    /// Seconds running assignments get to finish after SIGTERM.
+    pub drain_secs: f64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Source {
+    /// Check per-sample and whole-shard checksums.
+    pub verify: bool,
+    pub connect_timeout_secs: f64,
+    /// Shard indexes (`.idx`) kept in memory.
+    pub index_cache: usize,
+    /// S3 endpoint for `s3://` shards (unset: AWS, or `AWS_ENDPOINT_URL`).
+    pub s3_endpoint: Option<String>,
+    pub s3_region: Option<String>,
+    pub s3_allow_http: bool,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Decode {
+    /// Largest image accepted, in pixels (checked from the header, before decoding).
+    pub max_pixels: u64,
+    pub max_progressive_scans: u32,
+    /// Decode only the crop window.
+    pub roi_decode: bool,
+    /// Decode at a reduced DCT scale when the output is smaller than the crop.
+    pub dct_scaling: bool,
+    /// Samples parsed ahead of the decoders per assignment.
+    pub readahead: usize,
+}
+
+impl Default for CpuConfig {
+    fn default() -> Self {
+        CpuConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7100)),
+            metrics_listen: None,
+            threads: 0,
+            state_dir: PathBuf::from("/var/lib/sluice"),
+            cert: None,
+            key: None,
+            token_file: None,
+            no_auth: false,
+            limits: Limits::default(),
+            timeouts: Timeouts::default(),
+            source: Source::default(),
+            decode: Decode::default(),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 256,
+            max_active_units: 0,
+            max_units_per_connection: 16,
+            max_credits: 4096,
+            max_header_bytes: 1 << 20,
+            max_payload_bytes: 256 << 20,
+        }
+    }
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            heartbeat_secs: 1.0,
+            client_silence_secs: 10.0,
+            handshake_secs: 10.0,
+            drain_secs: 30.0,
+        }
+    }
+}
+
+impl Default for Source {
+    fn default() -> Self {
+        Source {
+            verify: true,
+            connect_timeout_secs: 5.0,
+            index_cache: 1024,
+            s3_endpoint: None,
+            s3_region: None,
+            s3_allow_http: false,
+        }
+    }
+}
+
+impl Default for Decode {
+    fn default() -> Self {
+        let e = EngineConfig::default();
+        Decode {
+            max_pixels: e.limits.max_pixels,
+            max_progressive_scans: e.limits.max_progressive_scans,
+            roi_decode: e.roi_decode,
+            dct_scaling: e.dct_scaling,
+            readahead: e.readahead,
+        }
+    }
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+impl Timeouts {
+    pub fn heartbeat(&self) -> Duration {
+        secs(self.heartbeat_secs)
+    }
+    pub fn client_silence(&self) -> Duration {
+        secs(self.client_silence_secs)
+    }
+    pub fn handshake(&self) -> Duration {
+        secs(self.handshake_secs)
+    }
+    pub fn drain(&self) -> Duration {
+        secs(self.drain_secs)
+    }
+}
+
+impl CpuConfig {
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let config: CpuConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_string(),
+            detail: e.to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text, &path.display().to_string())
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, detail: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                detail: detail.to_string(),
+            })
+        };
+        let t = &self.timeouts;
+        for (key, v) in [
+            ("timeouts.heartbeat_secs", t.heartbeat_secs),
+            ("timeouts.client_silence_secs", t.client_silence_secs),
+            ("timeouts.handshake_secs", t.handshake_secs),
+            ("timeouts.drain_secs", t.drain_secs),
+            (
+                "source.connect_timeout_secs",
+                self.source.connect_timeout_secs,
+            ),
+        ] {
+            if !(v.is_finite() && v > 0.0 && v < 1e6) {
+                return invalid(key, "must be a positive number of seconds");
+            }
+        }
+        if t.client_silence_secs <= 2.0 * t.heartbeat_secs {
+            return invalid(
+                "timeouts.client_silence_secs",
+                "must exceed twice timeouts.heartbeat_secs, or live clients are dropped",
+            );
+        }
+        let l = &self.limits;
+        if l.max_connections == 0 {
+            return invalid("limits.max_connections", "must be at least 1");
+        }
+        if l.max_units_per_connection == 0 {
+            return invalid("limits.max_units_per_connection", "must be at least 1");
+        }
+        if l.max_credits == 0 {
+            return invalid("limits.max_credits", "must be at least 1");
+        }
+        if l.max_header_bytes < 4096 {
+            return invalid("limits.max_header_bytes", "must be at least 4096");
+        }
+        if self.decode.max_pixels == 0 {
+            return invalid("decode.max_pixels", "must be at least 1");
+        }
+        if self.cert.is_some() != self.key.is_some() {
+            return invalid("cert", "cert and key go together");
+        }
+        if self.no_auth && self.token_file.is_some() {
+            return invalid("no_auth", "contradicts token_file");
+        }
+        if self.no_auth && !self.listen.ip().is_loopback() {
+            return invalid(
+                "listen",
+                "without a token (no_auth) the worker listens on loopback only",
+            );
+        }
+        Ok(())
+    }
+
+    /// The engine settings this config asks for.
+    pub fn engine(&self) -> EngineConfig {
+        EngineConfig {
+            threads: self.threads,
+            limits: DecodeLimits {
+                max_pixels: self.decode.max_pixels,
+                max_progressive_scans: self.decode.max_progressive_scans,
+            },
+            dct_scaling: self.decode.dct_scaling,
+            roi_decode: self.decode.roi_decode,
+            readahead: self.decode.readahead.max(1),
+            ..EngineConfig::default()
+        }
+    }
+
+    /// The shard source settings this config asks for.
+    pub fn source(&self) -> SourceConfig {
+        SourceConfig {
+            verify: self.source.verify,
+            index_cache: self.source.index_cache,
+            connect_timeout: secs(self.source.connect_timeout_secs),
+            s3: S3Config {
+                endpoint: self.source.s3_endpoint.clone(),
+                region: self.source.s3_region.clone(),
+                allow_http: self.source.s3_allow_http,
+                ..S3Config::default()
+            },
+            ..SourceConfig::default()
+        }
+    }
+}

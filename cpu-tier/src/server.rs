@@ -1,0 +1,737 @@
+//! `sluice cpu`: the worker daemon. A QUIC endpoint (TLS 1.3, a cluster token in the first
+//! frame) where each client connection carries one bidirectional stream of frames.
+//!
+//! Per connection: a reader task turns the stream into messages; the connection task opens
+//! jobs, starts each assignment on a blocking thread once a unit slot is free (one FIFO
+//! semaphore for the whole worker, so clients share the decode pool in arrival order), and
+//! writes what the assignments produce. A sample leaves only against a credit: credits are a
+//! semaphore per job that the client's `Credit` frames fill. Heartbeats go both ways; a client
+//! silent for `client_silence_secs` (or whose connection drops) has its jobs cancelled, which
+//! stops its assignments and frees their buffers.
+//!
+//! SIGTERM (the `shutdown` token): stop accepting connections and assignments (new ones are
+//! answered `UnitFailed`, so clients move them at once), let running ones finish for up to
+//! `drain_secs`, then close.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use sluice_wire::io::{FrameReader, FrameWriter, IoError};
+use sluice_wire::{
+    Assign, ErrorCode, ErrorMessage, JobRunner, Limits, Message, Output, UnitDone, UnitFailed,
+    UnitRunner, Welcome,
+};
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn, Instrument};
+
+use crate::config::CpuConfig;
+use crate::tls::{self, Identity, TlsError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("QUIC endpoint: {0}")]
+    Endpoint(#[source] std::io::Error),
+    #[error("metrics listener: {0}")]
+    Metrics(#[source] std::io::Error),
+}
+
+/// What a worker daemon runs with.
+pub struct Setup {
+    pub config: CpuConfig,
+    pub identity: Identity,
+    /// The cluster token clients must present; `None` only with `no_auth`.
+    pub token: Option<String>,
+    pub runner: Arc<dyn UnitRunner>,
+}
+
+/// The process-wide Prometheus recorder (installed on first use).
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may be installed already (another tier in this process, a
+            // test harness): then this handle renders only what it records, which is nothing.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+struct State {
+    config: CpuConfig,
+    token: Option<String>,
+    runner: Arc<dyn UnitRunner>,
+    /// Assignments processed at once, over every client; FIFO.
+    unit_slots: Arc<Semaphore>,
+    connections: Arc<Semaphore>,
+    draining: CancellationToken,
+    limits: Limits,
+    name: String,
+}
+
+/// The QUIC transport settings. A worker receives only small control frames, so its receive
+/// windows are small; what it sends is bounded by the client's windows and credits.
+fn transport(config: &CpuConfig) -> quinn::TransportConfig {
+    let mut t = quinn::TransportConfig::default();
+    t.max_concurrent_bidi_streams(1u32.into());
+    t.max_concurrent_uni_streams(0u32.into());
+    t.stream_receive_window((1u32 << 20).into());
+    t.receive_window((2u32 << 20).into());
+    t.keep_alive_interval(Some(config.timeouts.heartbeat()));
+    t.max_idle_timeout(config.timeouts.client_silence().try_into().ok());
+    t
+}
+
+/// Serves clients on `socket` until `shutdown`, then drains. `metrics` (when given) serves
+/// `/metrics` and `/healthz`.
+pub async fn run(
+    socket: std::net::UdpSocket,
+    metrics: Option<tokio::net::TcpListener>,
+    setup: Setup,
+    shutdown: CancellationToken,
+) -> Result<(), ServerError> {
+    let Setup {
+        config,
+        identity,
+        token,
+        runner,
+    } = setup;
+    let server_config = tls::server_config(&identity, transport(&config))?;
+    let endpoint = quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(server_config),
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )
+    .map_err(ServerError::Endpoint)?;
+    let active = match config.limits.max_active_units {
+        0 => (runner.threads() as usize * 2).max(2),
+        n => n,
+    };
+    let name = endpoint
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let state = Arc::new(State {
+        limits: Limits {
+            max_header: config.limits.max_header_bytes,
+            max_payload: config.limits.max_payload_bytes,
+        },
+        unit_slots: Arc::new(Semaphore::new(active)),
+        connections: Arc::new(Semaphore::new(config.limits.max_connections)),
+        draining: CancellationToken::new(),
+        token,
+        runner,
+        name,
+        config,
+    });
+    let handle = metrics_handle();
+    let mut tasks = JoinSet::new();
+    if let Some(listener) = metrics {
+        tasks.spawn(serve_metrics(listener, handle, state.draining.clone()));
+    }
+    loop {
+        tokio::select! {
+            incoming = endpoint.accept() => {
+                let Some(incoming) = incoming else { break };
+                let Ok(permit) = state.connections.clone().try_acquire_owned() else {
+                    metrics::counter!("sluice_cpu_connections_refused_total").increment(1);
+                    incoming.refuse();
+                    continue;
+                };
+                let state = state.clone();
+                let peer = incoming.remote_address();
+                tasks.spawn(
+                    async move {
+                        serve_connection(incoming, state).await;
+                        drop(permit);
+                    }
+                    .instrument(tracing::info_span!("client", %peer)),
+                );
+            }
+            _ = shutdown.cancelled() => break,
+        }
+        while tasks.try_join_next().is_some() {}
+    }
+    state.draining.cancel();
+    endpoint.set_server_config(None);
+    let drain = state.config.timeouts.drain();
+    info!(
+        connections = state.config.limits.max_connections - state.connections.available_permits(),
+        "draining for up to {drain:?}"
+    );
+    let deadline = tokio::time::sleep(drain);
+    tokio::pin!(deadline);
+    loop {
+        // The metrics task ends with the drain; connection tasks end when their units do.
+        let busy = state.config.limits.max_connections - state.connections.available_permits();
+        if busy == 0 {
+            break;
+        }
+        tokio::select! {
+            _ = &mut deadline => {
+                warn!(connections = busy, "drain deadline passed; closing");
+                break;
+            }
+            _ = tasks.join_next() => {}
+        }
+    }
+    endpoint.close(0u32.into(), b"shutting down");
+    tasks.abort_all();
+    let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
+    Ok(())
+}
+
+/// Constant-time comparison, so a token cannot be guessed byte by byte from timings.
+fn token_matches(expected: &str, given: &str) -> bool {
+    let (a, b) = (expected.as_bytes(), given.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// An application close code for each refusal, so the client's error says why.
+fn close_code(code: ErrorCode) -> u32 {
+    match code {
+        ErrorCode::Unauthorized => 1,
+        ErrorCode::BadRequest => 2,
+        ErrorCode::Unavailable => 3,
+        ErrorCode::Internal => 4,
+    }
+}
+
+async fn serve_connection(incoming: quinn::Incoming, state: Arc<State>) {
+    let handshake = state.config.timeouts.handshake();
+    let conn = match tokio::time::timeout(handshake, incoming).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            metrics::counter!("sluice_cpu_handshake_failures_total").increment(1);
+            warn!("TLS handshake failed: {e}");
+            return;
+        }
+        Err(_) => {
+            warn!("TLS handshake timed out");
+            return;
+        }
+    };
+    let (send, recv) = match tokio::time::timeout(handshake, conn.accept_bi()).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            debug!("connection closed before a stream: {e}");
+            return;
+        }
+        Err(_) => {
+            conn.close(
+                close_code(ErrorCode::BadRequest).into(),
+                b"no stream opened",
+            );
+            return;
+        }
+    };
+    let mut reader = FrameReader::new(recv, state.limits);
+    let mut writer = FrameWriter::new(send, state.limits);
+    let hello = match tokio::time::timeout(handshake, reader.next()).await {
+        Ok(Ok(Some(Message::Hello(h)))) => h,
+        Ok(Ok(Some(other))) => {
+            let msg = format!("expected Hello first, got {}", other.kind());
+            refuse(&conn, &mut writer, ErrorCode::BadRequest, &msg).await;
+            return;
+        }
+        Ok(Ok(None)) => return,
+        Ok(Err(e)) => {
+            refuse(&conn, &mut writer, ErrorCode::BadRequest, &e.to_string()).await;
+            return;
+        }
+        Err(_) => {
+            refuse(
+                &conn,
+                &mut writer,
+                ErrorCode::BadRequest,
+                "no Hello in time",
+            )
+            .await;
+            return;
+        }
+    };
+    if let Some(expected) = &state.token {
+        if !token_matches(expected, &hello.token) {
+            metrics::counter!("sluice_cpu_auth_failures_total").increment(1);
+            let why = if hello.token.is_empty() {
+                "no cluster token given"
+            } else {
+                "wrong cluster token"
+            };
+            warn!(client = %hello.client, "refused: {why}");
+            refuse(&conn, &mut writer, ErrorCode::Unauthorized, why).await;
+            return;
+        }
+    }
+    if state.draining.is_cancelled() {
+        refuse(
+            &conn,
+            &mut writer,
+            ErrorCode::Unavailable,
+            "worker is draining",
+        )
+        .await;
+        return;
+    }
+    let welcome = Message::Welcome(Welcome {
+        worker: state.name.clone(),
+        threads: state.runner.threads(),
+    });
+    if writer.send(&welcome, &[]).await.is_err() {
+        return;
+    }
+    info!(client = %hello.client, "client connected");
+    metrics::gauge!("sluice_cpu_connections").increment(1.0);
+    let mut session = Session::new(state.clone());
+    let reason = session.run(reader, &mut writer).await;
+    session.close_all();
+    metrics::gauge!("sluice_cpu_connections").decrement(1.0);
+    match reason {
+        End::ClientClosed => info!(client = %hello.client, "client left"),
+        End::Drained => {
+            let _ = writer.get_mut().finish();
+            conn.close(
+                close_code(ErrorCode::Unavailable).into(),
+                b"worker is draining",
+            );
+            info!(client = %hello.client, "closed for shutdown");
+        }
+        End::Error(code, msg) => {
+            warn!(client = %hello.client, "closing: {msg}");
+            refuse(&conn, &mut writer, code, &msg).await;
+        }
+    }
+}
+
+async fn refuse(
+    conn: &quinn::Connection,
+    writer: &mut FrameWriter<quinn::SendStream>,
+    code: ErrorCode,
+    message: &str,
+) {
+    let frame = Message::Error(ErrorMessage {
+        code,
+        message: message.to_string(),
+    });
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = writer.send(&frame, &[]).await;
+        let _ = writer.get_mut().finish();
+        let _ = writer.get_mut().stopped().await;
+    })
+    .await;
+    conn.close(close_code(code).into(), message.as_bytes());
+}
+
+enum End {
+    ClientClosed,
+    Drained,
+    Error(ErrorCode, String),
+}
+
+/// What an assignment thread sends to its connection.
+enum Produced {
+    Frame(Message, Vec<u8>),
+    /// The assignment ended (its `UnitDone`/`UnitFailed` is the frame before).
+    Finished,
+}
+
+struct Job {
+    runner: Arc<dyn JobRunner>,
+    credits: Arc<Semaphore>,
+    cancel: CancellationToken,
+}
+
+struct Session {
+    state: Arc<State>,
+    jobs: HashMap<u64, Job>,
+    running: usize,
+    out_tx: mpsc::Sender<Produced>,
+    out_rx: mpsc::Receiver<Produced>,
+}
+
+impl Session {
+    fn new(state: Arc<State>) -> Self {
+        let (out_tx, out_rx) = mpsc::channel(64);
+        Session {
+            state,
+            jobs: HashMap::new(),
+            running: 0,
+            out_tx,
+            out_rx,
+        }
+    }
+
+    async fn run(
+        &mut self,
+        mut reader: FrameReader<quinn::RecvStream>,
+        writer: &mut FrameWriter<quinn::SendStream>,
+    ) -> End {
+        // The reader is not cancel-safe mid-frame, so it runs on its own task.
+        let (in_tx, mut in_rx) = mpsc::channel::<Result<Message, IoError>>(16);
+        let reader_task = tokio::spawn(async move {
+            loop {
+                let next = reader.next().await;
+                let end = !matches!(next, Ok(Some(_)));
+                let item = match next {
+                    Ok(Some(m)) => Ok(m),
+                    Ok(None) => break,
+                    Err(e) => Err(e),
+                };
+                if in_tx.send(item).await.is_err() || end {
+                    break;
+                }
+            }
+        });
+        let _abort = AbortOnDrop(reader_task);
+        let timeouts = self.state.config.timeouts.clone();
+        let mut tick = tokio::time::interval(timeouts.heartbeat());
+        let mut last_heard = Instant::now();
+        let mut seq = 0u64;
+        let mut draining = false;
+        loop {
+            tokio::select! {
+                incoming = in_rx.recv() => {
+                    last_heard = Instant::now();
+                    match incoming {
+                        None => return End::ClientClosed,
+                        Some(Err(e)) => {
+                            return match e {
+                                IoError::Wire(w) => End::Error(ErrorCode::BadRequest, w.to_string()),
+                                _ => End::ClientClosed,
+                            };
+                        }
+                        Some(Ok(m)) => {
+                            if let Err((code, msg)) = self.handle(m, writer, draining).await {
+                                return End::Error(code, msg);
+                            }
+                        }
+                    }
+                }
+                Some(produced) = self.out_rx.recv() => {
+                    match produced {
+                        Produced::Frame(m, payload) => {
+                            if let Message::Sample(_) = &m {
+                                metrics::counter!("sluice_cpu_samples_sent_total").increment(1);
+                                metrics::counter!("sluice_cpu_bytes_sent_total").increment(payload.len() as u64);
+                            }
+                            if writer.send(&m, &[&payload]).await.is_err() {
+                                return End::ClientClosed;
+                            }
+                        }
+                        Produced::Finished => {
+                            self.running -= 1;
+                            if draining && self.running == 0 {
+                                return End::Drained;
+                            }
+                        }
+                    }
+                }
+                _ = tick.tick() => {
+                    if last_heard.elapsed() > timeouts.client_silence() {
+                        return End::Error(ErrorCode::BadRequest, format!(
+                            "no frame from the client for {:?}", timeouts.client_silence()));
+                    }
+                    seq += 1;
+                    if writer.send(&Message::Heartbeat { seq }, &[]).await.is_err() {
+                        return End::ClientClosed;
+                    }
+                }
+                _ = self.state.draining.cancelled(), if !draining => {
+                    draining = true;
+                    if self.running == 0 {
+                        return End::Drained;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles one client frame; `Err` closes the connection with that code.
+    async fn handle(
+        &mut self,
+        message: Message,
+        writer: &mut FrameWriter<quinn::SendStream>,
+        draining: bool,
+    ) -> Result<(), (ErrorCode, String)> {
+        let bad = |msg: String| Err((ErrorCode::BadRequest, msg));
+        match message {
+            Message::Heartbeat { .. } => Ok(()),
+            Message::OpenJob(spec) => {
+                if self.jobs.contains_key(&spec.job) {
+                    return bad(format!("job {} is already open", spec.job));
+                }
+                let runner: Arc<dyn JobRunner> = match self.state.runner.open_job(&spec) {
+                    Ok(r) => r.into(),
+                    Err(e) => return bad(format!("job {} ({}): {e}", spec.job, spec.dataset)),
+                };
+                let shape = runner.shape();
+                info!(job = spec.job, dataset = %spec.dataset, pipeline = %spec.pipeline,
+                      epoch = spec.epoch, rank = spec.rank, "job opened");
+                self.jobs.insert(
+                    spec.job,
+                    Job {
+                        runner,
+                        credits: Arc::new(Semaphore::new(0)),
+                        cancel: CancellationToken::new(),
+                    },
+                );
+                let opened = Message::JobOpened {
+                    job: spec.job,
+                    shape,
+                };
+                writer
+                    .send(&opened, &[])
+                    .await
+                    .map_err(|e| (ErrorCode::Internal, e.to_string()))
+            }
+            Message::Credit { job, samples } => {
+                let Some(j) = self.jobs.get(&job) else {
+                    return Ok(()); // a job cancelled a moment ago
+                };
+                let max = self.state.config.limits.max_credits as usize;
+                let room = max.saturating_sub(j.credits.available_permits());
+                j.credits.add_permits((samples as usize).min(room));
+                Ok(())
+            }
+            Message::Assign(assign) => {
+                let Some(job) = self.jobs.get(&assign.job) else {
+                    return bad(format!(
+                        "assignment for job {}, which is not open",
+                        assign.job
+                    ));
+                };
+                if draining {
+                    let failed = Message::UnitFailed(UnitFailed {
+                        job: assign.job,
+                        unit: assign.unit,
+                        attempt: assign.attempt,
+                        error: "worker is draining".into(),
+                    });
+                    return writer
+                        .send(&failed, &[])
+                        .await
+                        .map_err(|e| (ErrorCode::Internal, e.to_string()));
+                }
+                if self.running >= self.state.config.limits.max_units_per_connection {
+                    return bad(format!(
+                        "more than limits.max_units_per_connection = {} assignments at once",
+                        self.state.config.limits.max_units_per_connection
+                    ));
+                }
+                if assign.start >= assign.end || assign.end > assign.shard.samples {
+                    return bad(format!(
+                        "unit {}: samples {}..{} of a {}-sample shard",
+                        assign.unit, assign.start, assign.end, assign.shard.samples
+                    ));
+                }
+                self.running += 1;
+                spawn_unit(
+                    assign,
+                    job.runner.clone(),
+                    job.credits.clone(),
+                    job.cancel.clone(),
+                    self.state.unit_slots.clone(),
+                    self.out_tx.clone(),
+                );
+                Ok(())
+            }
+            Message::Cancel { job } => {
+                if let Some(j) = self.jobs.remove(&job) {
+                    j.cancel.cancel();
+                    info!(job, "job cancelled by the client");
+                }
+                Ok(())
+            }
+            Message::Error(e) => Err((e.code, format!("the client reported: {}", e.message))),
+            other => bad(format!("a client does not send {}", other.kind())),
+        }
+    }
+
+    fn close_all(&mut self) {
+        for (_, job) in self.jobs.drain() {
+            job.cancel.cancel();
+        }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs an assignment on a blocking thread once a unit slot is free; its outputs go to the
+/// connection, each sample against one credit.
+fn spawn_unit(
+    assign: Assign,
+    runner: Arc<dyn JobRunner>,
+    credits: Arc<Semaphore>,
+    cancel: CancellationToken,
+    slots: Arc<Semaphore>,
+    out: mpsc::Sender<Produced>,
+) {
+    let rt = tokio::runtime::Handle::current();
+    tokio::spawn(async move {
+        let queued = Instant::now();
+        let permit = tokio::select! {
+            p = slots.acquire_owned() => p.ok(),
+            _ = cancel.cancelled() => None,
+        };
+        metrics::histogram!("sluice_cpu_unit_queue_seconds").record(queued.elapsed().as_secs_f64());
+        let Some(permit) = permit else {
+            let _ = out.send(Produced::Finished).await;
+            return;
+        };
+        let unit = assign.unit;
+        let span = tracing::info_span!(
+            "unit",
+            job = assign.job,
+            unit,
+            attempt = assign.attempt,
+            shard = assign.shard.index
+        );
+        let out_done = out.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            let _enter = span.enter();
+            let dead = AtomicBool::new(false);
+            let mut emit = |output: Output| -> bool {
+                let frame = match output {
+                    Output::Sample(h, payload) => {
+                        let waited = Instant::now();
+                        let got = rt.block_on(async {
+                            tokio::select! {
+                                p = credits.acquire() => p.map(|p| p.forget()).is_ok(),
+                                _ = cancel.cancelled() => false,
+                            }
+                        });
+                        metrics::histogram!("sluice_cpu_credit_wait_seconds")
+                            .record(waited.elapsed().as_secs_f64());
+                        if !got {
+                            return false;
+                        }
+                        Produced::Frame(Message::Sample(h), payload)
+                    }
+                    Output::Skipped(s) => Produced::Frame(Message::Skipped(s), Vec::new()),
+                };
+                if cancel.is_cancelled() || out.blocking_send(frame).is_err() {
+                    dead.store(true, Ordering::Relaxed);
+                    return false;
+                }
+                true
+            };
+            let result = runner.run(&assign, &mut emit);
+            let end = match result {
+                Ok(f) => {
+                    metrics::counter!("sluice_cpu_units_total", "result" => "done").increment(1);
+                    Message::UnitDone(UnitDone {
+                        job: assign.job,
+                        unit: assign.unit,
+                        attempt: assign.attempt,
+                        sent: f.sent,
+                        skipped: f.skipped,
+                    })
+                }
+                Err(e) => {
+                    if !cancel.is_cancelled() {
+                        metrics::counter!("sluice_cpu_units_total", "result" => "failed")
+                            .increment(1);
+                        warn!("assignment failed: {e}");
+                    }
+                    Message::UnitFailed(UnitFailed {
+                        job: assign.job,
+                        unit: assign.unit,
+                        attempt: assign.attempt,
+                        error: e,
+                    })
+                }
+            };
+            if !dead.load(Ordering::Relaxed) && !cancel.is_cancelled() {
+                let _ = out.blocking_send(Produced::Frame(end, Vec::new()));
+            }
+        })
+        .await;
+        drop(permit);
+        if result.is_err() {
+            warn!(unit, "assignment thread panicked");
+        }
+        let _ = out_done.send(Produced::Finished).await;
+    });
+}
+
+/// `/metrics` (Prometheus text) and `/healthz` (503 while draining) over plain HTTP.
+async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    handle: PrometheusHandle,
+    draining: CancellationToken,
+) {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    use hyper::{Response, StatusCode};
+    loop {
+        let stream = tokio::select! {
+            s = listener.accept() => match s { Ok((s, _)) => s, Err(_) => continue },
+            _ = draining.cancelled() => return,
+        };
+        let handle = handle.clone();
+        let draining = draining.clone();
+        tokio::spawn(async move {
+            let service =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let (status, body) = match req.uri().path() {
+                        "/metrics" => (StatusCode::OK, handle.render()),
+                        "/healthz" if draining.is_cancelled() => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "{\"status\":\"draining\"}\n".into(),
+                        ),
+                        "/healthz" => (StatusCode::OK, "{\"status\":\"ok\"}\n".into()),
+                        _ => (StatusCode::NOT_FOUND, "{\"error\":\"not found\"}\n".into()),
+                    };
+                    let response = Response::builder()
+                        .status(status)
+                        .body(Full::new(Bytes::from(body)));
+                    async move { response }
+                });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = tokio::time::timeout(
+                Duration::from_secs(30),
+                hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(Duration::from_secs(5))
+                    .serve_connection(io, service),
+            )
+            .await;
+        });
+    }
+}
+
+/// The names a self-signed certificate should cover for a listen address.
+pub fn certificate_names(listen: SocketAddr) -> Vec<String> {
+    let mut names = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ];
+    if !listen.ip().is_unspecified() && !listen.ip().is_loopback() {
+        names.push(listen.ip().to_string());
+    }
+    if let Ok(host) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+        let host = host.trim();
+        if !host.is_empty() {
+            names.push(host.to_string());
+        }
+    }
+    names
+}

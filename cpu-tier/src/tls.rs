@@ -1,0 +1,110 @@
+//! The worker's TLS identity: a configured certificate and key, or a self-signed pair made once
+//! and kept in the state directory, so clients can pin it (`--trust-cert state_dir/cert.pem`).
+
+use std::path::{Path, PathBuf};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{path}: {detail}")]
+    File { path: String, detail: String },
+    #[error("generating a self-signed certificate: {0}")]
+    Generate(String),
+    #[error("TLS setup: {0}")]
+    Setup(String),
+}
+
+/// A certificate chain and its key.
+pub struct Identity {
+    pub certs: Vec<CertificateDer<'static>>,
+    pub key: PrivateKeyDer<'static>,
+    /// Where the certificate is, for logs and for clients to pin.
+    pub cert_path: PathBuf,
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identity")
+            .field("cert_path", &self.cert_path)
+            .finish_non_exhaustive()
+    }
+}
+
+fn file_error(path: &Path, detail: impl std::fmt::Display) -> TlsError {
+    TlsError::File {
+        path: path.display().to_string(),
+        detail: detail.to_string(),
+    }
+}
+
+/// Reads a PEM certificate chain and key.
+pub fn load(cert: &Path, key: &Path) -> Result<Identity, TlsError> {
+    let certs = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| file_error(cert, e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| file_error(cert, e))?;
+    if certs.is_empty() {
+        return Err(file_error(cert, "no certificate in the file"));
+    }
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| file_error(key, e))?;
+    Ok(Identity {
+        certs,
+        key: key_der,
+        cert_path: cert.to_path_buf(),
+    })
+}
+
+/// The pair in `state_dir` (`cert.pem`, `key.pem`), generated on first use for `names`
+/// (host names and IP addresses the certificate is valid for).
+pub fn self_signed(state_dir: &Path, names: &[String]) -> Result<Identity, TlsError> {
+    let cert = state_dir.join("cert.pem");
+    let key = state_dir.join("key.pem");
+    if cert.exists() && key.exists() {
+        return load(&cert, &key);
+    }
+    std::fs::create_dir_all(state_dir).map_err(|e| file_error(state_dir, e))?;
+    let made = rcgen::generate_simple_self_signed(names.to_vec())
+        .map_err(|e| TlsError::Generate(e.to_string()))?;
+    write_private(&key, made.key_pair.serialize_pem().as_bytes())?;
+    std::fs::write(&cert, made.cert.pem()).map_err(|e| file_error(&cert, e))?;
+    load(&cert, &key)
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), TlsError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| file_error(&tmp, e))?;
+    f.write_all(bytes).map_err(|e| file_error(&tmp, e))?;
+    f.sync_all().map_err(|e| file_error(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| file_error(path, e))
+}
+
+/// The QUIC server configuration for an identity (TLS 1.3 only, no 0-RTT).
+pub fn server_config(
+    identity: &Identity,
+    transport: quinn::TransportConfig,
+) -> Result<quinn::ServerConfig, TlsError> {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| TlsError::Setup(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(identity.certs.clone(), identity.key.clone_key())
+        .map_err(|e| TlsError::Setup(format!("{}: {e}", identity.cert_path.display())))?;
+    tls.alpn_protocols = vec![sluice_wire::message::ALPN.to_vec()];
+    tls.max_early_data_size = 0;
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
+        .map_err(|e| TlsError::Setup(e.to_string()))?;
+    let mut config = quinn::ServerConfig::with_crypto(std::sync::Arc::new(crypto));
+    config.transport_config(std::sync::Arc::new(transport));
+    Ok(config)
+}

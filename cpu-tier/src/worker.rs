@@ -1,0 +1,191 @@
+//! A CPU worker as the wire protocol sees it ([`sluice_wire::UnitRunner`]): jobs share one
+//! decode pool and one shard source; an assignment streams its sample range from the source
+//! through the engine, and each outcome becomes a wire output. The QUIC daemon serves this to
+//! remote clients; a client can also run it in-process.
+
+use std::sync::Arc;
+
+use sluice_shard::{Checksum, Compression, ShardInfo};
+use sluice_wire::{
+    Assign, Finished, JobRunner, JobSpec, Output, SampleHeader, SampleShape, SkippedSample,
+    UnitRunner,
+};
+
+use crate::engine::{BadSamplePolicy, Engine, EngineConfig, Outcome, SampleContext};
+use crate::source::{ShardLocation, ShardSource};
+use crate::spec::PipelineSpec;
+use crate::EngineError;
+
+/// The decode pool and shard source every job of a worker shares.
+pub struct CpuWorker {
+    pool: Arc<rayon::ThreadPool>,
+    source: Arc<ShardSource>,
+    config: EngineConfig,
+}
+
+impl CpuWorker {
+    /// A worker with a pool of `config.threads` threads (0 = one per core).
+    pub fn new(config: EngineConfig, source: ShardSource) -> Result<Self, EngineError> {
+        Ok(CpuWorker {
+            pool: Engine::pool(config.threads)?,
+            source: Arc::new(source),
+            config,
+        })
+    }
+}
+
+impl UnitRunner for CpuWorker {
+    fn open_job(&self, spec: &JobSpec) -> Result<Box<dyn JobRunner>, String> {
+        let pipeline: PipelineSpec = spec.pipeline.parse().map_err(|e| format!("{e}"))?;
+        let Some((height, width)) = pipeline.output_size() else {
+            return Err(format!(
+                "pipeline {:?} has no fixed output size, so its samples cannot be batched: \
+                 end it with random_resized_crop, center_crop or an exact resize",
+                spec.pipeline
+            ));
+        };
+        let shape = SampleShape {
+            height,
+            width,
+            channels: 3,
+            elem_bytes: pipeline.dtype().size() as u32,
+            chw: pipeline.chw,
+        };
+        let config = EngineConfig {
+            policy: if spec.fail_on_bad_sample {
+                BadSamplePolicy::Fail
+            } else {
+                BadSamplePolicy::Skip
+            },
+            ..self.config.clone()
+        };
+        Ok(Box::new(CpuJob {
+            engine: Engine::with_pool(pipeline, config, self.pool.clone()),
+            source: self.source.clone(),
+            spec: spec.clone(),
+            shape,
+        }))
+    }
+
+    fn threads(&self) -> u32 {
+        self.pool.current_num_threads() as u32
+    }
+}
+
+struct CpuJob {
+    engine: Engine,
+    source: Arc<ShardSource>,
+    spec: JobSpec,
+    shape: SampleShape,
+}
+
+impl JobRunner for CpuJob {
+    fn shape(&self) -> SampleShape {
+        self.shape
+    }
+
+    fn run(
+        &self,
+        assign: &Assign,
+        emit: &mut dyn FnMut(Output) -> bool,
+    ) -> Result<Finished, String> {
+        let shard = &assign.shard;
+        let loc = ShardLocation {
+            urls: shard.urls.clone(),
+            info: ShardInfo {
+                url: shard.urls.first().cloned().unwrap_or_default(),
+                size: shard.size,
+                samples: shard.samples,
+                checksum: Checksum(shard.checksum),
+                compression: if shard.gzip {
+                    Compression::Gzip
+                } else {
+                    Compression::None
+                },
+            },
+        };
+        let samples = self
+            .source
+            .open_unit(&loc, assign.start, assign.end)
+            .map_err(|e| e.to_string())?;
+        let ctx = SampleContext {
+            seed: self.spec.seed,
+            epoch: self.spec.epoch,
+            shard: shard.index,
+        };
+        let expected = self.shape.bytes();
+        let mut finished = Finished::default();
+        let mut wrong_shape = None;
+        let mut cancelled = false;
+        let stats = self
+            .engine
+            .run_unit(samples, ctx, |outcome| {
+                let output = match outcome {
+                    Outcome::Done(p) => {
+                        if p.tensor.data.len() as u64 != expected {
+                            wrong_shape = Some(format!(
+                                "sample {:?} of shard {} came out {}x{} ({} bytes), not the job's {}x{} ({expected} bytes)",
+                                p.key, loc.name(), p.tensor.width, p.tensor.height,
+                                p.tensor.data.len(), self.shape.width, self.shape.height
+                            ));
+                            return false;
+                        }
+                        let header = SampleHeader {
+                            job: assign.job,
+                            unit: assign.unit,
+                            attempt: assign.attempt,
+                            shard: shard.index,
+                            index: p.index,
+                            key: p.key,
+                            label: p.label,
+                            tensor_bytes: expected,
+                            fields: p
+                                .fields
+                                .iter()
+                                .map(|f| (f.name.clone(), f.data.len() as u64))
+                                .collect(),
+                        };
+                        let mut payload = p.tensor.data;
+                        for f in &p.fields {
+                            payload.extend_from_slice(&f.data);
+                        }
+                        finished.sent += 1;
+                        Output::Sample(header, payload)
+                    }
+                    Outcome::Skipped(e) => {
+                        finished.skipped += 1;
+                        Output::Skipped(SkippedSample {
+                            job: assign.job,
+                            unit: assign.unit,
+                            attempt: assign.attempt,
+                            shard: shard.index,
+                            index: e.index,
+                            key: e.key.clone(),
+                            reason: e.reason.to_string(),
+                        })
+                    }
+                };
+                let go = emit(output);
+                cancelled |= !go;
+                go
+            })
+            .map_err(|e| e.to_string())?;
+        if let Some(e) = wrong_shape {
+            return Err(e);
+        }
+        if cancelled {
+            return Err("cancelled".into());
+        }
+        let planned = assign.end - assign.start;
+        if stats.done + stats.skipped != planned {
+            return Err(format!(
+                "samples {}..{} of shard {}: the shard ended after {} of {planned} samples",
+                assign.start,
+                assign.end,
+                loc.name(),
+                stats.done + stats.skipped
+            ));
+        }
+        Ok(finished)
+    }
+}

@@ -1,0 +1,373 @@
+//! Batches: a bounded ring of reusable host buffers (from a pluggable allocator, so the CUDA
+//! path can make them page-locked), and the assembly rule that gives every rank the same
+//! number of batches per epoch whatever the decoder skips.
+//!
+//! Batch `k` of an epoch has a target of `batch_size` samples (the last one the remainder,
+//! unless it is dropped). It closes when its delivered plus skipped samples reach the target;
+//! skips make it short, or, with [`ShortBatch::TopUp`], its empty slots are filled with copies
+//! of its own samples, marked as padding. So a step never waits for a sample that will not
+//! come, and the count of batches depends only on the plan.
+
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use sluice_wire::SampleShape;
+
+/// Host memory for one batch.
+pub trait HostMemory: Send {
+    fn as_slice(&self) -> &[u8];
+    fn as_mut_slice(&mut self) -> &mut [u8];
+}
+
+/// Makes batch buffers. The default gives plain heap memory; the CUDA path gives page-locked.
+pub trait HostAllocator: Send + Sync {
+    fn allocate(&self, bytes: usize) -> Result<Box<dyn HostMemory>, String>;
+}
+
+/// Zeroed heap memory.
+pub struct HeapAllocator;
+
+impl HostMemory for Vec<u8> {
+    fn as_slice(&self) -> &[u8] {
+        self
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+impl HostAllocator for HeapAllocator {
+    fn allocate(&self, bytes: usize) -> Result<Box<dyn HostMemory>, String> {
+        Ok(Box::new(vec![0u8; bytes]))
+    }
+}
+
+/// What happens to a batch that lost samples to the decoder.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShortBatch {
+    /// Deliver it with fewer samples.
+    #[default]
+    Deliver,
+    /// Fill the empty slots with copies of the batch's own samples (marked as padding).
+    TopUp,
+}
+
+/// What happens to the epoch's last, incomplete batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LastBatch {
+    /// Deliver the remainder as a smaller batch.
+    #[default]
+    Partial,
+    /// Drop the remainder (its samples are not even fetched).
+    Drop,
+}
+
+/// A sample's identity: its shard's index in the manifest and its index in the shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SampleId {
+    pub shard: u32,
+    pub index: u64,
+}
+
+/// The free buffers of the ring. A batch returns its buffer when dropped.
+pub(crate) struct Ring {
+    free: Mutex<Vec<Box<dyn HostMemory>>>,
+    notify: tokio::sync::Notify,
+}
+
+impl Ring {
+    pub(crate) fn new(
+        allocator: &dyn HostAllocator,
+        buffers: usize,
+        bytes: usize,
+    ) -> Result<Arc<Self>, String> {
+        let free = (0..buffers)
+            .map(|_| allocator.allocate(bytes))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Arc::new(Ring {
+            free: Mutex::new(free),
+            notify: tokio::sync::Notify::new(),
+        }))
+    }
+
+    fn take(&self) -> Option<Box<dyn HostMemory>> {
+        self.free.lock().ok()?.pop()
+    }
+
+    /// A free buffer, waiting for the consumer to release one.
+    pub(crate) async fn acquire(&self) -> Box<dyn HostMemory> {
+        loop {
+            let notified = self.notify.notified();
+            if let Some(b) = self.take() {
+                return b;
+            }
+            notified.await;
+        }
+    }
+
+    fn release(&self, buf: Box<dyn HostMemory>) {
+        if let Ok(mut free) = self.free.lock() {
+            free.push(buf);
+        }
+        self.notify.notify_one();
+    }
+}
+
+/// A batch of samples in host memory: uint8 (or the pipeline's dtype) tensors back to back,
+/// with labels and sample ids. Its buffer goes back to the ring when it is dropped.
+pub struct Batch {
+    buf: Option<Box<dyn HostMemory>>,
+    ring: Arc<Ring>,
+    pub(crate) shape: SampleShape,
+    pub(crate) epoch: u64,
+    pub(crate) index: u64,
+    pub(crate) labels: Vec<i64>,
+    pub(crate) ids: Vec<SampleId>,
+    pub(crate) keys: Vec<String>,
+    pub(crate) padding: Vec<bool>,
+    pub(crate) skipped: Vec<(SampleId, String)>,
+    /// The (unit, index) of each real sample and skip, for the checkpoint.
+    pub(crate) accounted: Vec<(u64, u32, u64)>,
+}
+
+impl Batch {
+    /// The tensors of the batch's samples, `len() × shape` elements.
+    pub fn images(&self) -> &[u8] {
+        let n = self.ids.len() * self.shape.bytes() as usize;
+        self.buf.as_ref().map_or(&[][..], |b| &b.as_slice()[..n])
+    }
+
+    /// The raw pointer of [`Batch::images`], valid while the batch lives.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.images().as_ptr()
+    }
+
+    pub fn shape(&self) -> SampleShape {
+        self.shape
+    }
+
+    /// The batch's dimensions: (N, H, W, C), or (N, C, H, W) for a channels-first pipeline.
+    pub fn dims(&self) -> [usize; 4] {
+        let s = self.shape;
+        let (h, w, c) = (s.height as usize, s.width as usize, s.channels as usize);
+        if s.chw {
+            [self.len(), c, h, w]
+        } else {
+            [self.len(), h, w, c]
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Labels (`-1` for a sample without a `.cls` field).
+    pub fn labels(&self) -> &[i64] {
+        &self.labels
+    }
+
+    pub fn ids(&self) -> &[SampleId] {
+        &self.ids
+    }
+
+    /// The samples' keys in their shards.
+    pub fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
+    /// True for slots that repeat another sample of the batch (top-up policy).
+    pub fn padding(&self) -> &[bool] {
+        &self.padding
+    }
+
+    /// Samples of this batch the decoder rejected, with the reason.
+    pub fn skipped(&self) -> &[(SampleId, String)] {
+        &self.skipped
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The batch's position in the epoch, from 0.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            self.ring.release(buf);
+        }
+    }
+}
+
+/// The batch being filled.
+pub(crate) struct Filling {
+    batch: Batch,
+    target: usize,
+}
+
+impl Filling {
+    pub(crate) fn new(
+        buf: Box<dyn HostMemory>,
+        ring: Arc<Ring>,
+        shape: SampleShape,
+        epoch: u64,
+        index: u64,
+        target: usize,
+    ) -> Self {
+        Filling {
+            batch: Batch {
+                buf: Some(buf),
+                ring,
+                shape,
+                epoch,
+                index,
+                labels: Vec::with_capacity(target),
+                ids: Vec::with_capacity(target),
+                keys: Vec::with_capacity(target),
+                padding: Vec::with_capacity(target),
+                skipped: Vec::new(),
+                accounted: Vec::with_capacity(target),
+            },
+            target,
+        }
+    }
+
+    /// Copies a sample's tensor into its slot.
+    pub(crate) fn push(
+        &mut self,
+        tensor: &[u8],
+        label: Option<i64>,
+        id: SampleId,
+        key: String,
+        unit: u64,
+    ) {
+        let b = &mut self.batch;
+        let n = b.shape.bytes() as usize;
+        let at = b.ids.len() * n;
+        if let Some(buf) = b.buf.as_mut() {
+            buf.as_mut_slice()[at..at + n].copy_from_slice(&tensor[..n]);
+        }
+        b.labels.push(label.unwrap_or(-1));
+        b.ids.push(id);
+        b.keys.push(key);
+        b.padding.push(false);
+        b.accounted.push((unit, id.shard, id.index));
+    }
+
+    pub(crate) fn skip(&mut self, id: SampleId, reason: String, unit: u64) {
+        self.batch.skipped.push((id, reason));
+        self.batch.accounted.push((unit, id.shard, id.index));
+    }
+
+    pub(crate) fn is_full(&self) -> bool {
+        self.batch.ids.len() + self.batch.skipped.len() >= self.target
+    }
+
+    /// The finished batch; with `TopUp`, skipped slots repeat the batch's samples in order.
+    pub(crate) fn finish(mut self, policy: ShortBatch) -> Batch {
+        let b = &mut self.batch;
+        let real = b.ids.len();
+        if policy == ShortBatch::TopUp && real > 0 {
+            let n = b.shape.bytes() as usize;
+            for k in 0..b.skipped.len() {
+                let src = k % real;
+                if let Some(buf) = b.buf.as_mut() {
+                    let dst = b.ids.len() * n;
+                    buf.as_mut_slice().copy_within(src * n..src * n + n, dst);
+                }
+                b.labels.push(b.labels[src]);
+                b.ids.push(b.ids[src]);
+                b.keys.push(b.keys[src].clone());
+                b.padding.push(true);
+            }
+        }
+        self.batch
+    }
+}
+
+/// Batches per epoch and the target size of each, from the samples per rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchPlan {
+    pub samples: u64,
+    pub batch_size: u64,
+    pub batches: u64,
+}
+
+impl BatchPlan {
+    pub fn new(samples_per_rank: u64, batch_size: u64, last: LastBatch) -> Self {
+        let batches = match last {
+            LastBatch::Partial => samples_per_rank.div_ceil(batch_size),
+            LastBatch::Drop => samples_per_rank / batch_size,
+        };
+        BatchPlan {
+            samples: samples_per_rank.min(batches * batch_size),
+            batch_size,
+            batches,
+        }
+    }
+
+    /// Target size of batch `k`.
+    pub fn target(&self, k: u64) -> usize {
+        (self.samples - k * self.batch_size).min(self.batch_size) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> SampleShape {
+        SampleShape {
+            height: 1,
+            width: 2,
+            channels: 1,
+            elem_bytes: 1,
+            chw: false,
+        }
+    }
+
+    #[test]
+    fn batch_counts_follow_the_last_batch_policy() {
+        let p = BatchPlan::new(10, 4, LastBatch::Partial);
+        assert_eq!((p.batches, p.target(0), p.target(2)), (3, 4, 2));
+        let d = BatchPlan::new(10, 4, LastBatch::Drop);
+        assert_eq!((d.batches, d.samples, d.target(1)), (2, 8, 4));
+    }
+
+    #[test]
+    fn short_batches_are_delivered_or_topped_up_and_buffers_return() {
+        let ring = Ring::new(&HeapAllocator, 1, 8).unwrap();
+        let id = |i| SampleId { shard: 0, index: i };
+        let buf = ring.take().unwrap();
+        let mut f = Filling::new(buf, ring.clone(), shape(), 0, 0, 4);
+        f.push(&[1, 2], Some(7), id(0), "a".into(), 0);
+        f.skip(id(1), "corrupt".into(), 0);
+        f.push(&[3, 4], None, id(2), "c".into(), 0);
+        assert!(!f.is_full());
+        f.skip(id(3), "truncated".into(), 0);
+        assert!(f.is_full());
+        let b = f.finish(ShortBatch::TopUp);
+        assert_eq!(b.images(), &[1, 2, 3, 4, 1, 2, 3, 4]);
+        assert_eq!(b.labels(), &[7, -1, 7, -1]);
+        assert_eq!(b.padding(), &[false, false, true, true]);
+        assert_eq!(b.dims(), [4, 1, 2, 1]);
+        assert!(ring.take().is_none());
+        drop(b);
+        let buf = ring.take().expect("returned on drop");
+        let mut f = Filling::new(buf, ring.clone(), shape(), 0, 1, 2);
+        f.push(&[5, 6], Some(1), id(4), "e".into(), 1);
+        f.skip(id(5), "x".into(), 1);
+        let b = f.finish(ShortBatch::Deliver);
+        assert_eq!((b.len(), b.images()), (1, &[5u8, 6][..]));
+    }
+}

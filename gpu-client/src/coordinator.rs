@@ -1,0 +1,544 @@
+//! One epoch's coordinator: hands the plan's units to workers a few at a time, grants
+//! credits, accepts each planned sample once (the ledger), fills batches in the ring, and
+//! moves the unfinished part of a lost or failed worker's units to the others.
+//!
+//! It runs as one task; everything it owns is plain state, and its only waits are for an
+//! event, a free batch buffer, room in the consumer's queue, or the no-worker deadline.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_shard::Manifest;
+use sluice_wire::{Assign, SampleShape, ShardRef};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::batch::{BatchPlan, Filling, HostAllocator, Ring, SampleId, ShortBatch};
+use crate::error::ClientError;
+use crate::ledger::{Ledger, Verdict};
+use crate::link::{Command, Event};
+use crate::stats::{EpochCounters, Stats};
+use crate::Batch;
+
+/// A sample range of a unit, as given to one worker in one attempt.
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    unit: u64,
+    start: u64,
+    end: u64,
+    attempt: u32,
+}
+
+struct LinkState {
+    name: String,
+    commands: mpsc::Sender<Command>,
+    /// The connection generation commands go to; `None` while the link is down.
+    generation: Option<u64>,
+    open: Vec<Piece>,
+    /// Credits granted and not yet used by a sample.
+    outstanding: u32,
+    /// Samples taken since the last credit frame.
+    owed: u32,
+    last_error: Option<String>,
+}
+
+pub(crate) struct Settings {
+    pub job: u64,
+    pub epoch: u64,
+    pub batch_plan: BatchPlan,
+    pub first_batch: u64,
+    pub short_batch: ShortBatch,
+    pub credits_per_worker: u32,
+    pub receive_window: u64,
+    pub units_per_worker: usize,
+    pub ring_batches: usize,
+    pub worker_wait: Duration,
+    pub max_unit_attempts: u32,
+}
+
+pub(crate) struct Coordinator {
+    settings: Settings,
+    manifest: Arc<Manifest>,
+    ledger: Ledger,
+    queue: VecDeque<Piece>,
+    attempts: Vec<u32>,
+    failures: Vec<(u32, String)>,
+    links: Vec<LinkState>,
+    shape: Option<SampleShape>,
+    ring: Option<Arc<Ring>>,
+    allocator: Arc<dyn HostAllocator>,
+    filling: Option<Filling>,
+    next_batch: u64,
+    credit_window: u32,
+    down_since: Option<Instant>,
+    counters: Arc<EpochCounters>,
+    stats: Arc<Stats>,
+}
+
+impl Coordinator {
+    pub(crate) fn new(
+        settings: Settings,
+        manifest: Arc<Manifest>,
+        ledger: Ledger,
+        links: Vec<(String, mpsc::Sender<Command>)>,
+        allocator: Arc<dyn HostAllocator>,
+        counters: Arc<EpochCounters>,
+        stats: Arc<Stats>,
+    ) -> Self {
+        let mut queue = VecDeque::new();
+        let units = (0..)
+            .map_while(|id| ledger.unit(id).map(|u| (id, *u)))
+            .collect::<Vec<_>>();
+        let mut attempts = vec![0u32; units.len()];
+        for (id, u) in &units {
+            for (start, end) in ledger.missing(*id, u.start, u.end) {
+                queue.push_back(Piece {
+                    unit: *id,
+                    start,
+                    end,
+                    attempt: attempts[*id as usize],
+                });
+                attempts[*id as usize] += 1;
+            }
+        }
+        Coordinator {
+            next_batch: settings.first_batch,
+            attempts,
+            failures: vec![(0, String::new()); units.len()],
+            settings,
+            manifest,
+            ledger,
+            queue,
+            links: links
+                .into_iter()
+                .map(|(name, commands)| LinkState {
+                    name,
+                    commands,
+                    generation: None,
+                    open: Vec::new(),
+                    outstanding: 0,
+                    owed: 0,
+                    last_error: None,
+                })
+                .collect(),
+            shape: None,
+            ring: None,
+            allocator,
+            filling: None,
+            credit_window: 0,
+            down_since: Some(Instant::now()),
+            counters,
+            stats,
+        }
+    }
+
+    /// Runs the epoch: batches (or the error that ends it) go to `out`, in order.
+    pub(crate) async fn run(
+        mut self,
+        mut events: mpsc::Receiver<Event>,
+        out: mpsc::Sender<Result<Batch, ClientError>>,
+        cancel: CancellationToken,
+    ) {
+        let result = tokio::select! {
+            r = self.drive(&mut events, &out) => r,
+            _ = cancel.cancelled() => Ok(()),
+        };
+        if let Err(e) = result {
+            tracing::error!(epoch = self.settings.epoch, "{e}");
+            let _ = out.send(Err(e)).await;
+        }
+        // Dropping the command senders ends every link (closing its connection).
+        self.links.clear();
+    }
+
+    async fn drive(
+        &mut self,
+        events: &mut mpsc::Receiver<Event>,
+        out: &mpsc::Sender<Result<Batch, ClientError>>,
+    ) -> Result<(), ClientError> {
+        loop {
+            if self.next_batch >= self.settings.batch_plan.batches {
+                return Ok(());
+            }
+            self.dispatch().await;
+            let deadline = self
+                .down_since
+                .map(|t| tokio::time::Instant::from_std(t + self.settings.worker_wait));
+            let event = tokio::select! {
+                e = events.recv() => e,
+                _ = sleep_until(deadline) => {
+                    return Err(ClientError::WorkersLost {
+                        waited: self.settings.worker_wait,
+                        detail: self.last_errors(),
+                    });
+                }
+            };
+            let Some(event) = event else {
+                return Err(ClientError::Runtime("every link ended".into()));
+            };
+            self.handle(event, out).await?;
+        }
+    }
+
+    fn last_errors(&self) -> String {
+        let errors: Vec<String> = self
+            .links
+            .iter()
+            .map(|l| {
+                format!(
+                    "{}: {}",
+                    l.name,
+                    l.last_error.as_deref().unwrap_or("never connected")
+                )
+            })
+            .collect();
+        errors.join("; ")
+    }
+
+    fn alive(&self) -> usize {
+        self.links.iter().filter(|l| l.generation.is_some()).count()
+    }
+
+    /// Gives queued pieces to live links with room, least loaded first.
+    async fn dispatch(&mut self) {
+        while !self.queue.is_empty() {
+            let Some(i) = (0..self.links.len())
+                .filter(|&i| {
+                    let l = &self.links[i];
+                    l.generation.is_some() && l.open.len() < self.settings.units_per_worker
+                })
+                .min_by_key(|&i| self.links[i].open.len())
+            else {
+                return;
+            };
+            let Some(piece) = self.queue.pop_front() else {
+                return;
+            };
+            let Some(unit) = self.ledger.unit(piece.unit).copied() else {
+                continue;
+            };
+            let shard = &self.manifest.shards[unit.shard as usize];
+            let assign = Assign {
+                job: self.settings.job,
+                unit: piece.unit,
+                attempt: piece.attempt,
+                shard: ShardRef {
+                    index: unit.shard,
+                    urls: vec![shard.url.clone()],
+                    size: shard.size,
+                    samples: shard.samples,
+                    checksum: shard.checksum.0,
+                    gzip: shard.compression == sluice_shard::Compression::Gzip,
+                },
+                start: piece.start,
+                end: piece.end,
+            };
+            let link = &mut self.links[i];
+            let generation = link.generation.unwrap_or(0);
+            link.open.push(piece);
+            if link
+                .commands
+                .send(Command::Assign(generation, assign))
+                .await
+                .is_err()
+            {
+                // The link task ended; its loss event will requeue the piece.
+                continue;
+            }
+            self.stats.set_in_flight(i, link.open.len());
+        }
+    }
+
+    async fn handle(
+        &mut self,
+        event: Event,
+        out: &mpsc::Sender<Result<Batch, ClientError>>,
+    ) -> Result<(), ClientError> {
+        match event {
+            Event::Ready {
+                link,
+                generation,
+                shape,
+            } => self.ready(link, generation, shape).await,
+            Event::Sample {
+                link,
+                header,
+                payload,
+            } => {
+                self.counters.received.fetch_add(1, Ordering::Relaxed);
+                self.used_credit(link).await;
+                match self.ledger.record(header.unit, header.shard, header.index) {
+                    Verdict::Accept => {
+                        let id = SampleId {
+                            shard: header.shard,
+                            index: header.index,
+                        };
+                        let tensor = &payload[..header.tensor_bytes as usize];
+                        self.filling(out).await?.push(
+                            tensor,
+                            header.label,
+                            id,
+                            header.key,
+                            header.unit,
+                        );
+                        self.stats.sample_from(link);
+                        self.close_if_full(out).await
+                    }
+                    Verdict::Duplicate => {
+                        self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                        metrics::counter!("sluice_client_duplicates_dropped_total").increment(1);
+                        Ok(())
+                    }
+                    Verdict::Unplanned => {
+                        self.counters.unplanned.fetch_add(1, Ordering::Relaxed);
+                        metrics::counter!("sluice_client_unplanned_dropped_total").increment(1);
+                        Ok(())
+                    }
+                }
+            }
+            Event::Skipped { skipped, .. } => {
+                match self
+                    .ledger
+                    .record(skipped.unit, skipped.shard, skipped.index)
+                {
+                    Verdict::Accept => {
+                        tracing::warn!(shard = skipped.shard, key = %skipped.key,
+                                       "sample skipped: {}", skipped.reason);
+                        metrics::counter!("sluice_client_skipped_total").increment(1);
+                        let id = SampleId {
+                            shard: skipped.shard,
+                            index: skipped.index,
+                        };
+                        let reason = format!("{}: {}", skipped.key, skipped.reason);
+                        self.filling(out).await?.skip(id, reason, skipped.unit);
+                        self.close_if_full(out).await
+                    }
+                    Verdict::Duplicate => {
+                        self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                        Ok(())
+                    }
+                    Verdict::Unplanned => Ok(()),
+                }
+            }
+            Event::UnitDone { link, done } => self.piece_ended(link, done.unit, done.attempt, None),
+            Event::UnitFailed { link, failed } => {
+                self.piece_ended(link, failed.unit, failed.attempt, Some(failed.error))
+            }
+            Event::Lost {
+                link,
+                generation,
+                error,
+                fatal,
+            } => {
+                if let Some(f) = fatal {
+                    return Err(f);
+                }
+                self.lost(link, generation, error);
+                Ok(())
+            }
+        }
+    }
+
+    async fn ready(
+        &mut self,
+        link: usize,
+        generation: u64,
+        shape: SampleShape,
+    ) -> Result<(), ClientError> {
+        match self.shape {
+            None => {
+                let bytes = shape.bytes();
+                if bytes == 0 {
+                    return Err(ClientError::Protocol {
+                        worker: self.links[link].name.clone(),
+                        detail: "announced an empty sample shape".into(),
+                    });
+                }
+                let batch_bytes = bytes as usize * self.settings.batch_plan.batch_size as usize;
+                let ring = Ring::new(&*self.allocator, self.settings.ring_batches, batch_bytes)
+                    .map_err(ClientError::Allocate)?;
+                self.ring = Some(ring);
+                self.shape = Some(shape);
+                // Credits never exceed what the connection's receive window holds.
+                let fit = (self.settings.receive_window / bytes).max(1);
+                self.credit_window = (self.settings.credits_per_worker as u64).min(fit) as u32;
+            }
+            Some(s) if s != shape => {
+                return Err(ClientError::Shape {
+                    workers: self.links.iter().map(|l| l.name.clone()).collect(),
+                    detail: format!("{s:?} and {shape:?} (from {})", self.links[link].name),
+                });
+            }
+            Some(_) => {}
+        }
+        let window = self.credit_window;
+        let l = &mut self.links[link];
+        l.generation = Some(generation);
+        l.outstanding = window;
+        l.owed = 0;
+        self.down_since = None;
+        self.stats.set_alive(link, true);
+        tracing::debug!(worker = %l.name, generation, "worker ready");
+        let _ = l.commands.send(Command::Credit(generation, window)).await;
+        Ok(())
+    }
+
+    /// A sample consumed one credit of `link`; give credits back in small batches.
+    async fn used_credit(&mut self, link: usize) {
+        let window = self.credit_window;
+        let l = &mut self.links[link];
+        l.outstanding = l.outstanding.saturating_sub(1);
+        l.owed += 1;
+        if let Some(g) = l.generation {
+            if l.owed >= (window / 4).max(1) {
+                let n = std::mem::take(&mut l.owed);
+                l.outstanding += n;
+                let _ = l.commands.send(Command::Credit(g, n)).await;
+            }
+        }
+    }
+
+    /// The batch being filled, waiting for a free ring buffer if there is none.
+    async fn filling(
+        &mut self,
+        _out: &mpsc::Sender<Result<Batch, ClientError>>,
+    ) -> Result<&mut Filling, ClientError> {
+        if self.filling.is_none() {
+            let ring = self.ring.clone().ok_or_else(|| {
+                ClientError::Runtime("a sample before any worker was ready".into())
+            })?;
+            let started = Instant::now();
+            let buf = ring.acquire().await;
+            self.stats.ring_wait(started.elapsed());
+            let shape = self.shape.unwrap_or(SampleShape {
+                height: 0,
+                width: 0,
+                channels: 0,
+                elem_bytes: 0,
+                chw: false,
+            });
+            let target = self.settings.batch_plan.target(self.next_batch);
+            self.filling = Some(Filling::new(
+                buf,
+                ring,
+                shape,
+                self.settings.epoch,
+                self.next_batch,
+                target,
+            ));
+        }
+        self.filling
+            .as_mut()
+            .ok_or_else(|| ClientError::Runtime("no batch".into()))
+    }
+
+    async fn close_if_full(
+        &mut self,
+        out: &mpsc::Sender<Result<Batch, ClientError>>,
+    ) -> Result<(), ClientError> {
+        if !self.filling.as_ref().is_some_and(Filling::is_full) {
+            return Ok(());
+        }
+        let Some(f) = self.filling.take() else {
+            return Ok(());
+        };
+        let batch = f.finish(self.settings.short_batch);
+        self.next_batch += 1;
+        if out.send(Ok(batch)).await.is_err() {
+            return Err(ClientError::Runtime("the consumer went away".into()));
+        }
+        Ok(())
+    }
+
+    fn piece_ended(
+        &mut self,
+        link: usize,
+        unit: u64,
+        attempt: u32,
+        error: Option<String>,
+    ) -> Result<(), ClientError> {
+        let l = &mut self.links[link];
+        let Some(pos) = l
+            .open
+            .iter()
+            .position(|p| p.unit == unit && p.attempt == attempt)
+        else {
+            return Ok(()); // an attempt already moved elsewhere
+        };
+        let piece = l.open.swap_remove(pos);
+        self.stats.set_in_flight(link, l.open.len());
+        if let Some(e) = &error {
+            tracing::warn!(worker = %l.name, unit, "unit failed: {e}");
+            let f = &mut self.failures[unit as usize];
+            f.0 += 1;
+            f.1 = e.clone();
+            if f.0 >= self.settings.max_unit_attempts {
+                let u = self.ledger.unit(unit).copied();
+                return Err(ClientError::UnitFailed {
+                    unit,
+                    shard: u
+                        .map(|u| self.manifest.shards[u.shard as usize].url.clone())
+                        .unwrap_or_default(),
+                    start: piece.start,
+                    end: piece.end,
+                    attempts: f.0,
+                    error: e.clone(),
+                });
+            }
+        }
+        self.requeue(piece);
+        Ok(())
+    }
+
+    /// Puts the part of `piece` not yet accounted for back at the front of the queue.
+    fn requeue(&mut self, piece: Piece) {
+        let missing = self.ledger.missing(piece.unit, piece.start, piece.end);
+        if missing.is_empty() {
+            return;
+        }
+        self.counters.reassigned.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("sluice_client_reassigned_units_total").increment(1);
+        // Every piece of a unit gets its own attempt number, so a worker's report names
+        // exactly one piece.
+        for &(start, end) in missing.iter().rev() {
+            let a = &mut self.attempts[piece.unit as usize];
+            let attempt = *a;
+            *a += 1;
+            self.queue.push_front(Piece {
+                unit: piece.unit,
+                start,
+                end,
+                attempt,
+            });
+        }
+    }
+
+    fn lost(&mut self, link: usize, generation: u64, error: String) {
+        let l = &mut self.links[link];
+        l.last_error = Some(error);
+        if l.generation.is_some_and(|g| g != generation) {
+            return; // an older connection's late news
+        }
+        l.generation = None;
+        l.outstanding = 0;
+        l.owed = 0;
+        let open = std::mem::take(&mut l.open);
+        self.stats.set_alive(link, false);
+        self.stats.set_in_flight(link, 0);
+        for piece in open {
+            self.requeue(piece);
+        }
+        if self.alive() == 0 && self.down_since.is_none() {
+            self.down_since = Some(Instant::now());
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

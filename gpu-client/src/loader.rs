@@ -1,0 +1,746 @@
+//! The loader: the builder users configure, epochs as iterators of batches, and checkpoints.
+//!
+//! Each epoch computes this rank's plan (no coordinator: every rank does the same from the
+//! manifest, seed, epoch and world size), opens a job on every worker (QUIC links, or the
+//! engine in this process), and runs a [`Coordinator`] on the loader's own small tokio
+//! runtime. The consumer's thread only waits on a bounded queue of finished batches; while
+//! it holds them, their ring buffers stay out of the ring, which stops credits, which stops
+//! the workers: memory stays bounded whatever the step time.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use sluice_plan::{PlanConfig, Remainder, ShufflePolicy, WorkUnit};
+use sluice_shard::Manifest;
+use sluice_wire::{JobSpec, Limits, UnitRunner};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::batch::{Batch, BatchPlan, HeapAllocator, HostAllocator, LastBatch, ShortBatch};
+use crate::coordinator::{Coordinator, Settings};
+use crate::error::ClientError;
+use crate::ledger::{Ledger, LedgerRecord};
+use crate::link::{run_local, QuicLink};
+use crate::stats::{EpochCounters, EpochReport, Stats, StatsSnapshot};
+
+/// Where samples are decoded.
+#[derive(Clone)]
+pub enum Workers {
+    /// `sluice cpu` daemons, as `host:port` (a name may resolve to several workers, as a
+    /// Kubernetes headless Service does).
+    Remote(Vec<String>),
+    /// In this process, with no daemon (e.g. `sluice_cpu::CpuWorker`).
+    InProcess(Arc<dyn UnitRunner>),
+}
+
+/// Builds a [`Loader`]; every setting has a default but the dataset and the workers.
+pub struct LoaderBuilder {
+    manifest: Option<Manifest>,
+    dataset_name: String,
+    workers: Option<Workers>,
+    pipeline: String,
+    batch_size: u32,
+    seed: u64,
+    rank: u32,
+    world_size: u32,
+    shuffle: ShufflePolicy,
+    remainder: Remainder,
+    max_unit_samples: u64,
+    last_batch: LastBatch,
+    short_batch: ShortBatch,
+    fail_on_bad_sample: bool,
+    token: Option<String>,
+    trust_cert: Option<PathBuf>,
+    credits_per_worker: u32,
+    receive_window: u64,
+    units_per_worker: usize,
+    ring_batches: usize,
+    worker_wait: Duration,
+    heartbeat: Duration,
+    silence: Duration,
+    connect_timeout: Duration,
+    max_unit_attempts: u32,
+    allocator: Arc<dyn HostAllocator>,
+    client_name: String,
+}
+
+impl Default for LoaderBuilder {
+    fn default() -> Self {
+        LoaderBuilder {
+            manifest: None,
+            dataset_name: "dataset".into(),
+            workers: None,
+            pipeline: "decode | random_resized_crop 224 | hflip 0.5".into(),
+            batch_size: 256,
+            seed: 0,
+            rank: 0,
+            world_size: 1,
+            shuffle: ShufflePolicy::Global,
+            remainder: Remainder::Drop,
+            max_unit_samples: 256,
+            last_batch: LastBatch::Partial,
+            short_batch: ShortBatch::Deliver,
+            fail_on_bad_sample: false,
+            token: None,
+            trust_cert: None,
+            credits_per_worker: 128,
+            receive_window: 64 << 20,
+            units_per_worker: 2,
+            ring_batches: 4,
+            worker_wait: Duration::from_secs(30),
+            heartbeat: Duration::from_secs(1),
+            silence: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            max_unit_attempts: 5,
+            allocator: Arc::new(HeapAllocator),
+            client_name: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "client".into()),
+        }
+    }
+}
+
+macro_rules! setter {
+    ($(#[$m:meta])* $name:ident: $t:ty) => {
+        $(#[$m])*
+        pub fn $name(mut self, $name: $t) -> Self {
+            self.$name = $name;
+            self
+        }
+    };
+}
+
+impl LoaderBuilder {
+    /// The dataset's manifest (shard URLs must be absolute or resolvable by the workers).
+    pub fn dataset(mut self, manifest: Manifest) -> Self {
+        self.manifest = Some(manifest);
+        self
+    }
+
+    /// Remote workers (`host:port`).
+    pub fn workers<I, S>(mut self, workers: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.workers = Some(Workers::Remote(
+            workers.into_iter().map(Into::into).collect(),
+        ));
+        self
+    }
+
+    /// Decode in this process with `runner` (no daemons).
+    pub fn in_process(mut self, runner: Arc<dyn UnitRunner>) -> Self {
+        self.workers = Some(Workers::InProcess(runner));
+        self
+    }
+
+    setter!(/// A name for logs on the workers.
+        dataset_name: String);
+    setter!(/// The pipeline spec, e.g. `decode | random_resized_crop 224 | hflip 0.5`.
+        pipeline: String);
+    setter!(batch_size: u32);
+    setter!(seed: u64);
+    setter!(rank: u32);
+    setter!(world_size: u32);
+    setter!(shuffle: ShufflePolicy);
+    setter!(/// What happens to samples that do not divide among ranks.
+        remainder: Remainder);
+    setter!(/// Largest work unit, in samples.
+        max_unit_samples: u64);
+    setter!(last_batch: LastBatch);
+    setter!(short_batch: ShortBatch);
+    setter!(/// Fail a unit (rather than skip the sample) when an image cannot be decoded.
+        fail_on_bad_sample: bool);
+    setter!(/// Samples each worker may have in flight to this client.
+        credits_per_worker: u32);
+    setter!(/// Units each worker works on at once for this client.
+        units_per_worker: usize);
+    setter!(/// Batch buffers in the ring (at least 2: one being filled, one being consumed).
+        ring_batches: usize);
+    setter!(/// How long to wait for any worker before an epoch fails.
+        worker_wait: Duration);
+    setter!(/// How often the client says it is alive.
+        heartbeat: Duration);
+    setter!(/// How long a worker may stay silent before its units move elsewhere.
+        silence: Duration);
+    setter!(connect_timeout: Duration);
+    setter!(/// Failures of one unit before the epoch fails.
+        max_unit_attempts: u32);
+    setter!(/// Where batch buffers come from (page-locked memory for CUDA).
+        allocator: Arc<dyn HostAllocator>);
+    setter!(client_name: String);
+
+    /// The cluster token the workers expect.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// A PEM file with the workers' certificates (pinned) or their CA.
+    pub fn trust_cert(mut self, path: impl Into<PathBuf>) -> Self {
+        self.trust_cert = Some(path.into());
+        self
+    }
+
+    pub fn build(self) -> Result<Loader, ClientError> {
+        let bad = |key, detail: &str| {
+            Err(ClientError::Config {
+                key,
+                detail: detail.into(),
+            })
+        };
+        let Some(manifest) = self.manifest.clone() else {
+            return bad("dataset", "no dataset given");
+        };
+        let Some(workers) = self.workers.clone() else {
+            return bad(
+                "workers",
+                "give remote workers or choose in-process decoding",
+            );
+        };
+        if let Workers::Remote(w) = &workers {
+            if w.is_empty() {
+                return bad("workers", "the list is empty");
+            }
+            if self.trust_cert.is_none() {
+                return bad(
+                    "trust_cert",
+                    "remote workers need a certificate to trust (a worker's state_dir/cert.pem, or their CA)",
+                );
+            }
+        }
+        if self.batch_size == 0 {
+            return bad("batch_size", "must be at least 1");
+        }
+        if self.world_size == 0 || self.rank >= self.world_size {
+            return bad(
+                "rank",
+                &format!(
+                    "rank {} is outside world_size {}",
+                    self.rank, self.world_size
+                ),
+            );
+        }
+        if self.ring_batches < 2 {
+            return bad("ring_batches", "must be at least 2");
+        }
+        if self.credits_per_worker == 0 || self.units_per_worker == 0 {
+            return bad(
+                "credits_per_worker",
+                "credits and units per worker must be at least 1",
+            );
+        }
+        if self.silence <= self.heartbeat * 2 {
+            return bad("silence", "must exceed twice the heartbeat interval");
+        }
+        if self.max_unit_attempts == 0 {
+            return bad("max_unit_attempts", "must be at least 1");
+        }
+        manifest
+            .validate(&self.dataset_name)
+            .map_err(|e| ClientError::Config {
+                key: "dataset",
+                detail: e.to_string(),
+            })?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("sluice-client")
+            .enable_all()
+            .build()
+            .map_err(|e| ClientError::Runtime(e.to_string()))?;
+        let quic = match (&workers, &self.trust_cert) {
+            (Workers::Remote(_), Some(trust)) => {
+                let mut t = quinn::TransportConfig::default();
+                t.max_concurrent_bidi_streams(0u32.into());
+                t.max_concurrent_uni_streams(0u32.into());
+                let window = self.receive_window.min(u32::MAX as u64) as u32;
+                t.stream_receive_window(window.into());
+                t.receive_window(window.into());
+                t.keep_alive_interval(Some(self.heartbeat));
+                t.max_idle_timeout(self.silence.try_into().ok());
+                let config = crate::tls::client_config(trust, t)?;
+                let endpoint = runtime
+                    .block_on(async {
+                        quinn::Endpoint::client(SocketAddr::from(([0, 0, 0, 0], 0)))
+                    })
+                    .map_err(|e| ClientError::Runtime(format!("QUIC endpoint: {e}")))?;
+                Some((endpoint, config))
+            }
+            _ => None,
+        };
+        let plan_config = PlanConfig {
+            seed: self.seed,
+            world_size: self.world_size,
+            policy: self.shuffle,
+            remainder: self.remainder,
+            max_unit_samples: self.max_unit_samples,
+        };
+        let samples_per_rank = sluice_plan::samples_per_rank(
+            manifest.total_samples(),
+            self.world_size,
+            self.remainder,
+        );
+        let batch_plan = BatchPlan::new(
+            samples_per_rank,
+            u64::from(self.batch_size),
+            self.last_batch,
+        );
+        Ok(Loader {
+            fingerprint: fingerprint(&manifest),
+            manifest: Arc::new(manifest),
+            plan_config,
+            batch_plan,
+            workers,
+            quic,
+            runtime: Arc::new(runtime),
+            progress: Arc::new(Mutex::new(None)),
+            resume: Mutex::new(None),
+            stats: Arc::new(Stats::new()),
+            settings: self,
+        })
+    }
+}
+
+/// The client: yields this rank's batches, epoch after epoch.
+pub struct Loader {
+    settings: LoaderBuilder,
+    manifest: Arc<Manifest>,
+    fingerprint: u64,
+    plan_config: PlanConfig,
+    batch_plan: BatchPlan,
+    workers: Workers,
+    quic: Option<(quinn::Endpoint, quinn::ClientConfig)>,
+    runtime: Arc<tokio::runtime::Runtime>,
+    progress: Arc<Mutex<Option<Progress>>>,
+    resume: Mutex<Option<Checkpoint>>,
+    stats: Arc<Stats>,
+}
+
+/// What the consumer has been handed in the current epoch.
+struct Progress {
+    epoch: u64,
+    batches: u64,
+    ledger: Ledger,
+}
+
+/// A compact record of an epoch in progress: restoring it delivers exactly the rest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub version: u32,
+    /// A hash of the manifest's shards (URL, size, samples, checksum).
+    pub dataset: u64,
+    pub seed: u64,
+    pub world_size: u32,
+    pub rank: u32,
+    pub shuffle: String,
+    pub batch_size: u32,
+    pub epoch: u64,
+    /// Batches already handed to the consumer.
+    pub batches: u64,
+    /// Samples in those batches (delivered or skipped).
+    pub ledger: LedgerRecord,
+}
+
+impl Checkpoint {
+    pub const VERSION: u32 = 1;
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, ClientError> {
+        if bytes.len() > 256 << 20 {
+            return Err(ClientError::Checkpoint(format!(
+                "{} bytes is too large",
+                bytes.len()
+            )));
+        }
+        let c: Checkpoint =
+            serde_json::from_slice(bytes).map_err(|e| ClientError::Checkpoint(e.to_string()))?;
+        if c.version != Self::VERSION {
+            return Err(ClientError::Checkpoint(format!(
+                "version {} (this build reads {})",
+                c.version,
+                Self::VERSION
+            )));
+        }
+        Ok(c)
+    }
+}
+
+fn fingerprint(manifest: &Manifest) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for s in &manifest.shards {
+        h.update(s.url.as_bytes());
+        h.update(&s.size.to_le_bytes());
+        h.update(&s.samples.to_le_bytes());
+        h.update(&s.checksum.0.to_le_bytes());
+    }
+    h.digest()
+}
+
+impl Loader {
+    pub fn builder() -> LoaderBuilder {
+        LoaderBuilder::default()
+    }
+
+    /// Batches every rank yields per epoch.
+    pub fn batches_per_epoch(&self) -> u64 {
+        self.batch_plan.batches
+    }
+
+    /// Samples every rank is planned per epoch (after the last-batch policy).
+    pub fn samples_per_epoch(&self) -> u64 {
+        self.batch_plan.samples
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    /// This rank's work units for `epoch`, cut to the samples that make whole batches under
+    /// the last-batch policy.
+    pub fn plan(&self, epoch: u64) -> Result<Vec<WorkUnit>, ClientError> {
+        let units =
+            sluice_plan::plan(&self.manifest, &self.plan_config, epoch, self.settings.rank)?;
+        let mut left = self.batch_plan.samples;
+        let mut out = Vec::with_capacity(units.len());
+        for mut u in units {
+            if left == 0 {
+                break;
+            }
+            if u.len() > left {
+                u.end = u.start + left;
+            }
+            left -= u.len();
+            u.id = out.len() as u32;
+            out.push(u);
+        }
+        Ok(out)
+    }
+
+    /// The state of the current epoch: restoring it with [`Loader::load_state_dict`] (in a
+    /// new process too) and calling `epoch` with the same number delivers exactly the rest.
+    pub fn state_dict(&self) -> Option<Checkpoint> {
+        let progress = self.progress.lock().ok()?;
+        let p = progress.as_ref()?;
+        Some(Checkpoint {
+            version: Checkpoint::VERSION,
+            dataset: self.fingerprint,
+            seed: self.settings.seed,
+            world_size: self.settings.world_size,
+            rank: self.settings.rank,
+            shuffle: self.settings.shuffle.to_string(),
+            batch_size: self.settings.batch_size,
+            epoch: p.epoch,
+            batches: p.batches,
+            ledger: p.ledger.to_record(),
+        })
+    }
+
+    /// Restores a checkpoint; the next `epoch(checkpoint.epoch)` resumes it. Errors say what
+    /// does not match this loader.
+    pub fn load_state_dict(&self, checkpoint: Checkpoint) -> Result<(), ClientError> {
+        let s = &self.settings;
+        let mismatch = |what: &str, theirs: String, ours: String| {
+            Err(ClientError::Checkpoint(format!(
+                "it was taken with {what} {theirs}, this loader has {ours}"
+            )))
+        };
+        if checkpoint.dataset != self.fingerprint {
+            return mismatch(
+                "dataset",
+                format!("{:016x}", checkpoint.dataset),
+                format!("{:016x}", self.fingerprint),
+            );
+        }
+        if checkpoint.seed != s.seed {
+            return mismatch("seed", checkpoint.seed.to_string(), s.seed.to_string());
+        }
+        if (checkpoint.rank, checkpoint.world_size) != (s.rank, s.world_size) {
+            return mismatch(
+                "rank/world_size",
+                format!("{}/{}", checkpoint.rank, checkpoint.world_size),
+                format!("{}/{}", s.rank, s.world_size),
+            );
+        }
+        if checkpoint.shuffle != s.shuffle.to_string() {
+            return mismatch("shuffle", checkpoint.shuffle.clone(), s.shuffle.to_string());
+        }
+        if checkpoint.batch_size != s.batch_size {
+            return mismatch(
+                "batch_size",
+                checkpoint.batch_size.to_string(),
+                s.batch_size.to_string(),
+            );
+        }
+        let units = self.plan(checkpoint.epoch)?;
+        let mut ledger = Ledger::new(&units);
+        ledger
+            .apply(&checkpoint.ledger)
+            .map_err(ClientError::Checkpoint)?;
+        if checkpoint.batches > self.batch_plan.batches {
+            return Err(ClientError::Checkpoint(format!(
+                "{} batches delivered, more than the epoch's {}",
+                checkpoint.batches, self.batch_plan.batches
+            )));
+        }
+        if let Ok(mut r) = self.resume.lock() {
+            *r = Some(checkpoint);
+        }
+        Ok(())
+    }
+
+    /// Starts epoch `epoch` (or resumes it from a loaded checkpoint) and returns its batches.
+    pub fn epoch(&self, epoch: u64) -> Result<Epoch, ClientError> {
+        let units = self.plan(epoch)?;
+        let mut ledger = Ledger::new(&units);
+        let mut first_batch = 0;
+        let resume = self.resume.lock().ok().and_then(|mut r| r.take());
+        if let Some(c) = resume.filter(|c| c.epoch == epoch) {
+            ledger.apply(&c.ledger).map_err(ClientError::Checkpoint)?;
+            first_batch = c.batches;
+            tracing::info!(
+                epoch,
+                batches = c.batches,
+                samples = ledger.accounted(),
+                "resuming"
+            );
+        }
+        if let Ok(mut p) = self.progress.lock() {
+            *p = Some(Progress {
+                epoch,
+                batches: first_batch,
+                ledger: ledger.clone(),
+            });
+        }
+        let s = &self.settings;
+        let job = (epoch << 32) ^ (u64::from(s.rank) << 16) ^ (self.fingerprint & 0xffff);
+        let spec = JobSpec {
+            job,
+            dataset: s.dataset_name.clone(),
+            pipeline: s.pipeline.clone(),
+            seed: s.seed,
+            epoch,
+            rank: s.rank,
+            world_size: s.world_size,
+            batch_size: s.batch_size,
+            fail_on_bad_sample: s.fail_on_bad_sample,
+        };
+        let cancel = CancellationToken::new();
+        let counters = Arc::new(EpochCounters::default());
+        // Room for every credit of every link, so a reader waits only on a slow consumer.
+        let links_max = match &self.workers {
+            Workers::InProcess(_) => 1,
+            Workers::Remote(w) => w.len().max(1) * 4,
+        };
+        let (event_tx, event_rx) = mpsc::channel(links_max * s.credits_per_worker as usize + 64);
+        let (out_tx, out_rx) = mpsc::channel(s.ring_batches);
+        let mut links = Vec::new();
+        let _guard = self.runtime.enter();
+        match &self.workers {
+            Workers::InProcess(runner) => {
+                let (tx, rx) = mpsc::channel(64);
+                links.push(("in-process".to_string(), tx));
+                self.runtime.spawn(run_local(
+                    0,
+                    runner.clone(),
+                    spec.clone(),
+                    rx,
+                    event_tx.clone(),
+                    cancel.clone(),
+                ));
+            }
+            Workers::Remote(names) => {
+                let (endpoint, config) = self
+                    .quic
+                    .clone()
+                    .ok_or_else(|| ClientError::Runtime("no QUIC endpoint".into()))?;
+                for (name, addr) in self.resolve(names)? {
+                    let (tx, rx) = mpsc::channel(64);
+                    let link = QuicLink {
+                        link: links.len(),
+                        addr,
+                        name: name.clone(),
+                        endpoint: endpoint.clone(),
+                        client_config: config.clone(),
+                        token: s.token.clone().unwrap_or_default(),
+                        client: format!("{} rank {}", s.client_name, s.rank),
+                        job: spec.clone(),
+                        heartbeat: s.heartbeat,
+                        silence: s.silence,
+                        connect_timeout: s.connect_timeout,
+                        limits: Limits::default(),
+                    };
+                    links.push((name, tx));
+                    self.runtime
+                        .spawn(link.run(rx, event_tx.clone(), cancel.clone()));
+                }
+            }
+        }
+        drop(event_tx);
+        let names: Vec<String> = links.iter().map(|l| l.0.clone()).collect();
+        self.stats.set_workers(&names);
+        let settings = Settings {
+            job,
+            epoch,
+            batch_plan: self.batch_plan,
+            first_batch,
+            short_batch: s.short_batch,
+            credits_per_worker: s.credits_per_worker,
+            receive_window: s.receive_window,
+            units_per_worker: s.units_per_worker,
+            ring_batches: s.ring_batches,
+            worker_wait: s.worker_wait,
+            max_unit_attempts: s.max_unit_attempts,
+        };
+        let coordinator = Coordinator::new(
+            settings,
+            self.manifest.clone(),
+            ledger,
+            links,
+            s.allocator.clone(),
+            counters.clone(),
+            self.stats.clone(),
+        );
+        self.runtime
+            .spawn(coordinator.run(event_rx, out_tx, cancel.clone()));
+        Ok(Epoch {
+            epoch,
+            planned: self.batch_plan.samples,
+            batches: self.batch_plan.batches,
+            rx: out_rx,
+            cancel,
+            counters,
+            progress: self.progress.clone(),
+            stats: self.stats.clone(),
+            done: false,
+        })
+    }
+
+    /// Each worker name as its socket addresses (a DNS name may give several).
+    fn resolve(&self, names: &[String]) -> Result<Vec<(String, SocketAddr)>, ClientError> {
+        use std::net::ToSocketAddrs;
+        let mut out = Vec::new();
+        for name in names {
+            let addrs: Vec<SocketAddr> = name
+                .to_socket_addrs()
+                .map_err(|e| ClientError::Resolve {
+                    worker: name.clone(),
+                    detail: e.to_string(),
+                })?
+                .filter(|a| a.is_ipv4())
+                .collect();
+            if addrs.is_empty() {
+                return Err(ClientError::Resolve {
+                    worker: name.clone(),
+                    detail: "resolves to no IPv4 address".into(),
+                });
+            }
+            let many = addrs.len() > 1;
+            for a in addrs {
+                let label = if many {
+                    format!("{name} ({a})")
+                } else {
+                    name.clone()
+                };
+                out.push((label, a));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// One epoch's batches, in the order they are completed. Dropping it cancels the epoch.
+pub struct Epoch {
+    epoch: u64,
+    planned: u64,
+    batches: u64,
+    rx: mpsc::Receiver<Result<Batch, ClientError>>,
+    cancel: CancellationToken,
+    counters: Arc<EpochCounters>,
+    progress: Arc<Mutex<Option<Progress>>>,
+    stats: Arc<Stats>,
+    done: bool,
+}
+
+impl Epoch {
+    /// What the epoch has delivered so far.
+    pub fn report(&self) -> EpochReport {
+        self.counters.report(self.epoch, self.planned)
+    }
+
+    /// Batches this epoch yields in all (the same on every rank).
+    pub fn batches(&self) -> u64 {
+        self.batches
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    fn record(&self, batch: &Batch, waited: Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let padded = batch.padding().iter().filter(|p| **p).count() as u64;
+        let real = batch.len() as u64 - padded;
+        self.counters.delivered.fetch_add(real, Relaxed);
+        self.counters.padded.fetch_add(padded, Relaxed);
+        self.counters
+            .skipped
+            .fetch_add(batch.skipped().len() as u64, Relaxed);
+        self.counters.batches.fetch_add(1, Relaxed);
+        self.counters
+            .starved_ns
+            .fetch_add(waited.as_nanos() as u64, Relaxed);
+        self.stats.batch(batch.len() as u64, waited);
+        if let Ok(mut p) = self.progress.lock() {
+            if let Some(p) = p.as_mut().filter(|p| p.epoch == self.epoch) {
+                p.batches += 1;
+                for &(unit, shard, index) in &batch.accounted {
+                    p.ledger.record(unit, shard, index);
+                }
+            }
+        }
+    }
+}
+
+impl Iterator for Epoch {
+    type Item = Result<Batch, ClientError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let started = Instant::now();
+        let item = self.rx.blocking_recv();
+        let waited = started.elapsed();
+        match item {
+            Some(Ok(batch)) => {
+                self.record(&batch, waited);
+                Some(Ok(batch))
+            }
+            Some(Err(e)) => {
+                self.done = true;
+                Some(Err(e))
+            }
+            None => {
+                self.done = true;
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Epoch {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}

@@ -1,0 +1,176 @@
+//! Client figures: what an epoch delivered, and live rates for loadgen and dashboards (also
+//! exported through the `metrics` facade as `sluice_client_*`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Counters of one epoch, shared by the coordinator and the iterator.
+#[derive(Debug, Default)]
+pub(crate) struct EpochCounters {
+    pub received: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub unplanned: AtomicU64,
+    pub reassigned: AtomicU64,
+    pub delivered: AtomicU64,
+    pub skipped: AtomicU64,
+    pub padded: AtomicU64,
+    pub batches: AtomicU64,
+    pub starved_ns: AtomicU64,
+}
+
+/// What an epoch delivered so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EpochReport {
+    pub epoch: u64,
+    /// Samples this rank's plan holds for the epoch (after the last-batch policy).
+    pub planned: u64,
+    /// Distinct planned samples handed to the consumer.
+    pub delivered: u64,
+    /// Planned samples the decoder rejected (named in each batch's `skipped`).
+    pub skipped: u64,
+    /// Copies that filled short batches (top-up policy); not counted in `delivered`.
+    pub padded: u64,
+    pub batches: u64,
+    pub duplicates_dropped: u64,
+    /// Frames for samples not in this rank's plan (dropped).
+    pub unplanned_dropped: u64,
+    /// Unit pieces moved to another worker after a failure.
+    pub reassigned: u64,
+    /// Time the consumer waited for a batch.
+    pub starved: Duration,
+}
+
+impl EpochCounters {
+    pub(crate) fn report(&self, epoch: u64, planned: u64) -> EpochReport {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        EpochReport {
+            epoch,
+            planned,
+            delivered: get(&self.delivered),
+            skipped: get(&self.skipped),
+            padded: get(&self.padded),
+            batches: get(&self.batches),
+            duplicates_dropped: get(&self.duplicates),
+            unplanned_dropped: get(&self.unplanned),
+            reassigned: get(&self.reassigned),
+            starved: Duration::from_nanos(get(&self.starved_ns)),
+        }
+    }
+}
+
+/// One worker as the client sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    pub name: String,
+    pub alive: bool,
+    pub samples: u64,
+    pub in_flight_units: usize,
+}
+
+/// Live figures of a loader across epochs.
+#[derive(Clone, Debug, Default)]
+pub struct StatsSnapshot {
+    pub batches: u64,
+    pub samples: u64,
+    pub elapsed: Duration,
+    /// Time the consumer waited for data.
+    pub starved: Duration,
+    /// Time the coordinator waited for the consumer to release a ring buffer.
+    pub ring_wait: Duration,
+    pub workers: Vec<WorkerStats>,
+}
+
+impl StatsSnapshot {
+    pub fn samples_per_s(&self) -> f64 {
+        self.samples as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+    pub fn batches_per_s(&self) -> f64 {
+        self.batches as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+    /// The fraction of the time the consumer waited for data.
+    pub fn starved_fraction(&self) -> f64 {
+        self.starved.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Stats {
+    started: Instant,
+    batches: AtomicU64,
+    samples: AtomicU64,
+    starved_ns: AtomicU64,
+    ring_wait_ns: AtomicU64,
+    workers: Mutex<Vec<WorkerStats>>,
+}
+
+impl Stats {
+    pub(crate) fn new() -> Self {
+        Stats {
+            started: Instant::now(),
+            batches: AtomicU64::new(0),
+            samples: AtomicU64::new(0),
+            starved_ns: AtomicU64::new(0),
+            ring_wait_ns: AtomicU64::new(0),
+            workers: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn set_workers(&self, names: &[String]) {
+        if let Ok(mut w) = self.workers.lock() {
+            *w = names
+                .iter()
+                .map(|n| WorkerStats {
+                    name: n.clone(),
+                    ..WorkerStats::default()
+                })
+                .collect();
+        }
+    }
+
+    fn with_worker(&self, i: usize, f: impl FnOnce(&mut WorkerStats)) {
+        if let Some(w) = self.workers.lock().ok().as_mut().and_then(|w| w.get_mut(i)) {
+            f(w);
+        }
+    }
+
+    pub(crate) fn sample_from(&self, link: usize) {
+        self.with_worker(link, |w| w.samples += 1);
+    }
+
+    pub(crate) fn set_alive(&self, link: usize, alive: bool) {
+        self.with_worker(link, |w| w.alive = alive);
+    }
+
+    pub(crate) fn set_in_flight(&self, link: usize, n: usize) {
+        self.with_worker(link, |w| w.in_flight_units = n);
+    }
+
+    pub(crate) fn ring_wait(&self, d: Duration) {
+        self.ring_wait_ns
+            .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn batch(&self, samples: u64, starved: Duration) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.samples.fetch_add(samples, Ordering::Relaxed);
+        self.starved_ns
+            .fetch_add(starved.as_nanos() as u64, Ordering::Relaxed);
+        metrics::counter!("sluice_client_batches_total").increment(1);
+        metrics::counter!("sluice_client_samples_total").increment(samples);
+        // Its `_sum` is the total time the consumer was starved.
+        metrics::histogram!("sluice_client_wait_seconds").record(starved.as_secs_f64());
+    }
+
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatsSnapshot {
+            batches: get(&self.batches),
+            samples: get(&self.samples),
+            elapsed: self.started.elapsed(),
+            starved: Duration::from_nanos(get(&self.starved_ns)),
+            ring_wait: Duration::from_nanos(get(&self.ring_wait_ns)),
+            workers: self.workers.lock().map(|w| w.clone()).unwrap_or_default(),
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! `sluice cpu`: the CPU worker daemon. `--config FILE` (see `configs/cpu.toml`), or the quick
+//! start `--listen ADDR`. The cluster token comes from `--token-file`, the config's
+//! `token_file` or `SLUICE_TOKEN`; without one the worker refuses to start unless `--no-auth`
+//! (then loopback only).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use sluice_cpu::config::CpuConfig;
+use sluice_cpu::server::{self, Setup};
+use sluice_cpu::{CpuWorker, ShardSource};
+
+use super::daemon;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// TOML config file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// QUIC (UDP) address to listen on (overrides the config's).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// TCP address for /metrics and /healthz (overrides the config's).
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+    /// File holding the cluster token (else the config's token_file, else $SLUICE_TOKEN).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Accept clients without a token; only on a loopback address.
+    #[arg(long)]
+    no_auth: bool,
+    /// Where the self-signed certificate is kept (cert.pem, key.pem) when none is configured.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// TLS certificate chain (PEM); with --key.
+    #[arg(long, requires = "key")]
+    cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, requires = "cert")]
+    key: Option<PathBuf>,
+    /// Decode threads (0 = one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+/// The state directory when neither the config nor `--state-dir` names one: systemd's
+/// `$STATE_DIRECTORY`, else `~/.local/state/sluice`.
+fn default_state_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("STATE_DIRECTORY") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".local/state/sluice")
+}
+
+/// Reads a token file: the first line, trimmed; it must not be empty.
+pub fn read_token(path: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading token file {}", path.display()))?;
+    let token = text.lines().next().unwrap_or("").trim().to_string();
+    if token.is_empty() {
+        bail!("token file {} is empty", path.display());
+    }
+    Ok(token)
+}
+
+pub fn run(args: Args) -> Result<()> {
+    daemon::init_logs();
+    let mut config = match &args.config {
+        Some(path) => CpuConfig::load(path)?,
+        None => CpuConfig {
+            state_dir: default_state_dir(),
+            ..CpuConfig::default()
+        },
+    };
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    if let Some(m) = args.metrics_listen {
+        config.metrics_listen = Some(m);
+    }
+    if let Some(t) = args.token_file.clone() {
+        config.token_file = Some(t);
+    }
+    if args.no_auth {
+        config.no_auth = true;
+    }
+    if let Some(d) = args.state_dir.clone() {
+        config.state_dir = d;
+    }
+    if let (Some(c), Some(k)) = (args.cert.clone(), args.key.clone()) {
+        config.cert = Some(c);
+        config.key = Some(k);
+    }
+    if let Some(t) = args.threads {
+        config.threads = t;
+    }
+    let env_token = std::env::var("SLUICE_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty());
+    if config.no_auth && env_token.is_some() && config.token_file.is_none() {
+        bail!("--no-auth contradicts SLUICE_TOKEN; unset one");
+    }
+    config.validate()?;
+    let token = match (&config.token_file, env_token) {
+        (Some(path), _) => Some(read_token(path)?),
+        (None, Some(t)) => Some(t.trim().to_string()),
+        (None, None) if config.no_auth => None,
+        (None, None) => bail!(
+            "no cluster token: give --token-file FILE (or token_file in the config) or set \
+             SLUICE_TOKEN; --no-auth runs without one, on loopback only"
+        ),
+    };
+    let identity = match (&config.cert, &config.key) {
+        (Some(c), Some(k)) => sluice_cpu::tls::load(c, k)?,
+        _ => {
+            let id = sluice_cpu::tls::self_signed(
+                &config.state_dir,
+                &server::certificate_names(config.listen),
+            )?;
+            tracing::info!(cert = %id.cert_path.display(),
+                "using the self-signed certificate; clients pin it with --trust-cert");
+            id
+        }
+    };
+    let source = ShardSource::new(config.source())?;
+    let worker = CpuWorker::new(config.engine(), source)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .thread_name("sluice-cpu")
+        .build()?;
+    runtime.block_on(async move {
+        let socket = std::net::UdpSocket::bind(config.listen)
+            .with_context(|| format!("binding UDP {}", config.listen))?;
+        let listen = socket.local_addr()?;
+        let metrics = match config.metrics_listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding metrics address {addr}"))?,
+            ),
+            None => None,
+        };
+        let metrics_addr = metrics.as_ref().and_then(|m| m.local_addr().ok());
+        tracing::info!(%listen, metrics = ?metrics_addr, threads = sluice_wire::UnitRunner::threads(&worker),
+            auth = token.is_some(), "sluice cpu serving");
+        let shutdown = daemon::shutdown_on_signals()?;
+        daemon::notify_ready(&shutdown);
+        let setup = Setup {
+            config,
+            identity,
+            token,
+            runner: Arc::new(worker),
+        };
+        let result = server::run(socket, metrics, setup, shutdown).await;
+        daemon::notify_stopping();
+        result?;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}

@@ -1,0 +1,360 @@
+//! `sluice loadgen`: synthetic GPU consumers. N ranks (threads in this process), each a
+//! client that takes a batch, "computes" for `--step-ms`, and takes the next; a live line per
+//! rank, a final table, and the contract checked from outside the client: every planned
+//! sample delivered or skipped exactly once per rank and epoch, or a non-zero exit.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use serde_json::json;
+use sluice_client::{LastBatch, Loader, ShortBatch, ShufflePolicy};
+use sluice_shard::Manifest;
+
+#[derive(clap::Args, Clone)]
+pub struct Args {
+    /// A manifest (.json path or URL) or shards (paths, URLs, brace patterns).
+    #[arg(long)]
+    dataset: String,
+    /// CPU workers, host:port, comma-separated; `local` decodes in this process.
+    #[arg(long, value_delimiter = ',', required = true)]
+    workers: Vec<String>,
+    /// Ranks to simulate (threads in this process); they form the whole world.
+    #[arg(long, default_value_t = 1)]
+    ranks: u32,
+    #[arg(long, default_value_t = 256)]
+    batch_size: u32,
+    /// Simulated compute time per step, milliseconds.
+    #[arg(long, default_value_t = 0.0)]
+    step_ms: f64,
+    #[arg(long, default_value_t = 1)]
+    epochs: u64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// First epoch number.
+    #[arg(long, default_value_t = 0)]
+    first_epoch: u64,
+    #[arg(long, default_value = "decode | random_resized_crop 224 | hflip 0.5")]
+    pipeline: String,
+    /// global, local or partial:Q.
+    #[arg(long, default_value = "global")]
+    shuffle: String,
+    /// Drop the last incomplete batch.
+    #[arg(long)]
+    drop_last: bool,
+    /// Fill batches that lost samples to the decoder with copies (marked as padding).
+    #[arg(long)]
+    top_up: bool,
+    /// File holding the cluster token (else $SLUICE_TOKEN).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// PEM with the workers' certificate (pinned) or CA.
+    #[arg(long)]
+    trust_cert: Option<PathBuf>,
+    /// Samples each worker may have in flight per rank.
+    #[arg(long, default_value_t = 128)]
+    credits: u32,
+    /// Decode threads for `--workers local` (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Seconds to wait for any worker before failing.
+    #[arg(long, default_value_t = 30.0)]
+    worker_wait: f64,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write every delivered sample as `epoch<TAB>rank<TAB>shard<TAB>key`.
+    #[arg(long)]
+    dump_ids: Option<PathBuf>,
+}
+
+/// One rank's totals over its epochs.
+#[derive(Default, Clone)]
+struct RankResult {
+    rank: u32,
+    epochs: u64,
+    batches: u64,
+    planned: u64,
+    delivered: u64,
+    skipped: u64,
+    duplicates_dropped: u64,
+    /// Planned samples neither delivered nor skipped, and samples delivered too often.
+    missing: u64,
+    repeated: u64,
+    elapsed: Duration,
+    starved: Duration,
+    broken: Vec<String>,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    super::daemon::init_logs();
+    if args.ranks == 0 {
+        bail!("--ranks must be at least 1");
+    }
+    let manifest = super::index::dataset(&args.dataset)
+        .with_context(|| format!("loading dataset {}", args.dataset))?;
+    let results = run_ranks(&args, &manifest)?;
+    report(&args, &results)?;
+    let broken: Vec<&String> = results.iter().flat_map(|r| &r.broken).collect();
+    if !broken.is_empty() {
+        for b in &broken {
+            eprintln!("contract broken: {b}");
+        }
+        bail!(
+            "{} rank-epochs broke the exactly-once contract",
+            broken.len()
+        );
+    }
+    Ok(())
+}
+
+fn token(args: &Args) -> Result<Option<String>> {
+    match &args.token_file {
+        Some(p) => Ok(Some(super::cpu::read_token(p)?)),
+        None => Ok(std::env::var("SLUICE_TOKEN")
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())),
+    }
+}
+
+fn loader(args: &Args, manifest: &Manifest, rank: u32) -> Result<Loader> {
+    let shuffle: ShufflePolicy = args
+        .shuffle
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--shuffle: {e}"))?;
+    let mut b = Loader::builder()
+        .dataset(manifest.clone())
+        .dataset_name(args.dataset.clone())
+        .pipeline(args.pipeline.clone())
+        .batch_size(args.batch_size)
+        .seed(args.seed)
+        .rank(rank)
+        .world_size(args.ranks)
+        .shuffle(shuffle)
+        .credits_per_worker(args.credits)
+        .worker_wait(Duration::from_secs_f64(args.worker_wait))
+        .last_batch(if args.drop_last {
+            LastBatch::Drop
+        } else {
+            LastBatch::Partial
+        })
+        .short_batch(if args.top_up {
+            ShortBatch::TopUp
+        } else {
+            ShortBatch::Deliver
+        });
+    if args.workers.len() == 1 && args.workers[0] == "local" {
+        let engine = sluice_cpu::EngineConfig {
+            threads: args.threads,
+            ..Default::default()
+        };
+        let source = sluice_cpu::ShardSource::new(sluice_cpu::SourceConfig::default())?;
+        b = b.in_process(Arc::new(sluice_cpu::CpuWorker::new(engine, source)?));
+    } else {
+        b = b.workers(args.workers.clone());
+        if let Some(t) = token(args)? {
+            b = b.token(t);
+        }
+        if let Some(c) = &args.trust_cert {
+            b = b.trust_cert(c.clone());
+        }
+    }
+    Ok(b.build()?)
+}
+
+fn run_ranks(args: &Args, manifest: &Manifest) -> Result<Vec<RankResult>> {
+    let bars = MultiProgress::new();
+    let dump = match &args.dump_ids {
+        Some(p) => Some(Arc::new(Mutex::new(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )))),
+        None => None,
+    };
+    let results = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..args.ranks)
+            .map(|rank| {
+                let bar = bars.add(ProgressBar::new(0));
+                if let Ok(style) = ProgressStyle::with_template(
+                    "{prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} batches {msg}",
+                ) {
+                    bar.set_style(style);
+                }
+                bar.set_prefix(format!("rank {rank}"));
+                let dump = dump.clone();
+                scope.spawn(move || run_rank(args, manifest, rank, &bar, dump.as_deref()))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
+            })
+            .collect::<Result<Vec<_>>>()
+    })?;
+    if let Some(d) = dump {
+        d.lock()
+            .map_err(|_| anyhow::anyhow!("dump file lock"))?
+            .flush()?;
+    }
+    Ok(results)
+}
+
+fn run_rank(
+    args: &Args,
+    manifest: &Manifest,
+    rank: u32,
+    bar: &ProgressBar,
+    dump: Option<&Mutex<std::io::BufWriter<std::fs::File>>>,
+) -> Result<RankResult> {
+    let loader = loader(args, manifest, rank)?;
+    let mut result = RankResult {
+        rank,
+        ..RankResult::default()
+    };
+    let step = Duration::from_secs_f64(args.step_ms.max(0.0) / 1000.0);
+    let started = Instant::now();
+    for epoch in args.first_epoch..args.first_epoch + args.epochs {
+        let mut planned: HashMap<(u32, u64), i64> = HashMap::new();
+        for u in loader.plan(epoch)? {
+            for i in u.start..u.end {
+                *planned.entry((u.shard, i)).or_default() += 1;
+            }
+        }
+        let planned_total: i64 = planned.values().sum();
+        let mut batches = loader.epoch(epoch)?;
+        bar.set_length(batches.batches());
+        bar.set_position(0);
+        let mut lines = String::new();
+        for batch in batches.by_ref() {
+            let batch = batch.with_context(|| format!("rank {rank}, epoch {epoch}"))?;
+            let real = batch
+                .ids()
+                .iter()
+                .zip(batch.keys())
+                .zip(batch.padding())
+                .filter(|(_, pad)| !**pad);
+            for ((id, key), _) in real {
+                *planned.entry((id.shard, id.index)).or_default() -= 1;
+                if dump.is_some() {
+                    let shard = manifest
+                        .shards
+                        .get(id.shard as usize)
+                        .map_or("?", |s| s.name());
+                    lines.push_str(&format!("{epoch}\t{rank}\t{shard}\t{key}\n"));
+                }
+            }
+            for (id, _) in batch.skipped() {
+                *planned.entry((id.shard, id.index)).or_default() -= 1;
+            }
+            drop(batch);
+            if !step.is_zero() {
+                std::thread::sleep(step);
+            }
+            bar.inc(1);
+            let s = loader.stats();
+            bar.set_message(format!(
+                "epoch {epoch}, {:.0} samples/s, starved {:.0}%",
+                s.samples_per_s(),
+                s.starved_fraction() * 100.0
+            ));
+        }
+        if let Some(d) = dump {
+            d.lock()
+                .map_err(|_| anyhow::anyhow!("dump file lock"))?
+                .write_all(lines.as_bytes())?;
+        }
+        let r = batches.report();
+        let missing: i64 = planned.values().filter(|v| **v > 0).sum();
+        let repeated: i64 = -planned.values().filter(|v| **v < 0).sum::<i64>();
+        result.epochs += 1;
+        result.batches += r.batches;
+        result.planned += planned_total as u64;
+        result.delivered += r.delivered;
+        result.skipped += r.skipped;
+        result.duplicates_dropped += r.duplicates_dropped;
+        result.missing += missing as u64;
+        result.repeated += repeated as u64;
+        result.starved += r.starved;
+        if missing != 0 || repeated != 0 || r.delivered + r.skipped != planned_total as u64 {
+            result.broken.push(format!(
+                "rank {rank} epoch {epoch}: planned {planned_total}, delivered {}, skipped {}, \
+                 missing {missing}, delivered twice {repeated}",
+                r.delivered, r.skipped
+            ));
+        }
+        if r.batches != batches.batches() {
+            result.broken.push(format!(
+                "rank {rank} epoch {epoch}: {} batches, planned {}",
+                r.batches,
+                batches.batches()
+            ));
+        }
+    }
+    result.elapsed = started.elapsed();
+    bar.finish();
+    Ok(result)
+}
+
+fn report(args: &Args, results: &[RankResult]) -> Result<()> {
+    println!(
+        "{:>4} {:>6} {:>8} {:>9} {:>9} {:>7} {:>6} {:>10} {:>9}",
+        "rank",
+        "epochs",
+        "batches",
+        "planned",
+        "delivered",
+        "skipped",
+        "dups",
+        "samples/s",
+        "starved"
+    );
+    let mut ranks = Vec::new();
+    for r in results {
+        let secs = r.elapsed.as_secs_f64().max(1e-9);
+        let rate = (r.delivered + r.skipped) as f64 / secs;
+        let starved = r.starved.as_secs_f64() / secs;
+        println!(
+            "{:>4} {:>6} {:>8} {:>9} {:>9} {:>7} {:>6} {:>10.1} {:>8.1}%",
+            r.rank,
+            r.epochs,
+            r.batches,
+            r.planned,
+            r.delivered,
+            r.skipped,
+            r.duplicates_dropped,
+            rate,
+            starved * 100.0
+        );
+        ranks.push(json!({
+            "rank": r.rank,
+            "epochs": r.epochs,
+            "batches": r.batches,
+            "planned": r.planned,
+            "delivered": r.delivered,
+            "duplicates_dropped": r.duplicates_dropped,
+            "skipped": r.skipped,
+            "missing": r.missing,
+            "delivered_twice": r.repeated,
+            "samples_per_s": rate,
+            "starved_fraction": starved,
+            "seconds": secs,
+        }));
+    }
+    let total: f64 = ranks
+        .iter()
+        .filter_map(|r| r["samples_per_s"].as_f64())
+        .sum();
+    println!("all ranks: {total:.1} samples/s");
+    if let Some(path) = &args.json {
+        let doc = json!({ "ranks": ranks, "samples_per_s": total });
+        std::fs::write(path, serde_json::to_vec_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}

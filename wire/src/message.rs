@@ -1,0 +1,226 @@
+//! The messages a client and a CPU worker exchange. Only these small headers are serialized
+//! (bincode, behind [`crate::codec`]); a sample's tensor and fields travel as the frame's raw
+//! payload, right after its header.
+//!
+//! Every message that concerns a sample carries (job, unit, attempt) next to the sample's
+//! (shard, index), so the client can decide from the frame alone whether it is planned for
+//! this rank and epoch and not yet delivered, whichever attempt sent it.
+
+use serde::{Deserialize, Serialize};
+
+/// A message header.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Message {
+    /// Client → worker, first on a connection: who it is and the cluster token.
+    Hello(Hello),
+    /// Worker → client: the token was accepted.
+    Welcome(Welcome),
+    /// Client → worker: run a job's units with this pipeline.
+    OpenJob(JobSpec),
+    /// Worker → client: the job is open; every sample of it has this shape.
+    JobOpened { job: u64, shape: SampleShape },
+    /// Client → worker: process a sample range of a shard.
+    Assign(Assign),
+    /// Client → worker: room for this many more samples of a job.
+    Credit { job: u64, samples: u32 },
+    /// Worker → client: one sample; the payload is the tensor, then each field's bytes.
+    Sample(SampleHeader),
+    /// Worker → client: a sample the decoder rejected (counted and named, never dropped).
+    Skipped(SkippedSample),
+    /// Worker → client: every sample of an assignment was sent or skipped.
+    UnitDone(UnitDone),
+    /// Worker → client: an assignment could not finish (the client reassigns the rest).
+    UnitFailed(UnitFailed),
+    /// Either way: I am alive.
+    Heartbeat { seq: u64 },
+    /// Client → worker: stop a job and free what it holds.
+    Cancel { job: u64 },
+    /// Either way: a refusal or a fatal problem; the sender closes the connection after it.
+    Error(ErrorMessage),
+}
+
+impl Message {
+    /// The message's name, for errors and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Hello(_) => "Hello",
+            Message::Welcome(_) => "Welcome",
+            Message::OpenJob(_) => "OpenJob",
+            Message::JobOpened { .. } => "JobOpened",
+            Message::Assign(_) => "Assign",
+            Message::Credit { .. } => "Credit",
+            Message::Sample(_) => "Sample",
+            Message::Skipped(_) => "Skipped",
+            Message::UnitDone(_) => "UnitDone",
+            Message::UnitFailed(_) => "UnitFailed",
+            Message::Heartbeat { .. } => "Heartbeat",
+            Message::Cancel { .. } => "Cancel",
+            Message::Error(_) => "Error",
+        }
+    }
+
+    /// The payload length this header announces (only samples carry one).
+    pub fn payload_len(&self) -> u64 {
+        match self {
+            Message::Sample(h) => h.payload_len(),
+            _ => 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    pub token: String,
+    /// A name for logs (host, process, rank).
+    pub client: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Welcome {
+    /// A name for logs.
+    pub worker: String,
+    /// Decode threads: the client may size its assignments by it.
+    pub threads: u32,
+}
+
+/// What samples are decoded for: the job's coordinates seed every augmentation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// Chosen by the client, unique on its connection.
+    pub job: u64,
+    /// A name for logs (the manifest's location).
+    pub dataset: String,
+    /// The pipeline spec (`decode | random_resized_crop 224 | hflip 0.5`).
+    pub pipeline: String,
+    pub seed: u64,
+    pub epoch: u64,
+    pub rank: u32,
+    pub world_size: u32,
+    pub batch_size: u32,
+    /// Skip (and report) undecodable samples, or fail their unit.
+    pub fail_on_bad_sample: bool,
+}
+
+/// The shape of every sample tensor of a job; the pipeline must fix it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SampleShape {
+    pub height: u32,
+    pub width: u32,
+    pub channels: u32,
+    /// Bytes per element (1 for uint8, 2 for f16, 4 for f32).
+    pub elem_bytes: u32,
+    /// Channels first (C×H×W) rather than H×W×C.
+    pub chw: bool,
+}
+
+impl SampleShape {
+    pub fn bytes(&self) -> u64 {
+        u64::from(self.height)
+            * u64::from(self.width)
+            * u64::from(self.channels)
+            * u64::from(self.elem_bytes)
+    }
+}
+
+/// A shard as a worker must find it: replica URLs and what the manifest says of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardRef {
+    /// The shard's index in the manifest (seeds augmentation).
+    pub index: u32,
+    /// Replica URLs or paths, in order of preference.
+    pub urls: Vec<String>,
+    pub size: u64,
+    pub samples: u64,
+    /// xxh3 of the shard file.
+    pub checksum: u64,
+    pub gzip: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assign {
+    pub job: u64,
+    /// The work unit's id in the epoch plan.
+    pub unit: u64,
+    /// Which try of this unit (a reassignment after a worker failure is a new attempt).
+    pub attempt: u32,
+    pub shard: ShardRef,
+    /// Samples `start..end` of the shard.
+    pub start: u64,
+    pub end: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SampleHeader {
+    pub job: u64,
+    pub unit: u64,
+    pub attempt: u32,
+    pub shard: u32,
+    pub index: u64,
+    pub key: String,
+    pub label: Option<i64>,
+    pub tensor_bytes: u64,
+    /// Fields passed through (name, byte length), after the tensor in the payload.
+    pub fields: Vec<(String, u64)>,
+}
+
+impl SampleHeader {
+    pub fn payload_len(&self) -> u64 {
+        self.fields
+            .iter()
+            .fold(self.tensor_bytes, |n, (_, len)| n.saturating_add(*len))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedSample {
+    pub job: u64,
+    pub unit: u64,
+    pub attempt: u32,
+    pub shard: u32,
+    pub index: u64,
+    pub key: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitDone {
+    pub job: u64,
+    pub unit: u64,
+    pub attempt: u32,
+    pub sent: u64,
+    pub skipped: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitFailed {
+    pub job: u64,
+    pub unit: u64,
+    pub attempt: u32,
+    pub error: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorCode {
+    /// No or a wrong cluster token.
+    Unauthorized,
+    /// A message that makes no sense here (bad pipeline, unknown job, out of turn).
+    BadRequest,
+    /// The worker is draining or at its connection limit.
+    Unavailable,
+    Internal,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorMessage {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl std::fmt::Display for ErrorMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {}", self.code, self.message)
+    }
+}
+
+/// The TLS application protocol name of a Sluice QUIC connection (version 1 of the frames).
+pub const ALPN: &[u8] = b"sluice/1";
