@@ -1,0 +1,299 @@
+//! The three tiers started for real on loopback: an in-process storage node serving shards
+//! over HTTP, `sluice cpu` processes (the real binary, so they can be killed), and clients.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sluice_plan::{PlanConfig, ShufflePolicy};
+use sluice_shard::{Manifest, ReadOptions, SampleReader};
+use sluice_storage::StorageConfig;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{path_str, shared_data, sluice_ok, synth_images};
+
+pub const TOKEN: &str = "system-test-cluster-token-42";
+
+/// A `sluice cpu` process.
+pub struct Worker {
+    pub child: Child,
+    pub addr: String,
+    pub metrics: String,
+    pub state: PathBuf,
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Worker {
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn log_contains(&self, needle: &str) -> bool {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains(needle))
+    }
+
+    pub fn rss_kb(&self) -> u64 {
+        rss_kb(self.child.id())
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn field(line: &str, key: &str) -> Option<String> {
+    let at = line.find(key)? + key.len();
+    Some(
+        line[at..]
+            .chars()
+            .take_while(|c| !c.is_whitespace() && *c != ')')
+            .collect(),
+    )
+}
+
+/// Starts `sluice cpu` on ports chosen by the kernel, with the test token and its own state
+/// directory (so its own self-signed certificate).
+pub fn start_worker(dir: &Path, name: &str) -> Worker {
+    let state = dir.join(name);
+    let token = dir.join("token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "cpu",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--threads",
+            "1",
+            "--token-file",
+            path_str(&token),
+            "--state-dir",
+            path_str(&state),
+        ])
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let lines = log.clone();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("sluice cpu serving") {
+                if let (Some(addr), Some(metrics), Some(tx)) = (
+                    field(&line, "listen="),
+                    field(&line, "metrics=Some("),
+                    tx.take(),
+                ) {
+                    let _ = tx.send((addr, metrics));
+                }
+            }
+            lines.lock().unwrap().push(line);
+        }
+    });
+    let (addr, metrics) = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("sluice cpu did not log its address");
+    Worker {
+        child,
+        addr,
+        metrics,
+        state,
+        log,
+    }
+}
+
+/// A PEM file pinning every given worker's certificate.
+pub fn trust_file(dir: &Path, workers: &[&Worker]) -> PathBuf {
+    let mut pem = String::new();
+    for w in workers {
+        pem.push_str(&std::fs::read_to_string(w.state.join("cert.pem")).unwrap());
+    }
+    let path = dir.join("trust.pem");
+    std::fs::write(&path, pem).unwrap();
+    path
+}
+
+/// An in-process storage node serving `root` (one bucket per subfolder).
+pub struct Storage {
+    pub url: String,
+    stop: CancellationToken,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+pub fn start_storage(root: &Path) -> Storage {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let config = StorageConfig {
+        mountpaths: vec![root.to_path_buf()],
+        ..StorageConfig::default()
+    };
+    config.validate().unwrap();
+    let stop = CancellationToken::new();
+    let token = stop.clone();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            listener.set_nonblocking(true).unwrap();
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            sluice_storage::run(listener, config, token).await.unwrap();
+        });
+    });
+    Storage {
+        url,
+        stop,
+        thread: Some(thread),
+    }
+}
+
+/// A dataset served by a storage node: the 804 real ImageNet JPEGs when `../shared` is
+/// here, else 400 generated ones; shards of `per_shard` samples in bucket `train`.
+pub struct Dataset {
+    pub storage: Storage,
+    pub manifest: Manifest,
+    pub manifest_path: PathBuf,
+    /// Keys of each shard's samples, by shard index.
+    pub keys: Vec<Vec<String>>,
+}
+
+pub fn dataset(dir: &Path, per_shard: u32) -> Dataset {
+    let bucket = dir.join("data").join("train");
+    std::fs::create_dir_all(&bucket).unwrap();
+    let pattern = bucket.join("train-%06d.tar");
+    let mut args = vec!["shard".to_string()];
+    match shared_data("imagenet-sample") {
+        Some(real) => {
+            args.extend([
+                "--input".into(),
+                path_str(&real).into(),
+                "--labels".into(),
+                path_str(&real.join("labels.tsv")).into(),
+            ]);
+        }
+        None => {
+            eprintln!("../shared/data/imagenet-sample absent: using generated JPEGs");
+            let images = synth_images(dir, 10, 40);
+            args.extend(["--input".into(), path_str(&images).into()]);
+        }
+    }
+    args.extend([
+        "--output".into(),
+        path_str(&pattern).into(),
+        "--max-count".into(),
+        per_shard.to_string(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    sluice_ok(&args);
+    let storage = start_storage(&dir.join("data"));
+    let shards = crate::support::shard_files(&bucket);
+    let last = shards.len() - 1;
+    let manifest_path = dir.join("manifest.json");
+    sluice_ok(&[
+        "index",
+        &format!("{}/v1/train/train-{{000000..{last:06}}}.tar", storage.url),
+        "--output",
+        path_str(&manifest_path),
+    ]);
+    let manifest = Manifest::load(&manifest_path, 1 << 30).unwrap();
+    let keys = shards
+        .iter()
+        .map(|p| {
+            SampleReader::new(
+                std::fs::File::open(p).unwrap(),
+                path_str(p),
+                &ReadOptions::default(),
+            )
+            .map(|s| s.unwrap().key)
+            .collect()
+        })
+        .collect();
+    Dataset {
+        storage,
+        manifest,
+        manifest_path,
+        keys,
+    }
+}
+
+/// The multiset of (shard, index) a rank is planned in an epoch, from the planner alone.
+pub fn planned(
+    manifest: &Manifest,
+    seed: u64,
+    world_size: u32,
+    rank: u32,
+    epoch: u64,
+) -> HashMap<(u32, u64), i64> {
+    let config = PlanConfig::new(seed, world_size, ShufflePolicy::Global);
+    let mut m = HashMap::new();
+    for u in sluice_plan::plan(manifest, &config, epoch, rank).unwrap() {
+        for i in u.start..u.end {
+            *m.entry((u.shard, i)).or_insert(0) += 1;
+        }
+    }
+    m
+}
+
+/// Compares what arrived with the plan; the message lists missing and repeated samples
+/// separately.
+pub fn assert_exactly_once(
+    what: &str,
+    mut plan: HashMap<(u32, u64), i64>,
+    arrived: impl IntoIterator<Item = (u32, u64)>,
+) {
+    for id in arrived {
+        *plan.entry(id).or_insert(0) -= 1;
+    }
+    let mut missing: Vec<_> = plan.iter().filter(|(_, n)| **n > 0).map(|(k, _)| *k).collect();
+    let mut repeated: Vec<_> = plan.iter().filter(|(_, n)| **n < 0).map(|(k, _)| *k).collect();
+    missing.sort();
+    repeated.sort();
+    assert!(
+        missing.is_empty() && repeated.is_empty(),
+        "{what}: {} missing {:?}…, {} repeated or unplanned {:?}…",
+        missing.len(),
+        &missing[..missing.len().min(5)],
+        repeated.len(),
+        &repeated[..repeated.len().min(5)]
+    );
+}
