@@ -59,7 +59,12 @@ fn loadgen_gets_every_planned_sample_once_per_rank_and_epoch() {
     let key_to_index: Vec<HashMap<&str, u64>> = data
         .keys
         .iter()
-        .map(|ks| ks.iter().enumerate().map(|(i, k)| (k.as_str(), i as u64)).collect())
+        .map(|ks| {
+            ks.iter()
+                .enumerate()
+                .map(|(i, k)| (k.as_str(), i as u64))
+                .collect()
+        })
         .collect();
     let name_to_shard: HashMap<&str, u32> = data
         .manifest
@@ -91,8 +96,7 @@ fn loadgen_gets_every_planned_sample_once_per_rank_and_epoch() {
             );
         }
     }
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let ranks = report["ranks"].as_array().unwrap();
     assert_eq!(ranks.len(), 2);
     for r in ranks {
@@ -111,7 +115,10 @@ fn loadgen_gets_every_planned_sample_once_per_rank_and_epoch() {
             .unwrap()
             .text()
             .unwrap();
-        assert!(metrics.contains("sluice_cpu_samples_sent_total"), "{metrics}");
+        assert!(
+            metrics.contains("sluice_cpu_samples_sent_total"),
+            "{metrics}"
+        );
     }
     let _ = TOKEN;
 }
@@ -160,7 +167,11 @@ fn a_checkpoint_resumes_exactly_the_rest_and_workers_agree_byte_for_byte() {
         got.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
     }
     assert_eq!(9 + resumed_batches, batches);
-    assert_exactly_once("checkpointed epoch", planned(&data.manifest, 11, 1, 0, 3), got);
+    assert_exactly_once(
+        "checkpointed epoch",
+        planned(&data.manifest, 11, 1, 0, 3),
+        got,
+    );
 
     // A checkpoint from another job is refused with the reason.
     let other = Loader::builder()
@@ -195,7 +206,10 @@ fn a_checkpoint_resumes_exactly_the_rest_and_workers_agree_byte_for_byte() {
     let from_a = digest(&a.addr);
     let from_b = digest(&b.addr);
     assert_eq!(from_a.len() as u64, data.manifest.total_samples());
-    assert!(from_a == from_b, "workers made different tensors for the same samples");
+    assert!(
+        from_a == from_b,
+        "workers made different tensors for the same samples"
+    );
 }
 
 #[test]

@@ -39,7 +39,7 @@ fn loader(
 fn killed_and_stopped_workers_lose_and_repeat_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let data = dataset(dir.path(), 60);
-    let mut workers = vec![start_worker(dir.path(), "a"), start_worker(dir.path(), "b")];
+    let mut workers = [start_worker(dir.path(), "a"), start_worker(dir.path(), "b")];
     // Kill points as fractions of the epoch, from a fixed seed so a failure can be replayed.
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     for round in 0..4u64 {
@@ -60,7 +60,7 @@ fn killed_and_stopped_workers_lose_and_repeat_nothing() {
         let mut epoch = l.epoch(round).unwrap();
         let mut n = 0;
         let sigterm = round == 3;
-        while let Some(batch) = epoch.next() {
+        for batch in epoch.by_ref() {
             let batch = batch.unwrap_or_else(|e| panic!("round {round}: {e}"));
             got.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
             n += 1;
@@ -86,13 +86,21 @@ fn killed_and_stopped_workers_lose_and_repeat_nothing() {
             got,
         );
         assert_eq!(report.delivered, data.manifest.total_samples());
-        eprintln!("round {round}: stopped worker {victim} after batch {kill_at}/{batches}: {report:?}");
+        eprintln!(
+            "round {round}: stopped worker {victim} after batch {kill_at}/{batches}: {report:?}"
+        );
         if !sigterm {
-            assert!(report.reassigned > 0, "round {round}: the killed worker's units moved");
+            assert!(
+                report.reassigned > 0,
+                "round {round}: the killed worker's units moved"
+            );
         }
         if sigterm {
             let status = workers[victim].child.wait().unwrap();
-            assert!(status.success(), "SIGTERM should drain and exit 0: {status}");
+            assert!(
+                status.success(),
+                "SIGTERM should drain and exit 0: {status}"
+            );
             assert!(workers[victim].log_contains("draining"));
         }
         // Bring the worker back (a new port, the same certificate) for the next round.
@@ -111,11 +119,17 @@ fn wrong_tokens_and_untrusted_certificates_are_refused_on_both_sides() {
         let mut epoch = l.epoch(0).unwrap();
         match epoch.next() {
             Some(Err(e)) => e.to_string(),
-            other => panic!("expected an error, got {:?}", other.map(|b| b.map(|b| b.len()))),
+            other => panic!(
+                "expected an error, got {:?}",
+                other.map(|b| b.map(|b| b.len()))
+            ),
         }
     };
     let e = first_error(loader(&data, vec![w.addr.clone()], &trust, "not-the-token"));
-    assert!(e.contains("refused") && e.contains("wrong cluster token"), "{e}");
+    assert!(
+        e.contains("refused") && e.contains("wrong cluster token"),
+        "{e}"
+    );
     let e = first_error(loader(&data, vec![w.addr.clone()], &trust, ""));
     assert!(e.contains("no cluster token"), "{e}");
     // A certificate the client does not trust: another worker's.
@@ -162,7 +176,10 @@ fn no_worker_at_all_is_an_error_after_the_wait_not_a_hang() {
         Some(Err(e)) => e.to_string(),
         _ => panic!("expected an error"),
     };
-    assert!(e.contains("no worker reachable") && e.contains(&addr), "{e}");
+    assert!(
+        e.contains("no worker reachable") && e.contains(&addr),
+        "{e}"
+    );
     assert!(started.elapsed() < Duration::from_secs(30));
     assert!(epoch.next().is_none(), "the iterator ends after its error");
 }
@@ -179,7 +196,11 @@ fn in_process_mode_needs_no_daemon_and_reports_bad_samples() {
         .unwrap();
     let bytes = std::fs::read(&victim).unwrap();
     std::fs::write(&victim, &bytes[..bytes.len() / 2]).unwrap();
-    std::fs::write(images.join("class_002").join("zz_garbage.jpg"), b"\xff\xd8\xffgarbage").unwrap();
+    std::fs::write(
+        images.join("class_002").join("zz_garbage.jpg"),
+        b"\xff\xd8\xffgarbage",
+    )
+    .unwrap();
     let manifest_path = dir.path().join("shards").join("manifest.json");
     sluice_ok(&[
         "shard",
@@ -228,10 +249,16 @@ fn in_process_mode_needs_no_daemon_and_reports_bad_samples() {
             skipped.extend(batch.skipped().iter().map(|(_, why)| why.clone()));
             batches += 1;
         }
-        assert_eq!(batches, 10, "{policy:?}: the same number of batches whatever is skipped");
+        assert_eq!(
+            batches, 10,
+            "{policy:?}: the same number of batches whatever is skipped"
+        );
         assert_eq!(len, expect_len, "{policy:?}");
         assert_eq!(skipped.len(), 2, "{skipped:?}");
-        assert!(skipped.iter().any(|s| s.contains("zz_garbage")), "{skipped:?}");
+        assert!(
+            skipped.iter().any(|s| s.contains("zz_garbage")),
+            "{skipped:?}"
+        );
         assert!(buffers.len() <= 3, "batch buffers are reused from the ring");
         let r = epoch.report();
         assert_eq!((r.delivered, r.skipped, r.planned), (89, 2, 91));

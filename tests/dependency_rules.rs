@@ -1,8 +1,8 @@
 //! The workspace's dependency rules, checked from `cargo metadata` so that a new dependency
 //! that breaks the architecture fails CI instead of growing unnoticed:
 //! - the pure crates (planner, wire protocol) pull in no runtime, network, clock or metrics
-//!   crate, even transitively; the shard format crate may use tokio only through its optional
-//!   `async` feature (IO traits for the async reader);
+//!   crate, even transitively; the shard format and wire crates may use tokio only through an
+//!   optional feature (IO traits for their async shells);
 //! - tier crates do not depend on each other;
 //! - the GPU client links no image decoder;
 //! - `anyhow` is for the binary's edge only.
@@ -142,12 +142,16 @@ fn pure_crates_pull_in_no_runtime_network_or_metrics() {
         assert!(bad.is_empty(), "{krate} depends on {bad:?}");
     }
     let g = graph();
-    for (dep, optional, kind) in &g.declared["sluice-shard"] {
-        if kind == "normal" && IMPURE.contains(&dep.as_str()) {
-            assert!(
-                dep == "tokio" && *optional,
-                "sluice-shard depends on {dep} (only an optional tokio is allowed)"
-            );
+    // The shard format's async reader and the wire codec's async shell are optional features
+    // that bring tokio's IO traits and nothing else.
+    for krate in ["sluice-shard", "sluice-wire"] {
+        for (dep, optional, kind) in &g.declared[krate] {
+            if kind == "normal" && IMPURE.contains(&dep.as_str()) {
+                assert!(
+                    dep == "tokio" && *optional,
+                    "{krate} depends on {dep} (only an optional tokio is allowed)"
+                );
+            }
         }
     }
     let shard_alone = tree("sluice-shard");

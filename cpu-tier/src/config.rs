@@ -315,14 +315,24 @@ mod tests {
         let d = CpuConfig::default();
         assert_eq!(c.limits.max_credits, d.limits.max_credits);
         assert_eq!(c.decode.max_pixels, d.decode.max_pixels);
-        assert_eq!(c.decode.max_progressive_scans, d.decode.max_progressive_scans);
-        assert_eq!(c.timeouts.client_silence_secs, d.timeouts.client_silence_secs);
+        assert_eq!(
+            c.decode.max_progressive_scans,
+            d.decode.max_progressive_scans
+        );
+        assert_eq!(
+            c.timeouts.client_silence_secs,
+            d.timeouts.client_silence_secs
+        );
         assert_eq!(c.engine().readahead, EngineConfig::default().readahead);
     }
 
     #[test]
     fn errors_name_the_key() {
-        let e = |text: &str| CpuConfig::from_toml(text, "c.toml").unwrap_err().to_string();
+        let e = |text: &str| {
+            CpuConfig::from_toml(text, "c.toml")
+                .unwrap_err()
+                .to_string()
+        };
         assert!(e("colour = 1\n").contains("colour"));
         assert!(e("[limits]\nmax_credits = 0\n").contains("limits.max_credits"));
         assert!(e("[timeouts]\nheartbeat_secs = -1\n").contains("timeouts.heartbeat_secs"));

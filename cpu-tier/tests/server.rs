@@ -81,7 +81,11 @@ type Conn = (
 async fn connect(r: &Running) -> Conn {
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     endpoint.set_default_client_config(r.client.clone());
-    let conn = endpoint.connect(r.addr, "localhost").unwrap().await.unwrap();
+    let conn = endpoint
+        .connect(r.addr, "localhost")
+        .unwrap()
+        .await
+        .unwrap();
     let (send, recv) = conn.open_bi().await.unwrap();
     (
         conn,
@@ -118,11 +122,18 @@ async fn expect_error(c: &mut Conn, code: ErrorCode, needle: &str) {
     match next(c).await {
         Some(Message::Error(e)) => {
             assert_eq!(e.code, code, "{e}");
-            assert!(e.message.contains(needle), "{:?} lacks {needle:?}", e.message);
+            assert!(
+                e.message.contains(needle),
+                "{:?} lacks {needle:?}",
+                e.message
+            );
         }
         other => panic!("expected an error about {needle:?}, got {other:?}"),
     }
-    assert!(next(c).await.is_none(), "the connection closes after an error");
+    assert!(
+        next(c).await.is_none(),
+        "the connection closes after an error"
+    );
 }
 
 async fn raw(c: &mut Conn, bytes: &[u8]) {
@@ -156,16 +167,33 @@ async fn bad_frames_close_one_connection_and_the_server_goes_on() {
     // A frame of a protocol version this build does not speak.
     let mut c = connect(&r).await;
     let mut frame = Vec::new();
-    encode_frame(&Message::Heartbeat { seq: 1 }, &[], &Limits::default(), &mut frame).unwrap();
+    encode_frame(
+        &Message::Heartbeat { seq: 1 },
+        &[],
+        &Limits::default(),
+        &mut frame,
+    )
+    .unwrap();
     frame[3] = 9;
     raw(&mut c, &frame).await;
-    expect_error(&mut c, ErrorCode::BadRequest, "unsupported protocol version 9").await;
+    expect_error(
+        &mut c,
+        ErrorCode::BadRequest,
+        "unsupported protocol version 9",
+    )
+    .await;
 
     // A header longer than the server accepts: refused before anything is allocated.
     let mut c = connect(&r).await;
     hello(&mut c).await;
     let mut frame = Vec::new();
-    encode_frame(&Message::Heartbeat { seq: 1 }, &[], &Limits::default(), &mut frame).unwrap();
+    encode_frame(
+        &Message::Heartbeat { seq: 1 },
+        &[],
+        &Limits::default(),
+        &mut frame,
+    )
+    .unwrap();
     frame[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
     raw(&mut c, &frame).await;
     expect_error(&mut c, ErrorCode::BadRequest, "exceeds the limit").await;
@@ -193,16 +221,31 @@ async fn bad_frames_close_one_connection_and_the_server_goes_on() {
     expect_error(&mut c, ErrorCode::BadRequest, "sharpen").await;
     let mut c = connect(&r).await;
     hello(&mut c).await;
-    c.1.send(&Message::Credit { job: 5, samples: 1 }, &[]).await.unwrap();
-    c.1.send(&Message::Welcome(sluice_wire::Welcome { worker: "me".into(), threads: 1 }), &[])
+    c.1.send(&Message::Credit { job: 5, samples: 1 }, &[])
         .await
         .unwrap();
-    expect_error(&mut c, ErrorCode::BadRequest, "a client does not send Welcome").await;
+    c.1.send(
+        &Message::Welcome(sluice_wire::Welcome {
+            worker: "me".into(),
+            threads: 1,
+        }),
+        &[],
+    )
+    .await
+    .unwrap();
+    expect_error(
+        &mut c,
+        ErrorCode::BadRequest,
+        "a client does not send Welcome",
+    )
+    .await;
 
     // After all that, a well-behaved client is served.
     let mut c = connect(&r).await;
     hello(&mut c).await;
-    c.1.send(&job("decode | resize 16 | center_crop 8"), &[]).await.unwrap();
+    c.1.send(&job("decode | resize 16 | center_crop 8"), &[])
+        .await
+        .unwrap();
     match next(&mut c).await {
         Some(Message::JobOpened { job: 1, shape }) => assert_eq!(shape.bytes(), 8 * 8 * 3),
         other => panic!("expected JobOpened, got {other:?}"),

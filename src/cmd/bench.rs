@@ -23,6 +23,8 @@ pub struct Args {
 enum What {
     /// CPU engine throughput (images/s per thread count).
     Cpu(CpuArgs),
+    /// QUIC tensor throughput on loopback beside a plain TCP stream of the same frames.
+    Transport(super::bench_transport::TransportArgs),
 }
 
 #[derive(clap::Args)]
@@ -54,6 +56,7 @@ pub struct CpuArgs {
 pub fn run(args: Args) -> Result<()> {
     match args.what {
         What::Cpu(a) => cpu(a),
+        What::Transport(a) => super::bench_transport::run(a),
     }
 }
 

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_transport;
 pub mod cpu;
 pub mod daemon;
 pub mod index;

@@ -35,11 +35,7 @@ impl Worker {
     }
 
     pub fn log_contains(&self, needle: &str) -> bool {
-        self.log
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains(needle))
+        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 
     pub fn rss_kb(&self) -> u64 {
@@ -284,8 +280,16 @@ pub fn assert_exactly_once(
     for id in arrived {
         *plan.entry(id).or_insert(0) -= 1;
     }
-    let mut missing: Vec<_> = plan.iter().filter(|(_, n)| **n > 0).map(|(k, _)| *k).collect();
-    let mut repeated: Vec<_> = plan.iter().filter(|(_, n)| **n < 0).map(|(k, _)| *k).collect();
+    let mut missing: Vec<_> = plan
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(k, _)| *k)
+        .collect();
+    let mut repeated: Vec<_> = plan
+        .iter()
+        .filter(|(_, n)| **n < 0)
+        .map(|(k, _)| *k)
+        .collect();
     missing.sort();
     repeated.sort();
     assert!(

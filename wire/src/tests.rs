@@ -1,4 +1,5 @@
 use proptest::prelude::*;
+use proptest::strategy::ValueTree;
 
 use crate::codec::{decode_prefix, encode_header, PREFIX_LEN};
 use crate::*;
@@ -267,4 +268,25 @@ async fn async_reader_reads_payloads_in_place_and_spots_truncation() {
         r.payload_into(&mut dst).await,
         Err(IoError::Truncated)
     ));
+}
+
+/// Writes one frame of each message kind to `$SLUICE_FRAME_SEEDS` (a fuzzing corpus).
+#[test]
+fn write_fuzz_seeds_when_asked() {
+    let Some(dir) = std::env::var_os("SLUICE_FRAME_SEEDS") else {
+        return;
+    };
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    for i in 0..64 {
+        let m = arb_message().new_tree(&mut runner).unwrap().current();
+        let mut buf = Vec::new();
+        encode_frame(
+            &m,
+            &vec![7u8; m.payload_len() as usize],
+            &Limits::default(),
+            &mut buf,
+        )
+        .unwrap();
+        std::fs::write(std::path::Path::new(&dir).join(format!("seed-{i:02}")), buf).unwrap();
+    }
 }
