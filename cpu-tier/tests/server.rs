@@ -22,12 +22,17 @@ struct Running {
 }
 
 async fn start() -> Running {
+    start_with(|_| {}).await
+}
+
+async fn start_with(tune: impl FnOnce(&mut CpuConfig)) -> Running {
     let dir = tempfile::tempdir().unwrap();
-    let config = CpuConfig {
+    let mut config = CpuConfig {
         state_dir: dir.path().to_path_buf(),
         threads: 1,
         ..CpuConfig::default()
     };
+    tune(&mut config);
     let identity = sluice_cpu::tls::self_signed(dir.path(), &["localhost".into()]).unwrap();
     let mut roots = rustls::RootCertStore::empty();
     roots.add(identity.certs[0].clone()).unwrap();
@@ -79,10 +84,14 @@ type Conn = (
 );
 
 async fn connect(r: &Running) -> Conn {
+    connect_to(r.addr, r.client.clone()).await
+}
+
+async fn connect_to(addr: std::net::SocketAddr, client: quinn::ClientConfig) -> Conn {
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    endpoint.set_default_client_config(r.client.clone());
+    endpoint.set_default_client_config(client);
     let conn = endpoint
-        .connect(r.addr, "localhost")
+        .connect(addr, "localhost")
         .unwrap()
         .await
         .unwrap();
@@ -141,8 +150,12 @@ async fn raw(c: &mut Conn, bytes: &[u8]) {
 }
 
 fn job(pipeline: &str) -> Message {
+    job_n(1, pipeline)
+}
+
+fn job_n(job: u64, pipeline: &str) -> Message {
     Message::OpenJob(JobSpec {
-        job: 1,
+        job,
         dataset: "test".into(),
         pipeline: pipeline.into(),
         seed: 0,
@@ -250,5 +263,94 @@ async fn bad_frames_close_one_connection_and_the_server_goes_on() {
         Some(Message::JobOpened { job: 1, shape }) => assert_eq!(shape.bytes(), 8 * 8 * 3),
         other => panic!("expected JobOpened, got {other:?}"),
     }
+    r.stop.cancel();
+}
+
+/// A shard of `n` small JPEG samples, as an assignment of all of it.
+fn shard(dir: &std::path::Path, n: u64, job: u64) -> sluice_wire::Assign {
+    let mut w = sluice_shard::ShardWriter::new(sluice_shard::WriterConfig::new(format!(
+        "{}/s-%02d.tar",
+        dir.display()
+    )))
+    .unwrap();
+    for i in 0..n {
+        let mut jpeg = Vec::new();
+        let img = image::RgbImage::from_fn(40, 30, |x, y| image::Rgb([x as u8 * 6, y as u8 * 8, i as u8]));
+        image::codecs::jpeg::JpegEncoder::new(&mut jpeg).encode_image(&img).unwrap();
+        w.write(&format!("k{i:03}"), &[("jpg", &jpeg)]).unwrap();
+    }
+    let s = w.finish().unwrap().remove(0);
+    sluice_wire::Assign {
+        job,
+        unit: 0,
+        attempt: 0,
+        shard: sluice_wire::ShardRef {
+            index: 0,
+            urls: vec![s.path.display().to_string()],
+            size: s.info.size,
+            samples: s.info.samples,
+            checksum: s.info.checksum.0,
+            gzip: false,
+        },
+        start: 0,
+        end: n,
+    }
+}
+
+/// A client that vanishes (no close, no more packets) while its unit waits for credits: the
+/// worker notices its silence, cancels the job and frees the only unit slot for the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_client_frees_what_it_held() {
+    let r = start_with(|c| {
+        c.limits.max_active_units = 1;
+        c.timeouts.heartbeat_secs = 0.2;
+        c.timeouts.client_silence_secs = 3.0;
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let assign = shard(dir.path(), 4, 1);
+    let (addr, client, first) = (r.addr, r.client.clone(), assign.clone());
+    // The vanishing client lives on its own runtime, shut down without a goodbye.
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let mut c = connect_to(addr, client).await;
+            hello(&mut c).await;
+            c.1.send(&job("decode | center_crop 16"), &[]).await.unwrap();
+            assert!(matches!(next(&mut c).await, Some(Message::JobOpened { .. })));
+            c.1.send(&Message::Assign(first), &[]).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            std::mem::forget(c);
+        });
+        rt.shutdown_background();
+    })
+    .join()
+    .unwrap();
+    // The second client's unit can only run once the first one's slot is free.
+    let mut c = connect(&r).await;
+    hello(&mut c).await;
+    c.1.send(&job_n(2, "decode | center_crop 16"), &[]).await.unwrap();
+    assert!(matches!(next(&mut c).await, Some(Message::JobOpened { job: 2, .. })));
+    let mut second = assign;
+    second.job = 2;
+    c.1.send(&Message::Assign(second), &[]).await.unwrap();
+    c.1.send(&Message::Credit { job: 2, samples: 4 }, &[]).await.unwrap();
+    let mut samples = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(tokio::time::Instant::now() < deadline, "the slot was never freed");
+        match next(&mut c).await {
+            Some(Message::Sample(h)) => {
+                assert_eq!(h.tensor_bytes, 16 * 16 * 3);
+                samples += 1;
+            }
+            Some(Message::UnitDone(d)) => {
+                assert_eq!((d.job, d.sent), (2, 4));
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(samples, 4);
     r.stop.cancel();
 }
