@@ -88,6 +88,12 @@ fn transport(config: &CpuConfig) -> quinn::TransportConfig {
     t.stream_receive_window((1u32 << 20).into());
     t.receive_window((2u32 << 20).into());
     t.keep_alive_interval(Some(config.timeouts.heartbeat()));
+    // Tensors are large: let path MTU discovery find jumbo frames (and loopback's 64 KiB);
+    // black-hole detection falls back where the path is smaller.
+    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    mtu.upper_bound(65527);
+    t.mtu_discovery_config(Some(mtu));
+    t.send_window(64 << 20);
     t.max_idle_timeout(config.timeouts.client_silence().try_into().ok());
     t
 }
@@ -425,7 +431,7 @@ impl Session {
                                 metrics::counter!("sluice_cpu_samples_sent_total").increment(1);
                                 metrics::counter!("sluice_cpu_bytes_sent_total").increment(payload.len() as u64);
                             }
-                            if writer.send(&m, &[&payload]).await.is_err() {
+                            if send_owned(writer, &m, payload, &self.state.limits).await.is_err() {
                                 return End::ClientClosed;
                             }
                         }
@@ -563,6 +569,30 @@ impl Session {
             job.cancel.cancel();
         }
     }
+}
+
+/// Sends a frame whose payload buffer QUIC takes over as is (no copy into its send buffer).
+async fn send_owned(
+    writer: &mut FrameWriter<quinn::SendStream>,
+    message: &Message,
+    payload: Vec<u8>,
+    limits: &Limits,
+) -> Result<(), String> {
+    let mut head = Vec::with_capacity(128);
+    sluice_wire::codec::encode_header(message, payload.len() as u64, limits, &mut head)
+        .map_err(|e| e.to_string())?;
+    let stream = writer.get_mut();
+    stream
+        .write_chunk(bytes::Bytes::from(head))
+        .await
+        .map_err(|e| e.to_string())?;
+    if !payload.is_empty() {
+        stream
+            .write_chunk(bytes::Bytes::from(payload))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

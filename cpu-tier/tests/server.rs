@@ -90,11 +90,7 @@ async fn connect(r: &Running) -> Conn {
 async fn connect_to(addr: std::net::SocketAddr, client: quinn::ClientConfig) -> Conn {
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     endpoint.set_default_client_config(client);
-    let conn = endpoint
-        .connect(addr, "localhost")
-        .unwrap()
-        .await
-        .unwrap();
+    let conn = endpoint.connect(addr, "localhost").unwrap().await.unwrap();
     let (send, recv) = conn.open_bi().await.unwrap();
     (
         conn,
@@ -275,8 +271,12 @@ fn shard(dir: &std::path::Path, n: u64, job: u64) -> sluice_wire::Assign {
     .unwrap();
     for i in 0..n {
         let mut jpeg = Vec::new();
-        let img = image::RgbImage::from_fn(40, 30, |x, y| image::Rgb([x as u8 * 6, y as u8 * 8, i as u8]));
-        image::codecs::jpeg::JpegEncoder::new(&mut jpeg).encode_image(&img).unwrap();
+        let img = image::RgbImage::from_fn(40, 30, |x, y| {
+            image::Rgb([x as u8 * 6, y as u8 * 8, i as u8])
+        });
+        image::codecs::jpeg::JpegEncoder::new(&mut jpeg)
+            .encode_image(&img)
+            .unwrap();
         w.write(&format!("k{i:03}"), &[("jpg", &jpeg)]).unwrap();
     }
     let s = w.finish().unwrap().remove(0);
@@ -316,8 +316,13 @@ async fn a_vanished_client_frees_what_it_held() {
         rt.block_on(async {
             let mut c = connect_to(addr, client).await;
             hello(&mut c).await;
-            c.1.send(&job("decode | center_crop 16"), &[]).await.unwrap();
-            assert!(matches!(next(&mut c).await, Some(Message::JobOpened { .. })));
+            c.1.send(&job("decode | center_crop 16"), &[])
+                .await
+                .unwrap();
+            assert!(matches!(
+                next(&mut c).await,
+                Some(Message::JobOpened { .. })
+            ));
             c.1.send(&Message::Assign(first), &[]).await.unwrap();
             tokio::time::sleep(Duration::from_millis(300)).await;
             std::mem::forget(c);
@@ -329,16 +334,26 @@ async fn a_vanished_client_frees_what_it_held() {
     // The second client's unit can only run once the first one's slot is free.
     let mut c = connect(&r).await;
     hello(&mut c).await;
-    c.1.send(&job_n(2, "decode | center_crop 16"), &[]).await.unwrap();
-    assert!(matches!(next(&mut c).await, Some(Message::JobOpened { job: 2, .. })));
+    c.1.send(&job_n(2, "decode | center_crop 16"), &[])
+        .await
+        .unwrap();
+    assert!(matches!(
+        next(&mut c).await,
+        Some(Message::JobOpened { job: 2, .. })
+    ));
     let mut second = assign;
     second.job = 2;
     c.1.send(&Message::Assign(second), &[]).await.unwrap();
-    c.1.send(&Message::Credit { job: 2, samples: 4 }, &[]).await.unwrap();
+    c.1.send(&Message::Credit { job: 2, samples: 4 }, &[])
+        .await
+        .unwrap();
     let mut samples = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        assert!(tokio::time::Instant::now() < deadline, "the slot was never freed");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot was never freed"
+        );
         match next(&mut c).await {
             Some(Message::Sample(h)) => {
                 assert_eq!(h.tensor_bytes, 16 * 16 * 3);

@@ -623,7 +623,14 @@ mod tests {
         let (ev_tx, ev_rx) = mpsc::channel(64);
         let (out_tx, mut out_rx) = mpsc::channel(4);
         let task = tokio::spawn(c.run(ev_rx, out_tx, CancellationToken::new()));
-        ev_tx.send(Event::Ready { link: 0, generation: 1, shape: SHAPE }).await.unwrap();
+        ev_tx
+            .send(Event::Ready {
+                link: 0,
+                generation: 1,
+                shape: SHAPE,
+            })
+            .await
+            .unwrap();
         // Link 0 gets its credits and the only piece.
         assert!(matches!(rx0.recv().await, Some(Command::Credit(1, 4))));
         let Some(Command::Assign(1, a)) = rx0.recv().await else {
@@ -634,12 +641,24 @@ mod tests {
             ev_tx.send(sample(0, 0, 0, i)).await.unwrap();
         }
         ev_tx
-            .send(Event::Lost { link: 0, generation: 1, error: "gone".into(), fatal: None })
+            .send(Event::Lost {
+                link: 0,
+                generation: 1,
+                error: "gone".into(),
+                fatal: None,
+            })
             .await
             .unwrap();
         // A frame link 0 sent before it died, read after the loss: still new, so kept.
         ev_tx.send(sample(0, 0, 0, 3)).await.unwrap();
-        ev_tx.send(Event::Ready { link: 1, generation: 1, shape: SHAPE }).await.unwrap();
+        ev_tx
+            .send(Event::Ready {
+                link: 1,
+                generation: 1,
+                shape: SHAPE,
+            })
+            .await
+            .unwrap();
         assert!(matches!(rx1.recv().await, Some(Command::Credit(1, 4))));
         let Some(Command::Assign(1, b)) = rx1.recv().await else {
             panic!("no reassignment")
@@ -653,7 +672,13 @@ mod tests {
         ev_tx
             .send(Event::UnitDone {
                 link: 1,
-                done: UnitDone { job: 9, unit: 0, attempt: b.attempt, sent: 5, skipped: 0 },
+                done: UnitDone {
+                    job: 9,
+                    unit: 0,
+                    attempt: b.attempt,
+                    sent: 5,
+                    skipped: 0,
+                },
             })
             .await
             .unwrap();

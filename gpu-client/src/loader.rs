@@ -261,6 +261,9 @@ impl LoaderBuilder {
                 t.stream_receive_window(window.into());
                 t.receive_window(window.into());
                 t.keep_alive_interval(Some(self.heartbeat));
+                let mut mtu = quinn::MtuDiscoveryConfig::default();
+                mtu.upper_bound(65527);
+                t.mtu_discovery_config(Some(mtu));
                 t.max_idle_timeout(self.silence.try_into().ok());
                 let config = crate::tls::client_config(trust, t)?;
                 let endpoint = runtime
@@ -296,7 +299,7 @@ impl LoaderBuilder {
             batch_plan,
             workers,
             quic,
-            runtime: Arc::new(runtime),
+            runtime: Some(runtime),
             progress: Arc::new(Mutex::new(None)),
             resume: Mutex::new(None),
             stats: Arc::new(Stats::new()),
@@ -314,7 +317,8 @@ pub struct Loader {
     batch_plan: BatchPlan,
     workers: Workers,
     quic: Option<(quinn::Endpoint, quinn::ClientConfig)>,
-    runtime: Arc<tokio::runtime::Runtime>,
+    /// Always `Some` until drop.
+    runtime: Option<tokio::runtime::Runtime>,
     progress: Arc<Mutex<Option<Progress>>>,
     resume: Mutex<Option<Checkpoint>>,
     stats: Arc<Stats>,
@@ -501,6 +505,10 @@ impl Loader {
 
     /// Starts epoch `epoch` (or resumes it from a loaded checkpoint) and returns its batches.
     pub fn epoch(&self, epoch: u64) -> Result<Epoch, ClientError> {
+        let runtime = self
+            .runtime
+            .as_ref()
+            .ok_or_else(|| ClientError::Runtime("the loader is shutting down".into()))?;
         let units = self.plan(epoch)?;
         let mut ledger = Ledger::new(&units);
         let mut first_batch = 0;
@@ -545,12 +553,12 @@ impl Loader {
         let (event_tx, event_rx) = mpsc::channel(links_max * s.credits_per_worker as usize + 64);
         let (out_tx, out_rx) = mpsc::channel(s.ring_batches);
         let mut links = Vec::new();
-        let _guard = self.runtime.enter();
+        let _guard = runtime.enter();
         match &self.workers {
             Workers::InProcess(runner) => {
                 let (tx, rx) = mpsc::channel(64);
                 links.push(("in-process".to_string(), tx));
-                self.runtime.spawn(run_local(
+                runtime.spawn(run_local(
                     0,
                     runner.clone(),
                     spec.clone(),
@@ -581,8 +589,7 @@ impl Loader {
                         limits: Limits::default(),
                     };
                     links.push((name, tx));
-                    self.runtime
-                        .spawn(link.run(rx, event_tx.clone(), cancel.clone()));
+                    runtime.spawn(link.run(rx, event_tx.clone(), cancel.clone()));
                 }
             }
         }
@@ -611,8 +618,7 @@ impl Loader {
             counters.clone(),
             self.stats.clone(),
         );
-        self.runtime
-            .spawn(coordinator.run(event_rx, out_tx, cancel.clone()));
+        runtime.spawn(coordinator.run(event_rx, out_tx, cancel.clone()));
         Ok(Epoch {
             epoch,
             planned: self.batch_plan.samples,
@@ -656,6 +662,16 @@ impl Loader {
             }
         }
         Ok(out)
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks on its threads, which panics inside another runtime's
+        // async context (a user's tokio task): let it wind down in the background instead.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
     }
 }
 

@@ -227,6 +227,7 @@ fn run_rank(
             }
         }
         let planned_total: i64 = planned.values().sum();
+        let epoch_started = Instant::now();
         let mut batches = loader.epoch(epoch)?;
         bar.set_length(batches.batches());
         bar.set_position(0);
@@ -270,6 +271,19 @@ fn run_rank(
                 .write_all(lines.as_bytes())?;
         }
         let r = batches.report();
+        if bar.is_hidden() {
+            // No terminal (CI, a pipe): one line per rank and epoch instead of a live bar.
+            let secs = epoch_started.elapsed().as_secs_f64().max(1e-9);
+            eprintln!(
+                "rank {rank} epoch {epoch}: {} batches, {} samples ({} skipped) in {secs:.1}s, \
+                 {:.0} samples/s, starved {:.0}%",
+                r.batches,
+                r.delivered,
+                r.skipped,
+                (r.delivered + r.skipped) as f64 / secs,
+                r.starved.as_secs_f64() / secs * 100.0
+            );
+        }
         let missing: i64 = planned.values().filter(|v| **v > 0).sum();
         let repeated: i64 = -planned.values().filter(|v| **v < 0).sum::<i64>();
         result.epochs += 1;
