@@ -19,6 +19,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The whole system on this machine: a dataset, a storage node, CPU workers and
+    /// consumers over loopback, a report of each tier and the bottleneck.
+    Demo(cmd::demo::Args),
     /// Write WebDataset shards from an image folder, a labelled flat folder, or a tar stream.
     Shard(cmd::shard::Args),
     /// Describe shards in a manifest and write each shard's sample index (.idx).
@@ -42,6 +45,7 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Demo(args) => cmd::demo::run(args),
         Command::Shard(args) => cmd::shard::run(args),
         Command::Index(args) => cmd::index::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),

@@ -211,3 +211,26 @@ pub fn run(args: TransportArgs) -> Result<()> {
     println!("transport\tquic/tcp\t{:.2}", quic / tcp);
     Ok(())
 }
+
+/// QUIC tensor throughput (bytes/s) through the real server and client, `samples` tensors of
+/// side×side×3 bytes.
+pub fn quic_probe(samples: u64, side: u32) -> Result<f64> {
+    let args = TransportArgs {
+        samples,
+        side,
+        credits: 256,
+        repeat: 1,
+    };
+    let shape = SampleShape {
+        height: side,
+        width: side,
+        channels: 3,
+        elem_bytes: 1,
+        chw: false,
+    };
+    let runner = Arc::new(Synthetic {
+        shape,
+        tensor: Arc::new(vec![0x5au8; shape.bytes() as usize]),
+    });
+    quic_once(&args, runner)
+}

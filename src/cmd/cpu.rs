@@ -69,7 +69,7 @@ pub fn read_token(path: &Path) -> Result<String> {
 pub fn run(args: Args) -> Result<()> {
     daemon::init_logs();
     let mut config = match &args.config {
-        Some(path) => CpuConfig::load(path)?,
+        Some(path) => CpuConfig::read(path)?,
         None => CpuConfig {
             state_dir: default_state_dir(),
             ..CpuConfig::default()

@@ -6,8 +6,13 @@ use tokio_util::sync::CancellationToken;
 
 /// Logs to stderr (`RUST_LOG` filters; default `info`).
 pub fn init_logs() {
+    init_logs_at("info");
+}
+
+/// Logs to stderr (`RUST_LOG` filters; default `level`).
+pub fn init_logs_at(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

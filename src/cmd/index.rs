@@ -191,3 +191,12 @@ pub fn dataset(spec: &str) -> Result<Manifest> {
     manifest.validate(spec)?;
     Ok(manifest)
 }
+
+/// How many `.tar` files `dir` holds.
+pub fn shard_count(dir: &Path) -> Result<usize> {
+    Ok(std::fs::read_dir(dir)
+        .with_context(|| format!("listing {}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "tar"))
+        .count())
+}

@@ -19,75 +19,75 @@ use sluice_shard::Manifest;
 pub struct Args {
     /// A manifest (.json path or URL) or shards (paths, URLs, brace patterns).
     #[arg(long)]
-    dataset: String,
+    pub(crate) dataset: String,
     /// CPU workers, host:port, comma-separated; `local` decodes in this process.
     #[arg(long, value_delimiter = ',', required = true)]
-    workers: Vec<String>,
+    pub(crate) workers: Vec<String>,
     /// Ranks to simulate (threads in this process); they form the whole world.
     #[arg(long, default_value_t = 1)]
-    ranks: u32,
+    pub(crate) ranks: u32,
     #[arg(long, default_value_t = 256)]
-    batch_size: u32,
+    pub(crate) batch_size: u32,
     /// Simulated compute time per step, milliseconds.
     #[arg(long, default_value_t = 0.0)]
-    step_ms: f64,
+    pub(crate) step_ms: f64,
     #[arg(long, default_value_t = 1)]
-    epochs: u64,
+    pub(crate) epochs: u64,
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    pub(crate) seed: u64,
     /// First epoch number.
     #[arg(long, default_value_t = 0)]
-    first_epoch: u64,
+    pub(crate) first_epoch: u64,
     #[arg(long, default_value = "decode | random_resized_crop 224 | hflip 0.5")]
-    pipeline: String,
+    pub(crate) pipeline: String,
     /// global, local or partial:Q.
     #[arg(long, default_value = "global")]
-    shuffle: String,
+    pub(crate) shuffle: String,
     /// Drop the last incomplete batch.
     #[arg(long)]
-    drop_last: bool,
+    pub(crate) drop_last: bool,
     /// Fill batches that lost samples to the decoder with copies (marked as padding).
     #[arg(long)]
-    top_up: bool,
+    pub(crate) top_up: bool,
     /// File holding the cluster token (else $SLUICE_TOKEN).
     #[arg(long)]
-    token_file: Option<PathBuf>,
+    pub(crate) token_file: Option<PathBuf>,
     /// PEM with the workers' certificate (pinned) or CA.
     #[arg(long)]
-    trust_cert: Option<PathBuf>,
+    pub(crate) trust_cert: Option<PathBuf>,
     /// Samples each worker may have in flight per rank.
     #[arg(long, default_value_t = 128)]
-    credits: u32,
+    pub(crate) credits: u32,
     /// Decode threads for `--workers local` (0 = one per core).
     #[arg(long, default_value_t = 0)]
-    threads: usize,
+    pub(crate) threads: usize,
     /// Seconds to wait for any worker before failing.
     #[arg(long, default_value_t = 30.0)]
-    worker_wait: f64,
+    pub(crate) worker_wait: f64,
     /// Write the results as JSON here.
     #[arg(long)]
-    json: Option<PathBuf>,
+    pub(crate) json: Option<PathBuf>,
     /// Write every delivered sample as `epoch<TAB>rank<TAB>shard<TAB>key`.
     #[arg(long)]
-    dump_ids: Option<PathBuf>,
+    pub(crate) dump_ids: Option<PathBuf>,
 }
 
 /// One rank's totals over its epochs.
 #[derive(Default, Clone)]
-struct RankResult {
-    rank: u32,
-    epochs: u64,
-    batches: u64,
-    planned: u64,
-    delivered: u64,
-    skipped: u64,
-    duplicates_dropped: u64,
+pub(crate) struct RankResult {
+    pub(crate) rank: u32,
+    pub(crate) epochs: u64,
+    pub(crate) batches: u64,
+    pub(crate) planned: u64,
+    pub(crate) delivered: u64,
+    pub(crate) skipped: u64,
+    pub(crate) duplicates_dropped: u64,
     /// Planned samples neither delivered nor skipped, and samples delivered too often.
-    missing: u64,
-    repeated: u64,
-    elapsed: Duration,
-    starved: Duration,
-    broken: Vec<String>,
+    pub(crate) missing: u64,
+    pub(crate) repeated: u64,
+    pub(crate) elapsed: Duration,
+    pub(crate) starved: Duration,
+    pub(crate) broken: Vec<String>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -167,7 +167,7 @@ fn loader(args: &Args, manifest: &Manifest, rank: u32) -> Result<Loader> {
     Ok(b.build()?)
 }
 
-fn run_ranks(args: &Args, manifest: &Manifest) -> Result<Vec<RankResult>> {
+pub(crate) fn run_ranks(args: &Args, manifest: &Manifest) -> Result<Vec<RankResult>> {
     let bars = MultiProgress::new();
     let dump = match &args.dump_ids {
         Some(p) => Some(Arc::new(Mutex::new(std::io::BufWriter::new(
@@ -315,7 +315,7 @@ fn run_rank(
     Ok(result)
 }
 
-fn report(args: &Args, results: &[RankResult]) -> Result<()> {
+pub(crate) fn report(args: &Args, results: &[RankResult]) -> Result<()> {
     println!(
         "{:>4} {:>6} {:>8} {:>9} {:>9} {:>7} {:>6} {:>10} {:>9}",
         "rank",

@@ -20,12 +20,16 @@ pub struct Args {
     /// Listen address (overrides the config's).
     #[arg(long)]
     listen: Option<SocketAddr>,
+    /// This node's URL among the config's peers (overrides `advertise`; one config can then
+    /// serve every node of a StatefulSet).
+    #[arg(long)]
+    advertise: Option<String>,
 }
 
 pub fn run(args: Args) -> Result<()> {
     daemon::init_logs();
     let mut config = match (&args.config, &args.data) {
-        (Some(path), _) => StorageConfig::load(path)?,
+        (Some(path), _) => StorageConfig::read(path)?,
         (None, Some(dir)) => StorageConfig {
             mountpaths: vec![dir.clone()],
             ..StorageConfig::default()
@@ -34,6 +38,9 @@ pub fn run(args: Args) -> Result<()> {
     };
     if let Some(listen) = args.listen {
         config.listen = listen;
+    }
+    if let Some(url) = args.advertise {
+        config.advertise = Some(url);
     }
     config.validate()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -144,12 +144,24 @@ impl StorageConfig {
         Ok(config)
     }
 
+    /// Reads and validates a config file.
     pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let config = Self::read(path)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads a config file without validating it, so command-line overrides can be applied
+    /// first (then call [`StorageConfig::validate`]).
+    pub fn read(path: &std::path::Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
             source,
         })?;
-        Self::from_toml(&text, &path.display().to_string())
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.display().to_string(),
+            detail: e.to_string(),
+        })
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {

@@ -1,0 +1,173 @@
+//! Each tier measured alone, and the sizing rule: the chain runs at the speed of its slowest
+//! tier, so the report names that tier, why, and how many more of its units (storage nodes,
+//! CPU cores, connections) would move the bottleneck elsewhere.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use serde_json::json;
+use sluice_cpu::{Engine, EngineConfig, Outcome, PipelineSpec, SampleContext};
+use sluice_shard::Manifest;
+
+/// One tier's capacity in the deployment measured.
+#[derive(Clone, Debug)]
+pub struct Capacity {
+    pub tier: &'static str,
+    /// Samples per second the tier can deliver as deployed.
+    pub samples_per_s: f64,
+    /// How many units it has (nodes, cores, connections) and what a unit is.
+    pub units: f64,
+    pub unit: &'static str,
+    pub detail: String,
+}
+
+impl Capacity {
+    pub fn per_unit(&self) -> f64 {
+        self.samples_per_s / self.units.max(1e-9)
+    }
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({"tier": self.tier, "samples_per_s": self.samples_per_s, "units": self.units,
+               "unit": self.unit, "per_unit": self.per_unit(), "detail": self.detail})
+    }
+}
+
+/// Reads the dataset's shards over HTTP (two streams) for `secs`: bytes/s.
+pub fn storage_bytes_per_s(manifest: &Manifest, secs: f64) -> Result<f64> {
+    use std::io::Read;
+    let client = reqwest::blocking::Client::builder().timeout(None).build()?;
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let started = Instant::now();
+    let total: u64 = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|t| {
+                let client = &client;
+                s.spawn(move || -> Result<u64> {
+                    let mut bytes = 0u64;
+                    let mut buf = vec![0u8; 1 << 20];
+                    for shard in manifest.shards.iter().skip(t).step_by(2).cycle() {
+                        if Instant::now() >= deadline {
+                            break;
+                        }
+                        let mut resp = client.get(&shard.url).send()?.error_for_status()?;
+                        loop {
+                            let n = resp.read(&mut buf)?;
+                            if n == 0 {
+                                break;
+                            }
+                            bytes += n as u64;
+                        }
+                    }
+                    Ok(bytes)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| bail!("a reader panicked")))
+            .sum::<Result<u64>>()
+    })?;
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The CPU engine alone on up to 256 of the dataset's samples, held in memory: samples/s.
+pub fn engine_samples_per_s(
+    manifest: &Manifest,
+    pipeline: &str,
+    threads: usize,
+    secs: f64,
+) -> Result<f64> {
+    let source = sluice_cpu::ShardSource::new(sluice_cpu::SourceConfig::default())?;
+    let mut samples = Vec::new();
+    for shard in &manifest.shards {
+        let loc = sluice_cpu::ShardLocation {
+            urls: vec![shard.url.clone()],
+            info: shard.clone(),
+        };
+        for s in source.open_unit(&loc, 0, shard.samples)? {
+            samples.push(s?);
+        }
+        if samples.len() >= 256 {
+            break;
+        }
+    }
+    let spec: PipelineSpec = pipeline.parse()?;
+    let engine = Engine::new(
+        spec,
+        EngineConfig {
+            threads,
+            ..Default::default()
+        },
+    )?;
+    let ctx = |epoch| SampleContext {
+        seed: 0,
+        epoch,
+        shard: 0,
+    };
+    engine.process_all(&samples, &ctx(0));
+    let started = Instant::now();
+    let (mut n, mut epoch) = (0u64, 1);
+    while started.elapsed().as_secs_f64() < secs {
+        n += engine
+            .process_all(&samples, &ctx(epoch))
+            .iter()
+            .filter(|o| matches!(o, Outcome::Done(_)))
+            .count() as u64;
+        epoch += 1;
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+/// "1 core", "2 cores".
+pub fn count(n: f64, unit: &str) -> String {
+    if n == 1.0 {
+        format!("1 {unit}")
+    } else {
+        format!("{n:.0} {unit}s")
+    }
+}
+
+/// The slowest tier, and why, and how to move it.
+pub fn verdict(caps: &[Capacity], consumer: Option<f64>) -> (String, Vec<String>) {
+    let mut sorted: Vec<&Capacity> = caps.iter().collect();
+    sorted.sort_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s));
+    let Some(slowest) = sorted.first() else {
+        return ("none".into(), Vec::new());
+    };
+    let mut lines = Vec::new();
+    if let Some(gpu) = consumer.filter(|g| *g < slowest.samples_per_s) {
+        lines.push(format!(
+            "bottleneck: the consumers ({gpu:.0} samples/s asked); every tier has room: {} \
+             could serve {:.0}/s",
+            slowest.tier, slowest.samples_per_s
+        ));
+        return ("consumer".into(), lines);
+    }
+    let next = sorted.get(1).map(|c| c.samples_per_s);
+    let target = match (consumer, next) {
+        (Some(g), Some(n)) => g.min(n),
+        (Some(g), None) => g,
+        (None, Some(n)) => n,
+        (None, None) => slowest.samples_per_s,
+    };
+    let need = (target / slowest.per_unit()).ceil();
+    let more = (need - slowest.units).max(0.0);
+    lines.push(format!(
+        "bottleneck: {} at {:.0} samples/s ({} × {:.0}/s each; {})",
+        slowest.tier,
+        slowest.samples_per_s,
+        count(slowest.units, slowest.unit),
+        slowest.per_unit(),
+        slowest.detail
+    ));
+    if more > 0.0 {
+        lines.push(format!(
+            "to move it: {} ({more:.0} more) would carry {target:.0} samples/s, where {} takes over",
+            count(need, slowest.unit),
+            match (consumer, next) {
+                (Some(g), Some(n)) if g <= n => "the consumers' demand".to_string(),
+                _ => sorted.get(1).map_or("nothing".into(), |c| c.tier.to_string()),
+            }
+        ));
+    }
+    (slowest.tier.to_string(), lines)
+}
