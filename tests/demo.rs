@@ -47,3 +47,37 @@ fn the_demo_runs_every_tier_and_keeps_the_contract() {
     assert!(tiers.contains(&report["bottleneck"].as_str().unwrap()));
     assert!(report["chain_samples_per_s"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn bench_chain_writes_a_report_and_a_picture() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let svg = dir.path().join("bench.svg");
+    let out = sluice(&[
+        "bench",
+        "chain",
+        "--samples",
+        "100",
+        "--epochs",
+        "1",
+        "--seconds",
+        "0.3",
+        "--pipeline",
+        "decode | random_resized_crop 64",
+        "--json",
+        path_str(&json),
+        "--svg",
+        path_str(&svg),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(report["tiers"].as_array().unwrap().len(), 3);
+    assert!(report["timeline"].as_array().is_some());
+    assert!(report["contract_broken"].as_array().unwrap().is_empty());
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(picture.starts_with("<svg") && picture.contains("throughput by tier"));
+}

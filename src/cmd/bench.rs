@@ -25,6 +25,8 @@ enum What {
     Cpu(CpuArgs),
     /// QUIC tensor throughput on loopback beside a plain TCP stream of the same frames.
     Transport(super::bench_transport::TransportArgs),
+    /// Every tier alone and the whole chain, the bottleneck, a JSON result and an SVG timeline.
+    Chain(super::bench_chain::ChainArgs),
 }
 
 #[derive(clap::Args)]
@@ -57,6 +59,7 @@ pub fn run(args: Args) -> Result<()> {
     match args.what {
         What::Cpu(a) => cpu(a),
         What::Transport(a) => super::bench_transport::run(a),
+        What::Chain(a) => super::bench_chain::run(a),
     }
 }
 

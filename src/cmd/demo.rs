@@ -74,7 +74,6 @@ fn s(p: &Path) -> &str {
 
 /// Fills `bucket` with shards (and their .idx); returns how the dataset was made.
 fn make_dataset(args: &Args, work: &Path, bucket: &Path) -> Result<String> {
-    let pattern = bucket.join("train-%06d.tar");
     if let Some(spec) = &args.shards {
         let mut n = 0;
         for (i, name) in sluice_shard::expand(spec)?.iter().enumerate() {
@@ -93,24 +92,31 @@ fn make_dataset(args: &Args, work: &Path, bucket: &Path) -> Result<String> {
     }
     let (input, what) = match &args.images {
         Some(dir) => (dir.clone(), format!("JPEGs from {}", dir.display())),
-        None => {
-            let images = work.join("images");
-            let per_class = args.samples.div_ceil(10).max(1).to_string();
-            sluice(&[
-                "synth",
-                "--output",
-                s(&images),
-                "--classes",
-                "10",
-                "--per-class",
-                &per_class,
-            ])?;
-            (
-                images,
-                format!("{} generated JPEGs", args.samples.div_ceil(10) * 10),
-            )
-        }
+        None => return generate(args.samples, work, bucket),
     };
+    shard_images(&input, bucket)?;
+    Ok(what)
+}
+
+/// Generates about `samples` JPEGs (10 classes) under `work` and shards them into `bucket`.
+pub(crate) fn generate(samples: u32, work: &Path, bucket: &Path) -> Result<String> {
+    let images = work.join("images");
+    let per_class = samples.div_ceil(10).max(1);
+    sluice(&[
+        "synth",
+        "--output",
+        s(&images),
+        "--classes",
+        "10",
+        "--per-class",
+        &per_class.to_string(),
+    ])?;
+    shard_images(&images, bucket)?;
+    Ok(format!("{} generated JPEGs", per_class * 10))
+}
+
+fn shard_images(input: &Path, bucket: &Path) -> Result<()> {
+    let pattern = bucket.join("train-%06d.tar");
     let mut cmd = vec![
         "shard",
         "--input",
@@ -124,8 +130,7 @@ fn make_dataset(args: &Args, work: &Path, bucket: &Path) -> Result<String> {
     if labels.exists() {
         cmd.extend(["--labels", s(&labels)]);
     }
-    sluice(&cmd)?;
-    Ok(what)
+    sluice(&cmd)
 }
 
 pub fn run(args: Args) -> Result<()> {

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_chain;
 pub mod bench_transport;
 pub mod cluster;
 pub mod cpu;
