@@ -120,7 +120,7 @@ fn shard_images(input: &Path, bucket: &Path) -> Result<()> {
     let mut cmd = vec![
         "shard",
         "--input",
-        s(&input),
+        s(input),
         "--output",
         s(&pattern),
         "--max-count",
