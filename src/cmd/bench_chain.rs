@@ -43,16 +43,8 @@ pub struct ChainArgs {
     /// Generated images (without --dataset).
     #[arg(long, default_value_t = 1000)]
     samples: u32,
-    #[arg(long, default_value_t = 2)]
-    ranks: u32,
-    #[arg(long, default_value_t = 3)]
-    epochs: u64,
-    #[arg(long, default_value_t = 64)]
-    batch_size: u32,
-    #[arg(long, default_value_t = 0.0)]
-    step_ms: f64,
-    #[arg(long, default_value = "decode | random_resized_crop 224 | hflip 0.5")]
-    pipeline: String,
+    #[command(flatten)]
+    consumers: super::loadgen::Consumers,
     /// Seconds to measure each tier alone.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
@@ -109,7 +101,7 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
     }
     // The process's recorder: the client's (and in-process tiers') counters land here.
     let _ = sluice_storage::metrics_handle();
-    let spec: PipelineSpec = args.pipeline.parse()?;
+    let spec: PipelineSpec = args.consumers.pipeline.parse()?;
     let Some((h, w)) = spec.output_size() else {
         bail!("--pipeline must fix the output size");
     };
@@ -162,9 +154,10 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
     eprintln!("[bench] each tier alone, {}s each…", args.seconds);
     let per_sample_stored = manifest.total_bytes() as f64 / manifest.total_samples().max(1) as f64;
     let storage_bps = sizing::storage_bytes_per_s(&manifest, args.seconds)?;
-    let engine = sizing::engine_samples_per_s(&manifest, &args.pipeline, cores, args.seconds)?;
+    let engine =
+        sizing::engine_samples_per_s(&manifest, &args.consumers.pipeline, cores, args.seconds)?;
     let quic_bps = super::bench_transport::quic_probe(2048, h.max(w))?;
-    let connections = (workers.len() as u32 * args.ranks) as f64;
+    let connections = (workers.len() as u32 * args.consumers.ranks) as f64;
     let caps = vec![
         Capacity {
             tier: "storage",
@@ -178,7 +171,7 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
             samples_per_s: engine,
             units: cores as f64,
             unit: "core",
-            detail: args.pipeline.clone(),
+            detail: args.consumers.pipeline.clone(),
         },
         Capacity {
             tier: "transport",
@@ -190,27 +183,9 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
     ];
 
     eprintln!("[bench] the whole chain…");
-    let lg = super::loadgen::Args {
-        dataset: manifest_path.display().to_string(),
-        workers,
-        ranks: args.ranks,
-        batch_size: args.batch_size,
-        step_ms: args.step_ms,
-        epochs: args.epochs,
-        seed: 0,
-        first_epoch: 0,
-        pipeline: args.pipeline.clone(),
-        shuffle: "global".into(),
-        drop_last: false,
-        top_up: false,
-        token_file,
-        trust_cert: trust,
-        credits: 128,
-        threads: 0,
-        worker_wait: 30.0,
-        json: None,
-        dump_ids: None,
-    };
+    let lg = args
+        .consumers
+        .loadgen(&manifest_path, workers, token_file, trust);
     let started = Instant::now();
     let done = AtomicBool::new(false);
     let readings = Mutex::new(vec![read(&args.metrics, started)]);
@@ -234,8 +209,7 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
     let delivered: u64 = results.iter().map(|r| r.delivered + r.skipped).sum();
     let chain = delivered as f64 / secs;
     let broken: Vec<&String> = results.iter().flat_map(|r| &r.broken).collect();
-    let consumer = (args.step_ms > 0.0)
-        .then(|| f64::from(args.ranks) * f64::from(args.batch_size) * 1000.0 / args.step_ms);
+    let consumer = args.consumers.demand();
     let (bottleneck, why) = sizing::verdict(&caps, consumer);
 
     // Per interval: each tier's samples/s and the consumers' starved fraction.
@@ -248,7 +222,7 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
                 "storage_samples_per_s": (p[1].storage_bytes - p[0].storage_bytes) / per_sample_stored / dt,
                 "cpu_samples_per_s": (p[1].worker_samples - p[0].worker_samples) / dt,
                 "consumer_samples_per_s": (p[1].client_samples - p[0].client_samples) / dt,
-                "starved_fraction": ((p[1].client_wait - p[0].client_wait) / dt / f64::from(args.ranks)).clamp(0.0, 1.0),
+                "starved_fraction": ((p[1].client_wait - p[0].client_wait) / dt / f64::from(args.consumers.ranks)).clamp(0.0, 1.0),
             })
         })
         .collect();
@@ -265,7 +239,7 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
     }
     println!(
         "{:<10} {:>12.0} {:>22}  {} ranks × {} epochs, {:.1}s",
-        "chain", chain, "", args.ranks, args.epochs, secs
+        "chain", chain, "", args.consumers.ranks, args.consumers.epochs, secs
     );
     for line in &why {
         println!("{line}");

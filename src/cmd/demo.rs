@@ -34,18 +34,8 @@ pub struct Args {
     /// Decode threads per worker (0 = this machine's cores divided among the workers).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-    /// Synthetic consumers (ranks).
-    #[arg(long, default_value_t = 2)]
-    ranks: u32,
-    #[arg(long, default_value_t = 3)]
-    epochs: u64,
-    #[arg(long, default_value_t = 64)]
-    batch_size: u32,
-    /// Simulated GPU step per batch, milliseconds (0: consume as fast as data comes).
-    #[arg(long, default_value_t = 0.0)]
-    step_ms: f64,
-    #[arg(long, default_value = "decode | random_resized_crop 224 | hflip 0.5")]
-    pipeline: String,
+    #[command(flatten)]
+    consumers: super::loadgen::Consumers,
     /// Keep the dataset and state here (default: a temporary folder, removed at the end).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -144,7 +134,7 @@ pub fn run(args: Args) -> Result<()> {
         .unwrap_or_else(|| temp.path().to_path_buf());
     let bucket = work.join("data").join("demo");
     std::fs::create_dir_all(&bucket)?;
-    let spec: PipelineSpec = args.pipeline.parse()?;
+    let spec: PipelineSpec = args.consumers.pipeline.parse()?;
     let Some((h, w)) = spec.output_size() else {
         bail!("--pipeline must fix the output size");
     };
@@ -177,20 +167,24 @@ pub fn run(args: Args) -> Result<()> {
         manifest.total_bytes() as f64 / 1e6,
         tiers.storage_url,
         args.workers,
-        args.ranks,
-        args.epochs,
-        args.batch_size,
-        args.step_ms
+        args.consumers.ranks,
+        args.consumers.epochs,
+        args.consumers.batch_size,
+        args.consumers.step_ms
     );
 
     eprintln!("[demo] measuring each tier alone…");
     let per_sample_stored = manifest.total_bytes() as f64 / manifest.total_samples().max(1) as f64;
     let storage_bps = sizing::storage_bytes_per_s(&manifest, 1.0)?;
     let cores_used = (args.workers * threads) as f64;
-    let engine =
-        sizing::engine_samples_per_s(&manifest, &args.pipeline, args.workers * threads, 2.0)?;
+    let engine = sizing::engine_samples_per_s(
+        &manifest,
+        &args.consumers.pipeline,
+        args.workers * threads,
+        2.0,
+    )?;
     let quic_bps = super::bench_transport::quic_probe(1024, h.max(w))?;
-    let connections = (args.workers as u32 * args.ranks) as f64;
+    let connections = (args.workers as u32 * args.consumers.ranks) as f64;
     let per_conn = quic_bps / sample_bytes;
     let caps = vec![
         Capacity {
@@ -209,7 +203,7 @@ pub fn run(args: Args) -> Result<()> {
             samples_per_s: engine,
             units: cores_used,
             unit: "core",
-            detail: args.pipeline.clone(),
+            detail: args.consumers.pipeline.clone(),
         },
         Capacity {
             tier: "transport",
@@ -223,27 +217,12 @@ pub fn run(args: Args) -> Result<()> {
     eprintln!("[demo] running the system…");
     let token_file = work.join("state").join("token");
     std::fs::write(&token_file, format!("{}\n", tiers.token))?;
-    let lg = super::loadgen::Args {
-        dataset: manifest_path.display().to_string(),
-        workers: tiers.workers.iter().map(|a| a.to_string()).collect(),
-        ranks: args.ranks,
-        batch_size: args.batch_size,
-        step_ms: args.step_ms,
-        epochs: args.epochs,
-        seed: 0,
-        first_epoch: 0,
-        pipeline: args.pipeline.clone(),
-        shuffle: "global".into(),
-        drop_last: false,
-        top_up: false,
-        token_file: Some(token_file),
-        trust_cert: Some(tiers.trust.clone()),
-        credits: 128,
-        threads: 0,
-        worker_wait: 30.0,
-        json: None,
-        dump_ids: None,
-    };
+    let lg = args.consumers.loadgen(
+        &manifest_path,
+        tiers.workers.iter().map(|a| a.to_string()).collect(),
+        Some(token_file),
+        Some(tiers.trust.clone()),
+    );
     let bytes_before = cluster::counter("sluice_storage_bytes_sent_total");
     let sent_before = cluster::counter("sluice_cpu_samples_sent_total");
     let chain_started = Instant::now();
@@ -265,8 +244,7 @@ pub fn run(args: Args) -> Result<()> {
         .map(|r| r.starved.as_secs_f64() / r.elapsed.as_secs_f64().max(1e-9))
         .sum::<f64>()
         / results.len().max(1) as f64;
-    let consumer = (args.step_ms > 0.0)
-        .then(|| f64::from(args.ranks) * f64::from(args.batch_size) * 1000.0 / args.step_ms);
+    let consumer = args.consumers.demand();
     let (bottleneck, why) = sizing::verdict(&caps, consumer);
 
     println!("\ntiers alone (each measured by itself, on this machine):");
@@ -287,7 +265,7 @@ pub fn run(args: Args) -> Result<()> {
     println!(
         "consumers: starved {:.0}% of the time{}",
         starved * 100.0,
-        if args.step_ms == 0.0 {
+        if args.consumers.step_ms == 0.0 {
             " (step 0 ms: they take data as fast as it comes, so they always wait)"
         } else {
             ""

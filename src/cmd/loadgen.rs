@@ -72,6 +72,62 @@ pub struct Args {
     pub(crate) dump_ids: Option<PathBuf>,
 }
 
+/// The synthetic consumers `demo` and `bench chain` run.
+#[derive(clap::Args, Clone)]
+pub struct Consumers {
+    /// Synthetic consumers (ranks).
+    #[arg(long, default_value_t = 2)]
+    pub(crate) ranks: u32,
+    #[arg(long, default_value_t = 3)]
+    pub(crate) epochs: u64,
+    #[arg(long, default_value_t = 64)]
+    pub(crate) batch_size: u32,
+    /// Simulated GPU step per batch, milliseconds (0: consume as fast as data comes).
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) step_ms: f64,
+    #[arg(long, default_value = "decode | random_resized_crop 224 | hflip 0.5")]
+    pub(crate) pipeline: String,
+}
+
+impl Consumers {
+    /// Samples/s the consumers ask for, when they have a step time.
+    pub(crate) fn demand(&self) -> Option<f64> {
+        (self.step_ms > 0.0)
+            .then(|| f64::from(self.ranks) * f64::from(self.batch_size) * 1000.0 / self.step_ms)
+    }
+
+    /// loadgen's settings for these consumers on `workers`.
+    pub(crate) fn loadgen(
+        &self,
+        dataset: &std::path::Path,
+        workers: Vec<String>,
+        token_file: Option<PathBuf>,
+        trust_cert: Option<PathBuf>,
+    ) -> Args {
+        Args {
+            dataset: dataset.display().to_string(),
+            workers,
+            ranks: self.ranks,
+            batch_size: self.batch_size,
+            step_ms: self.step_ms,
+            epochs: self.epochs,
+            seed: 0,
+            first_epoch: 0,
+            pipeline: self.pipeline.clone(),
+            shuffle: "global".into(),
+            drop_last: false,
+            top_up: false,
+            token_file,
+            trust_cert,
+            credits: 128,
+            threads: 0,
+            worker_wait: 30.0,
+            json: None,
+            dump_ids: None,
+        }
+    }
+}
+
 /// One rank's totals over its epochs.
 #[derive(Default, Clone)]
 pub(crate) struct RankResult {
