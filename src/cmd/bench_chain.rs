@@ -244,6 +244,13 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
     for line in &why {
         println!("{line}");
     }
+    if let Some(demand) = consumer {
+        let per_rank = demand / f64::from(args.consumers.ranks.max(1));
+        println!(
+            "{}",
+            sizing::per_gpu(per_rank, &caps, per_sample_stored, sample_bytes)
+        );
+    }
     if in_process {
         println!("note: the tiers shared this machine's {cores} cores");
     }

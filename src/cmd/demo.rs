@@ -274,6 +274,13 @@ pub fn run(args: Args) -> Result<()> {
     for line in &why {
         println!("{line}");
     }
+    if let Some(demand) = consumer {
+        let per_rank = demand / f64::from(args.consumers.ranks.max(1));
+        println!(
+            "{}",
+            sizing::per_gpu(per_rank, &caps, per_sample_stored, sample_bytes)
+        );
+    }
     if args.workers * threads >= cores {
         println!(
             "note: all tiers share this machine's {cores} cores, so the chain runs below the slowest tier alone"

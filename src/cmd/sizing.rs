@@ -171,3 +171,22 @@ pub fn verdict(caps: &[Capacity], consumer: Option<f64>) -> (String, Vec<String>
     }
     (slowest.tier.to_string(), lines)
 }
+
+/// The design's sizing rule for one GPU that consumes `per_gpu` samples/s: CPU cores from the
+/// engine's per-core rate, storage read bandwidth (spindles at ~180 MB/s sequential), and the
+/// network each side of the CPU tier.
+pub fn per_gpu(per_gpu: f64, caps: &[Capacity], stored_bytes: f64, tensor_bytes: f64) -> String {
+    let cores = caps
+        .iter()
+        .find(|c| c.tier == "cpu")
+        .map_or(f64::NAN, |c| per_gpu / c.per_unit());
+    let read = per_gpu * stored_bytes;
+    format!(
+        "sizing per GPU at {per_gpu:.0} samples/s: {cores:.1} CPU cores, {:.0} MB/s of shard reads \
+         ({:.1} spindles at 180 MB/s sequential, {:.1} Gb/s storage→CPU), {:.1} Gb/s of tensors CPU→GPU",
+        read / 1e6,
+        read / 180e6,
+        read * 8.0 / 1e9,
+        per_gpu * tensor_bytes * 8.0 / 1e9
+    )
+}
