@@ -410,7 +410,9 @@ impl Coordinator {
                 ClientError::Runtime("a sample before any worker was ready".into())
             })?;
             let started = Instant::now();
+            self.counters.ring_full.store(true, Ordering::Relaxed);
             let buf = ring.acquire().await;
+            self.counters.ring_full.store(false, Ordering::Relaxed);
             self.stats.ring_wait(started.elapsed());
             let shape = self.shape.unwrap_or(SampleShape {
                 height: 0,

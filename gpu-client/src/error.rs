@@ -34,6 +34,8 @@ pub enum ClientError {
         attempts: u32,
         error: String,
     },
+    #[error("the consumer holds all {ring_batches} ring buffers and waits for another batch: release batches (and tensors made from them) sooner, or raise ring_batches")]
+    RingExhausted { ring_batches: usize },
     #[error("checkpoint: {0}")]
     Checkpoint(String),
     #[error("the client's runtime: {0}")]

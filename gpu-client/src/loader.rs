@@ -620,6 +620,7 @@ impl Loader {
         );
         runtime.spawn(coordinator.run(event_rx, out_tx, cancel.clone()));
         Ok(Epoch {
+            runtime: runtime.handle().clone(),
             epoch,
             planned: self.batch_plan.samples,
             batches: self.batch_plan.batches,
@@ -629,6 +630,8 @@ impl Loader {
             progress: self.progress.clone(),
             stats: self.stats.clone(),
             done: false,
+            pending_wait: Duration::ZERO,
+            ring_batches: s.ring_batches,
         })
     }
 
@@ -675,8 +678,13 @@ impl Drop for Loader {
     }
 }
 
+/// How long the consumer may wait on a full ring (another thread may still release a batch)
+/// before the epoch fails with [`ClientError::RingExhausted`].
+const RING_DEADLOCK_GRACE: Duration = Duration::from_secs(5);
+
 /// One epoch's batches, in the order they are completed. Dropping it cancels the epoch.
 pub struct Epoch {
+    runtime: tokio::runtime::Handle,
     epoch: u64,
     planned: u64,
     batches: u64,
@@ -686,6 +694,9 @@ pub struct Epoch {
     progress: Arc<Mutex<Option<Progress>>>,
     stats: Arc<Stats>,
     done: bool,
+    /// Waiting done by `next_timeout` calls that timed out, charged to the next batch.
+    pending_wait: Duration,
+    ring_batches: usize,
 }
 
 impl Epoch {
@@ -728,16 +739,50 @@ impl Epoch {
     }
 }
 
-impl Iterator for Epoch {
-    type Item = Result<Batch, ClientError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
+impl Epoch {
+    /// Like `next`, but gives up after `timeout` (`Err(())`), so a caller can check for
+    /// interruptions (Ctrl-C in Python) while it waits. The wait counts as starvation.
+    #[allow(clippy::result_unit_err)]
+    pub fn next_timeout(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<Option<Result<Batch, ClientError>>, ()> {
         if self.done {
-            return None;
+            return Ok(None);
         }
         let started = Instant::now();
-        let item = self.rx.blocking_recv();
+        let item = self
+            .runtime
+            .block_on(async { tokio::time::timeout(timeout, self.rx.recv()).await });
         let waited = started.elapsed();
+        match item {
+            Err(_) => {
+                self.pending_wait += waited;
+                // The consumer waits for a batch while the coordinator waits for the consumer
+                // to free a buffer: nothing can move unless another thread drops a batch.
+                let ring_full = self
+                    .counters
+                    .ring_full
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                if ring_full && self.pending_wait >= RING_DEADLOCK_GRACE {
+                    self.done = true;
+                    self.cancel.cancel();
+                    return Ok(Some(Err(ClientError::RingExhausted {
+                        ring_batches: self.ring_batches,
+                    })));
+                }
+                Err(())
+            }
+            Ok(item) => Ok(self.finish_next(item, waited)),
+        }
+    }
+
+    fn finish_next(
+        &mut self,
+        item: Option<Result<Batch, ClientError>>,
+        waited: Duration,
+    ) -> Option<Result<Batch, ClientError>> {
+        let waited = waited + std::mem::take(&mut self.pending_wait);
         match item {
             Some(Ok(batch)) => {
                 self.record(&batch, waited);
@@ -750,6 +795,19 @@ impl Iterator for Epoch {
             None => {
                 self.done = true;
                 None
+            }
+        }
+    }
+}
+
+impl Iterator for Epoch {
+    type Item = Result<Batch, ClientError>;
+
+    /// Blocks until the next batch. Call it from a plain thread, not from async code.
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Ok(item) = self.next_timeout(Duration::from_millis(500)) {
+                return item;
             }
         }
     }

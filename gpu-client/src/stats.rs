@@ -17,6 +17,8 @@ pub(crate) struct EpochCounters {
     pub padded: AtomicU64,
     pub batches: AtomicU64,
     pub starved_ns: AtomicU64,
+    /// The coordinator is waiting for the consumer to release a ring buffer.
+    pub ring_full: std::sync::atomic::AtomicBool,
 }
 
 /// What an epoch delivered so far.

@@ -1,0 +1,310 @@
+//! `sluice` for Python: the GPU client as a PyTorch-style loader.
+//!
+//! ```python
+//! loader = sluice.Loader(dataset="manifest.json", workers=["cpu-0:7100"], batch_size=256,
+//!                        token_file="token", trust_cert="cert.pem")
+//! for images, labels in loader.epoch(0):
+//!     x = torch.from_dlpack(images)   # N×H×W×3 uint8, no copy
+//! ```
+//!
+//! Batches leave through DLPack (`__dlpack__` / `__dlpack_device__`), so `torch.from_dlpack`
+//! and `numpy.from_dlpack` wrap the loader's own buffer. Lifetime rule: a batch's buffer
+//! returns to the loader's ring only when the Python objects of that batch *and* every tensor
+//! made from them are gone; until then it is never overwritten. Holding more batches than
+//! `ring_batches` stalls the loader (it has nowhere to put the next one).
+//!
+//! Waiting for data releases the GIL and wakes every 100 ms to let Ctrl-C through. Errors from
+//! Rust raise `sluice.SluiceError` (a `RuntimeError`) with the same message; bad arguments
+//! raise `ValueError`.
+
+mod dlpack;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use sluice_client::{ClientError, LastBatch, ShufflePolicy};
+
+pyo3::create_exception!(sluice, SluiceError, PyRuntimeError);
+
+fn client_error(e: ClientError) -> PyErr {
+    match e {
+        ClientError::Config { .. } => PyValueError::new_err(e.to_string()),
+        other => SluiceError::new_err(other.to_string()),
+    }
+}
+
+/// A manifest with its shard URLs made absolute (relative ones are beside the manifest).
+fn load_manifest(path: &str) -> PyResult<sluice_shard::Manifest> {
+    let p = Path::new(path);
+    let mut manifest = sluice_shard::Manifest::load(p, 256 << 20)
+        .map_err(|e| PyValueError::new_err(format!("dataset: {e}")))?;
+    let abs = std::fs::canonicalize(p)
+        .map_err(|e| PyValueError::new_err(format!("dataset {path}: {e}")))?;
+    let origin = abs.display().to_string();
+    for s in &mut manifest.shards {
+        s.url = sluice_shard::resolve_url(&origin, &s.url);
+    }
+    Ok(manifest)
+}
+
+fn env_u32(name: &str) -> PyResult<Option<u32>> {
+    match std::env::var(name) {
+        Ok(v) => v.trim().parse().map(Some).map_err(|_| {
+            PyValueError::new_err(format!("environment variable {name}={v:?} is not a number"))
+        }),
+        Err(_) => Ok(None),
+    }
+}
+
+/// The Sluice loader. See the module documentation.
+#[pyclass(module = "sluice")]
+struct Loader {
+    inner: sluice_client::Loader,
+    epoch: Mutex<u64>,
+}
+
+#[pymethods]
+impl Loader {
+    #[new]
+    #[pyo3(signature = (
+        dataset, workers=None, batch_size=256, seed=0, rank=None, world_size=None,
+        shuffle="global", pipeline="decode | random_resized_crop 224 | hflip 0.5",
+        device="cpu", token_file=None, trust_cert=None, threads=0, drop_last=false,
+        ring_batches=4,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        dataset: &str,
+        workers: Option<Vec<String>>,
+        batch_size: u32,
+        seed: u64,
+        rank: Option<u32>,
+        world_size: Option<u32>,
+        shuffle: &str,
+        pipeline: &str,
+        device: &str,
+        token_file: Option<PathBuf>,
+        trust_cert: Option<PathBuf>,
+        threads: usize,
+        drop_last: bool,
+        ring_batches: usize,
+    ) -> PyResult<Self> {
+        if device != "cpu" {
+            return Err(PyValueError::new_err(format!(
+                "device {device:?}: only \"cpu\" batches are available in this build (move them with .to(device))"
+            )));
+        }
+        let shuffle: ShufflePolicy = shuffle
+            .parse()
+            .map_err(|e| PyValueError::new_err(format!("shuffle: {e}")))?;
+        let rank = match rank {
+            Some(r) => r,
+            None => env_u32("RANK")?.unwrap_or(0),
+        };
+        let world_size = match world_size {
+            Some(w) => w,
+            None => env_u32("WORLD_SIZE")?.unwrap_or(1),
+        };
+        let manifest = load_manifest(dataset)?;
+        let mut b = sluice_client::Loader::builder()
+            .dataset(manifest)
+            .dataset_name(dataset.to_string())
+            .pipeline(pipeline.to_string())
+            .batch_size(batch_size)
+            .seed(seed)
+            .rank(rank)
+            .world_size(world_size)
+            .shuffle(shuffle)
+            .ring_batches(ring_batches)
+            .last_batch(if drop_last {
+                LastBatch::Drop
+            } else {
+                LastBatch::Partial
+            });
+        b = match workers {
+            None => {
+                let engine = sluice_cpu::EngineConfig {
+                    threads,
+                    ..Default::default()
+                };
+                // The blocking HTTP client inside the source is made off any event loop.
+                let worker = py
+                    .allow_threads(|| {
+                        sluice_cpu::ShardSource::new(sluice_cpu::SourceConfig::default())
+                            .map_err(|e| e.to_string())
+                            .and_then(|s| {
+                                sluice_cpu::CpuWorker::new(engine, s).map_err(|e| e.to_string())
+                            })
+                    })
+                    .map_err(SluiceError::new_err)?;
+                b.in_process(Arc::new(worker))
+            }
+            Some(list) => {
+                let mut b = b.workers(list);
+                let token = match token_file {
+                    Some(p) => Some(
+                        std::fs::read_to_string(&p)
+                            .map_err(|e| {
+                                PyValueError::new_err(format!("token_file {}: {e}", p.display()))
+                            })?
+                            .lines()
+                            .next()
+                            .unwrap_or("")
+                            .trim()
+                            .to_string(),
+                    ),
+                    None => std::env::var("SLUICE_TOKEN").ok(),
+                };
+                if let Some(t) = token {
+                    b = b.token(t);
+                }
+                if let Some(c) = trust_cert {
+                    b = b.trust_cert(c);
+                }
+                b
+            }
+        };
+        let inner = py.allow_threads(|| b.build()).map_err(client_error)?;
+        Ok(Loader {
+            inner,
+            epoch: Mutex::new(0),
+        })
+    }
+
+    /// The batches of epoch `epoch` (resuming it when a checkpoint for it was loaded).
+    fn epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<Epoch> {
+        if let Ok(mut e) = self.epoch.lock() {
+            *e = epoch;
+        }
+        let inner = py
+            .allow_threads(|| self.inner.epoch(epoch))
+            .map_err(client_error)?;
+        Ok(Epoch {
+            inner: Mutex::new(inner),
+        })
+    }
+
+    /// The epoch plain iteration (`for images, labels in loader`) uses next.
+    fn set_epoch(&self, epoch: u64) {
+        if let Ok(mut e) = self.epoch.lock() {
+            *e = epoch;
+        }
+    }
+
+    fn __iter__(&self, py: Python<'_>) -> PyResult<Epoch> {
+        let epoch = self.epoch.lock().map(|e| *e).unwrap_or(0);
+        self.epoch(py, epoch)
+    }
+
+    /// Batches per epoch (the same on every rank).
+    fn __len__(&self) -> usize {
+        self.inner.batches_per_epoch() as usize
+    }
+
+    /// A checkpoint of the current epoch as a plain dict (save it with the model's).
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let Some(c) = self.inner.state_dict() else {
+            return Ok(PyDict::new(py).into_any());
+        };
+        let text = String::from_utf8_lossy(&c.to_bytes()).into_owned();
+        py.import("json")?.call_method1("loads", (text,))
+    }
+
+    /// Restores a checkpoint from `state_dict()`; the next `epoch(e)` (or iteration) resumes it.
+    fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
+        let text: String = py
+            .import("json")?
+            .call_method1("dumps", (state,))?
+            .extract()?;
+        let checkpoint =
+            sluice_client::Checkpoint::from_bytes(text.as_bytes()).map_err(client_error)?;
+        let epoch = checkpoint.epoch;
+        self.inner
+            .load_state_dict(checkpoint)
+            .map_err(client_error)?;
+        self.set_epoch(epoch);
+        Ok(())
+    }
+
+    /// Live figures: batches, samples, samples_per_s, starved_fraction, workers.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.stats();
+        let d = PyDict::new(py);
+        d.set_item("batches", s.batches)?;
+        d.set_item("samples", s.samples)?;
+        d.set_item("samples_per_s", s.samples_per_s())?;
+        d.set_item("starved_fraction", s.starved_fraction())?;
+        let workers: Vec<(String, bool, u64, usize)> = s
+            .workers
+            .iter()
+            .map(|w| (w.name.clone(), w.alive, w.samples, w.in_flight_units))
+            .collect();
+        d.set_item("workers", workers)?;
+        Ok(d)
+    }
+}
+
+/// One epoch's batches: iterate for `(images, labels)`.
+#[pyclass(module = "sluice")]
+struct Epoch {
+    inner: Mutex<sluice_client::Epoch>,
+}
+
+#[pymethods]
+impl Epoch {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<(dlpack::Images, dlpack::Labels)>> {
+        loop {
+            let next = py.allow_threads(|| {
+                self.inner
+                    .lock()
+                    .map_err(|_| "the epoch's lock is poisoned".to_string())
+                    .map(|mut e| e.next_timeout(Duration::from_millis(100)))
+            });
+            match next.map_err(SluiceError::new_err)? {
+                Err(()) => py.check_signals()?,
+                Ok(None) => return Ok(None),
+                Ok(Some(Err(e))) => return Err(client_error(e)),
+                Ok(Some(Ok(batch))) => return Ok(Some(dlpack::split(batch))),
+            }
+        }
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.lock().map(|e| e.batches() as usize).unwrap_or(0)
+    }
+
+    /// What the epoch delivered so far.
+    fn report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let r = self
+            .inner
+            .lock()
+            .map_err(|_| SluiceError::new_err("the epoch's lock is poisoned"))?
+            .report();
+        let d = PyDict::new(py);
+        d.set_item("planned", r.planned)?;
+        d.set_item("delivered", r.delivered)?;
+        d.set_item("skipped", r.skipped)?;
+        d.set_item("batches", r.batches)?;
+        d.set_item("duplicates_dropped", r.duplicates_dropped)?;
+        Ok(d)
+    }
+}
+
+#[pymodule]
+fn sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Loader>()?;
+    m.add_class::<Epoch>()?;
+    m.add_class::<dlpack::Images>()?;
+    m.add_class::<dlpack::Labels>()?;
+    m.add("SluiceError", m.py().get_type::<SluiceError>())?;
+    Ok(())
+}

@@ -1,0 +1,68 @@
+"""Fixtures: the `sluice` binary (SLUICE_BIN, else the workspace's target/debug/sluice), a small
+generated dataset, and `sluice cpu` daemons started for real on loopback."""
+
+import os
+import pathlib
+import re
+import subprocess
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="session")
+def sluice_bin():
+    path = pathlib.Path(os.environ.get("SLUICE_BIN", ROOT / "target" / "debug" / "sluice"))
+    if not path.exists():
+        pytest.fail(f"no sluice binary at {path}: run `cargo build` or set SLUICE_BIN")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def dataset(sluice_bin, tmp_path_factory):
+    """90 generated JPEGs in 3 classes, 10 per shard: the manifest's path."""
+    d = tmp_path_factory.mktemp("data")
+    subprocess.run([sluice_bin, "synth", "--output", str(d / "images"), "--classes", "3",
+                    "--per-class", "30"], check=True, capture_output=True)
+    manifest = d / "shards" / "manifest.json"
+    subprocess.run([sluice_bin, "shard", "--input", str(d / "images"), "--output",
+                    str(d / "shards" / "s-%06d.tar"), "--max-count", "10", "--manifest",
+                    str(manifest)], check=True, capture_output=True)
+    return str(manifest)
+
+
+class Worker:
+    def __init__(self, sluice_bin, state, extra):
+        self.state = state
+        self.proc = subprocess.Popen(
+            [sluice_bin, "cpu", "--listen", "127.0.0.1:0", "--threads", "1", "--state-dir",
+             str(state), *extra],
+            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            env={**os.environ, "RUST_LOG": "info"})
+        deadline = time.time() + 60
+        self.addr = None
+        while time.time() < deadline:
+            line = self.proc.stderr.readline()
+            m = re.search(r"listen=(\S+)", line)
+            if m:
+                self.addr = m.group(1)
+                break
+        assert self.addr, "sluice cpu did not log its address"
+        self.cert = str(state / "cert.pem")
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def worker(sluice_bin, tmp_path):
+    """A `sluice cpu` with the token in tmp_path/token."""
+    token = tmp_path / "token"
+    token.write_text("python-test-token-1234\n")
+    w = Worker(sluice_bin, tmp_path / "state", ["--token-file", str(token)])
+    w.token_file = str(token)
+    yield w
+    w.stop()

@@ -1,0 +1,144 @@
+"""The Python binding against in-process decoding and real `sluice cpu` daemons: exactly once,
+zero copy through DLPack, the buffer lifetime rule, checkpoints, and clear errors."""
+
+import _thread
+import json
+import math
+import threading
+
+import numpy as np
+import pytest
+
+import sluice
+
+PIPELINE = "decode | resize 40 | center_crop 32"
+TOTAL = 90
+
+
+def ids_of(epoch):
+    ids = []
+    for images, labels in epoch:
+        x = np.from_dlpack(images)
+        y = np.from_dlpack(labels)
+        assert x.shape == (len(images), 32, 32, 3) and x.dtype == np.uint8
+        assert y.shape == (len(images),) and y.dtype == np.int64
+        assert set(y.tolist()) <= {0, 1, 2}
+        ids.extend(images.ids)
+    return ids
+
+
+def test_in_process_epoch_delivers_every_sample_once(dataset):
+    loader = sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE, threads=2)
+    assert len(loader) == math.ceil(TOTAL / 8)
+    epoch = loader.epoch(0)
+    ids = ids_of(epoch)
+    assert len(ids) == TOTAL and len(set(ids)) == TOTAL
+    report = epoch.report()
+    assert report["delivered"] == TOTAL and report["duplicates_dropped"] == 0
+
+
+def test_batches_are_zero_copy_and_not_reused_while_held(dataset):
+    # Three buffers: the held one, the loop's current batch, and the one being filled.
+    loader = sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE, ring_batches=3)
+    epoch = loader.epoch(0)
+    images, labels = next(epoch)
+    held = np.from_dlpack(images)
+    # numpy wraps the loader's buffer: the same address, no copy.
+    assert held.ctypes.data == images.data_ptr
+    assert np.from_dlpack(labels).ctypes.data == labels.data_ptr
+    snapshot = held.copy()
+    del images, labels
+    later = []
+    for images, _ in epoch:
+        later.append(images.data_ptr)
+    # The held buffer was never handed out again, and its bytes are intact.
+    assert held.ctypes.data not in later
+    assert np.array_equal(held, snapshot)
+    # Released buffers are reused: two of the three kept turning over.
+    assert len(set(later)) == 2
+
+
+def test_holding_every_buffer_is_an_error_not_a_hang(dataset):
+    loader = sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE, ring_batches=2)
+    epoch = loader.epoch(0)
+    held = [next(epoch), next(epoch)]
+    with pytest.raises(sluice.SluiceError, match="ring buffers"):
+        next(epoch)
+    del held
+
+
+def test_a_checkpoint_resumes_exactly_the_rest(dataset):
+    first = sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE, seed=3)
+    epoch = first.epoch(2)
+    got = []
+    for _ in range(4):
+        images, _ = next(epoch)
+        got.extend(images.ids)
+    state = first.state_dict()
+    text = json.dumps(state)  # checkpoints are plain data, like torch's
+    del epoch, first
+    second = sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE, seed=3)
+    second.load_state_dict(json.loads(text))
+    rest = ids_of(iter(second))  # plain iteration resumes the checkpoint's epoch
+    assert len(got) + len(rest) == TOTAL
+    assert set(got).isdisjoint(rest) and len(set(got) | set(rest)) == TOTAL
+
+
+def test_set_epoch_reshuffles_and_rank_comes_from_the_environment(dataset, monkeypatch):
+    loader = sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE)
+    order0 = [i for images, _ in loader for i in images.ids]
+    loader.set_epoch(1)
+    order1 = [i for images, _ in loader for i in images.ids]
+    assert sorted(order0) == sorted(order1) and order0 != order1
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ranked = sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE)
+    assert len(ranked) == math.ceil(TOTAL / 2 / 8)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"shuffle": "sideways"}, "shuffle"),
+        ({"device": "cuda:0"}, "device"),
+        ({"workers": ["127.0.0.1:1"]}, "trust_cert"),
+        ({"rank": 3, "world_size": 2}, "rank"),
+    ],
+)
+def test_bad_arguments_raise_value_errors_that_name_them(dataset, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        sluice.Loader(dataset=dataset, pipeline=PIPELINE, **kwargs)
+
+
+def test_a_missing_dataset_is_a_value_error(tmp_path):
+    with pytest.raises(ValueError, match="dataset"):
+        sluice.Loader(dataset=str(tmp_path / "nope.json"))
+
+
+def test_against_a_running_worker(dataset, worker):
+    loader = sluice.Loader(dataset=dataset, workers=[worker.addr], batch_size=16,
+                           pipeline=PIPELINE, token_file=worker.token_file,
+                           trust_cert=worker.cert)
+    ids = ids_of(loader.epoch(0))
+    assert len(ids) == TOTAL and len(set(ids)) == TOTAL
+    stats = loader.stats()
+    assert stats["samples"] == TOTAL and stats["workers"][0][0] == worker.addr
+
+
+def test_rust_errors_become_sluice_errors(dataset, worker, tmp_path):
+    bad = tmp_path / "bad-token"
+    bad.write_text("not-the-token\n")
+    loader = sluice.Loader(dataset=dataset, workers=[worker.addr], pipeline=PIPELINE,
+                           token_file=str(bad), trust_cert=worker.cert)
+    with pytest.raises(sluice.SluiceError, match="wrong cluster token"):
+        next(iter(loader))
+
+
+def test_ctrl_c_interrupts_a_wait(dataset, worker):
+    worker.stop()  # nothing answers: the loader waits for a worker
+    loader = sluice.Loader(dataset=dataset, workers=[worker.addr], pipeline=PIPELINE,
+                           token_file=worker.token_file, trust_cert=worker.cert)
+    threading.Timer(0.5, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        next(iter(loader))
