@@ -1,0 +1,61 @@
+"""Samples/s through the Python iterator beside `sluice loadgen` (the Rust loader), on the same
+running workers, alternating runs so both see the same machine. Usage:
+
+    python gpu-client/python/bench/iterator_overhead.py --dataset manifest.json \
+        --workers 127.0.0.1:7100 --trust-cert cert.pem --sluice target/release/sluice
+"""
+
+import argparse
+import json
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+
+import sluice
+
+
+def python_rate(args, epoch):
+    loader = sluice.Loader(dataset=args.dataset, workers=args.workers, batch_size=args.batch_size,
+                           trust_cert=args.trust_cert, token_file=args.token_file)
+    started, n = time.time(), 0
+    for images, labels in loader.epoch(epoch):
+        np.from_dlpack(images)  # what a training step would take: a zero-copy view
+        np.from_dlpack(labels)
+        n += len(images)
+    return n / (time.time() - started)
+
+
+def rust_rate(args, epoch):
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        cmd = [args.sluice, "loadgen", "--dataset", args.dataset, "--workers", ",".join(args.workers),
+               "--batch-size", str(args.batch_size), "--epochs", "1", "--first-epoch", str(epoch),
+               "--trust-cert", args.trust_cert, "--json", out.name]
+        if args.token_file:
+            cmd += ["--token-file", args.token_file]
+        subprocess.run(cmd, check=True, capture_output=True)
+        return json.load(open(out.name))["ranks"][0]["samples_per_s"]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--workers", nargs="+", required=True)
+    p.add_argument("--trust-cert", required=True)
+    p.add_argument("--token-file")
+    p.add_argument("--sluice", default="target/release/sluice")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    py, rs = [], []
+    for r in range(args.rounds):
+        rs.append(rust_rate(args, 2 * r))
+        py.append(python_rate(args, 2 * r + 1))
+        print(f"round {r}: rust {rs[-1]:.0f} samples/s, python {py[-1]:.0f} samples/s")
+    print(f"median: rust {np.median(rs):.0f}, python {np.median(py):.0f}, "
+          f"python/rust {np.median(py) / np.median(rs):.3f}")
+
+
+if __name__ == "__main__":
+    main()
