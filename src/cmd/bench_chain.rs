@@ -124,18 +124,8 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
             let what = super::demo::generate(args.samples, temp.path(), &bucket)?;
             let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
             let threads = (cores / args.local_workers.max(1)).max(1);
-            let tiers = cluster::start(
-                &temp.path().join("data"),
-                &temp.path().join("state"),
-                args.local_workers,
-                threads,
-            )?;
-            let shards = super::index::shard_count(&bucket)?;
-            let manifest = super::index::dataset(&format!(
-                "{}/v1/demo/train-{{000000..{:06}}}.tar",
-                tiers.storage_url,
-                shards.saturating_sub(1)
-            ))?;
+            let (tiers, manifest) =
+                cluster::serve_demo_bucket(temp.path(), args.local_workers, threads)?;
             eprintln!(
                 "[bench] {what}, {} workers × {threads} threads in this process",
                 args.local_workers
@@ -152,35 +142,16 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
 
     eprintln!("[bench] each tier alone, {}s each…", args.seconds);
-    let per_sample_stored = manifest.total_bytes() as f64 / manifest.total_samples().max(1) as f64;
-    let storage_bps = sizing::storage_bytes_per_s(&manifest, args.seconds)?;
-    let engine =
-        sizing::engine_samples_per_s(&manifest, &args.consumers.pipeline, cores, args.seconds)?;
-    let quic_bps = super::bench_transport::quic_probe(2048, h.max(w))?;
-    let connections = (workers.len() as u32 * args.consumers.ranks) as f64;
-    let caps = vec![
-        Capacity {
-            tier: "storage",
-            samples_per_s: storage_bps / per_sample_stored,
-            units: 1.0,
-            unit: "node",
-            detail: format!("{:.0} MB/s read", storage_bps / 1e6),
-        },
-        Capacity {
-            tier: "cpu",
-            samples_per_s: engine,
-            units: cores as f64,
-            unit: "core",
-            detail: args.consumers.pipeline.clone(),
-        },
-        Capacity {
-            tier: "transport",
-            samples_per_s: quic_bps / sample_bytes * connections,
-            units: connections,
-            unit: "connection",
-            detail: format!("QUIC {:.2} GB/s per connection", quic_bps / 1e9),
-        },
-    ];
+    let per_sample_stored = sizing::stored_bytes_per_sample(&manifest);
+    let caps = sizing::measure(&sizing::Probe {
+        manifest: &manifest,
+        pipeline: &args.consumers.pipeline,
+        side: h.max(w),
+        sample_bytes,
+        cores,
+        connections: (workers.len() as u32 * args.consumers.ranks) as f64,
+        seconds: args.seconds,
+    })?;
 
     eprintln!("[bench] the whole chain…");
     let lg = args

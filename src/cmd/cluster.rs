@@ -128,3 +128,20 @@ pub fn counter(name: &str) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// Starts the tiers over `work/data` (whose `demo` bucket holds `train-NNNNNN.tar` shards) and
+/// describes the bucket's shards, as served, in a manifest.
+pub fn serve_demo_bucket(
+    work: &Path,
+    workers: usize,
+    threads: usize,
+) -> Result<(LocalCluster, sluice_shard::Manifest)> {
+    let tiers = start(&work.join("data"), &work.join("state"), workers, threads)?;
+    let shards = super::index::shard_count(&work.join("data").join("demo"))?;
+    let manifest = super::index::dataset(&format!(
+        "{}/v1/demo/train-{{000000..{:06}}}.tar",
+        tiers.storage_url,
+        shards.saturating_sub(1)
+    ))?;
+    Ok((tiers, manifest))
+}

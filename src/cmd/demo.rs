@@ -147,18 +147,7 @@ pub fn run(args: Args) -> Result<()> {
         0 => (cores / args.workers.max(1)).max(1),
         n => n,
     };
-    let tiers = cluster::start(
-        &work.join("data"),
-        &work.join("state"),
-        args.workers,
-        threads,
-    )?;
-    let shards = super::index::shard_count(&bucket)?;
-    let manifest = super::index::dataset(&format!(
-        "{}/v1/demo/train-{{000000..{:06}}}.tar",
-        tiers.storage_url,
-        shards.saturating_sub(1)
-    ))?;
+    let (tiers, manifest) = cluster::serve_demo_bucket(&work, args.workers, threads)?;
     let manifest_path = work.join("manifest.json");
     manifest.save(&manifest_path)?;
     println!(
@@ -174,45 +163,16 @@ pub fn run(args: Args) -> Result<()> {
     );
 
     eprintln!("[demo] measuring each tier alone…");
-    let per_sample_stored = manifest.total_bytes() as f64 / manifest.total_samples().max(1) as f64;
-    let storage_bps = sizing::storage_bytes_per_s(&manifest, 1.0)?;
-    let cores_used = (args.workers * threads) as f64;
-    let engine = sizing::engine_samples_per_s(
-        &manifest,
-        &args.consumers.pipeline,
-        args.workers * threads,
-        2.0,
-    )?;
-    let quic_bps = super::bench_transport::quic_probe(1024, h.max(w))?;
-    let connections = (args.workers as u32 * args.consumers.ranks) as f64;
-    let per_conn = quic_bps / sample_bytes;
-    let caps = vec![
-        Capacity {
-            tier: "storage",
-            samples_per_s: storage_bps / per_sample_stored,
-            units: 1.0,
-            unit: "node",
-            detail: format!(
-                "{:.0} MB/s of {:.0} KB samples",
-                storage_bps / 1e6,
-                per_sample_stored / 1e3
-            ),
-        },
-        Capacity {
-            tier: "cpu",
-            samples_per_s: engine,
-            units: cores_used,
-            unit: "core",
-            detail: args.consumers.pipeline.clone(),
-        },
-        Capacity {
-            tier: "transport",
-            samples_per_s: per_conn * connections,
-            units: connections,
-            unit: "connection",
-            detail: format!("QUIC {:.2} GB/s per connection", quic_bps / 1e9),
-        },
-    ];
+    let per_sample_stored = sizing::stored_bytes_per_sample(&manifest);
+    let caps = sizing::measure(&sizing::Probe {
+        manifest: &manifest,
+        pipeline: &args.consumers.pipeline,
+        side: h.max(w),
+        sample_bytes,
+        cores: args.workers * threads,
+        connections: (args.workers as u32 * args.consumers.ranks) as f64,
+        seconds: 2.0,
+    })?;
 
     eprintln!("[demo] running the system…");
     let token_file = work.join("state").join("token");

@@ -190,3 +190,58 @@ pub fn per_gpu(per_gpu: f64, caps: &[Capacity], stored_bytes: f64, tensor_bytes:
         per_gpu * tensor_bytes * 8.0 / 1e9
     )
 }
+
+/// Mean bytes of a stored sample (what storage reads per sample).
+pub fn stored_bytes_per_sample(manifest: &Manifest) -> f64 {
+    manifest.total_bytes() as f64 / manifest.total_samples().max(1) as f64
+}
+
+/// What the tier probes run on.
+pub struct Probe<'a> {
+    pub manifest: &'a Manifest,
+    pub pipeline: &'a str,
+    /// The pipeline's output side and bytes per output sample.
+    pub side: u32,
+    pub sample_bytes: f64,
+    /// Decode threads the CPU tier has.
+    pub cores: usize,
+    /// QUIC connections the chain uses (workers × ranks).
+    pub connections: f64,
+    pub seconds: f64,
+}
+
+/// Storage reads, the CPU engine and the QUIC transport, each measured alone, as capacities
+/// of the deployment described by `p`.
+pub fn measure(p: &Probe<'_>) -> Result<Vec<Capacity>> {
+    let per_sample_stored = stored_bytes_per_sample(p.manifest);
+    let storage_bps = storage_bytes_per_s(p.manifest, p.seconds / 2.0)?;
+    let engine = engine_samples_per_s(p.manifest, p.pipeline, p.cores, p.seconds)?;
+    let quic_bps = super::bench_transport::quic_probe(1024, p.side)?;
+    Ok(vec![
+        Capacity {
+            tier: "storage",
+            samples_per_s: storage_bps / per_sample_stored,
+            units: 1.0,
+            unit: "node",
+            detail: format!(
+                "{:.0} MB/s of {:.0} KB samples",
+                storage_bps / 1e6,
+                per_sample_stored / 1e3
+            ),
+        },
+        Capacity {
+            tier: "cpu",
+            samples_per_s: engine,
+            units: p.cores as f64,
+            unit: "core",
+            detail: p.pipeline.to_string(),
+        },
+        Capacity {
+            tier: "transport",
+            samples_per_s: quic_bps / p.sample_bytes * p.connections,
+            units: p.connections,
+            unit: "connection",
+            detail: format!("QUIC {:.2} GB/s per connection", quic_bps / 1e9),
+        },
+    ])
+}

@@ -121,6 +121,23 @@ fn export(
     }
 }
 
+/// `__dlpack__` for either half: checks the consumer's arguments, then exports.
+fn dlpack(
+    py: Python<'_>,
+    stream: Option<&Bound<'_, PyAny>>,
+    copy: Option<bool>,
+    (data, shape, dtype): (usize, Vec<i64>, DLDataType),
+    owner: &Arc<Owner>,
+) -> PyResult<PyObject> {
+    check_stream(stream)?;
+    if copy == Some(true) {
+        return Err(PyBufferError::new_err(
+            "sluice batches are exported without copying",
+        ));
+    }
+    export(py, data, shape, dtype, owner)
+}
+
 fn check_stream(stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
     match stream {
         None => Ok(()),
@@ -200,12 +217,6 @@ impl Images {
         copy: Option<bool>,
     ) -> PyResult<PyObject> {
         let _ = (max_version, dl_device);
-        check_stream(stream)?;
-        if copy == Some(true) {
-            return Err(PyBufferError::new_err(
-                "sluice batches are exported without copying",
-            ));
-        }
         let code = if self.elem_bytes == 1 {
             KDL_UINT
         } else {
@@ -216,7 +227,13 @@ impl Images {
             bits: (self.elem_bytes * 8) as u8,
             lanes: 1,
         };
-        export(py, self.data, self.shape.clone(), dtype, &self.owner)
+        dlpack(
+            py,
+            stream,
+            copy,
+            (self.data, self.shape.clone(), dtype),
+            &self.owner,
+        )
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {
@@ -280,18 +297,18 @@ impl Labels {
         copy: Option<bool>,
     ) -> PyResult<PyObject> {
         let _ = (max_version, dl_device);
-        check_stream(stream)?;
-        if copy == Some(true) {
-            return Err(PyBufferError::new_err(
-                "sluice batches are exported without copying",
-            ));
-        }
         let dtype = DLDataType {
             code: KDL_INT,
             bits: 64,
             lanes: 1,
         };
-        export(py, self.data, vec![self.len], dtype, &self.owner)
+        dlpack(
+            py,
+            stream,
+            copy,
+            (self.data, vec![self.len], dtype),
+            &self.owner,
+        )
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {
