@@ -3,20 +3,19 @@
 //! URLs still gets every sample when one owner is stopped.
 
 mod support;
+mod system;
 
 use std::time::Duration;
 
 use sluice_cpu::{ShardLocation, ShardSource, SourceConfig};
 use sluice_storage::StorageConfig;
 use support::{path_str, sluice_ok};
-use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "cluster-token-0123456789";
 
 struct Cluster {
     urls: Vec<String>,
-    tokens: Vec<CancellationToken>,
-    _threads: Vec<std::thread::JoinHandle<()>>,
+    nodes: Vec<system::Storage>,
 }
 
 fn start_cluster(root: &std::path::Path, n: usize) -> Cluster {
@@ -27,40 +26,24 @@ fn start_cluster(root: &std::path::Path, n: usize) -> Cluster {
         .iter()
         .map(|l| format!("http://{}", l.local_addr().unwrap()))
         .collect();
-    let mut tokens = Vec::new();
-    let mut threads = Vec::new();
-    for (i, listener) in listeners.into_iter().enumerate() {
-        let dir = root.join(format!("node{i}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let config = StorageConfig {
-            mountpaths: vec![dir],
-            upload_tokens: vec![TOKEN.into()],
-            peers: urls.clone(),
-            advertise: Some(urls[i].clone()),
-            replicas: 2,
-            ..StorageConfig::default()
-        };
-        config.validate().unwrap();
-        let token = CancellationToken::new();
-        tokens.push(token.clone());
-        threads.push(std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                listener.set_nonblocking(true).unwrap();
-                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-                sluice_storage::run(listener, config, token).await.unwrap();
-            });
-        }));
-    }
-    Cluster {
-        urls,
-        tokens,
-        _threads: threads,
-    }
+    let nodes = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(i, listener)| {
+            let dir = root.join(format!("node{i}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let config = StorageConfig {
+                mountpaths: vec![dir],
+                upload_tokens: vec![TOKEN.into()],
+                peers: urls.clone(),
+                advertise: Some(urls[i].clone()),
+                replicas: 2,
+                ..StorageConfig::default()
+            };
+            system::run_storage(listener, config)
+        })
+        .collect();
+    Cluster { urls, nodes }
 }
 
 #[test]
@@ -152,7 +135,7 @@ fn replicated_puts_redirects_and_failover() {
             .map(str::to_string)
             .collect();
     let first = cluster.urls.iter().position(|u| *u == owners[0]).unwrap();
-    cluster.tokens[first].cancel();
+    cluster.nodes[first].stop();
     std::thread::sleep(Duration::from_millis(300));
     let (info, _) = sluice_shard::scan_shard(
         std::fs::File::open(dir.path().join("out").join(name)).unwrap(),
@@ -190,7 +173,5 @@ fn replicated_puts_redirects_and_failover() {
         .expect("stale object refused")
         .to_string();
     assert!(err.contains("stale object"), "{err}");
-    for t in &cluster.tokens {
-        t.cancel();
-    }
+    drop(cluster);
 }

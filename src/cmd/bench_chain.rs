@@ -180,8 +180,8 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
     let delivered: u64 = results.iter().map(|r| r.delivered + r.skipped).sum();
     let chain = delivered as f64 / secs;
     let broken: Vec<&String> = results.iter().flat_map(|r| &r.broken).collect();
-    let consumer = args.consumers.demand();
-    let (bottleneck, why) = sizing::verdict(&caps, consumer);
+    let (bottleneck, why) =
+        sizing::conclude(&caps, &args.consumers, per_sample_stored, sample_bytes);
 
     // Per interval: each tier's samples/s and the consumers' starved fraction.
     let series: Vec<serde_json::Value> = readings
@@ -214,13 +214,6 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
     );
     for line in &why {
         println!("{line}");
-    }
-    if let Some(demand) = consumer {
-        let per_rank = demand / f64::from(args.consumers.ranks.max(1));
-        println!(
-            "{}",
-            sizing::per_gpu(per_rank, &caps, per_sample_stored, sample_bytes)
-        );
     }
     if in_process {
         println!("note: the tiers shared this machine's {cores} cores");

@@ -204,8 +204,8 @@ pub fn run(args: Args) -> Result<()> {
         .map(|r| r.starved.as_secs_f64() / r.elapsed.as_secs_f64().max(1e-9))
         .sum::<f64>()
         / results.len().max(1) as f64;
-    let consumer = args.consumers.demand();
-    let (bottleneck, why) = sizing::verdict(&caps, consumer);
+    let (bottleneck, why) =
+        sizing::conclude(&caps, &args.consumers, per_sample_stored, sample_bytes);
 
     println!("\ntiers alone (each measured by itself, on this machine):");
     for c in &caps {
@@ -233,13 +233,6 @@ pub fn run(args: Args) -> Result<()> {
     );
     for line in &why {
         println!("{line}");
-    }
-    if let Some(demand) = consumer {
-        let per_rank = demand / f64::from(args.consumers.ranks.max(1));
-        println!(
-            "{}",
-            sizing::per_gpu(per_rank, &caps, per_sample_stored, sample_bytes)
-        );
     }
     if args.workers * threads >= cores {
         println!(

@@ -245,3 +245,20 @@ pub fn measure(p: &Probe<'_>) -> Result<Vec<Capacity>> {
         },
     ])
 }
+
+/// The bottleneck and the report's lines about it, with the per-GPU sizing when the consumers
+/// have a step time.
+pub fn conclude(
+    caps: &[Capacity],
+    consumers: &super::loadgen::Consumers,
+    stored_bytes: f64,
+    tensor_bytes: f64,
+) -> (String, Vec<String>) {
+    let demand = consumers.demand();
+    let (bottleneck, mut lines) = verdict(caps, demand);
+    if let Some(d) = demand {
+        let per_rank = d / f64::from(consumers.ranks.max(1));
+        lines.push(per_gpu(per_rank, caps, stored_bytes, tensor_bytes));
+    }
+    (bottleneck, lines)
+}

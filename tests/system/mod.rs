@@ -154,13 +154,16 @@ impl Drop for Storage {
     }
 }
 
-pub fn start_storage(root: &Path) -> Storage {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+impl Storage {
+    /// Stops the node (as a crash would, for readers: new connections are refused).
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+}
+
+/// Serves one node of `config` on `listener` in this process, on a runtime of its own.
+pub fn run_storage(listener: std::net::TcpListener, config: StorageConfig) -> Storage {
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let config = StorageConfig {
-        mountpaths: vec![root.to_path_buf()],
-        ..StorageConfig::default()
-    };
     config.validate().unwrap();
     let stop = CancellationToken::new();
     let token = stop.clone();
@@ -181,6 +184,16 @@ pub fn start_storage(root: &Path) -> Storage {
         stop,
         thread: Some(thread),
     }
+}
+
+/// A single storage node serving `root` (one bucket per subfolder).
+pub fn start_storage(root: &Path) -> Storage {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let config = StorageConfig {
+        mountpaths: vec![root.to_path_buf()],
+        ..StorageConfig::default()
+    };
+    run_storage(listener, config)
 }
 
 /// A dataset served by a storage node: the 804 real ImageNet JPEGs when `../shared` is
