@@ -47,6 +47,49 @@ pub struct CpuConfig {
     pub timeouts: Timeouts,
     pub source: Source,
     pub decode: Decode,
+    pub same_host: SameHost,
+}
+
+/// The same-host transport: a Unix socket where training processes on this machine attach
+/// shared memory that tensors are written into.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SameHost {
+    /// Serve it (clients on this host pick it over QUIC by themselves).
+    pub enabled: bool,
+    /// Where the socket `cpu-<QUIC port>.sock` is made; clients look there.
+    pub socket_dir: PathBuf,
+    /// The socket file's permission bits: who may connect at all.
+    pub socket_mode: u32,
+    /// Users and groups that may attach besides root and the worker's own user.
+    pub allowed_uids: Vec<u32>,
+    pub allowed_gids: Vec<u32>,
+    /// Largest shared-memory segment a client may attach, bytes.
+    pub max_segment_bytes: u64,
+}
+
+impl CpuConfig {
+    /// The same-host settings with the socket in `dir` (tests, benchmarks, the demo).
+    pub fn same_host_in(&self, dir: &std::path::Path) -> SameHost {
+        SameHost {
+            enabled: true,
+            socket_dir: dir.to_path_buf(),
+            ..self.same_host.clone()
+        }
+    }
+}
+
+impl Default for SameHost {
+    fn default() -> Self {
+        SameHost {
+            enabled: true,
+            socket_dir: PathBuf::from("/run/sluice"),
+            socket_mode: 0o660,
+            allowed_uids: Vec::new(),
+            allowed_gids: Vec::new(),
+            max_segment_bytes: 4 << 30,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -122,6 +165,7 @@ impl Default for CpuConfig {
             timeouts: Timeouts::default(),
             source: Source::default(),
             decode: Decode::default(),
+            same_host: SameHost::default(),
         }
     }
 }
@@ -269,6 +313,19 @@ impl CpuConfig {
         if self.decode.max_pixels == 0 {
             return invalid("decode.max_pixels", "must be at least 1");
         }
+        let sh = &self.same_host;
+        if sh.enabled && sh.socket_dir.as_os_str().is_empty() {
+            return invalid("same_host.socket_dir", "must name a directory");
+        }
+        if sh.socket_mode > 0o777 {
+            return invalid(
+                "same_host.socket_mode",
+                "must be permission bits (0o000..0o777)",
+            );
+        }
+        if sh.max_segment_bytes == 0 {
+            return invalid("same_host.max_segment_bytes", "must be at least 1");
+        }
         if self.cert.is_some() != self.key.is_some() {
             return invalid("cert", "cert and key go together");
         }
@@ -352,5 +409,7 @@ mod tests {
         assert!(e("no_auth = true\nlisten = \"0.0.0.0:7100\"\n").contains("listen"));
         assert!(e("cert = \"/a.pem\"\n").contains("cert"));
         assert!(e("[decode]\nmax_pixels = 0\n").contains("decode.max_pixels"));
+        assert!(e("[same_host]\nsocket_mode = 0o1777\n").contains("same_host.socket_mode"));
+        assert!(e("[same_host]\nsocket_dir = \"\"\n").contains("same_host.socket_dir"));
     }
 }

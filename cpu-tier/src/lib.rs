@@ -9,6 +9,8 @@
 //!
 //! - [`worker`]: the engine as a wire-protocol worker (jobs sharing one pool).
 //! - [`server`]: the `sluice cpu` daemon: QUIC, TLS, tokens, credits, heartbeats, drain.
+//! - [`same_host`]: its Unix-socket transport for clients on the same machine (tensors
+//!   written into the client's shared memory).
 //! - [`config`], [`tls`]: its configuration and TLS identity.
 
 pub mod config;
@@ -16,6 +18,7 @@ pub mod engine;
 pub mod error;
 pub mod geometry;
 pub mod jpeg;
+pub mod same_host;
 pub mod server;
 pub mod source;
 pub mod spec;

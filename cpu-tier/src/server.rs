@@ -50,6 +50,8 @@ pub struct Setup {
     /// The cluster token clients must present; `None` only with `no_auth`.
     pub token: Option<String>,
     pub runner: Arc<dyn UnitRunner>,
+    /// The same-host transport's Unix socket, when it is on ([`crate::same_host::bind`]).
+    pub same_host: Option<crate::same_host::Listener>,
 }
 
 /// The process-wide Prometheus recorder (installed on first use).
@@ -67,15 +69,15 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-struct State {
-    config: CpuConfig,
+pub(crate) struct State {
+    pub(crate) config: CpuConfig,
     token: Option<String>,
     runner: Arc<dyn UnitRunner>,
     /// Assignments processed at once, over every client; FIFO.
     unit_slots: Arc<Semaphore>,
     connections: Arc<Semaphore>,
-    draining: CancellationToken,
-    limits: Limits,
+    pub(crate) draining: CancellationToken,
+    pub(crate) limits: Limits,
     name: String,
 }
 
@@ -111,6 +113,7 @@ pub async fn run(
         identity,
         token,
         runner,
+        same_host,
     } = setup;
     let server_config = tls::server_config(&identity, transport(&config))?;
     let endpoint = quinn::Endpoint::new(
@@ -165,10 +168,27 @@ pub async fn run(
                     .instrument(tracing::info_span!("client", %peer)),
                 );
             }
+            accepted = accept_same_host(same_host.as_ref()) => {
+                let Some(stream) = accepted else { continue };
+                let Ok(permit) = state.connections.clone().try_acquire_owned() else {
+                    metrics::counter!("sluice_cpu_connections_refused_total").increment(1);
+                    continue;
+                };
+                let state = state.clone();
+                tasks.spawn(
+                    async move {
+                        crate::same_host::serve(stream, state).await;
+                        drop(permit);
+                    }
+                    .instrument(tracing::info_span!("same_host_client")),
+                );
+            }
             _ = shutdown.cancelled() => break,
         }
         while tasks.try_join_next().is_some() {}
     }
+    // No new same-host clients either (the socket file goes with the listener).
+    drop(same_host);
     state.draining.cancel();
     endpoint.set_server_config(None);
     let drain = state.config.timeouts.drain();
@@ -196,6 +216,44 @@ pub async fn run(
     tasks.abort_all();
     let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
     Ok(())
+}
+
+/// The next same-host client; never, without the transport.
+async fn accept_same_host(
+    listener: Option<&crate::same_host::Listener>,
+) -> Option<tokio::net::UnixStream> {
+    match listener {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Checks a client's Hello: its token, and that the worker still takes clients.
+pub(crate) fn admit(state: &State, hello: &sluice_wire::Hello) -> Result<(), (ErrorCode, String)> {
+    if let Some(expected) = &state.token {
+        if !token_matches(expected, &hello.token) {
+            metrics::counter!("sluice_cpu_auth_failures_total").increment(1);
+            let why = if hello.token.is_empty() {
+                "no cluster token given"
+            } else {
+                "wrong cluster token"
+            };
+            warn!(client = %hello.client, "refused: {why}");
+            return Err((ErrorCode::Unauthorized, why.into()));
+        }
+    }
+    if state.draining.is_cancelled() {
+        return Err((ErrorCode::Unavailable, "worker is draining".into()));
+    }
+    Ok(())
+}
+
+/// The worker's Welcome.
+pub(crate) fn welcome(state: &State) -> Message {
+    Message::Welcome(Welcome {
+        worker: state.name.clone(),
+        threads: state.runner.threads(),
+    })
 }
 
 /// Constant-time comparison, so a token cannot be guessed byte by byte from timings.
@@ -267,40 +325,19 @@ async fn serve_connection(incoming: quinn::Incoming, state: Arc<State>) {
             return;
         }
     };
-    if let Some(expected) = &state.token {
-        if !token_matches(expected, &hello.token) {
-            metrics::counter!("sluice_cpu_auth_failures_total").increment(1);
-            let why = if hello.token.is_empty() {
-                "no cluster token given"
-            } else {
-                "wrong cluster token"
-            };
-            warn!(client = %hello.client, "refused: {why}");
-            refuse(&conn, &mut writer, ErrorCode::Unauthorized, why).await;
-            return;
-        }
-    }
-    if state.draining.is_cancelled() {
-        refuse(
-            &conn,
-            &mut writer,
-            ErrorCode::Unavailable,
-            "worker is draining",
-        )
-        .await;
+    if let Err((code, why)) = admit(&state, &hello) {
+        refuse(&conn, &mut writer, code, &why).await;
         return;
     }
-    let welcome = Message::Welcome(Welcome {
-        worker: state.name.clone(),
-        threads: state.runner.threads(),
-    });
-    if writer.send(&welcome, &[]).await.is_err() {
+    if writer.send(&welcome(&state), &[]).await.is_err() {
         return;
     }
     info!(client = %hello.client, "client connected");
     metrics::gauge!("sluice_cpu_connections").increment(1.0);
-    let mut session = Session::new(state.clone());
-    let reason = session.run(reader, &mut writer).await;
+    let mut session = Session::new(state.clone(), Transport::Quic);
+    let mut out = QuicOut(writer, state.limits);
+    let reason = session.run(reader, &mut out).await;
+    let mut writer = out.0;
     session.close_all();
     metrics::gauge!("sluice_cpu_connections").decrement(1.0);
     match reason {
@@ -339,7 +376,7 @@ async fn refuse(
     conn.close(close_code(code).into(), message.as_bytes());
 }
 
-enum End {
+pub(crate) enum End {
     ClientClosed,
     Drained,
     Error(ErrorCode, String),
@@ -352,14 +389,47 @@ enum Produced {
     Finished,
 }
 
-struct Job {
+/// Where a session's frames go.
+pub(crate) trait Outbound: Send {
+    /// Sends one frame, taking its payload over (a buffered transport may hold it until
+    /// [`Outbound::flush`]).
+    async fn frame(&mut self, message: &Message, payload: Vec<u8>) -> Result<(), String>;
+
+    /// Sends what `frame` buffered.
+    async fn flush(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A QUIC stream: payloads are handed to quinn as they are (no copy into its buffers).
+pub(crate) struct QuicOut(FrameWriter<quinn::SendStream>, Limits);
+
+impl Outbound for QuicOut {
+    async fn frame(&mut self, message: &Message, payload: Vec<u8>) -> Result<(), String> {
+        send_owned(&mut self.0, message, payload, &self.1).await
+    }
+}
+
+/// How a session's samples reach its client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Transport {
+    /// Tensors travel in the frames.
+    Quic,
+    /// Tensors are written into the client's shared-memory slots; one job per connection.
+    SameHost,
+}
+
+pub(crate) struct Job {
     runner: Arc<dyn JobRunner>,
     credits: Arc<Semaphore>,
     cancel: CancellationToken,
+    /// Same-host jobs: the client's segment and the slots it granted.
+    slots: Option<Arc<crate::same_host::Slots>>,
 }
 
-struct Session {
+pub(crate) struct Session {
     state: Arc<State>,
+    transport: Transport,
     jobs: HashMap<u64, Job>,
     running: usize,
     out_tx: mpsc::Sender<Produced>,
@@ -367,10 +437,11 @@ struct Session {
 }
 
 impl Session {
-    fn new(state: Arc<State>) -> Self {
+    pub(crate) fn new(state: Arc<State>, transport: Transport) -> Self {
         let (out_tx, out_rx) = mpsc::channel(64);
         Session {
             state,
+            transport,
             jobs: HashMap::new(),
             running: 0,
             out_tx,
@@ -378,11 +449,53 @@ impl Session {
         }
     }
 
-    async fn run(
+    /// Opens a job: its pipeline is checked and its shape returned.
+    pub(crate) fn open_job(
         &mut self,
-        mut reader: FrameReader<quinn::RecvStream>,
-        writer: &mut FrameWriter<quinn::SendStream>,
-    ) -> End {
+        spec: &sluice_wire::JobSpec,
+    ) -> Result<sluice_wire::SampleShape, (ErrorCode, String)> {
+        let bad = |msg: String| Err((ErrorCode::BadRequest, msg));
+        if self.jobs.contains_key(&spec.job) {
+            return bad(format!("job {} is already open", spec.job));
+        }
+        if self.transport == Transport::SameHost && !self.jobs.is_empty() {
+            return bad("a same-host connection carries one job".into());
+        }
+        let runner: Arc<dyn JobRunner> = match self.state.runner.open_job(spec) {
+            Ok(r) => r.into(),
+            Err(e) => return bad(format!("job {} ({}): {e}", spec.job, spec.dataset)),
+        };
+        let shape = runner.shape();
+        info!(job = spec.job, dataset = %spec.dataset, pipeline = %spec.pipeline,
+              epoch = spec.epoch, rank = spec.rank, transport = ?self.transport, "job opened");
+        self.jobs.insert(
+            spec.job,
+            Job {
+                runner,
+                credits: Arc::new(Semaphore::new(0)),
+                cancel: CancellationToken::new(),
+                slots: None,
+            },
+        );
+        Ok(shape)
+    }
+
+    /// Gives a same-host job its client's segment.
+    pub(crate) fn attach(&mut self, job: u64, slots: Arc<crate::same_host::Slots>) -> bool {
+        match self.jobs.get_mut(&job) {
+            Some(j) => {
+                j.slots = Some(slots);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) async fn run<R, W>(&mut self, mut reader: FrameReader<R>, writer: &mut W) -> End
+    where
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+        W: Outbound,
+    {
         // The reader is not cancel-safe mid-frame, so it runs on its own task.
         let (in_tx, mut in_rx) = mpsc::channel::<Result<Message, IoError>>(16);
         let reader_task = tokio::spawn(async move {
@@ -431,7 +544,12 @@ impl Session {
                                 metrics::counter!("sluice_cpu_samples_sent_total").increment(1);
                                 metrics::counter!("sluice_cpu_bytes_sent_total").increment(payload.len() as u64);
                             }
-                            if send_owned(writer, &m, payload, &self.state.limits).await.is_err() {
+                            if let Message::ShmSample { header, .. } = &m {
+                                metrics::counter!("sluice_cpu_same_host_samples_total").increment(1);
+                                metrics::counter!("sluice_cpu_bytes_sent_total")
+                                    .increment(header.payload_len());
+                            }
+                            if writer.frame(&m, payload).await.is_err() {
                                 return End::ClientClosed;
                             }
                         }
@@ -449,7 +567,7 @@ impl Session {
                             "no frame from the client for {:?}", timeouts.client_silence()));
                     }
                     seq += 1;
-                    if writer.send(&Message::Heartbeat { seq }, &[]).await.is_err() {
+                    if writer.frame(&Message::Heartbeat { seq }, Vec::new()).await.is_err() {
                         return End::ClientClosed;
                     }
                 }
@@ -460,51 +578,52 @@ impl Session {
                     }
                 }
             }
+            // Frames queued behind this one go out in the same write.
+            if self.out_rx.is_empty() && writer.flush().await.is_err() {
+                return End::ClientClosed;
+            }
         }
     }
 
     /// Handles one client frame; `Err` closes the connection with that code.
-    async fn handle(
+    async fn handle<W: Outbound>(
         &mut self,
         message: Message,
-        writer: &mut FrameWriter<quinn::SendStream>,
+        writer: &mut W,
         draining: bool,
     ) -> Result<(), (ErrorCode, String)> {
         let bad = |msg: String| Err((ErrorCode::BadRequest, msg));
         match message {
             Message::Heartbeat { .. } => Ok(()),
             Message::OpenJob(spec) => {
-                if self.jobs.contains_key(&spec.job) {
-                    return bad(format!("job {} is already open", spec.job));
-                }
-                let runner: Arc<dyn JobRunner> = match self.state.runner.open_job(&spec) {
-                    Ok(r) => r.into(),
-                    Err(e) => return bad(format!("job {} ({}): {e}", spec.job, spec.dataset)),
-                };
-                let shape = runner.shape();
-                info!(job = spec.job, dataset = %spec.dataset, pipeline = %spec.pipeline,
-                      epoch = spec.epoch, rank = spec.rank, "job opened");
-                self.jobs.insert(
-                    spec.job,
-                    Job {
-                        runner,
-                        credits: Arc::new(Semaphore::new(0)),
-                        cancel: CancellationToken::new(),
-                    },
-                );
+                let shape = self.open_job(&spec)?;
                 let opened = Message::JobOpened {
                     job: spec.job,
                     shape,
                 };
                 writer
-                    .send(&opened, &[])
+                    .frame(&opened, Vec::new())
                     .await
-                    .map_err(|e| (ErrorCode::Internal, e.to_string()))
+                    .map_err(|e| (ErrorCode::Internal, e))
+            }
+            Message::SlotCredit { job, slots } => {
+                let Some(j) = self.jobs.get(&job) else {
+                    return Ok(()); // a job cancelled a moment ago
+                };
+                let Some(pool) = &j.slots else {
+                    return bad(format!("slot credits for job {job}, which has no segment"));
+                };
+                let n = pool.grant(&slots).map_err(|e| (ErrorCode::BadRequest, e))?;
+                j.credits.add_permits(n);
+                Ok(())
             }
             Message::Credit { job, samples } => {
                 let Some(j) = self.jobs.get(&job) else {
                     return Ok(()); // a job cancelled a moment ago
                 };
+                if j.slots.is_some() {
+                    return bad(format!("job {job} takes slot credits, not counts"));
+                }
                 let max = self.state.config.limits.max_credits as usize;
                 let room = max.saturating_sub(j.credits.available_permits());
                 j.credits.add_permits((samples as usize).min(room));
@@ -525,15 +644,18 @@ impl Session {
                         error: "worker is draining".into(),
                     });
                     return writer
-                        .send(&failed, &[])
+                        .frame(&failed, Vec::new())
                         .await
-                        .map_err(|e| (ErrorCode::Internal, e.to_string()));
+                        .map_err(|e| (ErrorCode::Internal, e));
                 }
                 if self.running >= self.state.config.limits.max_units_per_connection {
                     return bad(format!(
                         "more than limits.max_units_per_connection = {} assignments at once",
                         self.state.config.limits.max_units_per_connection
                     ));
+                }
+                if self.transport == Transport::SameHost && job.slots.is_none() {
+                    return bad(format!("job {} has no segment attached", assign.job));
                 }
                 if assign.start >= assign.end || assign.end > assign.shard.samples {
                     return bad(format!(
@@ -544,9 +666,7 @@ impl Session {
                 self.running += 1;
                 spawn_unit(
                     assign,
-                    job.runner.clone(),
-                    job.credits.clone(),
-                    job.cancel.clone(),
+                    job,
                     self.state.unit_slots.clone(),
                     self.out_tx.clone(),
                 );
@@ -564,7 +684,7 @@ impl Session {
         }
     }
 
-    fn close_all(&mut self) {
+    pub(crate) fn close_all(&mut self) {
         for (_, job) in self.jobs.drain() {
             job.cancel.cancel();
         }
@@ -605,14 +725,9 @@ impl Drop for AbortOnDrop {
 
 /// Runs an assignment on a blocking thread once a unit slot is free; its outputs go to the
 /// connection, each sample against one credit.
-fn spawn_unit(
-    assign: Assign,
-    runner: Arc<dyn JobRunner>,
-    credits: Arc<Semaphore>,
-    cancel: CancellationToken,
-    slots: Arc<Semaphore>,
-    out: mpsc::Sender<Produced>,
-) {
+fn spawn_unit(assign: Assign, job: &Job, slots: Arc<Semaphore>, out: mpsc::Sender<Produced>) {
+    let (runner, credits, cancel) = (job.runner.clone(), job.credits.clone(), job.cancel.clone());
+    let segment = job.slots.clone();
     let rt = tokio::runtime::Handle::current();
     tokio::spawn(async move {
         let queued = Instant::now();
@@ -652,7 +767,17 @@ fn spawn_unit(
                         if !got {
                             return false;
                         }
-                        Produced::Frame(Message::Sample(h), payload)
+                        match &segment {
+                            None => Produced::Frame(Message::Sample(h), payload),
+                            Some(segment) => match segment.place(h, &payload) {
+                                Ok((m, fields)) => Produced::Frame(m, fields),
+                                Err(e) => {
+                                    // The unit fails (and is reassigned); the connection lives.
+                                    warn!("same-host slot: {e}");
+                                    return false;
+                                }
+                            },
+                        }
                     }
                     Output::Skipped(s) => Produced::Frame(Message::Skipped(s), Vec::new()),
                 };

@@ -67,6 +67,7 @@ async fn start_with(tune: impl FnOnce(&mut CpuConfig)) -> Running {
         identity,
         token: Some(TOKEN.into()),
         runner: Arc::new(worker),
+        same_host: None,
     };
     tokio::spawn(server::run(socket, None, setup, stop.clone()));
     Running {

@@ -242,10 +242,10 @@ impl Filling {
         }
     }
 
-    /// Copies a sample's tensor into its slot.
+    /// Puts a sample in the next slot: `fill` copies its tensor into it.
     pub(crate) fn push(
         &mut self,
-        tensor: &[u8],
+        fill: impl FnOnce(&mut [u8]),
         label: Option<i64>,
         id: SampleId,
         key: String,
@@ -255,7 +255,7 @@ impl Filling {
         let n = b.shape.bytes() as usize;
         let at = b.ids.len() * n;
         if let Some(buf) = b.buf.as_mut() {
-            buf.as_mut_slice()[at..at + n].copy_from_slice(&tensor[..n]);
+            fill(&mut buf.as_mut_slice()[at..at + n]);
         }
         b.labels.push(label.unwrap_or(-1));
         b.ids.push(id);
@@ -350,9 +350,10 @@ mod tests {
         let id = |i| SampleId { shard: 0, index: i };
         let buf = ring.take().unwrap();
         let mut f = Filling::new(buf, ring.clone(), shape(), 0, 0, 4);
-        f.push(&[1, 2], Some(7), id(0), "a".into(), 0);
+        let put = |t: [u8; 2]| move |slot: &mut [u8]| slot.copy_from_slice(&t);
+        f.push(put([1, 2]), Some(7), id(0), "a".into(), 0);
         f.skip(id(1), "corrupt".into(), 0);
-        f.push(&[3, 4], None, id(2), "c".into(), 0);
+        f.push(put([3, 4]), None, id(2), "c".into(), 0);
         assert!(!f.is_full());
         f.skip(id(3), "truncated".into(), 0);
         assert!(f.is_full());
@@ -365,7 +366,7 @@ mod tests {
         drop(b);
         let buf = ring.take().expect("returned on drop");
         let mut f = Filling::new(buf, ring.clone(), shape(), 0, 1, 2);
-        f.push(&[5, 6], Some(1), id(4), "e".into(), 1);
+        f.push(put([5, 6]), Some(1), id(4), "e".into(), 1);
         f.skip(id(5), "x".into(), 1);
         let b = f.finish(ShortBatch::Deliver);
         assert_eq!((b.len(), b.images()), (1, &[5u8, 6][..]));

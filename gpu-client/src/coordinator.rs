@@ -275,9 +275,8 @@ impl Coordinator {
                             shard: header.shard,
                             index: header.index,
                         };
-                        let tensor = &payload[..header.tensor_bytes as usize];
                         self.filling(out).await?.push(
-                            tensor,
+                            |slot| payload.copy_tensor(slot),
                             header.label,
                             id,
                             header.key,
@@ -576,7 +575,7 @@ mod tests {
                 tensor_bytes: 3,
                 fields: Vec::new(),
             },
-            payload: vec![index as u8; 3],
+            payload: crate::same_host::Payload::Bytes(vec![index as u8; 3]),
         }
     }
 

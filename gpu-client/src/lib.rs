@@ -25,7 +25,8 @@
 //!
 //! Modules: [`loader`] (builder, epochs, checkpoints), `coordinator` (assignment, credits,
 //! reassignment), [`ledger`] (exactly-once), [`batch`] (ring, allocator, short batches),
-//! `link` (QUIC and in-process workers), `tls` (certificate pinning), [`stats`].
+//! `link` (QUIC, same-host and in-process workers), [`same_host`] (shared-memory slots for
+//! workers on this machine), `tls` (certificate pinning), [`stats`].
 //!
 //! Links no image decoder: in-process decoding takes a [`sluice_wire::UnitRunner`] from the
 //! caller (the CPU tier's `CpuWorker`).
@@ -36,12 +37,14 @@ pub mod error;
 pub mod ledger;
 mod link;
 pub mod loader;
+pub mod same_host;
 pub mod stats;
 mod tls;
 
 pub use batch::{Batch, HeapAllocator, HostAllocator, HostMemory, LastBatch, SampleId, ShortBatch};
 pub use error::ClientError;
 pub use loader::{Checkpoint, Epoch, Loader, LoaderBuilder, Workers};
+pub use same_host::SameHost;
 pub use sluice_plan::{Remainder, ShufflePolicy};
 pub use sluice_wire::SampleShape;
 pub use stats::{EpochReport, StatsSnapshot, WorkerStats};

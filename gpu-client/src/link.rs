@@ -1,14 +1,20 @@
 //! Links to workers: a task per worker that speaks the wire protocol and turns it into
 //! [`Event`]s for the coordinator, and [`Command`]s back into frames.
 //!
-//! A QUIC link connects, says hello with the token, opens the epoch's job and then runs until
-//! the connection drops or the worker falls silent for `silence`; it then reports the loss
-//! and reconnects with backoff (each connection is a new `generation`, and commands meant for
-//! an older one are dropped). Refusals (token, certificate, pipeline) are fatal: retrying
+//! A remote link connects, says hello with the token, opens the epoch's job and then runs
+//! until the connection drops or the worker falls silent for `silence`; it then reports the
+//! loss and reconnects with backoff (each connection is a new `generation`, and commands meant
+//! for an older one are dropped). Refusals (token, certificate, pipeline) are fatal: retrying
 //! cannot fix a configuration. An in-process link runs the same job through a
 //! [`UnitRunner`] on blocking threads, under the same credits.
+//!
+//! A remote link goes over QUIC, or, for a worker on this machine that serves a same-host
+//! socket, over that socket with the tensors in a shared-memory segment this link creates
+//! per connection ([`crate::same_host`]): the frames are the same, credits become the slots
+//! the worker may write, and a sample arrives as the slot it was written to.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,8 +23,11 @@ use sluice_wire::{
     Assign, ErrorCode, Hello, JobRunner, JobSpec, Limits, Message, Output, SampleHeader,
     SampleShape, SkippedSample, UnitDone, UnitFailed, UnitRunner,
 };
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
+
+use crate::same_host::{Payload, SlotPool};
 
 /// What links tell the coordinator.
 pub(crate) enum Event {
@@ -30,7 +39,7 @@ pub(crate) enum Event {
     Sample {
         link: usize,
         header: SampleHeader,
-        payload: Vec<u8>,
+        payload: Payload,
     },
     Skipped {
         skipped: SkippedSample,
@@ -58,13 +67,15 @@ pub(crate) enum Command {
     Credit(u64, u32),
 }
 
-/// Settings of a QUIC link.
-pub(crate) struct QuicLink {
+/// Settings of a link to a `sluice cpu` daemon.
+pub(crate) struct RemoteLink {
     pub link: usize,
     pub addr: SocketAddr,
     pub name: String,
     pub endpoint: quinn::Endpoint,
     pub client_config: quinn::ClientConfig,
+    /// The worker's same-host socket, when it is on this machine and serves one.
+    pub same_host: Option<SameHostRoute>,
     pub token: String,
     pub client: String,
     pub job: JobSpec,
@@ -72,6 +83,24 @@ pub(crate) struct QuicLink {
     pub silence: Duration,
     pub connect_timeout: Duration,
     pub limits: Limits,
+    /// Credits (and so same-host slots) per connection, as the coordinator sizes them.
+    pub credits: u32,
+    pub receive_window: u64,
+}
+
+/// Where a same-host worker listens, and whether QUIC may stand in when it refuses us.
+#[derive(Clone, Debug)]
+pub(crate) struct SameHostRoute {
+    pub socket: PathBuf,
+    pub required: bool,
+}
+
+/// A connection's two halves as frame reader and writer, and what classifies its end.
+struct Wire<R, W> {
+    reader: FrameReader<R>,
+    writer: FrameWriter<W>,
+    /// QUIC's close reason explains an ended stream; a Unix socket has none.
+    quic: Option<quinn::Connection>,
 }
 
 enum Ended {
@@ -81,9 +110,9 @@ enum Ended {
     Cancelled,
 }
 
-impl QuicLink {
+impl RemoteLink {
     pub(crate) async fn run(
-        self,
+        mut self,
         mut commands: mpsc::Receiver<Command>,
         events: mpsc::Sender<Event>,
         cancel: CancellationToken,
@@ -95,6 +124,17 @@ impl QuicLink {
             let ended = tokio::select! {
                 e = self.session(generation, &mut commands, &events) => e,
                 _ = cancel.cancelled() => Ended::Cancelled,
+            };
+            let ended = match ended {
+                // A same-host socket that will not take us (permissions, another user's
+                // worker): QUIC reaches the same worker, unless same-host was required.
+                Ended::Fatal(f) if self.same_host.as_ref().is_some_and(|r| !r.required) => {
+                    tracing::warn!(worker = %self.name,
+                        "same-host transport refused ({f}); using QUIC");
+                    self.same_host = None;
+                    Ended::Lost(f.to_string())
+                }
+                e => e,
             };
             let (error, fatal) = match ended {
                 Ended::Cancelled => return,
@@ -128,6 +168,11 @@ impl QuicLink {
         commands: &mut mpsc::Receiver<Command>,
         events: &mpsc::Sender<Event>,
     ) -> Ended {
+        if let Some(route) = &self.same_host {
+            return self
+                .same_host_session(route, generation, commands, events)
+                .await;
+        }
         let worker = &self.name;
         let connecting = match self.endpoint.connect_with(
             self.client_config.clone(),
@@ -142,45 +187,140 @@ impl QuicLink {
             Ok(Err(e)) => return classify_connection_error(worker, e),
             Ok(Ok(c)) => c,
         };
-        let result = self.talk(&conn, generation, commands, events).await;
+        let (send, recv) = match conn.open_bi().await {
+            Ok(s) => s,
+            Err(e) => {
+                conn.close(0u32.into(), b"done");
+                return classify_connection_error(worker, e);
+            }
+        };
+        let mut wire = Wire {
+            writer: FrameWriter::new(send, self.limits),
+            reader: FrameReader::new(recv, self.limits),
+            quic: Some(conn.clone()),
+        };
+        let result = match self.open(&mut wire).await {
+            Ok(shape) => {
+                self.talk(wire, shape, None, generation, commands, events)
+                    .await
+            }
+            Err(e) => e,
+        };
         conn.close(0u32.into(), b"done");
         result
     }
 
-    async fn talk(
+    /// A connection over the worker's same-host socket: the job's slots live in a segment
+    /// made for this connection alone, so nothing a previous (maybe still running) worker
+    /// process writes can reach this one's samples.
+    async fn same_host_session(
         &self,
-        conn: &quinn::Connection,
+        route: &SameHostRoute,
         generation: u64,
         commands: &mut mpsc::Receiver<Command>,
         events: &mpsc::Sender<Event>,
     ) -> Ended {
-        let worker = &self.name;
-        let (send, recv) = match conn.open_bi().await {
-            Ok(s) => s,
-            Err(e) => return classify_connection_error(worker, e),
+        let socket = route.socket.display();
+        let connect = tokio::net::UnixStream::connect(&route.socket);
+        let stream = match tokio::time::timeout(self.connect_timeout, connect).await {
+            Err(_) => {
+                return Ended::Lost(format!(
+                    "no answer on {socket} in {:?}",
+                    self.connect_timeout
+                ))
+            }
+            // Not allowed, or nobody listening (a socket file left by a killed worker): in
+            // auto mode QUIC takes over; when same-host is required, the worker may be
+            // restarting, so try again.
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::PermissionDenied || !route.required => {
+                return Ended::Fatal(crate::ClientError::Refused {
+                    worker: self.name.clone(),
+                    message: format!("same-host socket {socket}: {e}"),
+                })
+            }
+            Ok(Err(e)) => return Ended::Lost(format!("same-host socket {socket}: {e}")),
+            Ok(Ok(s)) => s,
         };
-        let mut writer = FrameWriter::new(send, self.limits);
-        let mut reader = FrameReader::new(recv, self.limits);
+        let (rd, wr) = stream.into_split();
+        let mut wire = Wire {
+            reader: FrameReader::new(rd, self.limits),
+            writer: FrameWriter::new(wr, self.limits),
+            quic: None,
+        };
+        let shape = match self.open(&mut wire).await {
+            Ok(shape) => shape,
+            Err(e) => return e,
+        };
+        let slots = crate::same_host::slots_for(self.credits, self.receive_window, shape.bytes());
+        let pool = match SlotPool::create(slots, shape.bytes()) {
+            Ok(p) => Arc::new(p),
+            Err(e) => return Ended::Fatal(crate::ClientError::Allocate(e.to_string())),
+        };
+        let attach = Message::ShmAttach(pool.segment().attach(self.job.job));
+        if let Err(e) = wire.writer.send(&attach, &[]).await {
+            return Ended::Lost(e.to_string());
+        }
+        let half: &tokio::net::unix::OwnedWriteHalf = wire.writer.get_mut();
+        if let Err(e) = sluice_wire::shm::send_fd(half.as_ref(), pool.segment().fd()).await {
+            return Ended::Lost(e.to_string());
+        }
+        match self.expect(&mut wire).await {
+            Ok(Message::ShmAttached { job }) if job == self.job.job => {}
+            Ok(other) => return self.unexpected(other, "ShmAttached"),
+            Err(e) => return e,
+        }
+        tracing::debug!(worker = %self.name, slots, "same-host segment attached");
+        self.talk(wire, shape, Some(pool), generation, commands, events)
+            .await
+    }
+
+    /// Hello, then the job: the shape the worker will produce.
+    async fn open<R, W>(&self, wire: &mut Wire<R, W>) -> Result<SampleShape, Ended>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
         let hello = Message::Hello(Hello {
             token: self.token.clone(),
             client: self.client.clone(),
         });
-        if let Err(e) = writer.send(&hello, &[]).await {
-            return Ended::Lost(e.to_string());
+        if let Err(e) = wire.writer.send(&hello, &[]).await {
+            return Err(Ended::Lost(e.to_string()));
         }
-        match self.expect(conn, &mut reader).await {
-            Ok(Message::Welcome(_)) => {}
-            Ok(other) => return self.unexpected(other, "Welcome"),
-            Err(e) => return e,
+        match self.expect(wire).await? {
+            Message::Welcome(_) => {}
+            other => return Err(self.unexpected(other, "Welcome")),
         }
-        if let Err(e) = writer.send(&Message::OpenJob(self.job.clone()), &[]).await {
-            return Ended::Lost(e.to_string());
+        if let Err(e) = wire
+            .writer
+            .send(&Message::OpenJob(self.job.clone()), &[])
+            .await
+        {
+            return Err(Ended::Lost(e.to_string()));
         }
-        let shape = match self.expect(conn, &mut reader).await {
-            Ok(Message::JobOpened { job, shape }) if job == self.job.job => shape,
-            Ok(other) => return self.unexpected(other, "JobOpened"),
-            Err(e) => return e,
-        };
+        match self.expect(wire).await? {
+            Message::JobOpened { job, shape } if job == self.job.job => Ok(shape),
+            other => Err(self.unexpected(other, "JobOpened")),
+        }
+    }
+
+    async fn talk<R, W>(
+        &self,
+        wire: Wire<R, W>,
+        shape: SampleShape,
+        pool: Option<Arc<SlotPool>>,
+        generation: u64,
+        commands: &mut mpsc::Receiver<Command>,
+        events: &mpsc::Sender<Event>,
+    ) -> Ended
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send,
+    {
+        let worker = &self.name;
+        let Wire {
+            reader, mut writer, ..
+        } = wire;
         if events
             .send(Event::Ready {
                 link: self.link,
@@ -204,6 +344,7 @@ impl QuicLink {
                 worker: worker.clone(),
                 shape,
                 job: self.job.job,
+                pool: pool.clone(),
                 events: events.clone(),
                 end: end_tx,
             },
@@ -217,16 +358,34 @@ impl QuicLink {
                     return ended.unwrap_or(Ended::Lost("reader stopped".into()));
                 }
                 command = commands.recv() => {
-                    let frame = match command {
-                        None => return Ended::Cancelled,
-                        Some(Command::Assign(g, a)) if g == generation => Message::Assign(a),
-                        Some(Command::Credit(g, n)) if g == generation => {
+                    let frame = match (command, &pool) {
+                        (None, _) => return Ended::Cancelled,
+                        (Some(Command::Assign(g, a)), _) if g == generation => Message::Assign(a),
+                        (Some(Command::Credit(g, n)), None) if g == generation => {
                             Message::Credit { job: self.job.job, samples: n }
                         }
-                        Some(_) => continue,
+                        // Same-host credits are slots: those free now go at once, the rest
+                        // as the batches they were copied into release them.
+                        (Some(Command::Credit(g, n)), Some(p)) if g == generation => {
+                            match p.grant(n, 1) {
+                                Some(slots) => Message::SlotCredit { job: self.job.job, slots },
+                                None => continue,
+                            }
+                        }
+                        (Some(_), _) => continue,
                     };
                     if let Err(e) = writer.send(&frame, &[]).await {
                         return Ended::Lost(e.to_string());
+                    }
+                }
+                _ = released(&pool) => {
+                    // Freed slots go back a few at a time, not a frame each.
+                    let batch = |p: &SlotPool| (p.segment().slots() / 8).max(1);
+                    if let Some(slots) = pool.as_ref().and_then(|p| p.grant(0, batch(p))) {
+                        let frame = Message::SlotCredit { job: self.job.job, slots };
+                        if let Err(e) = writer.send(&frame, &[]).await {
+                            return Ended::Lost(e.to_string());
+                        }
                     }
                 }
                 _ = tick.tick() => {
@@ -243,11 +402,11 @@ impl QuicLink {
         }
     }
 
-    async fn expect(
-        &self,
-        conn: &quinn::Connection,
-        reader: &mut FrameReader<quinn::RecvStream>,
-    ) -> Result<Message, Ended> {
+    async fn expect<R, W>(&self, wire: &mut Wire<R, W>) -> Result<Message, Ended>
+    where
+        R: AsyncRead + Unpin,
+    {
+        let reader = &mut wire.reader;
         let next = async {
             loop {
                 match reader.next().await {
@@ -264,7 +423,7 @@ impl QuicLink {
             Ok(Ok(Some(Message::Error(e)))) => Err(refusal(&self.name, e.code, e.message)),
             Ok(Ok(Some(m))) => Ok(m),
             Ok(Ok(None)) | Ok(Err(IoError::Io(_))) | Ok(Err(IoError::Truncated)) => {
-                match conn.close_reason() {
+                match wire.quic.as_ref().and_then(|c| c.close_reason()) {
                     Some(e) => Err(classify_connection_error(&self.name, e)),
                     None => Err(Ended::Lost("the worker closed the stream".into())),
                 }
@@ -377,17 +536,20 @@ struct ReadTo {
     worker: String,
     shape: SampleShape,
     job: u64,
+    /// Same-host connections: the segment samples arrive in.
+    pool: Option<Arc<SlotPool>>,
     events: mpsc::Sender<Event>,
     end: mpsc::Sender<Ended>,
 }
 
-async fn read_frames(mut reader: FrameReader<quinn::RecvStream>, to: ReadTo) {
+async fn read_frames<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, to: ReadTo) {
     let ReadTo {
         heard,
         link,
         worker,
         shape,
         job,
+        pool,
         events,
         end,
     } = to;
@@ -409,6 +571,36 @@ async fn read_frames(mut reader: FrameReader<quinn::RecvStream>, to: ReadTo) {
         };
         let event = match message {
             Message::Heartbeat { .. } => continue,
+            Message::ShmSample { slot, header } => {
+                let Some(pool) = &pool else {
+                    break protocol("a shared-memory sample over QUIC".into());
+                };
+                if header.tensor_bytes != shape.bytes() || header.job != job {
+                    break protocol(format!(
+                        "sample {:?} of job {} with {} tensor bytes; the job is {job} with {}",
+                        header.key,
+                        header.job,
+                        header.tensor_bytes,
+                        shape.bytes()
+                    ));
+                }
+                let slot = match pool.filled(slot) {
+                    Ok(s) => s,
+                    Err(e) => break protocol(e),
+                };
+                // Fields ride in the frame; the client keeps none of them today.
+                if let Err(e) = reader.skip_payload().await {
+                    break Ended::Lost(e.to_string());
+                }
+                Event::Sample {
+                    link,
+                    header,
+                    payload: Payload::Slot(slot),
+                }
+            }
+            Message::Sample(_) if pool.is_some() => {
+                break protocol("a sample in the frame over the same-host socket".into());
+            }
             Message::Sample(header) => {
                 if header.tensor_bytes != shape.bytes() {
                     break protocol(format!(
@@ -432,7 +624,7 @@ async fn read_frames(mut reader: FrameReader<quinn::RecvStream>, to: ReadTo) {
                 Event::Sample {
                     link,
                     header,
-                    payload,
+                    payload: Payload::Bytes(payload),
                 }
             }
             Message::Skipped(skipped) => Event::Skipped { skipped },
@@ -449,6 +641,14 @@ async fn read_frames(mut reader: FrameReader<quinn::RecvStream>, to: ReadTo) {
         }
     };
     let _ = end.send(ended).await;
+}
+
+/// Resolves when the consumer gave slots back (never on a QUIC link).
+async fn released(pool: &Option<Arc<SlotPool>>) {
+    match pool {
+        Some(p) => p.released().await,
+        None => std::future::pending().await,
+    }
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -551,7 +751,7 @@ fn run_local_unit(
                 Event::Sample {
                     link,
                     header,
-                    payload,
+                    payload: Payload::Bytes(payload),
                 }
             }
             Output::Skipped(skipped) => Event::Skipped { skipped },

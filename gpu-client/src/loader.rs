@@ -23,7 +23,8 @@ use crate::batch::{Batch, BatchPlan, HeapAllocator, HostAllocator, LastBatch, Sh
 use crate::coordinator::{Coordinator, Settings};
 use crate::error::ClientError;
 use crate::ledger::{Ledger, LedgerRecord};
-use crate::link::{run_local, QuicLink};
+use crate::link::{run_local, RemoteLink, SameHostRoute};
+use crate::same_host::SameHost;
 use crate::stats::{EpochCounters, EpochReport, Stats, StatsSnapshot};
 
 /// Where samples are decoded.
@@ -65,6 +66,8 @@ pub struct LoaderBuilder {
     max_unit_attempts: u32,
     allocator: Arc<dyn HostAllocator>,
     client_name: String,
+    same_host: SameHost,
+    same_host_dir: PathBuf,
 }
 
 impl Default for LoaderBuilder {
@@ -99,6 +102,8 @@ impl Default for LoaderBuilder {
             client_name: std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .map(|h| h.trim().to_string())
                 .unwrap_or_else(|_| "client".into()),
+            same_host: SameHost::Auto,
+            same_host_dir: crate::same_host::default_socket_dir(),
         }
     }
 }
@@ -173,6 +178,10 @@ impl LoaderBuilder {
     setter!(/// Where batch buffers come from (page-locked memory for CUDA).
         allocator: Arc<dyn HostAllocator>);
     setter!(client_name: String);
+    setter!(/// Shared memory instead of QUIC for workers on this machine.
+        same_host: SameHost);
+    setter!(/// Where same-host workers' sockets are (`cpu-<port>.sock`).
+        same_host_dir: PathBuf);
 
     /// The cluster token the workers expect.
     pub fn token(mut self, token: impl Into<String>) -> Self {
@@ -574,12 +583,40 @@ impl Loader {
                     .ok_or_else(|| ClientError::Runtime("no QUIC endpoint".into()))?;
                 for (name, addr) in self.resolve(names)? {
                     let (tx, rx) = mpsc::channel(64);
-                    let link = QuicLink {
+                    let same_host = match s.same_host {
+                        SameHost::Off => None,
+                        mode => match crate::same_host::socket_for(&s.same_host_dir, addr) {
+                            Some(socket) => Some(SameHostRoute {
+                                socket,
+                                required: mode == SameHost::Require,
+                            }),
+                            None if mode == SameHost::Require => {
+                                return Err(ClientError::Config {
+                                    key: "same_host",
+                                    detail: format!(
+                                        "required, but worker {name} has no socket {}",
+                                        s.same_host_dir
+                                            .join(format!("cpu-{}.sock", addr.port()))
+                                            .display()
+                                    ),
+                                });
+                            }
+                            None => None,
+                        },
+                    };
+                    if let Some(r) = &same_host {
+                        tracing::info!(worker = %name, socket = %r.socket.display(),
+                            "same-host transport");
+                    }
+                    let link = RemoteLink {
                         link: links.len(),
                         addr,
                         name: name.clone(),
                         endpoint: endpoint.clone(),
                         client_config: config.clone(),
+                        same_host,
+                        credits: s.credits_per_worker,
+                        receive_window: s.receive_window,
                         token: s.token.clone().unwrap_or_default(),
                         client: format!("{} rank {}", s.client_name, s.rank),
                         job: spec.clone(),

@@ -1,11 +1,13 @@
-//! `sluice bench transport`: tensor throughput of the QUIC transport on loopback, one
-//! connection, beside a plain TCP stream carrying the same frames, in one run.
+//! `sluice bench transport`: tensor throughput of the transports, one connection, in one run:
+//! QUIC on loopback, the same-host shared-memory transport, a plain TCP stream carrying the
+//! same frames, and a single-thread memcpy of the same bytes.
 //!
-//! The QUIC side is the real system minus decoding: a `sluice cpu` server (in this process)
-//! whose worker emits ready-made 224×224×3 tensors, and a client `Loader` that grants credits,
-//! accounts for every sample and assembles batches. The TCP side writes the same frames with
-//! the same codec into a socket and reads each payload into a buffer: the floor a transport
-//! cannot beat on this machine.
+//! The QUIC and same-host sides are the real system minus decoding: a `sluice cpu` server (in
+//! this process) whose worker emits ready-made 224×224×3 tensors, and a client `Loader` that
+//! grants credits, accounts for every sample and assembles batches. The TCP side writes the
+//! same frames with the same codec into a socket and reads each payload into a buffer. The
+//! memcpy copies each tensor once, from a pool as large as the client's slots into a batch
+//! buffer: what moving the bytes costs at all on this machine.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,10 +36,17 @@ pub struct TransportArgs {
     repeat: u32,
 }
 
-/// A worker that sends one prepared tensor for every sample.
+/// A worker that sends a copy of one prepared tensor for every sample: a fresh buffer per
+/// sample, as the decoder makes one (the copy comes from cache, so it costs little).
 struct Synthetic {
     shape: SampleShape,
     tensor: Arc<Vec<u8>>,
+}
+
+impl Synthetic {
+    fn new(shape: SampleShape, tensor: Arc<Vec<u8>>) -> Self {
+        Synthetic { shape, tensor }
+    }
 }
 
 impl UnitRunner for Synthetic {
@@ -80,7 +89,8 @@ impl JobRunner for Synthetic {
     }
 }
 
-fn quic_once(args: &TransportArgs, runner: Arc<Synthetic>) -> Result<f64> {
+/// Bytes/s through the real server and `Loader`, over QUIC or the same-host socket.
+fn loader_once(args: &TransportArgs, runner: Arc<Synthetic>, same_host: bool) -> Result<f64> {
     let dir = tempfile::tempdir()?;
     let identity = sluice_cpu::tls::self_signed(dir.path(), &["localhost".into()])?;
     let config = sluice_cpu::config::CpuConfig {
@@ -95,11 +105,22 @@ fn quic_once(args: &TransportArgs, runner: Arc<Synthetic>) -> Result<f64> {
         .worker_threads(1)
         .enable_all()
         .build()?;
+    let listener = match same_host {
+        false => None,
+        true => {
+            let _in_runtime = runtime.enter();
+            Some(sluice_cpu::same_host::bind(
+                &config.same_host_in(dir.path()),
+                addr.port(),
+            )?)
+        }
+    };
     let setup = sluice_cpu::server::Setup {
         config,
         identity,
         token: Some("bench-token".into()),
-        runner,
+        runner: runner.clone(),
+        same_host: listener,
     };
     runtime.spawn(sluice_cpu::server::run(socket, None, setup, stop.clone()));
     let manifest = Manifest::new(vec![ShardInfo {
@@ -118,6 +139,12 @@ fn quic_once(args: &TransportArgs, runner: Arc<Synthetic>) -> Result<f64> {
         .batch_size(256)
         .credits_per_worker(args.credits)
         .max_unit_samples(1024)
+        .same_host(if same_host {
+            sluice_client::SameHost::Require
+        } else {
+            sluice_client::SameHost::Off
+        })
+        .same_host_dir(dir.path().to_path_buf())
         .build()?;
     let started = Instant::now();
     let mut n = 0u64;
@@ -155,8 +182,7 @@ fn tcp_once(args: &TransportArgs, tensor: Arc<Vec<u8>>) -> Result<f64> {
                     tensor_bytes: tensor.len() as u64,
                     fields: Vec::new(),
                 });
-                let owned = tensor.to_vec();
-                w.send(&header, &[&owned]).await?;
+                w.send(&header, &[&tensor]).await?;
             }
             w.flush().await?;
             anyhow::Ok(())
@@ -176,6 +202,22 @@ fn tcp_once(args: &TransportArgs, tensor: Arc<Vec<u8>>) -> Result<f64> {
     })
 }
 
+/// Bytes/s of one thread copying each tensor once, from a pool of `credits` tensors into
+/// 256-sample batch buffers.
+fn memcpy_once(args: &TransportArgs, bytes: usize) -> f64 {
+    let pool = vec![0x5au8; bytes * args.credits.max(1) as usize];
+    let mut batch = vec![0u8; bytes * 256];
+    let started = Instant::now();
+    for i in 0..args.samples as usize {
+        let src = (i % args.credits.max(1) as usize) * bytes;
+        let dst = (i % 256) * bytes;
+        batch[dst..dst + bytes].copy_from_slice(&pool[src..src + bytes]);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    std::hint::black_box(&batch);
+    (args.samples as usize * bytes) as f64 / secs
+}
+
 pub fn run(args: TransportArgs) -> Result<()> {
     let shape = SampleShape {
         height: args.side,
@@ -185,30 +227,28 @@ pub fn run(args: TransportArgs) -> Result<()> {
         chw: false,
     };
     let tensor = Arc::new(vec![0x5au8; shape.bytes() as usize]);
-    let runner = Arc::new(Synthetic {
-        shape,
-        tensor: tensor.clone(),
-    });
+    let runner = Arc::new(Synthetic::new(shape, tensor.clone()));
     println!(
         "sluice bench transport: {} samples of {} bytes, one connection, loopback, best of {}",
         args.samples,
         shape.bytes(),
         args.repeat
     );
-    let (mut quic, mut tcp) = (0f64, 0f64);
+    let (mut quic, mut shm, mut tcp, mut copy) = (0f64, 0f64, 0f64, 0f64);
     for _ in 0..args.repeat.max(1) {
-        quic = quic.max(quic_once(&args, runner.clone()).context("QUIC run")?);
+        quic = quic.max(loader_once(&args, runner.clone(), false).context("QUIC run")?);
+        shm = shm.max(loader_once(&args, runner.clone(), true).context("same-host run")?);
         tcp = tcp.max(tcp_once(&args, tensor.clone()).context("TCP run")?);
+        copy = copy.max(memcpy_once(&args, tensor.len()));
     }
-    println!(
-        "transport\tquic (server → Loader, credits, batches)\t{:.2} GB/s",
-        quic / 1e9
-    );
-    println!(
-        "transport\ttcp (same frames, read into a buffer)\t{:.2} GB/s",
-        tcp / 1e9
-    );
+    let line = |what: &str, v: f64| println!("transport\t{what}\t{:.2} GB/s", v / 1e9);
+    line("quic (server → Loader, credits, batches)", quic);
+    line("same-host (server → shared memory → Loader)", shm);
+    line("tcp (same frames, read into a buffer)", tcp);
+    line("memcpy (one thread, each tensor once)", copy);
     println!("transport\tquic/tcp\t{:.2}", quic / tcp);
+    println!("transport\tsame-host/memcpy\t{:.2}", shm / copy);
+    println!("transport\tsame-host/quic\t{:.2}", shm / quic);
     Ok(())
 }
 
@@ -228,9 +268,7 @@ pub fn quic_probe(samples: u64, side: u32) -> Result<f64> {
         elem_bytes: 1,
         chw: false,
     };
-    let runner = Arc::new(Synthetic {
-        shape,
-        tensor: Arc::new(vec![0x5au8; shape.bytes() as usize]),
-    });
-    quic_once(&args, runner)
+    let tensor = Arc::new(vec![0x5au8; shape.bytes() as usize]);
+    let runner = Arc::new(Synthetic::new(shape, tensor));
+    loader_once(&args, runner, false)
 }

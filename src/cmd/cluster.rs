@@ -97,6 +97,7 @@ pub fn start(data: &Path, state: &Path, workers: usize, threads: usize) -> Resul
             identity,
             token: Some(token.clone()),
             runner: Arc::new(worker),
+            same_host: None,
         };
         let stop = stop.clone();
         runtime.spawn(async move {

@@ -43,6 +43,13 @@ pub struct Args {
     /// Decode threads (0 = one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Directory of the same-host socket (`cpu-<port>.sock`) that training processes on this
+    /// machine attach shared memory through (overrides the config's `same_host.socket_dir`).
+    #[arg(long)]
+    same_host_dir: Option<PathBuf>,
+    /// Serve QUIC only, no same-host socket.
+    #[arg(long, conflicts_with = "same_host_dir")]
+    no_same_host: bool,
 }
 
 /// The state directory when neither the config nor `--state-dir` names one: systemd's
@@ -97,6 +104,13 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(t) = args.threads {
         config.threads = t;
     }
+    if let Some(d) = args.same_host_dir.clone() {
+        config.same_host.socket_dir = d;
+        config.same_host.enabled = true;
+    }
+    if args.no_same_host {
+        config.same_host.enabled = false;
+    }
     let env_token = std::env::var("SLUICE_TOKEN")
         .ok()
         .filter(|t| !t.trim().is_empty());
@@ -145,6 +159,21 @@ pub fn run(args: Args) -> Result<()> {
             None => None,
         };
         let metrics_addr = metrics.as_ref().and_then(|m| m.local_addr().ok());
+        // The same-host transport is an optimisation: a worker that cannot make its socket
+        // (no such directory, no permission) says so and serves QUIC alone.
+        let same_host = match config.same_host.enabled {
+            false => None,
+            true => match sluice_cpu::same_host::bind(&config.same_host, listen.port()) {
+                Ok(l) => {
+                    tracing::info!(socket = %l.path().display(), "same-host transport on");
+                    Some(l)
+                }
+                Err(e) => {
+                    tracing::warn!("same-host transport off: {e}");
+                    None
+                }
+            },
+        };
         tracing::info!(%listen, metrics = ?metrics_addr, threads = sluice_wire::UnitRunner::threads(&worker),
             auth = token.is_some(), "sluice cpu serving");
         let shutdown = daemon::shutdown_on_signals()?;
@@ -154,6 +183,7 @@ pub fn run(args: Args) -> Result<()> {
             identity,
             token,
             runner: Arc::new(worker),
+            same_host,
         };
         let result = server::run(socket, metrics, setup, shutdown).await;
         daemon::notify_stopping();

@@ -70,6 +70,13 @@ pub struct Args {
     /// Write every delivered sample as `epoch<TAB>rank<TAB>shard<TAB>key`.
     #[arg(long)]
     pub(crate) dump_ids: Option<PathBuf>,
+    /// Shared memory for workers on this machine: auto (when their socket is found), off,
+    /// or require.
+    #[arg(long, default_value = "auto")]
+    pub(crate) same_host: sluice_client::SameHost,
+    /// Where same-host workers' sockets are (default $SLUICE_SAME_HOST_DIR or /run/sluice).
+    #[arg(long)]
+    pub(crate) same_host_dir: Option<PathBuf>,
 }
 
 /// The synthetic consumers `demo` and `bench chain` run.
@@ -124,6 +131,8 @@ impl Consumers {
             worker_wait: 30.0,
             json: None,
             dump_ids: None,
+            same_host: sluice_client::SameHost::Auto,
+            same_host_dir: None,
         }
     }
 }
@@ -218,6 +227,10 @@ fn loader(args: &Args, manifest: &Manifest, rank: u32) -> Result<Loader> {
         }
         if let Some(c) = &args.trust_cert {
             b = b.trust_cert(c.clone());
+        }
+        b = b.same_host(args.same_host);
+        if let Some(d) = &args.same_host_dir {
+            b = b.same_host_dir(d.clone());
         }
     }
     Ok(b.build()?)

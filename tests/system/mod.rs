@@ -72,8 +72,13 @@ fn field(line: &str, key: &str) -> Option<String> {
 }
 
 /// Starts `sluice cpu` on ports chosen by the kernel, with the test token and its own state
-/// directory (so its own self-signed certificate).
+/// directory (so its own self-signed certificate), serving QUIC only.
 pub fn start_worker(dir: &Path, name: &str) -> Worker {
+    start_worker_with(dir, name, &["--no-same-host"])
+}
+
+/// [`start_worker`] with more arguments (`--same-host-dir DIR` to serve same-host clients).
+pub fn start_worker_with(dir: &Path, name: &str, extra: &[&str]) -> Worker {
     let state = dir.join(name);
     let token = dir.join("token");
     std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
@@ -91,6 +96,7 @@ pub fn start_worker(dir: &Path, name: &str) -> Worker {
             "--state-dir",
             path_str(&state),
         ])
+        .args(extra)
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
         .stdout(Stdio::null())

@@ -91,6 +91,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+
     /// Discards the current frame's payload.
     pub async fn skip_payload(&mut self) -> Result<(), IoError> {
         let n = std::mem::take(&mut self.pending_payload);

@@ -1,7 +1,8 @@
 //! The wire protocol between GPU clients and CPU workers: versioned message headers
 //! ([`message`]), a sans-IO length-prefixed frame codec ([`codec`]), the worker's job interface
 //! shared by the daemon and the in-process mode ([`runner`]), and, behind the `io` feature, a
-//! thin async shell over any byte stream ([`io`]).
+//! thin async shell over any byte stream ([`io`]); behind `shm`, the same-host transport's
+//! shared-memory segments and descriptor passing ([`shm`]).
 //!
 //! Pure by design: no sockets, runtime, clock or metrics outside the optional `io` feature
 //! (tokio's IO traits only). bincode serializes the small headers and nothing else; it stays
@@ -12,6 +13,8 @@ pub mod codec;
 pub mod io;
 pub mod message;
 pub mod runner;
+#[cfg(feature = "shm")]
+pub mod shm;
 
 pub use codec::{decode_frame, encode_frame, Frame, Limits, WireError, VERSION};
 pub use message::*;

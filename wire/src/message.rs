@@ -37,6 +37,16 @@ pub enum Message {
     Cancel { job: u64 },
     /// Either way: a refusal or a fatal problem; the sender closes the connection after it.
     Error(ErrorMessage),
+    /// Client → worker, same-host transport only: the job's sample slots live in a
+    /// shared-memory segment whose descriptor follows this frame on the Unix socket.
+    ShmAttach(ShmAttach),
+    /// Worker → client: the segment is mapped and matches what was announced.
+    ShmAttached { job: u64 },
+    /// Client → worker, same-host transport: these slots are free, one credit each.
+    SlotCredit { job: u64, slots: Vec<u32> },
+    /// Worker → client, same-host transport: a sample whose tensor is in `slot` of the
+    /// segment; the payload carries only the fields.
+    ShmSample { slot: u32, header: SampleHeader },
 }
 
 impl Message {
@@ -56,6 +66,10 @@ impl Message {
             Message::Heartbeat { .. } => "Heartbeat",
             Message::Cancel { .. } => "Cancel",
             Message::Error(_) => "Error",
+            Message::ShmAttach(_) => "ShmAttach",
+            Message::ShmAttached { .. } => "ShmAttached",
+            Message::SlotCredit { .. } => "SlotCredit",
+            Message::ShmSample { .. } => "ShmSample",
         }
     }
 
@@ -63,6 +77,7 @@ impl Message {
     pub fn payload_len(&self) -> u64 {
         match self {
             Message::Sample(h) => h.payload_len(),
+            Message::ShmSample { header, .. } => header.fields_len(),
             _ => 0,
         }
     }
@@ -165,10 +180,24 @@ pub struct SampleHeader {
 
 impl SampleHeader {
     pub fn payload_len(&self) -> u64 {
+        self.tensor_bytes.saturating_add(self.fields_len())
+    }
+
+    /// The bytes of the passed-through fields, after the tensor.
+    pub fn fields_len(&self) -> u64 {
         self.fields
             .iter()
-            .fold(self.tensor_bytes, |n, (_, len)| n.saturating_add(*len))
+            .fold(0u64, |n, (_, len)| n.saturating_add(*len))
     }
+}
+
+/// The shared-memory segment of a same-host job: `slots` sample tensors of `slot_bytes`
+/// each, back to back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShmAttach {
+    pub job: u64,
+    pub slots: u32,
+    pub slot_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

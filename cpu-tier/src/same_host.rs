@@ -1,0 +1,439 @@
+//! The same-host transport, worker side: a Unix socket beside the QUIC endpoint where a
+//! training process on this machine attaches a shared-memory segment of sample slots, so a
+//! tensor is written once, by the decoding thread, straight into memory the client reads.
+//!
+//! A connection speaks the same frames as QUIC and carries one job:
+//!
+//! ```text
+//! client                              worker
+//! Hello (token)                 →     checks SO_PEERCRED and the token
+//!                               ←     Welcome
+//! OpenJob                       →
+//!                               ←     JobOpened (shape)
+//! ShmAttach + memfd (SCM_RIGHTS) →    checks seals and size, maps it
+//!                               ←     ShmAttached
+//! Assign, SlotCredit [slots]    →
+//!                               ←     ShmSample {slot, header}, Skipped, UnitDone…
+//! ```
+//!
+//! A slot the client granted is the worker's until the `ShmSample` naming it is sent; the
+//! sample counts only when that frame arrives, after the tensor is in place, so a worker
+//! killed mid-write leaves at most a slot the client never reads.
+//!
+//! Who may attach: the socket file's mode (`same_host.socket_mode`) lets the kernel refuse
+//! strangers, and the peer's credentials must be root, the worker's own user, or listed in
+//! `same_host.allowed_uids`/`allowed_gids`; the cluster token is checked as over QUIC.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sluice_wire::io::{FrameReader, FrameWriter};
+use sluice_wire::shm::{self, Segment};
+use sluice_wire::{ErrorCode, ErrorMessage, Message, SampleHeader, ShmAttach};
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::{UnixListener, UnixStream};
+use tracing::{info, warn};
+
+use crate::config::SameHost;
+use crate::server::{self, End, Outbound, Session, State, Transport};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SameHostError {
+    #[error("same-host socket {path}: {source}")]
+    Bind {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("same-host socket {path} is in use by a running worker")]
+    InUse { path: String },
+}
+
+/// The socket a worker listening on QUIC port `port` serves same-host clients on: clients
+/// find it from the worker's address alone.
+pub fn socket_path(dir: &Path, port: u16) -> PathBuf {
+    dir.join(format!("cpu-{port}.sock"))
+}
+
+/// The bound socket; its file is removed when this is dropped.
+pub struct Listener {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl Listener {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The next client (accept errors, such as running out of descriptors, are logged and
+    /// waited out).
+    pub(crate) async fn accept(&self) -> Option<UnixStream> {
+        match self.listener.accept().await {
+            Ok((stream, _)) => Some(stream),
+            Err(e) => {
+                warn!("same-host accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Binds the same-host socket for a worker on QUIC port `port` (in a tokio runtime).
+/// A socket file left by a dead worker is replaced; one a live worker answers on is not.
+pub fn bind(config: &SameHost, port: u16) -> Result<Listener, SameHostError> {
+    let path = socket_path(&config.socket_dir, port);
+    let shown = path.display().to_string();
+    let err = |source| SameHostError::Bind {
+        path: shown.clone(),
+        source,
+    };
+    std::fs::create_dir_all(&config.socket_dir).map_err(err)?;
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+            return Err(SameHostError::InUse { path: shown });
+        }
+        std::fs::remove_file(&path).map_err(err)?;
+    }
+    let listener = UnixListener::bind(&path).map_err(err)?;
+    let listener = Listener { listener, path };
+    std::fs::set_permissions(
+        &listener.path,
+        std::fs::Permissions::from_mode(config.socket_mode),
+    )
+    .map_err(err)?;
+    Ok(listener)
+}
+
+/// A same-host job's segment and which of its slots the worker may write.
+pub(crate) struct Slots {
+    segment: Segment,
+    /// Slots granted and not yet filled, in grant order; `held[i]` says whether `i` is one.
+    state: Mutex<(std::collections::VecDeque<u32>, Vec<bool>)>,
+}
+
+impl Slots {
+    fn new(segment: Segment) -> Self {
+        let n = segment.slots() as usize;
+        Slots {
+            segment,
+            state: Mutex::new((std::collections::VecDeque::with_capacity(n), vec![false; n])),
+        }
+    }
+
+    /// Takes the client's grant; the number of new credits, or what is wrong with it.
+    pub(crate) fn grant(&self, slots: &[u32]) -> Result<usize, String> {
+        let mut guard = self.state.lock().map_err(|_| "slot state poisoned")?;
+        let (free, held) = &mut *guard;
+        for &slot in slots {
+            match held.get_mut(slot as usize) {
+                None => {
+                    return Err(format!(
+                        "slot {slot} granted, the segment has {}",
+                        self.segment.slots()
+                    ))
+                }
+                Some(true) => return Err(format!("slot {slot} granted twice")),
+                Some(h) => {
+                    *h = true;
+                    free.push_back(slot);
+                }
+            }
+        }
+        Ok(slots.len())
+    }
+
+    /// Writes a sample's tensor into the next granted slot: the frame to send and its
+    /// payload (the fields only).
+    pub(crate) fn place(
+        &self,
+        header: SampleHeader,
+        payload: &[u8],
+    ) -> Result<(Message, Vec<u8>), String> {
+        let n = header.tensor_bytes as usize;
+        if n != self.segment.slot_bytes() as usize || payload.len() < n {
+            return Err(format!(
+                "sample {:?}: {n} tensor bytes for slots of {}",
+                header.key,
+                self.segment.slot_bytes()
+            ));
+        }
+        let slot = {
+            let mut guard = self.state.lock().map_err(|_| "slot state poisoned")?;
+            let (free, held) = &mut *guard;
+            let slot = free.pop_front().ok_or("a credit without a granted slot")?;
+            held[slot as usize] = false;
+            slot
+        };
+        self.segment
+            .write(slot, &payload[..n])
+            .map_err(|e| e.to_string())?;
+        let fields = payload[n..].to_vec();
+        Ok((Message::ShmSample { slot, header }, fields))
+    }
+}
+
+/// Frames over the Unix socket, buffered: they are small (the fields only), and the session
+/// flushes when no more are queued, so a burst of samples costs one write.
+struct UnixOut(FrameWriter<tokio::io::BufWriter<OwnedWriteHalf>>);
+
+impl Outbound for UnixOut {
+    async fn frame(&mut self, message: &Message, payload: Vec<u8>) -> Result<(), String> {
+        self.0
+            .send(message, &[&payload])
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn flush(&mut self) -> Result<(), String> {
+        self.0.flush().await.map_err(|e| e.to_string())
+    }
+}
+
+/// Whether `peer` may attach under `config`, run by `me` (uid, gid).
+fn may_attach(config: &SameHost, me: (u32, u32), peer: &shm::Peer) -> bool {
+    peer.uid == 0
+        || peer.uid == me.0
+        || config.allowed_uids.contains(&peer.uid)
+        || config.allowed_gids.contains(&peer.gid)
+}
+
+/// Serves one same-host client.
+pub(crate) async fn serve(stream: UnixStream, state: Arc<State>) {
+    let peer = match shm::peer(&stream) {
+        Ok(p) => p,
+        Err(e) => {
+            warn!("same-host client: {e}");
+            return;
+        }
+    };
+    let (rd, wr) = stream.into_split();
+    let mut reader = FrameReader::new(rd, state.limits);
+    let mut writer = FrameWriter::new(wr, state.limits);
+    let handshake = state.config.timeouts.handshake();
+    let mut session = Session::new(state.clone(), Transport::SameHost);
+    let opened = tokio::time::timeout(
+        handshake,
+        open(&state, &peer, &mut session, &mut reader, &mut writer),
+    )
+    .await
+    .unwrap_or_else(|_| Err((ErrorCode::BadRequest, "no handshake in time".into())));
+    let client = match opened {
+        Ok(client) => client,
+        Err((code, message)) => {
+            warn!(
+                pid = peer.pid,
+                uid = peer.uid,
+                "same-host client refused: {message}"
+            );
+            let _ = writer
+                .send(&Message::Error(ErrorMessage { code, message }), &[])
+                .await;
+            session.close_all();
+            return;
+        }
+    };
+    info!(client = %client, pid = peer.pid, uid = peer.uid, "same-host client connected");
+    metrics::gauge!("sluice_cpu_connections").increment(1.0);
+    let mut out = UnixOut(FrameWriter::new(
+        tokio::io::BufWriter::new(writer.into_inner()),
+        state.limits,
+    ));
+    let end = session.run(reader, &mut out).await;
+    session.close_all();
+    metrics::gauge!("sluice_cpu_connections").decrement(1.0);
+    match end {
+        End::ClientClosed => info!(client = %client, "same-host client left"),
+        End::Drained => info!(client = %client, "closed for shutdown"),
+        End::Error(code, message) => {
+            warn!(client = %client, "closing: {message}");
+            let _ = out
+                .frame(&Message::Error(ErrorMessage { code, message }), Vec::new())
+                .await;
+            let _ = out.flush().await;
+        }
+    }
+}
+
+type Refusal = (ErrorCode, String);
+
+/// The handshake up to `ShmAttached`: the client's name, or why it was refused.
+async fn open(
+    state: &State,
+    peer: &shm::Peer,
+    session: &mut Session,
+    reader: &mut FrameReader<tokio::net::unix::OwnedReadHalf>,
+    writer: &mut FrameWriter<OwnedWriteHalf>,
+) -> Result<String, Refusal> {
+    let config = &state.config.same_host;
+    if !may_attach(config, shm::current_user(), peer) {
+        metrics::counter!("sluice_cpu_auth_failures_total").increment(1);
+        return Err((
+            ErrorCode::Unauthorized,
+            format!(
+                "uid {} (gid {}) may not attach to this worker (same_host.allowed_uids/allowed_gids)",
+                peer.uid, peer.gid
+            ),
+        ));
+    }
+    let bad = |m: String| (ErrorCode::BadRequest, m);
+    let io = |e: sluice_wire::io::IoError| bad(e.to_string());
+    let send = |e: sluice_wire::io::IoError| (ErrorCode::Internal, e.to_string());
+    let hello = match reader.next().await.map_err(io)? {
+        Some(Message::Hello(h)) => h,
+        Some(other) => return Err(bad(format!("expected Hello first, got {}", other.kind()))),
+        None => return Err(bad("closed before Hello".into())),
+    };
+    server::admit(state, &hello)?;
+    writer
+        .send(&server::welcome(state), &[])
+        .await
+        .map_err(send)?;
+    let spec = match reader.next().await.map_err(io)? {
+        Some(Message::OpenJob(spec)) => spec,
+        Some(other) => return Err(bad(format!("expected OpenJob, got {}", other.kind()))),
+        None => return Err(bad("closed before OpenJob".into())),
+    };
+    let shape = session.open_job(&spec)?;
+    let opened = Message::JobOpened {
+        job: spec.job,
+        shape,
+    };
+    writer.send(&opened, &[]).await.map_err(send)?;
+    let attach = match reader.next().await.map_err(io)? {
+        Some(Message::ShmAttach(a)) => a,
+        Some(other) => return Err(bad(format!("expected ShmAttach, got {}", other.kind()))),
+        None => return Err(bad("closed before ShmAttach".into())),
+    };
+    check_attach(
+        config,
+        state.config.limits.max_credits,
+        &attach,
+        spec.job,
+        shape.bytes(),
+    )?;
+    let fd = shm::recv_fd(reader.get_ref().as_ref())
+        .await
+        .map_err(|e| bad(e.to_string()))?;
+    let segment = Segment::open(fd, &attach).map_err(|e| bad(e.to_string()))?;
+    session.attach(spec.job, Arc::new(Slots::new(segment)));
+    writer
+        .send(&Message::ShmAttached { job: spec.job }, &[])
+        .await
+        .map_err(send)?;
+    Ok(hello.client)
+}
+
+fn check_attach(
+    config: &SameHost,
+    max_credits: u32,
+    attach: &ShmAttach,
+    job: u64,
+    sample_bytes: u64,
+) -> Result<(), Refusal> {
+    let bad = |m: String| Err((ErrorCode::BadRequest, m));
+    if attach.job != job {
+        return bad(format!(
+            "segment for job {}, the open job is {job}",
+            attach.job
+        ));
+    }
+    if attach.slot_bytes != sample_bytes {
+        return bad(format!(
+            "slots of {} bytes, the job's samples have {sample_bytes}",
+            attach.slot_bytes
+        ));
+    }
+    if attach.slots == 0 || attach.slots > max_credits {
+        return bad(format!(
+            "{} slots (limits.max_credits = {max_credits})",
+            attach.slots
+        ));
+    }
+    let bytes = u64::from(attach.slots).saturating_mul(attach.slot_bytes);
+    if bytes > config.max_segment_bytes {
+        return bad(format!(
+            "a segment of {bytes} bytes exceeds same_host.max_segment_bytes = {}",
+            config.max_segment_bytes
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strangers_may_not_attach_unless_listed() {
+        let mut c = SameHost::default();
+        let peer = |uid, gid| shm::Peer { pid: 1, uid, gid };
+        let me = (1000, 1000);
+        assert!(may_attach(&c, me, &peer(1000, 5)));
+        assert!(may_attach(&c, me, &peer(0, 0)));
+        assert!(!may_attach(&c, me, &peer(1001, 1001)));
+        c.allowed_uids = vec![1001];
+        assert!(may_attach(&c, me, &peer(1001, 1001)));
+        c.allowed_gids = vec![2000];
+        assert!(may_attach(&c, me, &peer(1002, 2000)));
+        assert!(!may_attach(&c, me, &peer(1002, 2001)));
+    }
+
+    #[test]
+    fn attach_sizes_are_checked() {
+        let c = SameHost::default();
+        let a = |slots, slot_bytes| ShmAttach {
+            job: 1,
+            slots,
+            slot_bytes,
+        };
+        assert!(check_attach(&c, 64, &a(8, 100), 1, 100).is_ok());
+        let e = |r: Result<(), Refusal>| r.unwrap_err().1;
+        assert!(e(check_attach(&c, 64, &a(8, 99), 1, 100)).contains("samples have 100"));
+        assert!(e(check_attach(&c, 64, &a(65, 100), 1, 100)).contains("max_credits"));
+        assert!(e(check_attach(&c, 64, &a(8, 100), 2, 100)).contains("open job is 2"));
+        let huge = c.max_segment_bytes / 4 + 1;
+        assert!(e(check_attach(&c, 64, &a(4, huge), 1, huge)).contains("max_segment_bytes"));
+    }
+
+    #[test]
+    fn slots_are_written_only_when_granted() {
+        let slots = Slots::new(Segment::create("sluice-test", 2, 4).unwrap());
+        let header = |key: &str| SampleHeader {
+            job: 1,
+            unit: 0,
+            attempt: 0,
+            shard: 0,
+            index: 0,
+            key: key.into(),
+            label: None,
+            tensor_bytes: 4,
+            fields: vec![("txt".into(), 2)],
+        };
+        assert!(slots.place(header("a"), &[1, 2, 3, 4, 9, 9]).is_err());
+        assert_eq!(slots.grant(&[1]), Ok(1));
+        assert!(slots.grant(&[1]).unwrap_err().contains("twice"));
+        assert!(slots.grant(&[2]).unwrap_err().contains("has 2"));
+        let (m, fields) = slots.place(header("a"), &[1, 2, 3, 4, 9, 9]).unwrap();
+        assert!(matches!(m, Message::ShmSample { slot: 1, .. }));
+        assert_eq!(fields, [9, 9]);
+        let mut got = [0u8; 4];
+        slots.segment.read(1, &mut got).unwrap();
+        assert_eq!(got, [1, 2, 3, 4]);
+        assert!(slots.place(header("b"), &[0; 6]).is_err(), "no slot left");
+        assert_eq!(
+            slots.grant(&[1]),
+            Ok(1),
+            "filled slots may be granted again"
+        );
+    }
+}

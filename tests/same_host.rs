@@ -1,0 +1,285 @@
+//! The same-host transport end to end: real `sluice cpu` processes serving a Unix socket,
+//! clients attaching shared memory. Every sample arrives once and intact (the same tensor
+//! bytes the in-process engine makes), also when a worker is killed with SIGKILL mid-epoch;
+//! a killed client leaves no segment mapped in the worker; strangers cannot attach.
+
+mod support;
+mod system;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_client::{Loader, SameHost};
+use support::path_str;
+use system::{assert_exactly_once, dataset, planned, start_worker_with, trust_file, Worker, TOKEN};
+
+const PIPELINE: &str = "decode | random_resized_crop 64 | hflip 0.5";
+
+fn same_host_worker(dir: &Path, name: &str) -> Worker {
+    let sockets = dir.join("sockets");
+    start_worker_with(dir, name, &["--same-host-dir", path_str(&sockets)])
+}
+
+fn loader(data: &system::Dataset, dir: &Path, workers: &[&Worker], trust: &Path) -> Loader {
+    Loader::builder()
+        .dataset(data.manifest.clone())
+        .workers(workers.iter().map(|w| w.addr.clone()).collect::<Vec<_>>())
+        .token(TOKEN)
+        .trust_cert(trust)
+        .same_host(SameHost::Require)
+        .same_host_dir(dir.join("sockets"))
+        .pipeline(PIPELINE.into())
+        .batch_size(8)
+        .max_unit_samples(32)
+        .credits_per_worker(16)
+        .heartbeat(Duration::from_millis(300))
+        .silence(Duration::from_millis(1500))
+        .worker_wait(Duration::from_secs(20))
+        .seed(3)
+        .build()
+        .unwrap()
+}
+
+/// A counter from a worker's Prometheus text.
+fn counter(worker: &Worker, name: &str) -> f64 {
+    let mut s = std::net::TcpStream::connect(&worker.metrics).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Each sample's tensor digest, for an epoch decoded in this process (the reference).
+fn reference(data: &system::Dataset, epoch: u64) -> HashMap<(u32, u64), u64> {
+    let source = sluice_cpu::ShardSource::new(sluice_cpu::SourceConfig::default()).unwrap();
+    let engine = sluice_cpu::EngineConfig {
+        threads: 2,
+        ..Default::default()
+    };
+    let worker = Arc::new(sluice_cpu::CpuWorker::new(engine, source).unwrap());
+    let l = Loader::builder()
+        .dataset(data.manifest.clone())
+        .in_process(worker)
+        .pipeline(PIPELINE.into())
+        .batch_size(8)
+        .max_unit_samples(32)
+        .seed(3)
+        .build()
+        .unwrap();
+    let mut m = HashMap::new();
+    for batch in l.epoch(epoch).unwrap() {
+        digest_into(&batch.unwrap(), &mut m);
+    }
+    m
+}
+
+fn digest_into(batch: &sluice_client::Batch, m: &mut HashMap<(u32, u64), u64>) {
+    let n = batch.shape().bytes() as usize;
+    for (i, id) in batch.ids().iter().enumerate() {
+        let t = &batch.images()[i * n..(i + 1) * n];
+        m.insert((id.shard, id.index), xxhash_rust::xxh3::xxh3_64(t));
+    }
+}
+
+#[test]
+fn samples_arrive_once_and_intact_through_shared_memory_even_when_a_worker_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 40);
+    let mut a = same_host_worker(dir.path(), "a");
+    let b = same_host_worker(dir.path(), "b");
+    let trust = trust_file(dir.path(), &[&a, &b]);
+    for epoch in 0..2u64 {
+        let expected = reference(&data, epoch);
+        let l = loader(&data, dir.path(), &[&a, &b], &trust);
+        let kill_at = (epoch == 1).then_some(l.batches_per_epoch() / 3);
+        let mut got = Vec::new();
+        let mut digests = HashMap::new();
+        let mut stream = l.epoch(epoch).unwrap();
+        for (n, batch) in stream.by_ref().enumerate() {
+            let batch = batch.unwrap_or_else(|e| panic!("epoch {epoch}: {e}"));
+            got.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
+            digest_into(&batch, &mut digests);
+            if Some(n as u64) == kill_at {
+                a.kill9();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let report = stream.report();
+        assert_exactly_once(
+            &format!("epoch {epoch}"),
+            planned(&data.manifest, 3, 1, 0, epoch),
+            got,
+        );
+        let torn: Vec<_> = expected
+            .iter()
+            .filter(|(id, d)| digests.get(id) != Some(d))
+            .map(|(id, _)| *id)
+            .collect();
+        assert!(
+            torn.is_empty(),
+            "epoch {epoch}: {} samples differ from the in-process engine's, e.g. {:?}",
+            torn.len(),
+            &torn[..torn.len().min(5)]
+        );
+        eprintln!("epoch {epoch}: {report:?}");
+        if kill_at.is_some() {
+            assert!(report.reassigned > 0, "the killed worker's units moved");
+        }
+    }
+    // The samples went through shared memory, not QUIC.
+    let shared = counter(&b, "sluice_cpu_same_host_samples_total");
+    let framed = counter(&b, "sluice_cpu_samples_sent_total");
+    assert!(
+        shared > 0.0 && framed == 0.0,
+        "same-host {shared}, QUIC {framed}"
+    );
+}
+
+fn segments_mapped(pid: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("memfd:sluice-slots"))
+        .count()
+}
+
+#[test]
+fn a_killed_client_leaves_no_segment_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 40);
+    let w = same_host_worker(dir.path(), "a");
+    let trust = trust_file(dir.path(), &[&w]);
+    let token = dir.path().join("token");
+    let mut client = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "loadgen",
+            "--dataset",
+            path_str(&data.manifest_path),
+            "--workers",
+            &w.addr,
+            "--token-file",
+            path_str(&token),
+            "--trust-cert",
+            path_str(&trust),
+            "--same-host",
+            "require",
+            "--same-host-dir",
+            path_str(&dir.path().join("sockets")),
+            "--batch-size",
+            "4",
+            "--step-ms",
+            "300",
+            "--pipeline",
+            "decode | resize 32 | center_crop 32",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = w.child.id();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while segments_mapped(pid) == 0 {
+        assert!(Instant::now() < deadline, "the client never attached");
+        assert!(
+            client.try_wait().unwrap().is_none(),
+            "the client ended early"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = client.kill();
+    let _ = client.wait();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while segments_mapped(pid) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the worker still maps the dead client's segment"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(w.log_contains("same-host client left") || w.log_contains("closing"));
+}
+
+/// Root only: a process of another user (nobody) is refused by the socket's mode, and, when
+/// the mode lets it connect, by the worker's peer-credential check.
+#[test]
+fn strangers_cannot_attach() {
+    if effective_uid() != 0 {
+        eprintln!("skipped: needs root to run a client as another user");
+        return;
+    }
+    // The system Python: one under root's home is not executable by another user.
+    let python = Path::new("/usr/bin/python3");
+    if !python.exists() {
+        eprintln!("skipped: no /usr/bin/python3 to play the stranger");
+        return;
+    }
+    // A directory everyone may enter, as /run/sluice is.
+    let sockets = std::env::temp_dir().join(format!("sluice-strangers-{}", std::process::id()));
+    std::fs::create_dir_all(&sockets).unwrap();
+    std::fs::set_permissions(
+        &sockets,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cpu.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[same_host]\nsocket_dir = \"{}\"\nsocket_mode = 0o666\n",
+            sockets.display()
+        ),
+    )
+    .unwrap();
+    let w = start_worker_with(dir.path(), "a", &["--config", path_str(&config)]);
+    let port = w.addr.rsplit(':').next().unwrap();
+    let socket = sockets.join(format!("cpu-{port}.sock"));
+    let stranger = |socket: &Path| -> String {
+        let script = "import socket, sys\n\
+                      s = socket.socket(socket.AF_UNIX)\n\
+                      try:\n    s.connect(sys.argv[1])\nexcept OSError as e:\n    print('connect:', e); sys.exit(0)\n\
+                      s.settimeout(5)\n\
+                      print(s.recv(4096).decode('latin-1'))\n";
+        let out = std::process::Command::new(python)
+            .current_dir("/")
+            .args(["-c", script, path_str(socket)])
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    };
+    let said = stranger(&socket);
+    assert!(
+        said.contains("uid 65534") && said.contains("may not attach"),
+        "{said}"
+    );
+    assert!(w.log_contains("same-host client refused"));
+    std::fs::set_permissions(&socket, std::os::unix::fs::PermissionsExt::from_mode(0o660)).unwrap();
+    let said = stranger(&socket);
+    assert!(
+        said.contains("connect:") && said.contains("Permission denied"),
+        "{said}"
+    );
+    drop(w);
+    let _ = std::fs::remove_dir_all(&sockets);
+}
+
+use std::os::unix::process::CommandExt;
+
+/// This process's effective user: /proc/self belongs to it.
+fn effective_uid() -> u32 {
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+        .unwrap_or(u32::MAX)
+}

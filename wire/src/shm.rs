@@ -1,0 +1,394 @@
+//! The same-host transport's primitives, shared by the client and the worker: a segment of
+//! sample slots in sealed anonymous shared memory (memfd), passing its descriptor over a Unix
+//! socket (SCM_RIGHTS), and the socket peer's credentials.
+//!
+//! The client creates the segment and is the only process that can hand it out: a memfd has
+//! no name in any file system, so only a process given the descriptor maps it, and it
+//! disappears when the last descriptor and mapping are gone (a killed client leaves nothing
+//! behind). The size is sealed (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`) before the
+//! descriptor leaves the client, and the worker refuses a segment without those seals: a
+//! client that could shrink the file under the worker's mapping would crash it with SIGBUS.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use tokio::io::Interest;
+use tokio::net::UnixStream;
+
+use crate::message::ShmAttach;
+
+/// The seals a segment must carry before a worker maps it.
+const REQUIRED_SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    #[error("{what}: {source}")]
+    Os {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("a segment of {slots} slots of {slot_bytes} bytes is {detail}")]
+    Size {
+        slots: u32,
+        slot_bytes: u64,
+        detail: String,
+    },
+    #[error("the segment is not sealed against resizing (seals {0:?}); refusing to map it")]
+    Unsealed(SealFlags),
+    #[error("slot {slot} is outside the segment's {slots} slots")]
+    Slot { slot: u32, slots: u32 },
+    #[error("{len} bytes do not fit a slot of {slot_bytes}")]
+    Length { len: usize, slot_bytes: u64 },
+    #[error("no descriptor came with the segment's attach frame")]
+    NoDescriptor,
+    #[error("the peer closed the socket before sending the segment")]
+    Closed,
+}
+
+fn os(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> ShmError {
+    move |e| ShmError::Os {
+        what,
+        source: e.into(),
+    }
+}
+
+/// A mapped segment of `slots` sample slots of `slot_bytes` bytes each.
+///
+/// Both processes map it; the protocol decides who may touch which slot when (a slot the
+/// client granted is the worker's until its `ShmSample` frame arrives, then the client's
+/// until it grants it again), so the segment offers only raw copies in and out, never a
+/// reference that could outlive that turn.
+pub struct Segment {
+    fd: OwnedFd,
+    ptr: NonNull<u8>,
+    len: usize,
+    slots: u32,
+    slot_bytes: u64,
+}
+
+// The mapping is plain shared memory; every access is a bounded raw copy.
+unsafe impl Send for Segment {}
+unsafe impl Sync for Segment {}
+
+impl Segment {
+    /// Creates a sealed segment (the client's side).
+    pub fn create(name: &str, slots: u32, slot_bytes: u64) -> Result<Segment, ShmError> {
+        let len = segment_len(slots, slot_bytes)?;
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .map_err(os("memfd_create"))?;
+        rustix::fs::ftruncate(&fd, len as u64).map_err(os("sizing the segment"))?;
+        rustix::fs::fcntl_add_seals(&fd, REQUIRED_SEALS | SealFlags::SEAL)
+            .map_err(os("sealing the segment"))?;
+        Self::map(fd, len, slots, slot_bytes)
+    }
+
+    /// Maps a segment received from a client (the worker's side), after checking that it is
+    /// sealed and exactly as large as `attach` says.
+    pub fn open(fd: OwnedFd, attach: &ShmAttach) -> Result<Segment, ShmError> {
+        let len = segment_len(attach.slots, attach.slot_bytes)?;
+        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(os("reading the segment's seals"))?;
+        if !seals.contains(REQUIRED_SEALS) {
+            return Err(ShmError::Unsealed(seals));
+        }
+        let stat = rustix::fs::fstat(&fd).map_err(os("fstat of the segment"))?;
+        if stat.st_size as u64 != len as u64 {
+            return Err(ShmError::Size {
+                slots: attach.slots,
+                slot_bytes: attach.slot_bytes,
+                detail: format!("{len} bytes, but the descriptor has {}", stat.st_size),
+            });
+        }
+        Self::map(fd, len, attach.slots, attach.slot_bytes)
+    }
+
+    fn map(fd: OwnedFd, len: usize, slots: u32, slot_bytes: u64) -> Result<Segment, ShmError> {
+        // SAFETY: a fresh shared mapping of a sealed file of exactly `len` bytes; it is
+        // unmapped once, in Drop.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                &fd,
+                0,
+            )
+        }
+        .map_err(os("mmap of the segment"))?;
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(ShmError::Os {
+            what: "mmap of the segment",
+            source: std::io::Error::other("null mapping"),
+        })?;
+        Ok(Segment {
+            fd,
+            ptr,
+            len,
+            slots,
+            slot_bytes,
+        })
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    pub fn slot_bytes(&self) -> u64 {
+        self.slot_bytes
+    }
+
+    pub fn attach(&self, job: u64) -> ShmAttach {
+        ShmAttach {
+            job,
+            slots: self.slots,
+            slot_bytes: self.slot_bytes,
+        }
+    }
+
+    fn slot_ptr(&self, slot: u32, len: usize) -> Result<*mut u8, ShmError> {
+        if slot >= self.slots {
+            return Err(ShmError::Slot {
+                slot,
+                slots: self.slots,
+            });
+        }
+        if len as u64 > self.slot_bytes {
+            return Err(ShmError::Length {
+                len,
+                slot_bytes: self.slot_bytes,
+            });
+        }
+        let at = slot as usize * self.slot_bytes as usize;
+        debug_assert!(at + len <= self.len);
+        // SAFETY: in bounds, checked above.
+        Ok(unsafe { self.ptr.as_ptr().add(at) })
+    }
+
+    /// Copies `bytes` into the start of `slot`.
+    pub fn write(&self, slot: u32, bytes: &[u8]) -> Result<(), ShmError> {
+        let dst = self.slot_ptr(slot, bytes.len())?;
+        // SAFETY: `dst..dst+len` lies in the mapping; `bytes` is process memory, so the two
+        // cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
+        Ok(())
+    }
+
+    /// Copies the start of `slot` into `dst`.
+    pub fn read(&self, slot: u32, dst: &mut [u8]) -> Result<(), ShmError> {
+        let src = self.slot_ptr(slot, dst.len())?;
+        // SAFETY: as in `write`.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// The mapping's address and length (for registering it with a driver).
+    pub fn as_raw(&self) -> (*mut u8, usize) {
+        (self.ptr.as_ptr(), self.len)
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: mapped in `map` with this address and length, unmapped only here.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+impl std::fmt::Debug for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Segment")
+            .field("slots", &self.slots)
+            .field("slot_bytes", &self.slot_bytes)
+            .finish()
+    }
+}
+
+fn segment_len(slots: u32, slot_bytes: u64) -> Result<usize, ShmError> {
+    let size = |detail: &str| ShmError::Size {
+        slots,
+        slot_bytes,
+        detail: detail.to_string(),
+    };
+    if slots == 0 || slot_bytes == 0 {
+        return Err(size("empty"));
+    }
+    u64::from(slots)
+        .checked_mul(slot_bytes)
+        .filter(|n| *n <= isize::MAX as u64)
+        .map(|n| n as usize)
+        .ok_or_else(|| size("too large to map"))
+}
+
+/// Sends `fd` over the socket with one byte of data (the descriptor travels as ancillary
+/// data; the byte carries it).
+pub async fn send_fd(stream: &UnixStream, fd: BorrowedFd<'_>) -> Result<(), ShmError> {
+    loop {
+        stream.writable().await.map_err(|source| ShmError::Os {
+            what: "waiting to send the segment",
+            source,
+        })?;
+        let sent = stream.try_io(Interest::WRITABLE, || {
+            let fds = [fd];
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            control.push(SendAncillaryMessage::ScmRights(&fds));
+            rustix::net::sendmsg(
+                stream,
+                &[IoSlice::new(&[0xfd])],
+                &mut control,
+                SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+            )
+            .map_err(std::io::Error::from)
+        });
+        match sent {
+            Ok(1) => return Ok(()),
+            Ok(_) => return Err(ShmError::Closed),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(source) => {
+                return Err(ShmError::Os {
+                    what: "sending the segment",
+                    source,
+                })
+            }
+        }
+    }
+}
+
+/// Receives the descriptor [`send_fd`] sent (with its one byte).
+pub async fn recv_fd(stream: &UnixStream) -> Result<OwnedFd, ShmError> {
+    loop {
+        stream.readable().await.map_err(|source| ShmError::Os {
+            what: "waiting for the segment",
+            source,
+        })?;
+        let got = stream.try_io(Interest::READABLE, || {
+            let mut byte = [0u8; 1];
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let msg = rustix::net::recvmsg(
+                stream,
+                &mut [IoSliceMut::new(&mut byte)],
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
+            )
+            .map_err(std::io::Error::from)?;
+            let mut fd = None;
+            for message in control.drain() {
+                if let RecvAncillaryMessage::ScmRights(fds) = message {
+                    // Any descriptor beyond the first is closed as the iterator drops it.
+                    for received in fds {
+                        fd.get_or_insert(received);
+                    }
+                }
+            }
+            Ok((msg.bytes, fd))
+        });
+        match got {
+            Ok((0, _)) => return Err(ShmError::Closed),
+            Ok((_, Some(fd))) => return Ok(fd),
+            Ok((_, None)) => return Err(ShmError::NoDescriptor),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(source) => {
+                return Err(ShmError::Os {
+                    what: "receiving the segment",
+                    source,
+                })
+            }
+        }
+    }
+}
+
+/// Who is at the other end of a Unix socket, as the kernel saw it connect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub pid: i32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+pub fn peer(stream: &UnixStream) -> Result<Peer, ShmError> {
+    let c = rustix::net::sockopt::socket_peercred(stream).map_err(os("SO_PEERCRED"))?;
+    Ok(Peer {
+        pid: c.pid.as_raw_nonzero().get(),
+        uid: c.uid.as_raw(),
+        gid: c.gid.as_raw(),
+    })
+}
+
+/// This process's effective user and group.
+pub fn current_user() -> (u32, u32) {
+    (
+        rustix::process::geteuid().as_raw(),
+        rustix::process::getegid().as_raw(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_segment_crosses_a_socket_and_both_sides_see_the_same_bytes() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let seg = Segment::create("sluice-test", 4, 16).unwrap();
+        send_fd(&a, seg.fd()).await.unwrap();
+        let fd = recv_fd(&b).await.unwrap();
+        let theirs = Segment::open(fd, &seg.attach(1)).unwrap();
+        theirs.write(2, &[7; 16]).unwrap();
+        let mut got = [0u8; 16];
+        seg.read(2, &mut got).unwrap();
+        assert_eq!(got, [7; 16]);
+        assert!(matches!(
+            theirs.write(4, &[0]),
+            Err(ShmError::Slot { slot: 4, .. })
+        ));
+        assert!(matches!(
+            theirs.write(0, &[0; 17]),
+            Err(ShmError::Length { .. })
+        ));
+        let me = peer(&b).unwrap();
+        assert_eq!((me.uid, me.gid), current_user());
+        assert_eq!(me.pid as u32, std::process::id());
+    }
+
+    #[tokio::test]
+    async fn a_wrong_size_or_an_unsealed_segment_is_refused() {
+        let seg = Segment::create("sluice-test", 4, 16).unwrap();
+        let dup = seg.fd().try_clone_to_owned().unwrap();
+        let lie = ShmAttach {
+            job: 1,
+            slots: 8,
+            slot_bytes: 16,
+        };
+        let e = Segment::open(dup, &lie).unwrap_err();
+        assert!(e.to_string().contains("the descriptor has 64"), "{e}");
+
+        let plain = rustix::fs::memfd_create("sluice-test", MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&plain, 64).unwrap();
+        let e = Segment::open(plain, &seg.attach(1)).unwrap_err();
+        assert!(matches!(e, ShmError::Unsealed(_)), "{e}");
+        assert!(Segment::create("sluice-test", 0, 16).is_err());
+        assert!(Segment::create("sluice-test", u32::MAX, u64::MAX / 2).is_err());
+    }
+
+    #[tokio::test]
+    async fn no_descriptor_or_a_closed_peer_is_an_error() {
+        let (a, b) = UnixStream::pair().unwrap();
+        a.try_write(&[1]).unwrap();
+        assert!(matches!(recv_fd(&b).await, Err(ShmError::NoDescriptor)));
+        drop(a);
+        assert!(matches!(recv_fd(&b).await, Err(ShmError::Closed)));
+    }
+}
