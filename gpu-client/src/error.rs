@@ -42,4 +42,6 @@ pub enum ClientError {
     Runtime(String),
     #[error("allocating batch buffers: {0}")]
     Allocate(String),
+    #[error("CUDA upload: {0}")]
+    Cuda(String),
 }

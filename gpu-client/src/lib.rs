@@ -33,6 +33,8 @@
 
 pub mod batch;
 mod coordinator;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
 pub mod ledger;
 mod link;

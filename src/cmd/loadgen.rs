@@ -77,6 +77,10 @@ pub struct Args {
     /// Where same-host workers' sockets are (default $SLUICE_SAME_HOST_DIR or /run/sluice).
     #[arg(long)]
     pub(crate) same_host_dir: Option<PathBuf>,
+    /// Where batches go: `cpu` (host memory), or `cuda:N` (page-locked ring, uploaded to GPU
+    /// N one batch ahead; the starved figure then includes waiting for the copy).
+    #[arg(long, default_value = "cpu")]
+    pub(crate) device: String,
 }
 
 /// The synthetic consumers `demo` and `bench chain` run.
@@ -133,6 +137,7 @@ impl Consumers {
             dump_ids: None,
             same_host: sluice_client::SameHost::Auto,
             same_host_dir: None,
+            device: "cpu".into(),
         }
     }
 }
@@ -187,7 +192,94 @@ fn token(args: &Args) -> Result<Option<String>> {
     }
 }
 
-fn loader(args: &Args, manifest: &Manifest, rank: u32) -> Result<Loader> {
+/// Where a rank's batches go.
+enum Sink {
+    Host,
+    #[cfg(feature = "cuda")]
+    Cuda(sluice_client::cuda::Uploader, Arc<sluice_client::cuda::Gpu>),
+}
+
+fn sink(device: &str) -> Result<Sink> {
+    match device {
+        "cpu" => Ok(Sink::Host),
+        d if d.starts_with("cuda:") => {
+            let ordinal: usize = d["cuda:".len()..]
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--device {d}: expected cuda:N"))?;
+            cuda_sink(ordinal)
+        }
+        other => bail!("--device {other}: expected cpu or cuda:N"),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_sink(ordinal: usize) -> Result<Sink> {
+    use sluice_client::cuda::{Convert, Gpu, Uploader};
+    let gpu = Gpu::open(ordinal)?;
+    let uploader = Uploader::new(gpu.clone(), Convert::None, 1)?;
+    Ok(Sink::Cuda(uploader, gpu))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_sink(_ordinal: usize) -> Result<Sink> {
+    bail!("this sluice was built without CUDA support: cargo build --release --features cuda")
+}
+
+/// An epoch's batches as the sink receives them; `host` is what the contract checks.
+enum Batches {
+    Host(sluice_client::Epoch),
+    #[cfg(feature = "cuda")]
+    Cuda(sluice_client::cuda::DeviceEpoch),
+}
+
+enum Held {
+    Host(sluice_client::Batch),
+    #[cfg(feature = "cuda")]
+    Cuda(sluice_client::cuda::DeviceBatch),
+}
+
+impl Held {
+    fn host(&self) -> Option<&sluice_client::Batch> {
+        match self {
+            Held::Host(b) => Some(b),
+            #[cfg(feature = "cuda")]
+            Held::Cuda(d) => d.host(),
+        }
+    }
+}
+
+impl Batches {
+    /// The next batch, ready for a step: on the GPU, the copy has finished.
+    fn next_ready(&mut self) -> Option<Result<Held>> {
+        match self {
+            Batches::Host(e) => e.next().map(|b| Ok(Held::Host(b?))),
+            #[cfg(feature = "cuda")]
+            Batches::Cuda(e) => e.next().map(|b| {
+                let d = b?;
+                d.synchronize()?;
+                Ok(Held::Cuda(d))
+            }),
+        }
+    }
+
+    fn batches(&self) -> u64 {
+        match self {
+            Batches::Host(e) => e.batches(),
+            #[cfg(feature = "cuda")]
+            Batches::Cuda(e) => e.host().batches(),
+        }
+    }
+
+    fn report(&self) -> sluice_client::EpochReport {
+        match self {
+            Batches::Host(e) => e.report(),
+            #[cfg(feature = "cuda")]
+            Batches::Cuda(e) => e.host().report(),
+        }
+    }
+}
+
+fn loader(args: &Args, manifest: &Manifest, rank: u32, sink: &Sink) -> Result<Loader> {
     let shuffle: ShufflePolicy = args
         .shuffle
         .parse()
@@ -213,6 +305,14 @@ fn loader(args: &Args, manifest: &Manifest, rank: u32) -> Result<Loader> {
         } else {
             ShortBatch::Deliver
         });
+    #[cfg(feature = "cuda")]
+    if let Sink::Cuda(_, gpu) = sink {
+        b = b.allocator(Arc::new(sluice_client::cuda::PinnedAllocator::new(
+            gpu.clone(),
+        )));
+    }
+    #[cfg(not(feature = "cuda"))]
+    let Sink::Host = sink;
     if args.workers.len() == 1 && args.workers[0] == "local" {
         let engine = sluice_cpu::EngineConfig {
             threads: args.threads,
@@ -281,7 +381,8 @@ fn run_rank(
     bar: &ProgressBar,
     dump: Option<&Mutex<std::io::BufWriter<std::fs::File>>>,
 ) -> Result<RankResult> {
-    let loader = loader(args, manifest, rank)?;
+    let sink = sink(&args.device)?;
+    let loader = loader(args, manifest, rank, &sink)?;
     let mut result = RankResult {
         rank,
         ..RankResult::default()
@@ -297,12 +398,26 @@ fn run_rank(
         }
         let planned_total: i64 = planned.values().sum();
         let epoch_started = Instant::now();
-        let mut batches = loader.epoch(epoch)?;
-        bar.set_length(batches.batches());
+        let host = loader.epoch(epoch)?;
+        bar.set_length(host.batches());
         bar.set_position(0);
+        let mut batches = match &sink {
+            Sink::Host => Batches::Host(host),
+            #[cfg(feature = "cuda")]
+            Sink::Cuda(uploader, _) => Batches::Cuda(uploader.epoch(host)),
+        };
         let mut lines = String::new();
-        for batch in batches.by_ref() {
-            let batch = batch.with_context(|| format!("rank {rank}, epoch {epoch}"))?;
+        let mut gpu_wait = Duration::ZERO;
+        loop {
+            let waited = Instant::now();
+            let Some(held) = batches.next_ready() else {
+                break;
+            };
+            gpu_wait += waited.elapsed();
+            let held = held.with_context(|| format!("rank {rank}, epoch {epoch}"))?;
+            let Some(batch) = held.host() else {
+                bail!("rank {rank}, epoch {epoch}: a device batch without its host side");
+            };
             let real = batch
                 .ids()
                 .iter()
@@ -322,7 +437,7 @@ fn run_rank(
             for (id, _) in batch.skipped() {
                 *planned.entry((id.shard, id.index)).or_default() -= 1;
             }
-            drop(batch);
+            drop(held);
             if !step.is_zero() {
                 std::thread::sleep(step);
             }
@@ -339,7 +454,11 @@ fn run_rank(
                 .map_err(|_| anyhow::anyhow!("dump file lock"))?
                 .write_all(lines.as_bytes())?;
         }
-        let r = batches.report();
+        let mut r = batches.report();
+        // With a GPU sink the consumer also waits for copies: count from its side.
+        if !matches!(batches, Batches::Host(_)) {
+            r.starved = gpu_wait;
+        }
         if bar.is_hidden() {
             // No terminal (CI, a pipe): one line per rank and epoch instead of a live bar.
             let secs = epoch_started.elapsed().as_secs_f64().max(1e-9);

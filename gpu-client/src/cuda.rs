@@ -1,0 +1,853 @@
+//! The CUDA upload path (feature `cuda`): page-locked batch buffers, and an uploader that
+//! copies each host batch to a reused device buffer on its own stream while the previous
+//! step computes, optionally converting uint8 NHWC to normalized f16/f32 NCHW on the device.
+//!
+//! CUDA is loaded at run time (cudarc's dynamic loading): the crate builds and its tests run
+//! on machines without a driver, and [`Gpu::open`] says clearly when there is none.
+//!
+//! Synchronisation, per device buffer:
+//! - the copy (and conversion) is enqueued on the uploader's stream after it waits on the
+//!   buffer's `released` event, then the buffer's `ready` event is recorded;
+//! - the consumer makes its stream wait on `ready` ([`DeviceBatch::wait_on`]) before using the
+//!   data; dropping the batch records `released` on that stream, so the buffer is refilled
+//!   only after the consumer's work on it;
+//! - the host batch (its ring buffer) is kept until `ready` completes, so the ring never
+//!   reuses memory a copy still reads.
+
+use std::collections::VecDeque;
+use std::ffi::{c_void, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{result, sys};
+
+use crate::batch::{Batch, HostAllocator, HostMemory};
+use crate::error::ClientError;
+use crate::loader::Epoch;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CudaError {
+    #[error("no NVIDIA driver: libcuda could not be loaded on this machine")]
+    NoDriver,
+    #[error("CUDA device {ordinal}: {detail}")]
+    Device { ordinal: usize, detail: String },
+    #[error("CUDA {what}: {detail}")]
+    Call { what: &'static str, detail: String },
+    #[error("NVRTC (for the on-device conversion): {0}")]
+    Nvrtc(String),
+}
+
+fn call<T>(what: &'static str, r: Result<T, result::DriverError>) -> Result<T, CudaError> {
+    r.map_err(|e| CudaError::Call {
+        what,
+        detail: e.to_string(),
+    })
+}
+
+/// A device's primary context, bound to each thread that calls CUDA through it.
+pub struct Gpu {
+    ordinal: usize,
+    dev: sys::CUdevice,
+    ctx: sys::CUcontext,
+}
+
+// A primary context is usable from any thread once made current there.
+unsafe impl Send for Gpu {}
+unsafe impl Sync for Gpu {}
+
+impl Gpu {
+    /// Opens device `ordinal`, or says why it cannot (no driver, no such device).
+    pub fn open(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
+        // SAFETY: only tries to dlopen the library.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(CudaError::NoDriver);
+        }
+        let device = |detail: String| CudaError::Device { ordinal, detail };
+        result::init().map_err(|e| device(e.to_string()))?;
+        let count = result::device::get_count().map_err(|e| device(e.to_string()))?;
+        if ordinal as i32 >= count {
+            return Err(device(format!("this machine has {count} CUDA devices")));
+        }
+        let dev = result::device::get(ordinal as i32).map_err(|e| device(e.to_string()))?;
+        // SAFETY: a valid device handle; released in Drop.
+        let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(|e| device(e.to_string()))?;
+        let gpu = Gpu { ordinal, dev, ctx };
+        gpu.bind()?;
+        Ok(Arc::new(gpu))
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// Makes the context current on this thread.
+    pub fn bind(&self) -> Result<(), CudaError> {
+        // SAFETY: the context is retained until Drop.
+        call("cuCtxSetCurrent", unsafe {
+            result::ctx::set_current(self.ctx)
+        })
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // SAFETY: retained in `open`.
+        let _ = unsafe { result::primary_ctx::release(self.dev) };
+    }
+}
+
+/// Page-locked host memory from `cuMemHostAlloc`: the GPU copies from it by DMA, at full
+/// link speed, without a staging copy in the driver.
+pub struct PinnedAllocator {
+    gpu: Arc<Gpu>,
+}
+
+impl PinnedAllocator {
+    pub fn new(gpu: Arc<Gpu>) -> Self {
+        PinnedAllocator { gpu }
+    }
+}
+
+struct Pinned {
+    gpu: Arc<Gpu>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// Plain host memory, owned by this value alone.
+unsafe impl Send for Pinned {}
+
+impl HostMemory for Pinned {
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: `len` bytes allocated in `allocate`, freed only in Drop.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` is the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: allocated by cuMemHostAlloc in `allocate`.
+            let _ = unsafe { result::free_host(self.ptr.cast()) };
+        }
+    }
+}
+
+impl HostAllocator for PinnedAllocator {
+    fn allocate(&self, bytes: usize) -> Result<Box<dyn HostMemory>, String> {
+        self.gpu.bind().map_err(|e| e.to_string())?;
+        // SAFETY: a fresh allocation of `bytes`, zeroed below before any read.
+        let ptr = unsafe { result::malloc_host(bytes.max(1), sys::CU_MEMHOSTALLOC_PORTABLE) }
+            .map_err(|e| format!("cuMemHostAlloc of {bytes} bytes: {e}"))?;
+        let mut m = Pinned {
+            gpu: self.gpu.clone(),
+            ptr: ptr.cast(),
+            len: bytes,
+        };
+        m.as_mut_slice().fill(0);
+        Ok(Box::new(m))
+    }
+}
+
+/// What the uploader hands the training code: raw uint8 as the workers made it, or converted
+/// on the device.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Convert {
+    /// The batch as it is (uint8, the pipeline's layout).
+    None,
+    /// `(x / 255 - mean[c]) / std[c]` as f32, NCHW.
+    F32 { mean: [f32; 3], std: [f32; 3] },
+    /// The same as f16, NCHW.
+    F16 { mean: [f32; 3], std: [f32; 3] },
+}
+
+/// Element type of a device batch's images.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DType {
+    U8,
+    F16,
+    F32,
+}
+
+impl DType {
+    pub fn bytes(self) -> usize {
+        match self {
+            DType::U8 => 1,
+            DType::F16 => 2,
+            DType::F32 => 4,
+        }
+    }
+}
+
+const KERNEL: &str = r#"
+extern "C" __global__ void nhwc_u8_to_nchw(
+    const unsigned char* src, void* dst, int n, int h, int w, int c, int half,
+    float m0, float m1, float m2, float s0, float s1, float s2)
+{
+    long long total = (long long)n * h * w * c;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)blockDim.x * gridDim.x) {
+        int ch = (int)(i % c);
+        long long pix = i / c;
+        int x = (int)(pix % w);
+        int y = (int)((pix / w) % h);
+        long long b = pix / ((long long)w * h);
+        float mean = ch == 0 ? m0 : (ch == 1 ? m1 : m2);
+        float sd = ch == 0 ? s0 : (ch == 1 ? s1 : s2);
+        float v = ((float)src[i] * (1.0f / 255.0f) - mean) / sd;
+        long long o = ((b * c + ch) * h + y) * w + x;
+        if (half) {
+            unsigned short bits;
+            asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(v));
+            ((unsigned short*)dst)[o] = bits;
+        } else {
+            ((float*)dst)[o] = v;
+        }
+    }
+}
+"#;
+
+struct Kernel {
+    module: sys::CUmodule,
+    function: sys::CUfunction,
+}
+
+impl Kernel {
+    /// Compiles the conversion kernel with NVRTC (once, at start-up).
+    fn compile() -> Result<Kernel, CudaError> {
+        // SAFETY: only tries to dlopen the library.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(CudaError::Nvrtc(
+                "libnvrtc could not be loaded (install the CUDA toolkit's NVRTC, or ask for uint8 batches)".into(),
+            ));
+        }
+        let ptx =
+            cudarc::nvrtc::compile_ptx(KERNEL).map_err(|e| CudaError::Nvrtc(e.to_string()))?;
+        let image = CString::new(ptx.to_src()).map_err(|e| CudaError::Nvrtc(e.to_string()))?;
+        // SAFETY: a NUL-terminated PTX image; the module lives as long as `Kernel`.
+        let module = call("cuModuleLoadData", unsafe {
+            result::module::load_data(image.as_ptr().cast())
+        })?;
+        let name = CString::new("nhwc_u8_to_nchw").map_err(|e| CudaError::Nvrtc(e.to_string()))?;
+        // SAFETY: the module was loaded above.
+        let function = call("cuModuleGetFunction", unsafe {
+            result::module::get_function(module, name)
+        })?;
+        Ok(Kernel { module, function })
+    }
+}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        // SAFETY: loaded in `compile`, unloaded once.
+        let _ = unsafe { result::module::unload(self.module) };
+    }
+}
+
+/// One reusable set of device buffers.
+struct Slot {
+    images: sys::CUdeviceptr,
+    images_bytes: usize,
+    /// The converted images, when converting.
+    converted: Option<(sys::CUdeviceptr, usize)>,
+    labels: sys::CUdeviceptr,
+    labels_bytes: usize,
+    ready: sys::CUevent,
+    released: sys::CUevent,
+    /// A batch handed out holds this slot.
+    busy: Arc<AtomicBool>,
+    /// `released` has been recorded at least once (else there is nothing to wait for).
+    used: Arc<AtomicBool>,
+}
+
+struct Shared {
+    gpu: Arc<Gpu>,
+    stream: sys::CUstream,
+    slots: Mutex<Vec<Slot>>,
+    kernel: Option<Kernel>,
+    convert: Convert,
+}
+
+// CUDA handles, used with the context bound and under the slots' mutex.
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_err() {
+            return;
+        }
+        // SAFETY: everything below was created by this uploader and is freed once, after the
+        // stream has finished with it.
+        unsafe {
+            let _ = result::stream::synchronize(self.stream);
+            if let Ok(slots) = self.slots.get_mut() {
+                for s in slots.drain(..) {
+                    let _ = result::free_sync(s.images);
+                    let _ = result::free_sync(s.labels);
+                    if let Some((p, _)) = s.converted {
+                        let _ = result::free_sync(p);
+                    }
+                    let _ = result::event::destroy(s.ready);
+                    let _ = result::event::destroy(s.released);
+                }
+            }
+            let _ = result::stream::destroy(self.stream);
+        }
+    }
+}
+
+/// Copies host batches to device buffers on its own stream, `depth` batches ahead of the
+/// consumer.
+pub struct Uploader {
+    shared: Arc<Shared>,
+    depth: usize,
+}
+
+impl Uploader {
+    /// An uploader on `gpu`; with a conversion, its kernel is compiled now (NVRTC).
+    pub fn new(gpu: Arc<Gpu>, convert: Convert, depth: usize) -> Result<Uploader, CudaError> {
+        gpu.bind()?;
+        let kernel = match convert {
+            Convert::None => None,
+            _ => Some(Kernel::compile()?),
+        };
+        let stream = call(
+            "cuStreamCreate",
+            result::stream::create(result::stream::StreamKind::NonBlocking),
+        )?;
+        Ok(Uploader {
+            shared: Arc::new(Shared {
+                gpu,
+                stream,
+                slots: Mutex::new(Vec::new()),
+                kernel,
+                convert,
+            }),
+            depth: depth.max(1),
+        })
+    }
+
+    /// The copy stream (for a consumer that would rather wait on it than on events).
+    pub fn stream(&self) -> sys::CUstream {
+        self.shared.stream
+    }
+
+    /// The epoch's batches on the device.
+    pub fn epoch(&self, host: Epoch) -> DeviceEpoch {
+        DeviceEpoch {
+            host,
+            shared: self.shared.clone(),
+            depth: self.depth,
+            inflight: VecDeque::new(),
+        }
+    }
+}
+
+impl Shared {
+    fn out_dtype(&self) -> DType {
+        match self.convert {
+            Convert::None => DType::U8,
+            Convert::F16 { .. } => DType::F16,
+            Convert::F32 { .. } => DType::F32,
+        }
+    }
+
+    /// A free slot large enough for `batch`, growing the pool when every slot is busy.
+    fn slot_for(&self, slots: &mut Vec<Slot>, batch: &Batch) -> Result<usize, CudaError> {
+        let images = batch.images().len();
+        let labels = std::mem::size_of_val(batch.labels());
+        let converted = images * self.out_dtype().bytes();
+        let fits = |s: &Slot| {
+            s.images_bytes >= images
+                && s.labels_bytes >= labels
+                && s.converted.is_none_or(|(_, n)| n >= converted)
+        };
+        if let Some(i) = slots
+            .iter()
+            .position(|s| !s.busy.load(Ordering::Acquire) && fits(s))
+        {
+            return Ok(i);
+        }
+        // Batches keep one size within an epoch (the last may be smaller), so the pool
+        // settles at depth + 1 slots plus what the consumer holds.
+        let (images_bytes, labels_bytes) = (images.max(1), labels.max(8));
+        // SAFETY: plain device allocations, freed in `Shared::drop`.
+        let slot = unsafe {
+            Slot {
+                images: call("cuMemAlloc", result::malloc_sync(images_bytes))?,
+                images_bytes,
+                converted: match self.convert {
+                    Convert::None => None,
+                    _ => Some((
+                        call("cuMemAlloc", result::malloc_sync(converted.max(1)))?,
+                        converted.max(1),
+                    )),
+                },
+                labels: call("cuMemAlloc", result::malloc_sync(labels_bytes))?,
+                labels_bytes,
+                ready: call(
+                    "cuEventCreate",
+                    result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING),
+                )?,
+                released: call(
+                    "cuEventCreate",
+                    result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING),
+                )?,
+                busy: Arc::new(AtomicBool::new(false)),
+                used: Arc::new(AtomicBool::new(false)),
+            }
+        };
+        slots.push(slot);
+        Ok(slots.len() - 1)
+    }
+
+    /// Enqueues `batch`'s copy (and conversion); the batch and its slot travel together.
+    fn upload(self: &Arc<Self>, batch: Batch) -> Result<DeviceBatch, CudaError> {
+        self.gpu.bind()?;
+        let mut slots = self.slots.lock().map_err(|_| CudaError::Call {
+            what: "uploader",
+            detail: "slot table poisoned".into(),
+        })?;
+        let i = self.slot_for(&mut slots, &batch)?;
+        let s = &slots[i];
+        s.busy.store(true, Ordering::Release);
+        let stream = self.stream;
+        // SAFETY: the slot's buffers are large enough (slot_for); the host memory stays
+        // alive and unmoved until `ready` completes (DeviceBatch keeps the batch); the
+        // stream first waits until the previous user of the slot released it.
+        unsafe {
+            if s.used.load(Ordering::Acquire) {
+                call(
+                    "cuStreamWaitEvent",
+                    result::stream::wait_event(
+                        stream,
+                        s.released,
+                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                    ),
+                )?;
+            }
+            call(
+                "cuMemcpyHtoDAsync",
+                result::memcpy_htod_async(s.images, batch.images(), stream),
+            )?;
+            call(
+                "cuMemcpyHtoDAsync",
+                result::memcpy_htod_async(s.labels, batch.labels(), stream),
+            )?;
+            if let (Some(k), Some((out, _))) = (&self.kernel, s.converted) {
+                self.launch(k, s.images, out, &batch, stream)?;
+            }
+            call("cuEventRecord", result::event::record(s.ready, stream))?;
+        }
+        let dims = batch.dims();
+        let shape = batch.shape();
+        let (images, layout_chw) = match s.converted {
+            Some((p, _)) => (p, true),
+            None => (s.images, shape.chw),
+        };
+        let dims = if layout_chw && !shape.chw {
+            [dims[0], dims[3], dims[1], dims[2]]
+        } else {
+            dims
+        };
+        Ok(DeviceBatch {
+            shared: self.clone(),
+            host: Some(batch),
+            images,
+            labels: s.labels,
+            dims,
+            dtype: self.out_dtype(),
+            ready: s.ready,
+            released: s.released,
+            busy: s.busy.clone(),
+            used: s.used.clone(),
+            consumer: Mutex::new(None),
+        })
+    }
+
+    unsafe fn launch(
+        &self,
+        k: &Kernel,
+        src: sys::CUdeviceptr,
+        dst: sys::CUdeviceptr,
+        batch: &Batch,
+        stream: sys::CUstream,
+    ) -> Result<(), CudaError> {
+        let (mean, std, half) = match self.convert {
+            Convert::F32 { mean, std } => (mean, std, 0i32),
+            Convert::F16 { mean, std } => (mean, std, 1i32),
+            Convert::None => return Ok(()),
+        };
+        let s = batch.shape();
+        if s.chw || s.elem_bytes != 1 || s.channels == 0 || s.channels > 3 {
+            return Err(CudaError::Call {
+                what: "conversion",
+                detail: format!(
+                    "needs uint8 HWC samples of 1 to 3 channels, the pipeline makes {s:?}"
+                ),
+            });
+        }
+        let (mut src, mut dst) = (src, dst);
+        let mut n = batch.len() as i32;
+        let (mut h, mut w, mut c) = (s.height as i32, s.width as i32, s.channels as i32);
+        let mut half = half;
+        let [mut m0, mut m1, mut m2] = mean;
+        let [mut s0, mut s1, mut s2] = std;
+        let mut params: [*mut c_void; 13] = [
+            (&mut src as *mut sys::CUdeviceptr).cast(),
+            (&mut dst as *mut sys::CUdeviceptr).cast(),
+            (&mut n as *mut i32).cast(),
+            (&mut h as *mut i32).cast(),
+            (&mut w as *mut i32).cast(),
+            (&mut c as *mut i32).cast(),
+            (&mut half as *mut i32).cast(),
+            (&mut m0 as *mut f32).cast(),
+            (&mut m1 as *mut f32).cast(),
+            (&mut m2 as *mut f32).cast(),
+            (&mut s0 as *mut f32).cast(),
+            (&mut s1 as *mut f32).cast(),
+            (&mut s2 as *mut f32).cast(),
+        ];
+        let total = batch.images().len() as u64;
+        let blocks = total.div_ceil(256).clamp(1, 65_535) as u32;
+        call(
+            "cuLaunchKernel",
+            result::launch_kernel(
+                k.function,
+                (blocks, 1, 1),
+                (256, 1, 1),
+                0,
+                stream,
+                &mut params,
+            ),
+        )
+    }
+}
+
+/// An epoch's batches on the device, `depth` copies ahead of the consumer.
+pub struct DeviceEpoch {
+    host: Epoch,
+    shared: Arc<Shared>,
+    depth: usize,
+    inflight: VecDeque<DeviceBatch>,
+}
+
+impl DeviceEpoch {
+    /// The host epoch behind it (its report, its batch count).
+    pub fn host(&self) -> &Epoch {
+        &self.host
+    }
+}
+
+impl Iterator for DeviceEpoch {
+    type Item = Result<DeviceBatch, ClientError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        // Keep `depth` copies queued behind the one handed out, so the copy of batch n+1
+        // runs while the step on batch n does.
+        while self.inflight.len() <= self.depth {
+            match self.host.next() {
+                None => break,
+                Some(Err(e)) => return Some(Err(e)),
+                Some(Ok(batch)) => match self.shared.upload(batch) {
+                    Ok(d) => self.inflight.push_back(d),
+                    Err(e) => return Some(Err(ClientError::Cuda(e.to_string()))),
+                },
+            }
+        }
+        self.inflight.pop_front().map(Ok)
+    }
+}
+
+/// A batch on the device. Make the consuming stream wait on it with [`DeviceBatch::wait_on`]
+/// (or block with [`DeviceBatch::synchronize`]); dropping it hands its buffers back once the
+/// work queued on that stream is done with them.
+pub struct DeviceBatch {
+    shared: Arc<Shared>,
+    host: Option<Batch>,
+    images: sys::CUdeviceptr,
+    labels: sys::CUdeviceptr,
+    dims: [usize; 4],
+    dtype: DType,
+    ready: sys::CUevent,
+    released: sys::CUevent,
+    busy: Arc<AtomicBool>,
+    used: Arc<AtomicBool>,
+    consumer: Mutex<Option<sys::CUstream>>,
+}
+
+// CUDA handles; the host batch is Send.
+unsafe impl Send for DeviceBatch {}
+
+impl DeviceBatch {
+    /// The images' device address: `dims()` elements of `dtype()`.
+    pub fn images_ptr(&self) -> u64 {
+        self.images
+    }
+
+    /// The labels' device address: `len()` int64 values.
+    pub fn labels_ptr(&self) -> u64 {
+        self.labels
+    }
+
+    /// (N, H, W, C) for uint8 NHWC batches, (N, C, H, W) for converted or channels-first ones.
+    pub fn dims(&self) -> [usize; 4] {
+        self.dims
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn len(&self) -> usize {
+        self.dims[0]
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.dims[0] == 0
+    }
+
+    /// The event recorded when the copy (and conversion) finished.
+    pub fn ready_event(&self) -> sys::CUevent {
+        self.ready
+    }
+
+    /// The stream the copy ran on.
+    pub fn copy_stream(&self) -> sys::CUstream {
+        self.shared.stream
+    }
+
+    /// The host side: ids, keys, labels, padding, skips.
+    pub fn host(&self) -> Option<&Batch> {
+        self.host.as_ref()
+    }
+
+    /// Makes `stream` wait for the copy; the buffers are reused only after the work queued
+    /// on `stream` before this batch is dropped.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this batch's device context (or null, the legacy
+    /// default stream), and stay alive until the batch is dropped.
+    pub unsafe fn wait_on(&self, stream: sys::CUstream) -> Result<(), CudaError> {
+        self.shared.gpu.bind()?;
+        // SAFETY: both handles are alive; waiting does not block the host.
+        call("cuStreamWaitEvent", unsafe {
+            result::stream::wait_event(
+                stream,
+                self.ready,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        })?;
+        if let Ok(mut c) = self.consumer.lock() {
+            *c = Some(stream);
+        }
+        Ok(())
+    }
+
+    /// Blocks until the copy is done.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.shared.gpu.bind()?;
+        // SAFETY: the event is alive.
+        call("cuEventSynchronize", unsafe {
+            result::event::synchronize(self.ready)
+        })
+    }
+}
+
+impl Drop for DeviceBatch {
+    fn drop(&mut self) {
+        if self.shared.gpu.bind().is_err() {
+            return;
+        }
+        let consumer = self.consumer.lock().ok().and_then(|c| *c);
+        // SAFETY: handles are alive (Shared outlives this batch). The host batch returns to
+        // the ring only after the copy read it.
+        unsafe {
+            let _ = result::event::synchronize(self.ready);
+            drop(self.host.take());
+            // The slot may be refilled after the consumer's queued work (or, if it never
+            // said which stream it used, after the copy itself).
+            let stream = consumer.unwrap_or(self.shared.stream);
+            if result::event::record(self.released, stream).is_ok() {
+                self.used.store(true, Ordering::Release);
+            }
+        }
+        self.busy.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs only where a GPU is present; elsewhere says why it skipped.
+    fn gpu() -> Option<Arc<Gpu>> {
+        match Gpu::open(0) {
+            Ok(g) => Some(g),
+            Err(e) => {
+                eprintln!("skipped: {e}");
+                None
+            }
+        }
+    }
+
+    #[test]
+    fn without_a_driver_the_error_says_so() {
+        match Gpu::open(0) {
+            Err(CudaError::NoDriver) => {
+                assert!(CudaError::NoDriver.to_string().contains("no NVIDIA driver"))
+            }
+            Err(e) => eprintln!("a driver is present: {e}"),
+            Ok(_) => eprintln!("a GPU is present; the GPU tests below run"),
+        }
+    }
+
+    /// Every sample of shard index 0 is 4×4×3 bytes of value `index`.
+    struct Ramp;
+
+    impl sluice_wire::UnitRunner for Ramp {
+        fn open_job(
+            &self,
+            _: &sluice_wire::JobSpec,
+        ) -> Result<Box<dyn sluice_wire::JobRunner>, String> {
+            Ok(Box::new(Ramp))
+        }
+        fn threads(&self) -> u32 {
+            1
+        }
+    }
+
+    impl sluice_wire::JobRunner for Ramp {
+        fn shape(&self) -> sluice_wire::SampleShape {
+            sluice_wire::SampleShape {
+                height: 4,
+                width: 4,
+                channels: 3,
+                elem_bytes: 1,
+                chw: false,
+            }
+        }
+        fn run(
+            &self,
+            a: &sluice_wire::Assign,
+            emit: &mut dyn FnMut(sluice_wire::Output) -> bool,
+        ) -> Result<sluice_wire::Finished, String> {
+            for index in a.start..a.end {
+                let header = sluice_wire::SampleHeader {
+                    job: a.job,
+                    unit: a.unit,
+                    attempt: a.attempt,
+                    shard: a.shard.index,
+                    index,
+                    key: format!("{index}"),
+                    label: Some(index as i64),
+                    tensor_bytes: 48,
+                    fields: Vec::new(),
+                };
+                if !emit(sluice_wire::Output::Sample(header, vec![index as u8; 48])) {
+                    return Err("cancelled".into());
+                }
+            }
+            Ok(sluice_wire::Finished {
+                sent: a.end - a.start,
+                skipped: 0,
+            })
+        }
+    }
+
+    fn loader(gpu: &Arc<Gpu>) -> crate::Loader {
+        let manifest = sluice_shard::Manifest::new(vec![sluice_shard::ShardInfo {
+            url: "synthetic://ramp".into(),
+            size: 0,
+            samples: 100,
+            checksum: sluice_shard::Checksum(0),
+            compression: sluice_shard::Compression::None,
+        }]);
+        crate::Loader::builder()
+            .dataset(manifest)
+            .in_process(Arc::new(Ramp))
+            .batch_size(16)
+            .allocator(Arc::new(PinnedAllocator::new(gpu.clone())))
+            .build()
+            .unwrap()
+    }
+
+    fn download(gpu: &Gpu, ptr: sys::CUdeviceptr, bytes: usize) -> Vec<u8> {
+        gpu.bind().unwrap();
+        let mut out = vec![0u8; bytes];
+        unsafe { result::memcpy_dtoh_sync(&mut out, ptr) }.unwrap();
+        out
+    }
+
+    #[test]
+    fn device_batches_hold_exactly_the_host_bytes() {
+        let Some(gpu) = gpu() else { return };
+        let uploader = Uploader::new(gpu.clone(), Convert::None, 2).unwrap();
+        let l = loader(&gpu);
+        let mut seen = 0;
+        for d in uploader.epoch(l.epoch(0).unwrap()) {
+            let d = d.unwrap();
+            d.synchronize().unwrap();
+            let host = d.host().unwrap();
+            let bytes = download(&gpu, d.images_ptr(), host.images().len());
+            assert_eq!(bytes, host.images());
+            let labels = download(&gpu, d.labels_ptr(), host.len() * 8);
+            let labels: Vec<i64> = labels
+                .chunks(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            assert_eq!(labels, host.labels());
+            assert_eq!(d.dtype(), DType::U8);
+            seen += d.len();
+        }
+        assert_eq!(seen, 100);
+    }
+
+    #[test]
+    fn conversion_normalizes_into_nchw_f32() {
+        let Some(gpu) = gpu() else { return };
+        let (mean, std) = ([0.5, 0.25, 0.0], [0.5, 0.25, 1.0]);
+        let uploader = match Uploader::new(gpu.clone(), Convert::F32 { mean, std }, 1) {
+            Ok(u) => u,
+            Err(e @ CudaError::Nvrtc(_)) => {
+                eprintln!("skipped: {e}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let l = loader(&gpu);
+        let d = uploader.epoch(l.epoch(0).unwrap()).next().unwrap().unwrap();
+        d.synchronize().unwrap();
+        let host = d.host().unwrap();
+        assert_eq!(d.dims(), [host.len(), 3, 4, 4]);
+        let out = download(&gpu, d.images_ptr(), host.len() * 48 * 4);
+        let out: Vec<f32> = out
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        for (i, id) in host.ids().iter().enumerate() {
+            for c in 0..3 {
+                let want = (id.index as u8 as f32 / 255.0 - mean[c]) / std[c];
+                let got = out[(i * 3 + c) * 16];
+                assert!(
+                    (got - want).abs() < 1e-5,
+                    "sample {i} channel {c}: {got} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn pinned_buffers_are_writable_and_zeroed() {
+        let Some(gpu) = gpu() else { return };
+        let mut m = PinnedAllocator::new(gpu).allocate(1 << 20).unwrap();
+        assert!(m.as_slice().iter().all(|b| *b == 0));
+        m.as_mut_slice()[123] = 7;
+        assert_eq!(m.as_slice()[123], 7);
+    }
+}
