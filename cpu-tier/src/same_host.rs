@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sluice_wire::io::{FrameReader, FrameWriter};
-use sluice_wire::shm::{self, Segment};
+use sluice_wire::shm::{self, socket_path, Segment};
 use sluice_wire::{ErrorCode, ErrorMessage, Message, SampleHeader, ShmAttach};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
@@ -49,12 +49,6 @@ pub enum SameHostError {
     },
     #[error("same-host socket {path} is in use by a running worker")]
     InUse { path: String },
-}
-
-/// The socket a worker listening on QUIC port `port` serves same-host clients on: clients
-/// find it from the worker's address alone.
-pub fn socket_path(dir: &Path, port: u16) -> PathBuf {
-    dir.join(format!("cpu-{port}.sock"))
 }
 
 /// The bound socket; its file is removed when this is dropped.

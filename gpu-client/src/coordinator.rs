@@ -360,9 +360,11 @@ impl Coordinator {
                     .map_err(ClientError::Allocate)?;
                 self.ring = Some(ring);
                 self.shape = Some(shape);
-                // Credits never exceed what the connection's receive window holds.
-                let fit = (self.settings.receive_window / bytes).max(1);
-                self.credit_window = (self.settings.credits_per_worker as u64).min(fit) as u32;
+                self.credit_window = credit_window(
+                    self.settings.credits_per_worker,
+                    self.settings.receive_window,
+                    bytes,
+                );
             }
             Some(s) if s != shape => {
                 return Err(ClientError::Shape {
@@ -535,6 +537,13 @@ impl Coordinator {
             self.down_since = Some(Instant::now());
         }
     }
+}
+
+/// Credits per worker connection: never more than the connection's receive window holds.
+/// A same-host link makes exactly this many slots, so a credit always has a slot behind it.
+pub(crate) fn credit_window(credits: u32, receive_window: u64, sample_bytes: u64) -> u32 {
+    let fit = (receive_window / sample_bytes.max(1)).max(1);
+    u64::from(credits).min(fit) as u32
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

@@ -251,7 +251,8 @@ impl RemoteLink {
             Ok(shape) => shape,
             Err(e) => return e,
         };
-        let slots = crate::same_host::slots_for(self.credits, self.receive_window, shape.bytes());
+        let slots =
+            crate::coordinator::credit_window(self.credits, self.receive_window, shape.bytes());
         let pool = match SlotPool::create(slots, shape.bytes()) {
             Ok(p) => Arc::new(p),
             Err(e) => return Ended::Fatal(crate::ClientError::Allocate(e.to_string())),
@@ -379,9 +380,7 @@ impl RemoteLink {
                     }
                 }
                 _ = released(&pool) => {
-                    // Freed slots go back a few at a time, not a frame each.
-                    let batch = |p: &SlotPool| (p.segment().slots() / 8).max(1);
-                    if let Some(slots) = pool.as_ref().and_then(|p| p.grant(0, batch(p))) {
+                    if let Some(slots) = pool.as_ref().and_then(|p| p.regrant()) {
                         let frame = Message::SlotCredit { job: self.job.job, slots };
                         if let Err(e) = writer.send(&frame, &[]).await {
                             return Ended::Lost(e.to_string());

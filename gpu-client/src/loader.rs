@@ -595,9 +595,11 @@ impl Loader {
                                     key: "same_host",
                                     detail: format!(
                                         "required, but worker {name} has no socket {}",
-                                        s.same_host_dir
-                                            .join(format!("cpu-{}.sock", addr.port()))
-                                            .display()
+                                        sluice_wire::shm::socket_path(
+                                            &s.same_host_dir,
+                                            addr.port()
+                                        )
+                                        .display()
                                     ),
                                 });
                             }

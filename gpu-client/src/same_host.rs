@@ -54,21 +54,13 @@ pub(crate) fn socket_for(dir: &Path, addr: SocketAddr) -> Option<PathBuf> {
     if !is_local(addr.ip()) {
         return None;
     }
-    // The worker's naming rule (sluice_cpu::same_host::socket_path).
-    let path = dir.join(format!("cpu-{}.sock", addr.port()));
+    let path = sluice_wire::shm::socket_path(dir, addr.port());
     path.exists().then_some(path)
 }
 
 /// An address of this machine: loopback, or one a socket can be bound to here.
 fn is_local(ip: IpAddr) -> bool {
     ip.is_loopback() || std::net::UdpSocket::bind((ip, 0)).is_ok()
-}
-
-/// Slots per connection: what the coordinator grants as credits, so a worker never waits
-/// for a slot it holds a credit for.
-pub(crate) fn slots_for(credits: u32, receive_window: u64, sample_bytes: u64) -> u32 {
-    let fit = (receive_window / sample_bytes.max(1)).max(1);
-    (u64::from(credits).min(fit)).min(u64::from(u32::MAX)) as u32
 }
 
 struct PoolState {
@@ -141,6 +133,12 @@ impl SlotPool {
             pool: self.clone(),
             slot,
         })
+    }
+
+    /// Grants slots freed by the consumer once an eighth of the segment (or all that is owed)
+    /// can go in one frame, rather than a frame per slot.
+    pub(crate) fn regrant(&self) -> Option<Vec<u32>> {
+        self.grant(0, (self.segment.slots() / 8).max(1))
     }
 
     /// Waits until a slot is freed.
@@ -222,9 +220,10 @@ mod tests {
 
     #[test]
     fn slots_follow_the_credit_window() {
-        assert_eq!(slots_for(128, 64 << 20, 150_528), 128);
-        assert_eq!(slots_for(128, 1 << 20, 150_528), 6);
-        assert_eq!(slots_for(128, 10, 150_528), 1);
+        use crate::coordinator::credit_window;
+        assert_eq!(credit_window(128, 64 << 20, 150_528), 128);
+        assert_eq!(credit_window(128, 1 << 20, 150_528), 6);
+        assert_eq!(credit_window(128, 10, 150_528), 1);
     }
 
     #[test]

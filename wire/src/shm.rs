@@ -12,6 +12,7 @@
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
 use rustix::fs::{MemfdFlags, SealFlags};
@@ -24,6 +25,12 @@ use tokio::io::Interest;
 use tokio::net::UnixStream;
 
 use crate::message::ShmAttach;
+
+/// The same-host socket of the worker whose QUIC endpoint is on `port`: clients find it from
+/// the worker's address alone.
+pub fn socket_path(dir: &Path, port: u16) -> PathBuf {
+    dir.join(format!("cpu-{port}.sock"))
+}
 
 /// The seals a segment must carry before a worker maps it.
 const REQUIRED_SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW);
