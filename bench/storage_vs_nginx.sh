@@ -12,7 +12,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
 LOCK="${LOCK:-/tmp/cpu.lock}"
 WORK="${WORK:-/tmp/sluice-storage-bench}"
-ROUNDS="${ROUNDS:-3}"
+ROUNDS="${ROUNDS:-5}"
 
 command -v nginx >/dev/null && command -v curl >/dev/null || {
   apt-get update -qq && apt-get install -y -qq nginx-light curl >/dev/null
@@ -52,18 +52,16 @@ SPID=$!
 trap 'kill $SPID 2>/dev/null; nginx -c "$WORK/nginx.conf" -p "$WORK" -s stop 2>/dev/null || true' EXIT
 sleep 1
 
-# fetch PORT CONCURRENCY -> GB/s (median of ROUNDS), each client fetching every file once
-fetch() {
-  local port=$1 c=$2 best=()
-  for r in $(seq "$ROUNDS"); do
-    local list; list=$(for i in $(seq "$c"); do for f in "${FILES[@]}"; do echo "http://127.0.0.1:$port/v1/b/$f"; done; done)
-    local t0 t1; t0=$(date +%s.%N)
-    echo "$list" | flock "$LOCK" xargs -P "$c" -n 1 curl -s -o /dev/null --fail
-    t1=$(date +%s.%N)
-    best+=( $(python3 -c "print(f'{$BYTES*$c/($t1-$t0)/1e9:.2f}')") )
-  done
-  printf '%s\n' "${best[@]}" | sort -n | sed -n "$(( (ROUNDS+1)/2 ))p"
+# one PORT CONCURRENCY -> GB/s of one round, each client fetching every file once
+one() {
+  local port=$1 c=$2 list t0 t1
+  list=$(for i in $(seq "$c"); do for f in "${FILES[@]}"; do echo "http://127.0.0.1:$port/v1/b/$f"; done; done)
+  t0=$(date +%s.%N)
+  echo "$list" | flock "$LOCK" xargs -P "$c" -n 1 curl -s -o /dev/null --fail
+  t1=$(date +%s.%N)
+  python3 -c "print(f'{$BYTES*$c/($t1-$t0)/1e9:.3f}')"
 }
+median() { sort -n | sed -n "$(( (ROUNDS+1)/2 ))p"; }
 catrate() {
   local c=$1 t0 t1; t0=$(date +%s.%N)
   for i in $(seq "$c"); do cat "$WORK/data/b/"*.tar > /dev/null & done; wait
@@ -71,9 +69,18 @@ catrate() {
   python3 -c "print(f'{$BYTES*$c/($t1-$t0)/1e9:.2f}')"
 }
 
-echo "# $(date -Is) $(nproc) cores; ${#FILES[@]} files, $((BYTES/1000000)) MB; GB/s = 1e9 B/s, median of $ROUNDS"
+echo "# $(date -Is) $(nproc) cores; ${#FILES[@]} files, $((BYTES/1000000)) MB; GB/s = 1e9 B/s, median of $ROUNDS rounds"
 printf 'clients\tsluice_GBps\tnginx_GBps\tsluice/nginx\tcat_GBps\tsluice/cat\n'
+# Rounds alternate sluice and nginx, so drift in the machine's load hits both alike; the
+# ratio is the median of the per-round ratios.
 for c in 1 4 16; do
-  s=$(fetch "$SPORT" "$c"); n=$(fetch "$NPORT" "$c"); k=$(flock "$LOCK" bash -c "$(declare -f catrate); WORK=$WORK BYTES=$BYTES catrate $c")
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$s" "$n" "$(python3 -c "print(f'{$s/$n:.2f}')")" "$k" "$(python3 -c "print(f'{$s/$k:.2f}')")"
+  ss=(); ns=(); rs=()
+  for r in $(seq "$ROUNDS"); do
+    s=$(one "$SPORT" "$c"); n=$(one "$NPORT" "$c")
+    ss+=("$s"); ns+=("$n"); rs+=("$(python3 -c "print(f'{$s/$n:.3f}')")")
+  done
+  s=$(printf '%s\n' "${ss[@]}" | median); n=$(printf '%s\n' "${ns[@]}" | median)
+  ratio=$(printf '%s\n' "${rs[@]}" | median)
+  k=$(flock "$LOCK" bash -c "$(declare -f catrate); WORK=$WORK BYTES=$BYTES catrate $c")
+  printf '%s\t%.2f\t%.2f\t%.2f\t%s\t%.2f\n' "$c" "$s" "$n" "$ratio" "$k" "$(python3 -c "print($s/$k)")"
 done

@@ -52,7 +52,11 @@ pub fn run(args: Args) -> Result<()> {
         tracing::info!(listen = %listener.local_addr()?, mountpaths = ?config.mountpaths, "sluice storage serving");
         let shutdown = daemon::shutdown_on_signals()?;
         daemon::notify_ready(&shutdown);
-        let result = sluice_storage::run(listener, config, shutdown).await;
+        // On a worker, not in block_on's thread: each accepted connection's task then starts
+        // on the accepting worker instead of waking another thread (0.2 ms per connection).
+        let result = tokio::spawn(sluice_storage::run(listener, config, shutdown))
+            .await
+            .context("the storage server task")?;
         daemon::notify_stopping();
         result?;
         tracing::info!("stopped");

@@ -58,7 +58,8 @@ pub struct Limits {
     pub max_connections: usize,
     /// Largest request head (request line + headers), bytes.
     pub max_header_bytes: usize,
-    /// Concurrent object streams per mountpath; 0 picks 2 for a rotational disk, 16 for SSD.
+    /// Concurrent disk reads (one `read_size` window each) per mountpath; 0 picks 2 for a
+    /// rotational disk, 16 for SSD.
     pub streams_per_mountpath: usize,
     /// Size of each sequential read, bytes.
     pub read_size: usize,

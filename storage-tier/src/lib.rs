@@ -2,11 +2,14 @@
 //! Range, at the disks' sequential speed.
 //!
 //! - [`config`]: the TOML config and its validation.
+//! - [`connection`]: one connection: GET/HEAD parsed here and object bodies sent with
+//!   `sendfile`; anything else handed to hyper.
 //! - [`mountpath`]: per-disk folders, `openat2(RESOLVE_BENEATH)` opening, stream limits.
 //! - [`s3`]: the S3-compatible read path's SigV4 check and XML bodies.
 //! - [`server`]: the HTTP server (`run(listener, config, shutdown)`), handlers, metrics.
 
 pub mod config;
+pub mod connection;
 pub mod mountpath;
 pub mod s3;
 pub mod server;

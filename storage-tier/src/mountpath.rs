@@ -20,7 +20,7 @@ pub struct Mountpath {
     /// Metric label.
     pub label: String,
     pub rotational: bool,
-    /// Permits for concurrent object streams; waiters are served in arrival order.
+    /// Permits for concurrent disk reads; waiters are served in arrival order.
     pub streams: Arc<Semaphore>,
     pub stream_limit: usize,
     dir: OwnedFd,

@@ -3,10 +3,13 @@
 //!
 //! Shape (mini-redis `server.rs`): [`run`] takes a bound listener, a config and a shutdown
 //! token; connections are limited by a semaphore, every connection selects on the token, and
-//! shutdown drains in-flight streams up to a deadline. hyper's header-read timeout only works
-//! with a timer set, so both are set (the slowloris guard). Objects stream in `read_size`
-//! chunks through a two-chunk channel: memory per stream is bounded whatever the object's size,
-//! and a client that stops reading is dropped after the idle timeout.
+//! shutdown drains in-flight streams up to a deadline. Each connection starts in
+//! [`crate::connection`], which answers GET and HEAD itself (bodies by sendfile) and hands
+//! anything else to hyper here. Both paths route through `route`, which sees only the
+//! request head. hyper's header-read timeout only works with a timer set, so both are set
+//! (the slowloris guard). On the hyper path objects stream in `read_size` chunks through a
+//! two-chunk channel: memory per stream is bounded whatever the object's size, and a client
+//! that stops reading is dropped after the idle timeout.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -26,15 +29,16 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use sluice_shard::Checksum;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::config::StorageConfig;
 use crate::mountpath::{advise_sequential, valid_bucket, valid_key, Mountpath};
 
-type Body = BoxBody<Bytes, io::Error>;
+pub(crate) type Body = BoxBody<Bytes, io::Error>;
 
 /// Header carrying an object's xxh3 checksum (`xxh3:` + 16 hex digits).
 pub const CHECKSUM_HEADER: &str = "x-sluice-checksum";
@@ -67,8 +71,8 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-struct State {
-    config: StorageConfig,
+pub(crate) struct State {
+    pub(crate) config: StorageConfig,
     mountpaths: Vec<Mountpath>,
     labels: Vec<String>,
     /// Checksums of objects uploaded here, by (path, size, mtime).
@@ -160,9 +164,6 @@ pub async fn run(
         tokio::spawn(serve_admin(admin, state.metrics.clone(), shutdown.clone()));
     }
     let connections = Arc::new(Semaphore::new(state.config.limits.max_connections));
-    // hyper's smallest read buffer is 8 KiB.
-    let max_buf = state.config.limits.max_header_bytes.max(8192);
-    let header_timeout = state.config.timeouts.header_read();
     let drain = state.config.timeouts.drain();
     let tracker = TaskTracker::new();
     loop {
@@ -181,32 +182,47 @@ pub async fn run(
         let _ = stream.set_nodelay(true);
         let state = state.clone();
         let shutdown = shutdown.clone();
-        tracker.spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let state = state.clone();
-                async move { Ok::<_, Infallible>(handle(state, req).await) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_timeout)
-                .max_buf_size(max_buf)
-                .serve_connection(TokioIo::new(stream), service);
-            let mut conn = std::pin::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => if let Err(e) = r { tracing::debug!(%peer, error = %e, "connection ended") },
-                _ = shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
+        tracker.spawn(
+            async move {
+                crate::connection::serve(stream, state, shutdown).await;
+                drop(permit);
             }
-            drop(permit);
-        });
+            .instrument(tracing::debug_span!("connection", %peer)),
+        );
     }
     tracker.close();
     if tokio::time::timeout(drain, tracker.wait()).await.is_err() {
         tracing::warn!("drain deadline passed with streams still open");
     }
     Ok(())
+}
+
+/// Serves a connection with hyper until it closes; on shutdown, hyper finishes the request
+/// in flight and closes.
+pub(crate) async fn serve_hyper<I>(io: I, state: Arc<State>, shutdown: CancellationToken)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    // hyper's smallest read buffer is 8 KiB.
+    let max_buf = state.config.limits.max_header_bytes.max(8192);
+    let header_timeout = state.config.timeouts.header_read();
+    let service = hyper::service::service_fn(move |req| {
+        let state = state.clone();
+        async move { Ok::<_, Infallible>(handle(state, req).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .max_buf_size(max_buf)
+        .serve_connection(TokioIo::new(io), service);
+    let mut conn = std::pin::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => if let Err(e) = r { tracing::debug!(error = %e, "connection ended") },
+        _ = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
 }
 
 fn is_transient(e: &io::Error) -> bool {
@@ -226,32 +242,64 @@ fn is_transient(e: &io::Error) -> bool {
 async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let started = Instant::now();
     let method = req.method().clone();
-    let resp = route(&state, req).await;
-    let status = resp.status().as_u16().to_string();
-    metrics::counter!("sluice_storage_requests_total", "method" => method.to_string(), "status" => status).increment(1);
-    metrics::histogram!("sluice_storage_request_seconds").record(started.elapsed().as_secs_f64());
+    let (parts, body) = req.into_parts();
+    let head = Request::from_parts(parts, ());
+    let resp = match route(&state, &head).await {
+        Reply::Ready(r) => r,
+        Reply::Object(o) => stream_object(&state, o).await,
+        Reply::Upload { bucket, key } => put(&state, &head, body, &bucket, &key).await,
+    };
+    record_request(&method, resp.status(), started);
     resp
 }
 
-async fn route(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
+/// Counts a request and how long its answer took to start.
+pub(crate) fn record_request(method: &Method, status: StatusCode, started: Instant) {
+    metrics::counter!("sluice_storage_requests_total", "method" => method.to_string(), "status" => status.as_str().to_string()).increment(1);
+    metrics::histogram!("sluice_storage_request_seconds").record(started.elapsed().as_secs_f64());
+}
+
+/// What a request routes to. Routing sees only the request head, so the hyper path and the
+/// sendfile path ([`crate::connection`]) answer every GET and HEAD the same way.
+pub(crate) enum Reply {
+    /// A whole response: errors, redirects, listings, HEAD answers, `/metrics`.
+    Ready(Response<Body>),
+    /// An object (or a range of it) to stream after `head`.
+    Object(ObjectBody),
+    /// A valid `PUT`: the body is to be written to `bucket/key`.
+    Upload { bucket: String, key: String },
+}
+
+/// An object's response head and the file region its body is.
+pub(crate) struct ObjectBody {
+    pub head: Response<()>,
+    pub file: std::fs::File,
+    pub mountpath: usize,
+    pub offset: u64,
+    pub len: u64,
+}
+
+pub(crate) async fn route(state: &Arc<State>, req: &Request<()>) -> Reply {
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
     match (req.method(), path.as_str()) {
-        (&Method::GET, "/healthz") => return text(StatusCode::OK, "ok\n"),
-        (&Method::GET, "/metrics") => return text(StatusCode::OK, &state.metrics.render()),
+        (&Method::GET, "/healthz") => return Reply::Ready(text(StatusCode::OK, "ok\n")),
+        (&Method::GET, "/metrics") => {
+            return Reply::Ready(text(StatusCode::OK, &state.metrics.render()))
+        }
         (&Method::GET, "/auth") => {
             // Lets an uploader check its token before streaming a large body that a refusal
             // would cut off mid-send.
-            return match token_ok(state, &req) {
+            return Reply::Ready(match token_ok(state, req) {
                 Ok(()) => json(StatusCode::OK, serde_json::json!({"upload": true})),
                 Err(e) => e.into(),
-            };
+            });
         }
         (&Method::GET, "/cluster") => {
-            return json(
+            return Reply::Ready(json(
                 StatusCode::OK,
                 serde_json::json!({"peers": state.config.peers, "replicas": state.config.replicas, "advertise": state.config.advertise}),
-            )
+            ))
         }
         _ => {}
     }
@@ -259,29 +307,32 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         return s3_route(state, req).await;
     };
     let Ok(rest) = percent_encoding::percent_decode_str(rest).decode_utf8() else {
-        return error(StatusCode::BAD_REQUEST, "path is not UTF-8");
+        return Reply::Ready(error(StatusCode::BAD_REQUEST, "path is not UTF-8"));
     };
     let (bucket, key) = match rest.split_once('/') {
         Some((b, k)) => (b.to_string(), Some(k.to_string())),
         None => (rest.to_string(), None),
     };
     if !valid_bucket(&bucket) {
-        return error(StatusCode::BAD_REQUEST, "invalid bucket name");
+        return Reply::Ready(error(StatusCode::BAD_REQUEST, "invalid bucket name"));
     }
     if !state.serves(&bucket) {
-        return error(StatusCode::NOT_FOUND, "no such bucket");
+        return Reply::Ready(error(StatusCode::NOT_FOUND, "no such bucket"));
     }
     match (req.method().clone(), key) {
-        (Method::GET, None) => list(state, &bucket, &query).await,
+        (Method::GET, None) => Reply::Ready(list(state, &bucket, &query).await),
         (Method::GET | Method::HEAD, Some(key)) if valid_key(&key) => {
-            get(state, req, &bucket, &key).await
+            get(state, req, &bucket, &key)
         }
-        (Method::PUT, Some(key)) if valid_key(&key) => put(state, req, &bucket, &key).await,
-        (_, Some(key)) if !valid_key(&key) => error(
+        (Method::PUT, Some(key)) if valid_key(&key) => Reply::Upload { bucket, key },
+        (_, Some(key)) if !valid_key(&key) => Reply::Ready(error(
             StatusCode::BAD_REQUEST,
             "invalid object key (empty, absolute, or with . or .. components)",
-        ),
-        _ => error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here"),
+        )),
+        _ => Reply::Ready(error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed here",
+        )),
     }
 }
 
@@ -311,7 +362,7 @@ fn json(status: StatusCode, value: serde_json::Value) -> Response<Body> {
     r
 }
 
-fn error(status: StatusCode, message: &str) -> Response<Body> {
+pub(crate) fn error(status: StatusCode, message: &str) -> Response<Body> {
     json(
         status,
         serde_json::json!({"error": message, "status": status.as_u16()}),
@@ -427,23 +478,18 @@ fn checksum(
     (header.shard_size == meta.len()).then_some(header.shard_checksum)
 }
 
-async fn get(
-    state: &Arc<State>,
-    req: Request<Incoming>,
-    bucket: &str,
-    key: &str,
-) -> Response<Body> {
+fn get(state: &Arc<State>, req: &Request<()>, bucket: &str, key: &str) -> Reply {
     let (mi, file) = match open_object(state, bucket, key) {
         Ok(x) => x,
         Err(e) if e.0 == StatusCode::NOT_FOUND => {
-            return redirect_to_owner(state, bucket, key).unwrap_or_else(|| e.into())
+            return Reply::Ready(redirect_to_owner(state, bucket, key).unwrap_or_else(|| e.into()))
         }
-        Err(e) => return e.into(),
+        Err(e) => return Reply::Ready(e.into()),
     };
     let mountpath = &state.mountpaths[mi];
     let meta = match file.metadata() {
         Ok(m) if m.is_file() => m,
-        _ => return error(StatusCode::NOT_FOUND, "no such object"),
+        _ => return Reply::Ready(error(StatusCode::NOT_FOUND, "no such object")),
     };
     let size = meta.len();
     let range = match req.headers().get(header::RANGE).map(|v| {
@@ -460,7 +506,7 @@ async fn get(
                 HeaderValue::from_str(&format!("bytes */{size}"))
                     .unwrap_or(HeaderValue::from_static("bytes */0")),
             );
-            return r;
+            return Reply::Ready(r);
         }
     };
     let (offset, len) = range.unwrap_or((0, size));
@@ -492,32 +538,89 @@ async fn get(
         builder = builder.header(CHECKSUM_HEADER, c.to_string());
     }
     if req.method() == Method::HEAD || len == 0 {
-        return builder
-            .body(full(Bytes::new()))
-            .unwrap_or_else(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "response"));
+        return Reply::Ready(
+            builder
+                .body(full(Bytes::new()))
+                .unwrap_or_else(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "response")),
+        );
     }
-    // Wait for this disk's stream slot, in arrival order.
+    match builder.body(()) {
+        Ok(head) => Reply::Object(ObjectBody {
+            head,
+            file,
+            mountpath: mi,
+            offset,
+            len,
+        }),
+        Err(_) => Reply::Ready(error(StatusCode::INTERNAL_SERVER_ERROR, "response")),
+    }
+}
+
+/// Waits, in arrival order, for one of a disk's stream slots; the wait is a metric.
+pub(crate) async fn disk_slot(state: &State, mountpath: usize) -> io::Result<OwnedSemaphorePermit> {
     let waited = Instant::now();
-    let permit = tokio::select! {
-        p = mountpath.streams.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return error(StatusCode::SERVICE_UNAVAILABLE, "shutting down") },
-        _ = state.shutdown.cancelled() => return error(StatusCode::SERVICE_UNAVAILABLE, "shutting down"),
-    };
-    let label = state.labels[mi].clone();
-    metrics::histogram!("sluice_storage_queue_wait_seconds", "mountpath" => label.clone())
+    let permit = state.mountpaths[mountpath]
+        .streams
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(io::Error::other)?;
+    metrics::histogram!("sluice_storage_queue_wait_seconds", "mountpath" => state.labels[mountpath].clone())
         .record(waited.elapsed().as_secs_f64());
-    advise_sequential(&file, offset, len);
+    Ok(permit)
+}
+
+/// The per-mountpath stream metrics, held for the life of one object stream.
+pub(crate) struct StreamMetrics {
+    active: metrics::Gauge,
+    pub sent: metrics::Counter,
+    pub read_latency: metrics::Histogram,
+}
+
+impl StreamMetrics {
+    pub fn start(state: &State, mountpath: usize) -> Self {
+        let label = state.labels[mountpath].clone();
+        let active = metrics::gauge!("sluice_storage_active_streams", "mountpath" => label.clone());
+        active.increment(1.0);
+        StreamMetrics {
+            active,
+            sent: metrics::counter!("sluice_storage_bytes_sent_total", "mountpath" => label.clone()),
+            read_latency: metrics::histogram!("sluice_storage_read_seconds", "mountpath" => label),
+        }
+    }
+}
+
+impl Drop for StreamMetrics {
+    fn drop(&mut self) {
+        self.active.decrement(1.0);
+    }
+}
+
+/// The hyper path's object body: `read_size` chunks read with pread on the blocking pool and
+/// handed to hyper through a two-chunk channel, so memory per stream is bounded.
+async fn stream_object(state: &Arc<State>, object: ObjectBody) -> Response<Body> {
+    let shutting_down = || error(StatusCode::SERVICE_UNAVAILABLE, "shutting down");
+    let permit = tokio::select! {
+        p = disk_slot(state, object.mountpath) => match p { Ok(p) => p, Err(_) => return shutting_down() },
+        _ = state.shutdown.cancelled() => return shutting_down(),
+    };
+    advise_sequential(&object.file, object.offset, object.len);
+    let ObjectBody {
+        head,
+        file,
+        mountpath,
+        offset,
+        len,
+    } = object;
     let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, io::Error>>(2);
     let read_size = state.config.limits.read_size as u64;
     let idle = state.config.timeouts.idle();
+    let stream_metrics = StreamMetrics::start(state, mountpath);
     tokio::spawn(async move {
         let _permit = permit;
-        let active = metrics::gauge!("sluice_storage_active_streams", "mountpath" => label.clone());
-        active.increment(1.0);
-        let sent =
-            metrics::counter!("sluice_storage_bytes_sent_total", "mountpath" => label.clone());
-        let read_latency = metrics::histogram!("sluice_storage_read_seconds", "mountpath" => label);
-        // Each chunk is read with pread on the blocking pool straight into the buffer that
-        // hyper sends (tokio::fs would copy it once more through its own buffer).
+        let m = stream_metrics;
+        // Each chunk is read straight into the buffer that hyper sends (tokio::fs would copy
+        // it once more through its own buffer).
         let file = Arc::new(file);
         let mut pos = offset;
         let end = offset + len;
@@ -526,7 +629,7 @@ async fn get(
             let t = Instant::now();
             let f = file.clone();
             let chunk = tokio::task::spawn_blocking(move || read_chunk(&f, pos, want)).await;
-            read_latency.record(t.elapsed().as_secs_f64());
+            m.read_latency.record(t.elapsed().as_secs_f64());
             let chunk = match chunk {
                 Ok(Ok(c)) => c,
                 Ok(Err(e)) => {
@@ -539,18 +642,15 @@ async fn get(
                 }
             };
             pos += chunk.len() as u64;
-            sent.increment(chunk.len() as u64);
+            m.sent.increment(chunk.len() as u64);
             match tokio::time::timeout(idle, tx.send(Ok(Frame::data(chunk)))).await {
                 Ok(Ok(())) => {}
                 _ => break, // the client went away, or stopped reading for the idle timeout
             }
         }
-        active.decrement(1.0);
     });
-    let body = StreamBody::new(tokio_stream(rx)).boxed();
-    builder
-        .body(body)
-        .unwrap_or_else(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "response"))
+    let (parts, ()) = head.into_parts();
+    Response::from_parts(parts, StreamBody::new(tokio_stream(rx)).boxed())
 }
 
 /// Reads exactly `len` bytes at `offset` (pread), failing if the object shrank.
@@ -607,7 +707,7 @@ fn tokio_stream(
 }
 
 /// The S3-compatible read path (path-style `/{bucket}/{key}`), with S3's XML errors.
-async fn s3_route(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
+async fn s3_route(state: &Arc<State>, req: &Request<()>) -> Reply {
     let s3_error = |status: StatusCode, code: &str, message: &str| {
         let mut r = Response::new(full(Bytes::from(crate::s3::error_xml(code, message))));
         *r.status_mut() = status;
@@ -634,25 +734,25 @@ async fn s3_route(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> 
         match crate::s3::verify(&signed, key, secret) {
             Ok(()) => {}
             Err(crate::s3::AuthError::UnknownKey) => {
-                return s3_error(
+                return Reply::Ready(s3_error(
                     StatusCode::FORBIDDEN,
                     "InvalidAccessKeyId",
                     "unknown access key",
-                )
+                ))
             }
             Err(crate::s3::AuthError::Missing) => {
-                return s3_error(
+                return Reply::Ready(s3_error(
                     StatusCode::FORBIDDEN,
                     "AccessDenied",
                     "this store requires signed requests",
-                )
+                ))
             }
             Err(_) => {
-                return s3_error(
+                return Reply::Ready(s3_error(
                     StatusCode::FORBIDDEN,
                     "SignatureDoesNotMatch",
                     "the request signature does not match",
-                )
+                ))
             }
         }
     }
@@ -660,7 +760,11 @@ async fn s3_route(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> 
     let query = req.uri().query().unwrap_or("").to_string();
     let Ok(rest) = percent_encoding::percent_decode_str(path.trim_start_matches('/')).decode_utf8()
     else {
-        return s3_error(StatusCode::BAD_REQUEST, "InvalidURI", "path is not UTF-8");
+        return Reply::Ready(s3_error(
+            StatusCode::BAD_REQUEST,
+            "InvalidURI",
+            "path is not UTF-8",
+        ));
     };
     let (bucket, key) = match rest.split_once('/') {
         Some((b, k)) if !k.is_empty() => (b.to_string(), Some(k.to_string())),
@@ -668,29 +772,32 @@ async fn s3_route(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> 
         None => (rest.to_string(), None),
     };
     if !valid_bucket(&bucket) {
-        return s3_error(
+        return Reply::Ready(s3_error(
             StatusCode::BAD_REQUEST,
             "InvalidBucketName",
             "invalid bucket name",
-        );
+        ));
     }
     if !state.serves(&bucket) {
-        return s3_error(
+        return Reply::Ready(s3_error(
             StatusCode::NOT_FOUND,
             "NoSuchBucket",
             "the specified bucket does not exist",
-        );
+        ));
     }
     match (req.method().clone(), key) {
         (Method::GET | Method::HEAD, Some(key)) => {
             if !valid_key(&key) {
-                return s3_error(
+                return Reply::Ready(s3_error(
                     StatusCode::BAD_REQUEST,
                     "InvalidArgument",
                     "invalid object key",
-                );
+                ));
             }
-            let resp = get(state, req, &bucket, &key).await;
+            let resp = match get(state, req, &bucket, &key) {
+                Reply::Ready(r) => r,
+                other => return other,
+            };
             let (code, message) = match resp.status() {
                 StatusCode::NOT_FOUND => ("NoSuchKey", "the specified key does not exist"),
                 StatusCode::RANGE_NOT_SATISFIABLE => {
@@ -700,13 +807,13 @@ async fn s3_route(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> 
                 StatusCode::INTERNAL_SERVER_ERROR => {
                     ("InternalError", "the object could not be read")
                 }
-                _ => return resp,
+                _ => return Reply::Ready(resp),
             };
             let mut out = s3_error(resp.status(), code, message);
             if let Some(cr) = resp.headers().get(header::CONTENT_RANGE) {
                 out.headers_mut().insert(header::CONTENT_RANGE, cr.clone());
             }
-            out
+            Reply::Ready(out)
         }
         (Method::GET, None) if query_param(&query, "list-type").as_deref() == Some("2") => {
             let prefix = query_param(&query, "prefix").unwrap_or_default();
@@ -719,11 +826,11 @@ async fn s3_route(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> 
             let Some(found) =
                 collect_keys(state, &bucket, prefix.clone(), after.clone(), max + 1).await
             else {
-                return s3_error(
+                return Reply::Ready(s3_error(
                     StatusCode::NOT_FOUND,
                     "NoSuchBucket",
                     "the specified bucket does not exist",
-                );
+                ));
             };
             let mut page: Vec<(String, u64)> = found.into_iter().collect();
             let next = (page.len() > max).then(|| {
@@ -745,24 +852,24 @@ async fn s3_route(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> 
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/xml"),
             );
-            r
+            Reply::Ready(r)
         }
         _ if !state
             .mountpaths
             .iter()
             .any(|m| m.path.join(&bucket).is_dir()) =>
         {
-            s3_error(
+            Reply::Ready(s3_error(
                 StatusCode::NOT_FOUND,
                 "NoSuchBucket",
                 "the specified bucket does not exist",
-            )
+            ))
         }
-        _ => s3_error(
+        _ => Reply::Ready(s3_error(
             StatusCode::NOT_IMPLEMENTED,
             "NotImplemented",
             "this store serves GetObject, HeadObject and ListObjectsV2",
-        ),
+        )),
     }
 }
 
@@ -856,7 +963,7 @@ async fn list(state: &Arc<State>, bucket: &str, query: &str) -> Response<Body> {
     )
 }
 
-fn token_ok(state: &State, req: &Request<Incoming>) -> Result<(), HttpError> {
+fn token_ok(state: &State, req: &Request<()>) -> Result<(), HttpError> {
     let given = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -886,11 +993,12 @@ fn token_ok(state: &State, req: &Request<Incoming>) -> Result<(), HttpError> {
 
 async fn put(
     state: &Arc<State>,
-    req: Request<Incoming>,
+    req: &Request<()>,
+    mut body: Incoming,
     bucket: &str,
     key: &str,
 ) -> Response<Body> {
-    if let Err(e) = token_ok(state, &req) {
+    if let Err(e) = token_ok(state, req) {
         return e.into();
     }
     let max = state.config.limits.max_upload_bytes;
@@ -950,7 +1058,6 @@ async fn put(
     let mut out = tokio::fs::File::from_std(file);
     let mut hasher = Xxh3::new();
     let mut written = 0u64;
-    let mut body = req.into_body();
     let result: Result<(), Response<Body>> = async {
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|_| error(StatusCode::BAD_REQUEST, "upload interrupted"))?;
