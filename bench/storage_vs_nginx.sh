@@ -4,6 +4,7 @@
 # their ratio, and the ratio to `cat` of the same files (the page-cache ceiling).
 #
 #   bash bench/storage_vs_nginx.sh            # uses /tmp/wds-big (the anchors' shards) or makes 8 x 100 MB files
+#   ROUNDS=9 SLUICE_CONFIG=my.toml bash bench/storage_vs_nginx.sh   # more rounds; sluice with a config
 #
 # Installs nginx and curl from Debian when missing (as root). Timed steps take `flock $LOCK`,
 # like the anchors, so they never overlap other benchmarks.
@@ -47,7 +48,11 @@ http {
 CONF
 nginx -c "$WORK/nginx.conf" -p "$WORK"
 SPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$SLUICE" storage --data "$WORK/data" --listen "127.0.0.1:$SPORT" 2>"$WORK/sluice.log" &
+if [ -n "${SLUICE_CONFIG:-}" ]; then   # a config of your own; its mountpath must be $WORK/data
+  "$SLUICE" storage --config "$SLUICE_CONFIG" --listen "127.0.0.1:$SPORT" 2>"$WORK/sluice.log" &
+else
+  "$SLUICE" storage --data "$WORK/data" --listen "127.0.0.1:$SPORT" 2>"$WORK/sluice.log" &
+fi
 SPID=$!
 trap 'kill $SPID 2>/dev/null; nginx -c "$WORK/nginx.conf" -p "$WORK" -s stop 2>/dev/null || true' EXIT
 sleep 1

@@ -148,11 +148,14 @@ pub(crate) async fn serve(stream: TcpStream, state: Arc<State>, shutdown: Cancel
         let (request, len) = match head {
             Ok(Head::Answer { request, len }) => (request, len),
             Ok(Head::Hyper) => {
-                // No round of ours holds the socket any more, so this is its only owner.
-                if let Ok(stream) = Arc::try_unwrap(stream) {
-                    let (read, write) = stream.into_split();
-                    let replay = AsyncReadExt::chain(io::Cursor::new(buf.freeze()), read);
-                    serve_hyper(tokio::io::join(replay, write), state, shutdown).await;
+                // Every sendfile round has been awaited, so this is the socket's only owner.
+                match Arc::try_unwrap(stream) {
+                    Ok(stream) => {
+                        let (read, write) = stream.into_split();
+                        let replay = AsyncReadExt::chain(io::Cursor::new(buf.freeze()), read);
+                        serve_hyper(tokio::io::join(replay, write), state, shutdown).await;
+                    }
+                    Err(_) => tracing::warn!("socket still shared at the hand-off; closing it"),
                 }
                 return;
             }
