@@ -42,6 +42,80 @@ impl HostAllocator for HeapAllocator {
     }
 }
 
+/// Keeps the ring buffers of finished epochs for the next ones: page-locked memory is slow to
+/// make (the driver pins every page), and every epoch's ring has the same size. A buffer goes
+/// back to the spares when its ring is gone; at most `keep` are kept.
+pub(crate) struct Recycling {
+    inner: Arc<dyn HostAllocator>,
+    spares: Arc<Mutex<Vec<Box<dyn HostMemory>>>>,
+    keep: usize,
+}
+
+impl Recycling {
+    pub(crate) fn new(inner: Arc<dyn HostAllocator>, keep: usize) -> Self {
+        Recycling {
+            inner,
+            spares: Arc::new(Mutex::new(Vec::new())),
+            keep,
+        }
+    }
+
+    #[cfg(test)]
+    fn spares(&self) -> usize {
+        self.spares.lock().map(|s| s.len()).unwrap_or(0)
+    }
+}
+
+impl HostAllocator for Recycling {
+    fn allocate(&self, bytes: usize) -> Result<Box<dyn HostMemory>, String> {
+        let spare = self.spares.lock().ok().and_then(|mut s| {
+            let i = s.iter().position(|m| m.as_slice().len() == bytes)?;
+            Some(s.swap_remove(i))
+        });
+        let memory = match spare {
+            Some(m) => m,
+            None => self.inner.allocate(bytes)?,
+        };
+        Ok(Box::new(Recycled {
+            memory: Some(memory),
+            spares: Arc::downgrade(&self.spares),
+            keep: self.keep,
+        }))
+    }
+}
+
+/// A buffer that returns to its allocator's spares when dropped.
+struct Recycled {
+    /// Always `Some` until drop.
+    memory: Option<Box<dyn HostMemory>>,
+    spares: std::sync::Weak<Mutex<Vec<Box<dyn HostMemory>>>>,
+    keep: usize,
+}
+
+impl HostMemory for Recycled {
+    fn as_slice(&self) -> &[u8] {
+        self.memory.as_ref().map_or(&[][..], |m| m.as_slice())
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.memory
+            .as_mut()
+            .map_or(&mut [][..], |m| m.as_mut_slice())
+    }
+}
+
+impl Drop for Recycled {
+    fn drop(&mut self) {
+        let (Some(memory), Some(spares)) = (self.memory.take(), self.spares.upgrade()) else {
+            return;
+        };
+        if let Ok(mut s) = spares.lock() {
+            if s.len() < self.keep {
+                s.push(memory);
+            }
+        };
+    }
+}
+
 /// What happens to a batch that lost samples to the decoder.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -325,6 +399,38 @@ impl BatchPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Counts what the inner allocator was asked for.
+    struct Counting(std::sync::atomic::AtomicUsize);
+
+    impl HostAllocator for Counting {
+        fn allocate(&self, bytes: usize) -> Result<Box<dyn HostMemory>, String> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            HeapAllocator.allocate(bytes)
+        }
+    }
+
+    #[test]
+    fn a_later_ring_reuses_the_buffers_of_a_finished_one() {
+        let inner = Arc::new(Counting(Default::default()));
+        let recycling = Recycling::new(inner.clone(), 3);
+        let made = || inner.0.load(std::sync::atomic::Ordering::Relaxed);
+        let first = Ring::new(&recycling, 3, 64).unwrap();
+        assert_eq!(made(), 3);
+        // A ring still alive keeps its buffers: a second one makes its own.
+        let second = Ring::new(&recycling, 3, 64).unwrap();
+        assert_eq!(made(), 6);
+        drop(first);
+        drop(second);
+        // Only `keep` spares are kept; the rest are freed.
+        assert_eq!(recycling.spares(), 3);
+        let third = Ring::new(&recycling, 3, 64).unwrap();
+        assert_eq!(made(), 6);
+        assert_eq!(third.take().map(|b| b.as_slice().len()), Some(64));
+        // A different size is never handed a spare of the wrong length.
+        let _other = Ring::new(&recycling, 1, 32).unwrap();
+        assert_eq!(made(), 7);
+    }
 
     fn shape() -> SampleShape {
         SampleShape {

@@ -19,7 +19,9 @@ use sluice_wire::{JobSpec, Limits, UnitRunner};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::batch::{Batch, BatchPlan, HeapAllocator, HostAllocator, LastBatch, ShortBatch};
+use crate::batch::{
+    Batch, BatchPlan, HeapAllocator, HostAllocator, LastBatch, Recycling, ShortBatch,
+};
 use crate::coordinator::{Coordinator, Settings};
 use crate::error::ClientError;
 use crate::ledger::{Ledger, LedgerRecord};
@@ -309,6 +311,7 @@ impl LoaderBuilder {
             workers,
             quic,
             runtime: Some(runtime),
+            allocator: Arc::new(Recycling::new(self.allocator.clone(), self.ring_batches)),
             progress: Arc::new(Mutex::new(None)),
             resume: Mutex::new(None),
             stats: Arc::new(Stats::new()),
@@ -328,6 +331,8 @@ pub struct Loader {
     quic: Option<(quinn::Endpoint, quinn::ClientConfig)>,
     /// Always `Some` until drop.
     runtime: Option<tokio::runtime::Runtime>,
+    /// The settings' allocator, keeping finished epochs' ring buffers for the next ones.
+    allocator: Arc<dyn HostAllocator>,
     progress: Arc<Mutex<Option<Progress>>>,
     resume: Mutex<Option<Checkpoint>>,
     stats: Arc<Stats>,
@@ -653,7 +658,7 @@ impl Loader {
             self.manifest.clone(),
             ledger,
             links,
-            s.allocator.clone(),
+            self.allocator.clone(),
             counters.clone(),
             self.stats.clone(),
         );
