@@ -16,10 +16,15 @@
 
 use std::collections::VecDeque;
 use std::ffi::{c_void, CString};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use cudarc::driver::{result, sys};
+
+/// The CUDA bindings this module is built on, for callers that drive the device themselves
+/// (benchmarks, the Python binding's stream handling).
+pub use cudarc;
 
 use crate::batch::{Batch, HostAllocator, HostMemory};
 use crate::error::ClientError;
@@ -183,29 +188,30 @@ impl DType {
     }
 }
 
+/// One thread per pixel of one image (`blockIdx.y`): it reads the pixel's channels and writes
+/// one value to each channel plane, `x * scale[c] + bias[c]` (scale = 1 / (255 std),
+/// bias = -mean / std). 32-bit arithmetic within an image, no division in the loop.
 const KERNEL: &str = r#"
 extern "C" __global__ void nhwc_u8_to_nchw(
-    const unsigned char* src, void* dst, int n, int h, int w, int c, int half,
-    float m0, float m1, float m2, float s0, float s1, float s2)
+    const unsigned char* src, void* dst, int hw, int c, int half,
+    float k0, float k1, float k2, float b0, float b1, float b2)
 {
-    long long total = (long long)n * h * w * c;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)blockDim.x * gridDim.x) {
-        int ch = (int)(i % c);
-        long long pix = i / c;
-        int x = (int)(pix % w);
-        int y = (int)((pix / w) % h);
-        long long b = pix / ((long long)w * h);
-        float mean = ch == 0 ? m0 : (ch == 1 ? m1 : m2);
-        float sd = ch == 0 ? s0 : (ch == 1 ? s1 : s2);
-        float v = ((float)src[i] * (1.0f / 255.0f) - mean) / sd;
-        long long o = ((b * c + ch) * h + y) * w + x;
-        if (half) {
-            unsigned short bits;
-            asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(v));
-            ((unsigned short*)dst)[o] = bits;
-        } else {
-            ((float*)dst)[o] = v;
+    long long image = blockIdx.y;
+    const unsigned char* in = src + image * hw * c;
+    long long plane0 = image * c * (long long)hw;
+    for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < hw; p += blockDim.x * gridDim.x) {
+        for (int ch = 0; ch < c; ++ch) {
+            float k = ch == 0 ? k0 : (ch == 1 ? k1 : k2);
+            float bias = ch == 0 ? b0 : (ch == 1 ? b1 : b2);
+            float v = fmaf((float)in[p * c + ch], k, bias);
+            long long o = plane0 + (long long)ch * hw + p;
+            if (half) {
+                unsigned short bits;
+                asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(v));
+                ((unsigned short*)dst)[o] = bits;
+            } else {
+                ((float*)dst)[o] = v;
+            }
         }
     }
 }
@@ -219,15 +225,8 @@ struct Kernel {
 impl Kernel {
     /// Compiles the conversion kernel with NVRTC (once, at start-up).
     fn compile() -> Result<Kernel, CudaError> {
-        // SAFETY: only tries to dlopen the library.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err(CudaError::Nvrtc(
-                "libnvrtc could not be loaded (install the CUDA toolkit's NVRTC, or ask for uint8 batches)".into(),
-            ));
-        }
-        let ptx =
-            cudarc::nvrtc::compile_ptx(KERNEL).map_err(|e| CudaError::Nvrtc(e.to_string()))?;
-        let image = CString::new(ptx.to_src()).map_err(|e| CudaError::Nvrtc(e.to_string()))?;
+        let image =
+            crate::nvrtc::compile_ptx(KERNEL, "sluice_convert.cu").map_err(CudaError::Nvrtc)?;
         // SAFETY: a NUL-terminated PTX image; the module lives as long as `Kernel`.
         let module = call("cuModuleLoadData", unsafe {
             result::module::load_data(image.as_ptr().cast())
@@ -258,6 +257,8 @@ struct Slot {
     labels_bytes: usize,
     ready: sys::CUevent,
     released: sys::CUevent,
+    /// Recorded just before the copy, when the uploader times its copies.
+    started: Option<sys::CUevent>,
     /// A batch handed out holds this slot.
     busy: Arc<AtomicBool>,
     /// `released` has been recorded at least once (else there is nothing to wait for).
@@ -270,6 +271,36 @@ struct Shared {
     slots: Mutex<Vec<Slot>>,
     kernel: Option<Kernel>,
     convert: Convert,
+    /// Whether copies are bracketed by timing events (`Uploader::timed`).
+    timed: bool,
+    timing: CopyTiming,
+}
+
+/// What the timed copies added up to.
+#[derive(Default)]
+struct CopyTiming {
+    bytes: AtomicU64,
+    nanos: AtomicU64,
+    batches: AtomicU64,
+}
+
+/// Bytes copied host to device and the GPU time the copies took, as CUDA events measured it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CopyStats {
+    pub batches: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+impl CopyStats {
+    /// Host-to-device bytes per second while copying.
+    pub fn bytes_per_s(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.bytes as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
 }
 
 // CUDA handles, used with the context bound and under the slots' mutex.
@@ -294,6 +325,9 @@ impl Drop for Shared {
                     }
                     let _ = result::event::destroy(s.ready);
                     let _ = result::event::destroy(s.released);
+                    if let Some(e) = s.started {
+                        let _ = result::event::destroy(e);
+                    }
                 }
             }
             let _ = result::stream::destroy(self.stream);
@@ -311,6 +345,21 @@ pub struct Uploader {
 impl Uploader {
     /// An uploader on `gpu`; with a conversion, its kernel is compiled now (NVRTC).
     pub fn new(gpu: Arc<Gpu>, convert: Convert, depth: usize) -> Result<Uploader, CudaError> {
+        Uploader::build(gpu, convert, depth, false)
+    }
+
+    /// An uploader that times every copy (and conversion) with CUDA events, for
+    /// [`Uploader::copy_stats`]. Timing events cost a little; use it to measure.
+    pub fn timed(gpu: Arc<Gpu>, convert: Convert, depth: usize) -> Result<Uploader, CudaError> {
+        Uploader::build(gpu, convert, depth, true)
+    }
+
+    fn build(
+        gpu: Arc<Gpu>,
+        convert: Convert,
+        depth: usize,
+        timed: bool,
+    ) -> Result<Uploader, CudaError> {
         gpu.bind()?;
         let kernel = match convert {
             Convert::None => None,
@@ -327,9 +376,21 @@ impl Uploader {
                 slots: Mutex::new(Vec::new()),
                 kernel,
                 convert,
+                timed,
+                timing: CopyTiming::default(),
             }),
             depth: depth.max(1),
         })
+    }
+
+    /// What the timed copies of batches dropped so far added up to (zero unless `timed`).
+    pub fn copy_stats(&self) -> CopyStats {
+        let t = &self.shared.timing;
+        CopyStats {
+            batches: t.batches.load(Ordering::Relaxed),
+            bytes: t.bytes.load(Ordering::Relaxed),
+            seconds: t.nanos.load(Ordering::Relaxed) as f64 * 1e-9,
+        }
     }
 
     /// The copy stream (for a consumer that would rather wait on it than on events).
@@ -376,6 +437,10 @@ impl Shared {
         // Batches keep one size within an epoch (the last may be smaller), so the pool
         // settles at depth + 1 slots plus what the consumer holds.
         let (images_bytes, labels_bytes) = (images.max(1), labels.max(8));
+        let ready_flags = match self.timed {
+            true => sys::CUevent_flags::CU_EVENT_DEFAULT,
+            false => sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
+        };
         // SAFETY: plain device allocations, freed in `Shared::drop`.
         let slot = unsafe {
             Slot {
@@ -390,14 +455,18 @@ impl Shared {
                 },
                 labels: call("cuMemAlloc", result::malloc_sync(labels_bytes))?,
                 labels_bytes,
-                ready: call(
-                    "cuEventCreate",
-                    result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING),
-                )?,
+                ready: call("cuEventCreate", result::event::create(ready_flags))?,
                 released: call(
                     "cuEventCreate",
                     result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING),
                 )?,
+                started: match self.timed {
+                    true => Some(call(
+                        "cuEventCreate",
+                        result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
+                    )?),
+                    false => None,
+                },
                 busy: Arc::new(AtomicBool::new(false)),
                 used: Arc::new(AtomicBool::new(false)),
             }
@@ -430,6 +499,9 @@ impl Shared {
                         sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
                     ),
                 )?;
+            }
+            if let Some(started) = s.started {
+                call("cuEventRecord", result::event::record(started, stream))?;
             }
             call(
                 "cuMemcpyHtoDAsync",
@@ -464,9 +536,10 @@ impl Shared {
             dtype: self.out_dtype(),
             ready: s.ready,
             released: s.released,
+            started: s.started,
             busy: s.busy.clone(),
             used: s.used.clone(),
-            consumer: Mutex::new(None),
+            consumers: Mutex::new(Vec::new()),
         })
     }
 
@@ -492,34 +565,51 @@ impl Shared {
                 ),
             });
         }
+        if batch.is_empty() {
+            return Ok(());
+        }
         let (mut src, mut dst) = (src, dst);
-        let mut n = batch.len() as i32;
-        let (mut h, mut w, mut c) = (s.height as i32, s.width as i32, s.channels as i32);
+        // The kernel indexes within an image in 32 bits.
+        let pixels = u64::from(s.height) * u64::from(s.width);
+        let mut hw = i32::try_from(pixels)
+            .ok()
+            .filter(|_| pixels * u64::from(s.channels) <= i32::MAX as u64)
+            .ok_or_else(|| CudaError::Call {
+                what: "conversion",
+                detail: format!("{}×{} images are too large to convert", s.height, s.width),
+            })?;
+        let mut c = s.channels as i32;
         let mut half = half;
-        let [mut m0, mut m1, mut m2] = mean;
-        let [mut s0, mut s1, mut s2] = std;
-        let mut params: [*mut c_void; 13] = [
+        let scale = |i: usize| 1.0 / (255.0 * std[i]);
+        let bias = |i: usize| -mean[i] / std[i];
+        let (mut k0, mut k1, mut k2) = (scale(0), scale(1), scale(2));
+        let (mut b0, mut b1, mut b2) = (bias(0), bias(1), bias(2));
+        let mut params: [*mut c_void; 11] = [
             (&mut src as *mut sys::CUdeviceptr).cast(),
             (&mut dst as *mut sys::CUdeviceptr).cast(),
-            (&mut n as *mut i32).cast(),
-            (&mut h as *mut i32).cast(),
-            (&mut w as *mut i32).cast(),
+            (&mut hw as *mut i32).cast(),
             (&mut c as *mut i32).cast(),
             (&mut half as *mut i32).cast(),
-            (&mut m0 as *mut f32).cast(),
-            (&mut m1 as *mut f32).cast(),
-            (&mut m2 as *mut f32).cast(),
-            (&mut s0 as *mut f32).cast(),
-            (&mut s1 as *mut f32).cast(),
-            (&mut s2 as *mut f32).cast(),
+            (&mut k0 as *mut f32).cast(),
+            (&mut k1 as *mut f32).cast(),
+            (&mut k2 as *mut f32).cast(),
+            (&mut b0 as *mut f32).cast(),
+            (&mut b1 as *mut f32).cast(),
+            (&mut b2 as *mut f32).cast(),
         ];
-        let total = batch.images().len() as u64;
-        let blocks = total.div_ceil(256).clamp(1, 65_535) as u32;
+        let blocks = (hw as u32).div_ceil(256).clamp(1, 1024);
+        let images = u32::try_from(batch.len())
+            .ok()
+            .filter(|n| *n <= 65_535)
+            .ok_or_else(|| CudaError::Call {
+                what: "conversion",
+                detail: format!("{} images in one batch; at most 65535", batch.len()),
+            })?;
         call(
             "cuLaunchKernel",
             result::launch_kernel(
                 k.function,
-                (blocks, 1, 1),
+                (blocks, images, 1),
                 (256, 1, 1),
                 0,
                 stream,
@@ -529,7 +619,7 @@ impl Shared {
     }
 }
 
-/// An epoch's batches on the device, `depth` copies ahead of the consumer.
+/// An epoch's batches on the device, up to `depth` copies ahead of the consumer.
 pub struct DeviceEpoch {
     host: Epoch,
     shared: Arc<Shared>,
@@ -542,31 +632,53 @@ impl DeviceEpoch {
     pub fn host(&self) -> &Epoch {
         &self.host
     }
+
+    /// Like `next`, but gives up after `timeout` (`Err(())`) when no batch is ready to hand
+    /// out, so a caller can check for interruptions while it waits.
+    ///
+    /// Every host batch that has arrived is queued for copying, up to `depth` behind the one
+    /// handed out; the call waits for the host only when nothing is queued, so a batch whose
+    /// copy is under way is never held back waiting for the next one to be made.
+    #[allow(clippy::result_unit_err)]
+    pub fn next_timeout(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<Option<Result<DeviceBatch, ClientError>>, ()> {
+        while self.inflight.len() <= self.depth {
+            let wait = match self.inflight.is_empty() {
+                true => timeout,
+                false => Duration::ZERO,
+            };
+            match self.host.next_timeout(wait) {
+                Err(()) if self.inflight.is_empty() => return Err(()),
+                Err(()) | Ok(None) => break,
+                Ok(Some(Err(e))) => return Ok(Some(Err(e))),
+                Ok(Some(Ok(batch))) => match self.shared.upload(batch) {
+                    Ok(d) => self.inflight.push_back(d),
+                    Err(e) => return Ok(Some(Err(ClientError::Cuda(e.to_string())))),
+                },
+            }
+        }
+        Ok(self.inflight.pop_front().map(Ok))
+    }
 }
 
 impl Iterator for DeviceEpoch {
     type Item = Result<DeviceBatch, ClientError>;
 
+    /// Blocks until the next batch's copy is enqueued (not finished: see [`DeviceBatch`]).
     fn next(&mut self) -> Option<Self::Item> {
-        // Keep `depth` copies queued behind the one handed out, so the copy of batch n+1
-        // runs while the step on batch n does.
-        while self.inflight.len() <= self.depth {
-            match self.host.next() {
-                None => break,
-                Some(Err(e)) => return Some(Err(e)),
-                Some(Ok(batch)) => match self.shared.upload(batch) {
-                    Ok(d) => self.inflight.push_back(d),
-                    Err(e) => return Some(Err(ClientError::Cuda(e.to_string()))),
-                },
+        loop {
+            if let Ok(item) = self.next_timeout(Duration::from_millis(500)) {
+                return item;
             }
         }
-        self.inflight.pop_front().map(Ok)
     }
 }
 
 /// A batch on the device. Make the consuming stream wait on it with [`DeviceBatch::wait_on`]
 /// (or block with [`DeviceBatch::synchronize`]); dropping it hands its buffers back once the
-/// work queued on that stream is done with them.
+/// work queued on those streams is done with them.
 pub struct DeviceBatch {
     shared: Arc<Shared>,
     host: Option<Batch>,
@@ -576,9 +688,11 @@ pub struct DeviceBatch {
     dtype: DType,
     ready: sys::CUevent,
     released: sys::CUevent,
+    started: Option<sys::CUevent>,
     busy: Arc<AtomicBool>,
     used: Arc<AtomicBool>,
-    consumer: Mutex<Option<sys::CUstream>>,
+    /// The streams that were made to wait on this batch (`wait_on`), in order.
+    consumers: Mutex<Vec<sys::CUstream>>,
 }
 
 // CUDA handles; the host batch is Send.
@@ -604,6 +718,11 @@ impl DeviceBatch {
         self.dtype
     }
 
+    /// The ordinal of the device the batch is on.
+    pub fn device(&self) -> usize {
+        self.shared.gpu.ordinal
+    }
+
     pub fn len(&self) -> usize {
         self.dims[0]
     }
@@ -627,12 +746,13 @@ impl DeviceBatch {
         self.host.as_ref()
     }
 
-    /// Makes `stream` wait for the copy; the buffers are reused only after the work queued
-    /// on `stream` before this batch is dropped.
+    /// Makes `stream` wait for the copy without blocking the host; the buffers are reused
+    /// only after the work queued on every such stream before this batch is dropped.
     ///
     /// # Safety
-    /// `stream` must be a live stream of this batch's device context (or null, the legacy
-    /// default stream), and stay alive until the batch is dropped.
+    /// `stream` must be a live stream of this batch's device context, or one of CUDA's
+    /// special handles (null or `CU_STREAM_LEGACY` = 1 for the legacy default stream,
+    /// `CU_STREAM_PER_THREAD` = 2), and stay alive until the batch is dropped.
     pub unsafe fn wait_on(&self, stream: sys::CUstream) -> Result<(), CudaError> {
         self.shared.gpu.bind()?;
         // SAFETY: both handles are alive; waiting does not block the host.
@@ -643,8 +763,10 @@ impl DeviceBatch {
                 sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
             )
         })?;
-        if let Ok(mut c) = self.consumer.lock() {
-            *c = Some(stream);
+        if let Ok(mut c) = self.consumers.lock() {
+            if !c.contains(&stream) {
+                c.push(stream);
+            }
         }
         Ok(())
     }
@@ -657,6 +779,22 @@ impl DeviceBatch {
             result::event::synchronize(self.ready)
         })
     }
+
+    /// Adds this batch's copy to the uploader's timing (timed uploaders only).
+    fn account(&self) {
+        let (Some(started), Some(host)) = (self.started, self.host.as_ref()) else {
+            return;
+        };
+        // SAFETY: both events were recorded on the copy stream and `ready` has completed.
+        if let Ok(ms) = unsafe { result::event::elapsed(started, self.ready) } {
+            let t = &self.shared.timing;
+            let bytes = host.images().len() + std::mem::size_of_val(host.labels());
+            t.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+            t.nanos
+                .fetch_add((f64::from(ms) * 1e6) as u64, Ordering::Relaxed);
+            t.batches.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Drop for DeviceBatch {
@@ -664,15 +802,33 @@ impl Drop for DeviceBatch {
         if self.shared.gpu.bind().is_err() {
             return;
         }
-        let consumer = self.consumer.lock().ok().and_then(|c| *c);
-        // SAFETY: handles are alive (Shared outlives this batch). The host batch returns to
-        // the ring only after the copy read it.
+        let consumers = self.consumers.lock().map(|c| c.clone()).unwrap_or_default();
+        // SAFETY: handles are alive (Shared outlives this batch), and the consumer streams
+        // are alive by `wait_on`'s contract. The host batch returns to the ring only after
+        // the copy read it.
         unsafe {
             let _ = result::event::synchronize(self.ready);
+            self.account();
             drop(self.host.take());
-            // The slot may be refilled after the consumer's queued work (or, if it never
-            // said which stream it used, after the copy itself).
-            let stream = consumer.unwrap_or(self.shared.stream);
+            // The slot may be refilled after the consumers' queued work (or, if none said
+            // which stream it used, after the copy itself). With several consumer streams,
+            // the copy stream waits on each but the last now (cuStreamWaitEvent takes the
+            // event's state at the call), and on the last when the slot is refilled.
+            let stream = match consumers.split_last() {
+                None => self.shared.stream,
+                Some((last, others)) => {
+                    for s in others {
+                        if result::event::record(self.released, *s).is_ok() {
+                            let _ = result::stream::wait_event(
+                                self.shared.stream,
+                                self.released,
+                                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                            );
+                        }
+                    }
+                    *last
+                }
+            };
             if result::event::record(self.released, stream).is_ok() {
                 self.used.store(true, Ordering::Release);
             }
@@ -839,6 +995,55 @@ mod tests {
                     "sample {i} channel {c}: {got} vs {want}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_timed_uploader_counts_every_copied_byte() {
+        let Some(gpu) = gpu() else { return };
+        let uploader = Uploader::timed(gpu.clone(), Convert::None, 1).unwrap();
+        let l = loader(&gpu);
+        let mut batches = 0;
+        for d in uploader.epoch(l.epoch(0).unwrap()) {
+            d.unwrap();
+            batches += 1;
+        }
+        let stats = uploader.copy_stats();
+        assert_eq!(stats.batches, batches);
+        // 100 samples of 48 bytes, and an int64 label each.
+        assert_eq!(stats.bytes, 100 * 48 + 100 * 8);
+        assert!(stats.seconds > 0.0);
+    }
+
+    #[test]
+    fn every_consumer_stream_sees_the_copy_and_holds_the_buffer() {
+        let Some(gpu) = gpu() else { return };
+        let uploader = Uploader::new(gpu.clone(), Convert::None, 1).unwrap();
+        let l = loader(&gpu);
+        let streams: Vec<sys::CUstream> = (0..2)
+            .map(|_| result::stream::create(result::stream::StreamKind::NonBlocking).unwrap())
+            .collect();
+        let mut seen = 0;
+        for d in uploader.epoch(l.epoch(0).unwrap()) {
+            let d = d.unwrap();
+            let host = d.host().unwrap().images().to_vec();
+            for s in &streams {
+                // SAFETY: live streams of this context, destroyed after the loop.
+                unsafe { d.wait_on(*s) }.unwrap();
+                // Read the batch back on the consumer's stream, ordered after the copy by
+                // the wait alone.
+                let mut back = vec![0u8; host.len()];
+                unsafe {
+                    result::memcpy_dtoh_async(&mut back, d.images_ptr(), *s).unwrap();
+                    result::stream::synchronize(*s).unwrap();
+                }
+                assert_eq!(back, host);
+            }
+            seen += d.len();
+        }
+        assert_eq!(seen, 100);
+        for s in streams {
+            unsafe { result::stream::destroy(s) }.unwrap();
         }
     }
 

@@ -39,6 +39,8 @@ pub mod error;
 pub mod ledger;
 mod link;
 pub mod loader;
+#[cfg(feature = "cuda")]
+mod nvrtc;
 pub mod same_host;
 pub mod stats;
 mod tls;

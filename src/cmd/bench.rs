@@ -27,6 +27,9 @@ enum What {
     Transport(super::bench_transport::TransportArgs),
     /// Every tier alone and the whole chain, the bottleneck, a JSON result and an SVG timeline.
     Chain(super::bench_chain::ChainArgs),
+    /// Host-to-device GB/s from the page-locked ring beside a plain pinned copy (needs a GPU
+    /// and the `cuda` feature).
+    Upload(super::bench_upload::UploadArgs),
 }
 
 #[derive(clap::Args)]
@@ -60,6 +63,7 @@ pub fn run(args: Args) -> Result<()> {
         What::Cpu(a) => cpu(a),
         What::Transport(a) => super::bench_transport::run(a),
         What::Chain(a) => super::bench_chain::run(a),
+        What::Upload(a) => super::bench_upload::run(a),
     }
 }
 

@@ -38,14 +38,27 @@ pub struct TransportArgs {
 
 /// A worker that sends a copy of one prepared tensor for every sample: a fresh buffer per
 /// sample, as the decoder makes one (the copy comes from cache, so it costs little).
-struct Synthetic {
+pub(crate) struct Synthetic {
     shape: SampleShape,
     tensor: Arc<Vec<u8>>,
 }
 
 impl Synthetic {
-    fn new(shape: SampleShape, tensor: Arc<Vec<u8>>) -> Self {
+    pub(crate) fn new(shape: SampleShape, tensor: Arc<Vec<u8>>) -> Self {
         Synthetic { shape, tensor }
+    }
+
+    /// A worker of side×side×3 uint8 tensors (what `center_crop side` makes), and the shape.
+    pub(crate) fn rgb(side: u32) -> (Arc<Self>, SampleShape) {
+        let shape = SampleShape {
+            height: side,
+            width: side,
+            channels: 3,
+            elem_bytes: 1,
+            chw: false,
+        };
+        let tensor = Arc::new(vec![0x5au8; shape.bytes() as usize]);
+        (Arc::new(Synthetic::new(shape, tensor)), shape)
     }
 }
 
@@ -219,15 +232,8 @@ fn memcpy_once(args: &TransportArgs, bytes: usize) -> f64 {
 }
 
 pub fn run(args: TransportArgs) -> Result<()> {
-    let shape = SampleShape {
-        height: args.side,
-        width: args.side,
-        channels: 3,
-        elem_bytes: 1,
-        chw: false,
-    };
-    let tensor = Arc::new(vec![0x5au8; shape.bytes() as usize]);
-    let runner = Arc::new(Synthetic::new(shape, tensor.clone()));
+    let (runner, shape) = Synthetic::rgb(args.side);
+    let tensor = runner.tensor.clone();
     println!(
         "sluice bench transport: {} samples of {} bytes, one connection, loopback, best of {}",
         args.samples,
@@ -261,14 +267,6 @@ pub fn quic_probe(samples: u64, side: u32) -> Result<f64> {
         credits: 256,
         repeat: 1,
     };
-    let shape = SampleShape {
-        height: side,
-        width: side,
-        channels: 3,
-        elem_bytes: 1,
-        chw: false,
-    };
-    let tensor = Arc::new(vec![0x5au8; shape.bytes() as usize]);
-    let runner = Arc::new(Synthetic::new(shape, tensor));
+    let (runner, _) = Synthetic::rgb(side);
     loader_once(&args, runner, false)
 }

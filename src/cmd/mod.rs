@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_chain;
 pub mod bench_transport;
+pub mod bench_upload;
 pub mod cluster;
 pub mod cpu;
 pub mod daemon;

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The GPU checks of the CUDA upload path and the Python binding's device batches, on a machine
+# with an NVIDIA GPU (none is needed to build them). Build on any x86_64 Linux machine:
+#
+#   cargo build --release --features cuda -p sluice
+#   cargo build --release --features cuda -p sluice-python
+#   cargo test --release --features cuda -p sluice-client --no-run   # prints the test binary
+#
+# and put into one folder: `sluice`, the test binary as `cuda_tests`, and
+# `py/sluice.abi3.so` (target/release/libsluice.so). Then, on the GPU machine, from the repo root:
+#
+#   bash bench/gpu_check.sh FOLDER [OUTPUT]
+#
+# It runs: the CUDA unit tests (they skip without a GPU; here they must run), `sluice bench
+# upload` (pinned ring vs a plain pinned copy), `sluice loadgen` with the host and the CUDA sink
+# on a generated dataset, and the Python tests with torch on the GPU. Everything it prints also
+# goes to OUTPUT/gpu_check.log (default $OUT, else /tmp/gpu-check).
+set -uo pipefail
+dir=$(realpath "${1:?usage: gpu_check.sh FOLDER [OUTPUT]}")
+out=${2:-${OUT:-/tmp/gpu-check}}
+mkdir -p "$out"
+exec > >(tee "$out/gpu_check.log") 2>&1
+failures=()
+step() { echo; echo "== $*"; }
+check() { "$@" || failures+=("$*"); }
+
+step "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv
+nproc
+python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" || true
+
+# The conversion kernel needs NVRTC: sluice finds libnvrtc.so.13/.12 by itself, in the loader's
+# path or the toolkit's directories (SLUICE_NVRTC=path overrides). Say which one is there.
+step "NVRTC"
+ldconfig -p | grep -m3 'libnvrtc\.so' || ls /usr/local/cuda/lib64/libnvrtc.so* 2>/dev/null || echo "no libnvrtc: the conversion tests will skip"
+
+step "CUDA unit tests (sluice-client, feature cuda)"
+check "$dir/cuda_tests" --nocapture --test-threads=1
+
+step "sluice bench upload"
+check "$dir/sluice" bench upload --json "$out/upload.json"
+check "$dir/sluice" bench upload --convert f16 --batches 32 --repeat 32 --json "$out/upload_f16.json"
+
+step "sluice loadgen: host sink vs CUDA sink"
+data=$(mktemp -d)
+"$dir/sluice" synth --output "$data/images" --classes 8 --per-class 1000 --quality 85 >/dev/null
+"$dir/sluice" shard --input "$data/images" --output "$data/shards/s-%06d.tar" --max-count 250 \
+    --manifest "$data/shards/manifest.json" >/dev/null
+for step_ms in 0 40; do
+    for device in cpu cuda:0; do
+        echo "-- step ${step_ms} ms, device $device"
+        check "$dir/sluice" loadgen --dataset "$data/shards/manifest.json" --workers local \
+            --batch-size 256 --epochs 3 --step-ms "$step_ms" --device "$device" \
+            --json "$out/loadgen_${step_ms}ms_${device/:/}.json"
+    done
+done
+
+step "sluice bench transport (QUIC, same-host, TCP, memcpy)"
+check "$dir/sluice" bench transport
+
+step "Python tests with torch on the GPU"
+export PYTHONPATH="$dir/py${PYTHONPATH:+:$PYTHONPATH}" SLUICE_BIN="$dir/sluice"
+check python3 -m pytest -v -rs -p no:cacheprovider gpu-client/python/tests
+
+step "summary"
+if [ ${#failures[@]} -eq 0 ]; then
+    echo "all GPU checks passed"
+else
+    printf 'FAILED: %s\n' "${failures[@]}"
+    exit 1
+fi
