@@ -1,6 +1,11 @@
-//! Batches as DLPack tensors: the capsule points into the loader's ring buffer, and its
-//! deleter drops a reference to the batch, so the buffer goes back to the ring only when the
-//! last consumer (a torch tensor, a numpy array, the Python object) lets go.
+//! Batches as DLPack tensors: the capsule points into the loader's ring buffer (or, for
+//! `device="cuda:N"`, into the uploader's device buffer), and its deleter drops a reference to
+//! the batch, so the buffer is reused only when the last consumer (a torch tensor, a numpy
+//! array, the Python object) lets go.
+//!
+//! Device batches follow the DLPack stream rule: `__dlpack__(stream=s)` makes the consumer's
+//! stream `s` wait for the copy (without blocking the host), and the device buffer is refilled
+//! only after the work queued on `s` before the last reference went away.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
@@ -41,13 +46,22 @@ struct DLManagedTensor {
 }
 
 const KDL_CPU: i32 = 1;
+const KDL_CUDA: i32 = 2;
 const KDL_INT: u8 = 0;
 const KDL_UINT: u8 = 1;
 const KDL_FLOAT: u8 = 2;
 const NAME: &std::ffi::CStr = c"dltensor";
 
-/// The batch, shared by its Python objects and every DLPack export.
-struct Owner(#[allow(dead_code)] Mutex<sluice_client::Batch>);
+/// A batch as the loader handed it out.
+pub enum Held {
+    Host(sluice_client::Batch),
+    #[cfg(feature = "cuda")]
+    Device(sluice_client::cuda::DeviceBatch),
+}
+
+/// The batch, shared by its Python objects and every DLPack export (read only to order a
+/// consumer's stream after a device batch's copy).
+struct Owner(#[cfg_attr(not(feature = "cuda"), allow(dead_code))] Mutex<Held>);
 
 /// What a capsule keeps alive.
 struct Context {
@@ -87,6 +101,7 @@ fn export(
     shape: Vec<i64>,
     dtype: DLDataType,
     owner: &Arc<Owner>,
+    (device_type, device_id): (i32, i32),
 ) -> PyResult<PyObject> {
     let ctx = Box::new(Context {
         shape,
@@ -96,8 +111,8 @@ fn export(
         dl_tensor: DLTensor {
             data: data as *mut c_void,
             device: DLDevice {
-                device_type: KDL_CPU,
-                device_id: 0,
+                device_type,
+                device_id,
             },
             ndim: ctx.shape.len() as i32,
             dtype,
@@ -121,24 +136,38 @@ fn export(
     }
 }
 
-/// `__dlpack__` for either half: checks the consumer's arguments, then exports.
+/// `__dlpack__` for either half: checks the consumer's arguments, orders its stream after the
+/// copy (device batches), then exports.
 fn dlpack(
     py: Python<'_>,
     stream: Option<&Bound<'_, PyAny>>,
+    dl_device: Option<&Bound<'_, PyAny>>,
     copy: Option<bool>,
     (data, shape, dtype): (usize, Vec<i64>, DLDataType),
     owner: &Arc<Owner>,
+    device: (i32, i32),
 ) -> PyResult<PyObject> {
-    check_stream(stream)?;
     if copy == Some(true) {
         return Err(PyBufferError::new_err(
             "sluice batches are exported without copying",
         ));
     }
-    export(py, data, shape, dtype, owner)
+    if let Some(d) = dl_device.filter(|d| !d.is_none()) {
+        let wanted: (i32, i32) = d.extract()?;
+        if wanted != device {
+            return Err(PyBufferError::new_err(format!(
+                "dl_device {wanted:?} asked for a batch on {device:?}: sluice does not copy between devices"
+            )));
+        }
+    }
+    match device.0 {
+        KDL_CUDA => wait_on(stream, owner)?,
+        _ => check_cpu_stream(stream)?,
+    }
+    export(py, data, shape, dtype, owner, device)
 }
 
-fn check_stream(stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+fn check_cpu_stream(stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
     match stream {
         None => Ok(()),
         Some(s) if s.is_none() => Ok(()),
@@ -150,13 +179,62 @@ fn check_stream(stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
     }
 }
 
-/// The images of a batch: N×H×W×C (or N×C×H×W) in the pipeline's dtype.
+/// The DLPack stream argument for CUDA: None is the legacy default stream, 1 the legacy
+/// default stream, 2 the per-thread default stream, any other positive value a `cudaStream_t`,
+/// -1 "do not synchronize"; 0 is ambiguous and refused.
+fn cuda_stream(stream: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
+    let value = match stream {
+        None => return Ok(Some(1)),
+        Some(s) if s.is_none() => return Ok(Some(1)),
+        Some(s) => s.extract::<i64>().map_err(|_| {
+            PyBufferError::new_err(format!("stream {s}: expected an integer or None"))
+        })?,
+    };
+    match value {
+        -1 => Ok(None),
+        0 => Err(PyBufferError::new_err(
+            "stream 0 is ambiguous for CUDA: pass 1 (legacy default stream), 2 (per-thread default stream) or a stream handle",
+        )),
+        v if v > 0 => Ok(Some(v as usize)),
+        v => Err(PyBufferError::new_err(format!("stream {v}: not a CUDA stream"))),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn wait_on(stream: Option<&Bound<'_, PyAny>>, owner: &Arc<Owner>) -> PyResult<()> {
+    let Some(stream) = cuda_stream(stream)? else {
+        return Ok(());
+    };
+    let held = owner
+        .0
+        .lock()
+        .map_err(|_| PyBufferError::new_err("the batch's lock is poisoned"))?;
+    match &*held {
+        // SAFETY: the DLPack contract: the consumer passes a live stream of the batch's
+        // device (or a special handle) and keeps it while it uses the data, which is at least
+        // as long as the batch lives. Waiting on an event does not block the host.
+        Held::Device(d) => {
+            unsafe { d.wait_on(stream as sluice_client::cuda::cudarc::driver::sys::CUstream) }
+                .map_err(|e| PyBufferError::new_err(e.to_string()))
+        }
+        Held::Host(_) => Ok(()),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn wait_on(stream: Option<&Bound<'_, PyAny>>, _owner: &Arc<Owner>) -> PyResult<()> {
+    cuda_stream(stream).map(|_| ())
+}
+
+/// The images of a batch: N×H×W×C (or N×C×H×W) in the pipeline's dtype, in host memory or,
+/// with `device="cuda:N"`, on that GPU.
 #[pyclass(module = "sluice", frozen)]
 pub struct Images {
     owner: Arc<Owner>,
     data: usize,
     shape: Vec<i64>,
-    elem_bytes: u32,
+    dtype: (u8, u8),
+    device: (i32, i32),
     ids: Vec<(u32, u64)>,
     keys: Vec<String>,
     padding: Vec<bool>,
@@ -164,43 +242,97 @@ pub struct Images {
     index: u64,
 }
 
-/// The labels of a batch: an int64 vector (-1 for a sample without a `.cls` field).
+/// The labels of a batch: an int64 vector (-1 for a sample without a `.cls` field), beside
+/// the images (host memory or the same GPU).
 #[pyclass(module = "sluice", frozen)]
 pub struct Labels {
     owner: Arc<Owner>,
     data: usize,
     len: i64,
+    device: (i32, i32),
+}
+
+/// Where a batch's images and labels are, and how they are laid out.
+struct View {
+    images: usize,
+    labels: usize,
+    dims: [usize; 4],
+    dtype: (u8, u8),
+    device: (i32, i32),
+}
+
+fn host_dtype(elem_bytes: u32) -> (u8, u8) {
+    let code = if elem_bytes == 1 { KDL_UINT } else { KDL_FLOAT };
+    (code, (elem_bytes * 8) as u8)
+}
+
+impl Held {
+    fn host(&self) -> Option<&sluice_client::Batch> {
+        match self {
+            Held::Host(b) => Some(b),
+            #[cfg(feature = "cuda")]
+            Held::Device(d) => d.host(),
+        }
+    }
+
+    fn view(&self) -> View {
+        match self {
+            Held::Host(b) => View {
+                images: b.as_ptr() as usize,
+                labels: b.labels().as_ptr() as usize,
+                dims: b.dims(),
+                dtype: host_dtype(b.shape().elem_bytes),
+                device: (KDL_CPU, 0),
+            },
+            #[cfg(feature = "cuda")]
+            Held::Device(d) => {
+                use sluice_client::cuda::DType;
+                let dtype = match d.dtype() {
+                    DType::U8 => (KDL_UINT, 8),
+                    DType::F16 => (KDL_FLOAT, 16),
+                    DType::F32 => (KDL_FLOAT, 32),
+                };
+                View {
+                    images: d.images_ptr() as usize,
+                    labels: d.labels_ptr() as usize,
+                    dims: d.dims(),
+                    dtype,
+                    device: (KDL_CUDA, d.device() as i32),
+                }
+            }
+        }
+    }
 }
 
 /// Splits a batch into its two DLPack-exporting halves, which share it.
-pub fn split(batch: sluice_client::Batch) -> (Images, Labels) {
-    let dims = batch.dims();
-    let shape = batch.shape();
+pub fn split(held: Held) -> (Images, Labels) {
+    let view = held.view();
+    let host = held.host();
+    let rows = view.dims[0];
     let images = Images {
-        data: batch.as_ptr() as usize,
-        shape: dims.iter().map(|d| *d as i64).collect(),
-        elem_bytes: shape.elem_bytes,
-        ids: batch.ids().iter().map(|i| (i.shard, i.index)).collect(),
-        keys: batch.keys().to_vec(),
-        padding: batch.padding().to_vec(),
-        skipped: batch
-            .skipped()
-            .iter()
-            .map(|(i, why)| ((i.shard, i.index), why.clone()))
-            .collect(),
-        index: batch.index(),
-        owner: Arc::new(Owner(Mutex::new(batch))),
+        data: view.images,
+        shape: view.dims.iter().map(|d| *d as i64).collect(),
+        dtype: view.dtype,
+        device: view.device,
+        ids: host.map_or_else(Vec::new, |b| {
+            b.ids().iter().map(|i| (i.shard, i.index)).collect()
+        }),
+        keys: host.map_or_else(Vec::new, |b| b.keys().to_vec()),
+        padding: host.map_or_else(Vec::new, |b| b.padding().to_vec()),
+        skipped: host.map_or_else(Vec::new, |b| {
+            b.skipped()
+                .iter()
+                .map(|(i, why)| ((i.shard, i.index), why.clone()))
+                .collect()
+        }),
+        index: host.map_or(0, |b| b.index()),
+        owner: Arc::new(Owner(Mutex::new(held))),
     };
-    let labels = {
-        let b = images.owner.0.lock().ok();
-        let (data, len) = b.map_or((0, 0), |b| {
-            (b.labels().as_ptr() as usize, b.labels().len() as i64)
-        });
-        Labels {
-            owner: images.owner.clone(),
-            data,
-            len,
-        }
+    let labels = Labels {
+        owner: images.owner.clone(),
+        data: view.labels,
+        len: rows as i64,
+        device: view.device,
     };
     (images, labels)
 }
@@ -216,31 +348,29 @@ impl Images {
         dl_device: Option<&Bound<'_, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<PyObject> {
-        let _ = (max_version, dl_device);
-        let code = if self.elem_bytes == 1 {
-            KDL_UINT
-        } else {
-            KDL_FLOAT
-        };
+        let _ = max_version;
         let dtype = DLDataType {
-            code,
-            bits: (self.elem_bytes * 8) as u8,
+            code: self.dtype.0,
+            bits: self.dtype.1,
             lanes: 1,
         };
         dlpack(
             py,
             stream,
+            dl_device,
             copy,
             (self.data, self.shape.clone(), dtype),
             &self.owner,
+            self.device,
         )
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {
-        (KDL_CPU, 0)
+        self.device
     }
 
-    /// The address of the first element (to check that consumers did not copy).
+    /// The address of the first element, host or device (to check that consumers did not
+    /// copy).
     #[getter]
     fn data_ptr(&self) -> usize {
         self.data
@@ -249,6 +379,26 @@ impl Images {
     #[getter]
     fn shape(&self) -> Vec<i64> {
         self.shape.clone()
+    }
+
+    /// The element type's name, as numpy and torch spell it.
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        match self.dtype {
+            (KDL_UINT, 8) => "uint8",
+            (KDL_FLOAT, 16) => "float16",
+            (KDL_FLOAT, 32) => "float32",
+            _ => "unknown",
+        }
+    }
+
+    /// "cpu" or "cuda:N".
+    #[getter]
+    fn device(&self) -> String {
+        match self.device {
+            (KDL_CUDA, n) => format!("cuda:{n}"),
+            _ => "cpu".into(),
+        }
     }
 
     /// (shard index, sample index) of each row.
@@ -296,7 +446,7 @@ impl Labels {
         dl_device: Option<&Bound<'_, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<PyObject> {
-        let _ = (max_version, dl_device);
+        let _ = max_version;
         let dtype = DLDataType {
             code: KDL_INT,
             bits: 64,
@@ -305,14 +455,16 @@ impl Labels {
         dlpack(
             py,
             stream,
+            dl_device,
             copy,
             (self.data, vec![self.len], dtype),
             &self.owner,
+            self.device,
         )
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {
-        (KDL_CPU, 0)
+        self.device
     }
 
     #[getter]

@@ -13,6 +13,11 @@
 //! made from them are gone; until then it is never overwritten. Holding more batches than
 //! `ring_batches` stalls the loader (it has nowhere to put the next one).
 //!
+//! With `device="cuda:N"` (a build with the `cuda` feature) the ring is page-locked and each
+//! batch is copied to a reused device buffer on the loader's own stream, one batch ahead;
+//! `torch.from_dlpack` makes the current stream wait for that copy, and the device buffer is
+//! refilled only after the work queued on that stream before the tensor was freed.
+//!
 //! Waiting for data releases the GIL and wakes every 100 ms to let Ctrl-C through. Errors from
 //! Rust raise `sluice.SluiceError` (a `RuntimeError`) with the same message; bad arguments
 //! raise `ValueError`.
@@ -60,11 +65,95 @@ fn env_u32(name: &str) -> PyResult<Option<u32>> {
     }
 }
 
+/// Where batches go: host memory, or a GPU through the uploader.
+enum Device {
+    Cpu,
+    #[cfg(feature = "cuda")]
+    Cuda(sluice_client::cuda::Uploader),
+}
+
+/// `cpu`, `cuda` or `cuda:N`: `None` for the CPU, else the GPU ordinal.
+fn parse_device(device: &str) -> PyResult<Option<usize>> {
+    match device {
+        "cpu" => Ok(None),
+        "cuda" => Ok(Some(0)),
+        d => d
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(Some)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "device {d:?}: expected \"cpu\", \"cuda\" or \"cuda:N\""
+                ))
+            }),
+    }
+}
+
+/// The on-device conversion `dtype`, `mean` and `std` ask for.
+#[cfg(feature = "cuda")]
+fn conversion(
+    dtype: &str,
+    mean: Option<[f32; 3]>,
+    std: Option<[f32; 3]>,
+) -> PyResult<sluice_client::cuda::Convert> {
+    use sluice_client::cuda::Convert;
+    let mean = mean.unwrap_or(IMAGENET_MEAN);
+    let std = std.unwrap_or(IMAGENET_STD);
+    if let Some(s) = std.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+        return Err(PyValueError::new_err(format!(
+            "std: every value must be positive, got {s}"
+        )));
+    }
+    match dtype {
+        "uint8" => Ok(Convert::None),
+        "float32" => Ok(Convert::F32 { mean, std }),
+        "float16" => Ok(Convert::F16 { mean, std }),
+        other => Err(PyValueError::new_err(format!(
+            "dtype {other:?}: expected \"uint8\", \"float32\" or \"float16\""
+        ))),
+    }
+}
+
+#[cfg(feature = "cuda")]
+const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+#[cfg(feature = "cuda")]
+const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+/// The GPU side of a loader: the page-locked ring's allocator and the uploader.
+#[cfg(feature = "cuda")]
+fn open_cuda(
+    ordinal: usize,
+    dtype: &str,
+    mean: Option<[f32; 3]>,
+    std: Option<[f32; 3]>,
+) -> PyResult<(Arc<dyn sluice_client::HostAllocator>, Device)> {
+    use sluice_client::cuda::{Gpu, PinnedAllocator, Uploader};
+    let convert = conversion(dtype, mean, std)?;
+    let gpu = Gpu::open(ordinal)
+        .map_err(|e| SluiceError::new_err(format!("device cuda:{ordinal}: {e}")))?;
+    let uploader = Uploader::new(gpu.clone(), convert, 1)
+        .map_err(|e| SluiceError::new_err(format!("device cuda:{ordinal}: {e}")))?;
+    Ok((Arc::new(PinnedAllocator::new(gpu)), Device::Cuda(uploader)))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(
+    ordinal: usize,
+    _dtype: &str,
+    _mean: Option<[f32; 3]>,
+    _std: Option<[f32; 3]>,
+) -> PyResult<(Arc<dyn sluice_client::HostAllocator>, Device)> {
+    Err(PyValueError::new_err(format!(
+        "device \"cuda:{ordinal}\": this sluice was built without CUDA support; reinstall it with MATURIN_PEP517_ARGS=\"--features cuda\" pip install ./gpu-client/python, or take \"cpu\" batches and move them with .to(device)"
+    )))
+}
+
 /// The Sluice loader. See the module documentation.
 #[pyclass(module = "sluice")]
 struct Loader {
     inner: sluice_client::Loader,
     epoch: Mutex<u64>,
+    device: Device,
 }
 
 #[pymethods]
@@ -74,7 +163,7 @@ impl Loader {
         dataset, workers=None, batch_size=256, seed=0, rank=None, world_size=None,
         shuffle="global", pipeline="decode | random_resized_crop 224 | hflip 0.5",
         device="cpu", token_file=None, trust_cert=None, threads=0, drop_last=false,
-        ring_batches=4,
+        ring_batches=4, dtype="uint8", mean=None, std=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -93,12 +182,24 @@ impl Loader {
         threads: usize,
         drop_last: bool,
         ring_batches: usize,
+        dtype: &str,
+        mean: Option<[f32; 3]>,
+        std: Option<[f32; 3]>,
     ) -> PyResult<Self> {
-        if device != "cpu" {
+        let ordinal = parse_device(device)?;
+        if ordinal.is_none() && (dtype != "uint8" || mean.is_some() || std.is_some()) {
             return Err(PyValueError::new_err(format!(
-                "device {device:?}: only \"cpu\" batches are available in this build (move them with .to(device))"
+                "dtype {dtype:?} / mean / std: the conversion runs on the GPU, so it needs device=\"cuda:N\" (on the CPU, convert the uint8 batch yourself)"
             )));
         }
+        // The GPU first: a machine without one fails before any worker is contacted.
+        let (allocator, sink) = match ordinal {
+            None => (None, Device::Cpu),
+            Some(n) => {
+                let (a, d) = py.allow_threads(|| open_cuda(n, dtype, mean, std))?;
+                (Some(a), d)
+            }
+        };
         let shuffle: ShufflePolicy = shuffle
             .parse()
             .map_err(|e| PyValueError::new_err(format!("shuffle: {e}")))?;
@@ -126,6 +227,9 @@ impl Loader {
             } else {
                 LastBatch::Partial
             });
+        if let Some(a) = allocator {
+            b = b.allocator(a);
+        }
         b = match workers {
             None => {
                 let engine = sluice_cpu::EngineConfig {
@@ -173,6 +277,7 @@ impl Loader {
         Ok(Loader {
             inner,
             epoch: Mutex::new(0),
+            device: sink,
         })
     }
 
@@ -184,6 +289,11 @@ impl Loader {
         let inner = py
             .allow_threads(|| self.inner.epoch(epoch))
             .map_err(client_error)?;
+        let inner = match &self.device {
+            Device::Cpu => Batches::Host(inner),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(u) => Batches::Device(u.epoch(inner)),
+        };
         Ok(Epoch {
             inner: Mutex::new(inner),
         })
@@ -249,10 +359,39 @@ impl Loader {
     }
 }
 
+/// An epoch's batches, in host memory or on a GPU.
+enum Batches {
+    Host(sluice_client::Epoch),
+    #[cfg(feature = "cuda")]
+    Device(sluice_client::cuda::DeviceEpoch),
+}
+
+type Next = Option<Result<dlpack::Held, ClientError>>;
+
+impl Batches {
+    fn next_timeout(&mut self, timeout: Duration) -> Result<Next, ()> {
+        match self {
+            Batches::Host(e) => Ok(e.next_timeout(timeout)?.map(|b| b.map(dlpack::Held::Host))),
+            #[cfg(feature = "cuda")]
+            Batches::Device(e) => Ok(e
+                .next_timeout(timeout)?
+                .map(|b| b.map(dlpack::Held::Device))),
+        }
+    }
+
+    fn host(&self) -> &sluice_client::Epoch {
+        match self {
+            Batches::Host(e) => e,
+            #[cfg(feature = "cuda")]
+            Batches::Device(e) => e.host(),
+        }
+    }
+}
+
 /// One epoch's batches: iterate for `(images, labels)`.
 #[pyclass(module = "sluice")]
 struct Epoch {
-    inner: Mutex<sluice_client::Epoch>,
+    inner: Mutex<Batches>,
 }
 
 #[pymethods]
@@ -279,7 +418,10 @@ impl Epoch {
     }
 
     fn __len__(&self) -> usize {
-        self.inner.lock().map(|e| e.batches() as usize).unwrap_or(0)
+        self.inner
+            .lock()
+            .map(|e| e.host().batches() as usize)
+            .unwrap_or(0)
     }
 
     /// What the epoch delivered so far.
@@ -288,6 +430,7 @@ impl Epoch {
             .inner
             .lock()
             .map_err(|_| SluiceError::new_err("the epoch's lock is poisoned"))?
+            .host()
             .report();
         let d = PyDict::new(py);
         d.set_item("planned", r.planned)?;

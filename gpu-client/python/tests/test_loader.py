@@ -101,7 +101,8 @@ def test_set_epoch_reshuffles_and_rank_comes_from_the_environment(dataset, monke
     [
         ({"batch_size": 0}, "batch_size"),
         ({"shuffle": "sideways"}, "shuffle"),
-        ({"device": "cuda:0"}, "device"),
+        ({"device": "gpu:0"}, "device"),
+        ({"dtype": "float16"}, "needs device"),
         ({"workers": ["127.0.0.1:1"]}, "trust_cert"),
         ({"rank": 3, "world_size": 2}, "rank"),
     ],
