@@ -5,6 +5,7 @@
 #
 #   bash bench/storage_vs_nginx.sh            # uses /tmp/wds-big (the anchors' shards) or makes 8 x 100 MB files
 #   ROUNDS=9 SLUICE_CONFIG=my.toml bash bench/storage_vs_nginx.sh   # more rounds; sluice with a config
+#   CLIENTS="4" ROUNDS=15 bash bench/storage_vs_nginx.sh               # one concurrency only
 #
 # Installs nginx and curl from Debian when missing (as root). Timed steps take `flock $LOCK`,
 # like the anchors, so they never overlap other benchmarks.
@@ -14,6 +15,7 @@ ROOT="$(cd "$HERE/.." && pwd)"
 LOCK="${LOCK:-/tmp/cpu.lock}"
 WORK="${WORK:-/tmp/sluice-storage-bench}"
 ROUNDS="${ROUNDS:-5}"
+CLIENTS="${CLIENTS:-1 4 16}"
 
 command -v nginx >/dev/null && command -v curl >/dev/null || {
   apt-get update -qq && apt-get install -y -qq nginx-light curl >/dev/null
@@ -76,16 +78,23 @@ catrate() {
 
 echo "# $(date -Is) $(nproc) cores; ${#FILES[@]} files, $((BYTES/1000000)) MB; GB/s = 1e9 B/s, median of $ROUNDS rounds"
 printf 'clients\tsluice_GBps\tnginx_GBps\tsluice/nginx\tcat_GBps\tsluice/cat\n'
-# Rounds alternate sluice and nginx, so drift in the machine's load hits both alike; the
-# ratio is the median of the per-round ratios.
-for c in 1 4 16; do
+# Rounds alternate sluice and nginx, so drift in the machine's load hits both alike, and which
+# goes first alternates too (this VM evicts page cache on its own, so the first server of a
+# round may re-read pages the second then finds cached); the ratio is the median of the
+# per-round ratios.
+for c in $CLIENTS; do
   ss=(); ns=(); rs=()
   for r in $(seq "$ROUNDS"); do
-    s=$(one "$SPORT" "$c"); n=$(one "$NPORT" "$c")
+    if [ $((r % 2)) -eq 1 ]; then
+      s=$(one "$SPORT" "$c"); n=$(one "$NPORT" "$c")
+    else
+      n=$(one "$NPORT" "$c"); s=$(one "$SPORT" "$c")
+    fi
     ss+=("$s"); ns+=("$n"); rs+=("$(python3 -c "print(f'{$s/$n:.3f}')")")
   done
   s=$(printf '%s\n' "${ss[@]}" | median); n=$(printf '%s\n' "${ns[@]}" | median)
   ratio=$(printf '%s\n' "${rs[@]}" | median)
   k=$(flock "$LOCK" bash -c "$(declare -f catrate); WORK=$WORK BYTES=$BYTES catrate $c")
   printf '%s\t%.2f\t%.2f\t%.2f\t%s\t%.2f\n' "$c" "$s" "$n" "$ratio" "$k" "$(python3 -c "print($s/$k)")"
+  echo "# $c clients, sluice/nginx per round: ${rs[*]}"
 done
