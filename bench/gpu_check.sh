@@ -58,6 +58,19 @@ done
 step "sluice bench transport (QUIC, same-host, TCP, memcpy)"
 check "$dir/sluice" bench transport
 
+step "Python iterator beside the Rust loader, one same-host worker, host and device batches"
+token=$(mktemp); echo "gpu-check-token-123456" > "$token"
+"$dir/sluice" cpu --listen 127.0.0.1:0 --threads "$(( $(nproc) - 2 ))" --state-dir "$data/state" \
+    --token-file "$token" 2> "$data/cpu.log" &
+cpu_pid=$!
+for _ in $(seq 100); do addr=$(grep -om1 'listen=[0-9.:]*' "$data/cpu.log" | cut -d= -f2); [ -n "$addr" ] && break; sleep 0.1; done
+for device in cpu cuda:0; do
+    check env PYTHONPATH="$dir/py" python3 gpu-client/python/bench/iterator_overhead.py \
+        --dataset "$data/shards/manifest.json" --workers "$addr" --trust-cert "$data/state/cert.pem" \
+        --token-file "$token" --sluice "$dir/sluice" --device "$device" --rounds 5
+done
+kill "$cpu_pid"
+
 step "Python tests with torch on the GPU"
 export PYTHONPATH="$dir/py${PYTHONPATH:+:$PYTHONPATH}" SLUICE_BIN="$dir/sluice"
 check python3 -m pytest -v -rs -p no:cacheprovider gpu-client/python/tests

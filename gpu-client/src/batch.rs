@@ -283,6 +283,36 @@ impl Drop for Batch {
     }
 }
 
+/// A batch's buffer taken out of it ([`Batch::detach_buffer`]): it goes back to the ring when
+/// dropped.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) struct DetachedBuffer {
+    buf: Option<Box<dyn HostMemory>>,
+    ring: Arc<Ring>,
+}
+
+impl Drop for DetachedBuffer {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            self.ring.release(buf);
+        }
+    }
+}
+
+impl Batch {
+    /// Takes the buffer out of the batch, whose images are empty from then on; the buffer
+    /// returns to the ring when the result is dropped. The device path does this once its
+    /// copy has read the buffer, so the ring refills while the consumer still holds the
+    /// device batch.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn detach_buffer(&mut self) -> Option<DetachedBuffer> {
+        self.buf.take().map(|buf| DetachedBuffer {
+            buf: Some(buf),
+            ring: self.ring.clone(),
+        })
+    }
+}
+
 /// The batch being filled.
 pub(crate) struct Filling {
     batch: Batch,

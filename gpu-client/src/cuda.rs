@@ -11,8 +11,10 @@
 //! - the consumer makes its stream wait on `ready` ([`DeviceBatch::wait_on`]) before using the
 //!   data; dropping the batch records `released` on that stream, so the buffer is refilled
 //!   only after the consumer's work on it;
-//! - the host batch (its ring buffer) is kept until `ready` completes, so the ring never
-//!   reuses memory a copy still reads.
+//! - the host batch's ring buffer goes back to the ring from a host function enqueued on the
+//!   copy stream after the copy, so the ring never reuses memory a copy still reads, yet
+//!   refills while the consumer holds the device batch; labels are staged in the slot's own
+//!   page-locked buffer (a copy from pageable memory would synchronize the copy stream).
 
 use std::collections::VecDeque;
 use std::ffi::{c_void, CString};
@@ -255,8 +257,14 @@ struct Slot {
     converted: Option<(sys::CUdeviceptr, usize)>,
     labels: sys::CUdeviceptr,
     labels_bytes: usize,
+    /// Page-locked staging for the labels (`labels_bytes`).
+    labels_host: *mut u8,
     ready: sys::CUevent,
     released: sys::CUevent,
+    /// Recorded after the host function that returns the ring buffer: once it completes, that
+    /// function has run, so the batch's last hold on its ring is never dropped on a driver
+    /// thread (freeing page-locked memory there would be a CUDA call).
+    returned: sys::CUevent,
     /// Recorded just before the copy, when the uploader times its copies.
     started: Option<sys::CUevent>,
     /// A batch handed out holds this slot.
@@ -320,11 +328,13 @@ impl Drop for Shared {
                 for s in slots.drain(..) {
                     let _ = result::free_sync(s.images);
                     let _ = result::free_sync(s.labels);
+                    let _ = result::free_host(s.labels_host.cast());
                     if let Some((p, _)) = s.converted {
                         let _ = result::free_sync(p);
                     }
                     let _ = result::event::destroy(s.ready);
                     let _ = result::event::destroy(s.released);
+                    let _ = result::event::destroy(s.returned);
                     if let Some(e) = s.started {
                         let _ = result::event::destroy(e);
                     }
@@ -455,8 +465,17 @@ impl Shared {
                 },
                 labels: call("cuMemAlloc", result::malloc_sync(labels_bytes))?,
                 labels_bytes,
+                labels_host: call(
+                    "cuMemHostAlloc",
+                    result::malloc_host(labels_bytes, sys::CU_MEMHOSTALLOC_PORTABLE),
+                )?
+                .cast(),
                 ready: call("cuEventCreate", result::event::create(ready_flags))?,
                 released: call(
+                    "cuEventCreate",
+                    result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING),
+                )?,
+                returned: call(
                     "cuEventCreate",
                     result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING),
                 )?,
@@ -476,7 +495,7 @@ impl Shared {
     }
 
     /// Enqueues `batch`'s copy (and conversion); the batch and its slot travel together.
-    fn upload(self: &Arc<Self>, batch: Batch) -> Result<DeviceBatch, CudaError> {
+    fn upload(self: &Arc<Self>, mut batch: Batch) -> Result<DeviceBatch, CudaError> {
         self.gpu.bind()?;
         let mut slots = self.slots.lock().map_err(|_| CudaError::Call {
             what: "uploader",
@@ -486,8 +505,8 @@ impl Shared {
         let s = &slots[i];
         s.busy.store(true, Ordering::Release);
         let stream = self.stream;
-        // SAFETY: the slot's buffers are large enough (slot_for); the host memory stays
-        // alive and unmoved until `ready` completes (DeviceBatch keeps the batch); the
+        // SAFETY: the slot's buffers are large enough (slot_for); the ring buffer stays
+        // alive and unmoved until the host function enqueued after `ready` returns it; the
         // stream first waits until the previous user of the slot released it.
         unsafe {
             if s.used.load(Ordering::Acquire) {
@@ -507,15 +526,42 @@ impl Shared {
                 "cuMemcpyHtoDAsync",
                 result::memcpy_htod_async(s.images, batch.images(), stream),
             )?;
+            // The slot's staging is free: its previous batch let the slot go only after its
+            // copy had finished.
+            let labels = batch.labels();
+            let label_bytes = std::mem::size_of_val(labels);
+            std::ptr::copy_nonoverlapping(labels.as_ptr().cast::<u8>(), s.labels_host, label_bytes);
             call(
                 "cuMemcpyHtoDAsync",
-                result::memcpy_htod_async(s.labels, batch.labels(), stream),
+                result::memcpy_htod_async(
+                    s.labels,
+                    std::slice::from_raw_parts(s.labels_host, label_bytes),
+                    stream,
+                ),
             )?;
             if let (Some(k), Some((out, _))) = (&self.kernel, s.converted) {
                 self.launch(k, s.images, out, &batch, stream)?;
             }
             call("cuEventRecord", result::event::record(s.ready, stream))?;
         }
+        let copied = (batch.images().len() + std::mem::size_of_val(batch.labels())) as u64;
+        // The ring buffer goes back once the stream is past the copy.
+        if let Some(buffer) = batch.detach_buffer() {
+            let raw = Box::into_raw(Box::new(buffer));
+            // SAFETY: `return_buffer` takes back exactly this box, once, and calls no CUDA.
+            let queued =
+                unsafe { result::stream::launch_host_function(stream, return_buffer, raw.cast()) };
+            if queued.is_err() {
+                // SAFETY: not enqueued, so still ours. Wait for the copy, then return it.
+                let buffer = unsafe { Box::from_raw(raw) };
+                let _ = unsafe { result::event::synchronize(s.ready) };
+                drop(buffer);
+            }
+        }
+        // SAFETY: a live event and stream.
+        call("cuEventRecord", unsafe {
+            result::event::record(s.returned, stream)
+        })?;
         let dims = batch.dims();
         let shape = batch.shape();
         let (images, layout_chw) = match s.converted {
@@ -536,7 +582,9 @@ impl Shared {
             dtype: self.out_dtype(),
             ready: s.ready,
             released: s.released,
+            returned: s.returned,
             started: s.started,
+            copied,
             busy: s.busy.clone(),
             used: s.used.clone(),
             consumers: Mutex::new(Vec::new()),
@@ -619,6 +667,13 @@ impl Shared {
     }
 }
 
+/// Runs on a CUDA driver thread once the copy stream is past a batch's copy: hands the
+/// batch's ring buffer back (a lock and a wake-up; no CUDA call).
+unsafe extern "C" fn return_buffer(user: *mut c_void) {
+    // SAFETY: made by Box::into_raw in `upload`, enqueued once.
+    drop(unsafe { Box::from_raw(user.cast::<crate::batch::DetachedBuffer>()) });
+}
+
 /// An epoch's batches on the device, up to `depth` copies ahead of the consumer.
 pub struct DeviceEpoch {
     host: Epoch,
@@ -688,7 +743,10 @@ pub struct DeviceBatch {
     dtype: DType,
     ready: sys::CUevent,
     released: sys::CUevent,
+    returned: sys::CUevent,
     started: Option<sys::CUevent>,
+    /// Host bytes the copy moved.
+    copied: u64,
     busy: Arc<AtomicBool>,
     used: Arc<AtomicBool>,
     /// The streams that were made to wait on this batch (`wait_on`), in order.
@@ -741,7 +799,8 @@ impl DeviceBatch {
         self.shared.stream
     }
 
-    /// The host side: ids, keys, labels, padding, skips.
+    /// The host side: ids, keys, labels, padding, skips. Its images are empty: the buffer
+    /// went back to the ring once the copy had read it.
     pub fn host(&self) -> Option<&Batch> {
         self.host.as_ref()
     }
@@ -782,14 +841,13 @@ impl DeviceBatch {
 
     /// Adds this batch's copy to the uploader's timing (timed uploaders only).
     fn account(&self) {
-        let (Some(started), Some(host)) = (self.started, self.host.as_ref()) else {
+        let Some(started) = self.started else {
             return;
         };
         // SAFETY: both events were recorded on the copy stream and `ready` has completed.
         if let Ok(ms) = unsafe { result::event::elapsed(started, self.ready) } {
             let t = &self.shared.timing;
-            let bytes = host.images().len() + std::mem::size_of_val(host.labels());
-            t.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+            t.bytes.fetch_add(self.copied, Ordering::Relaxed);
             t.nanos
                 .fetch_add((f64::from(ms) * 1e6) as u64, Ordering::Relaxed);
             t.batches.fetch_add(1, Ordering::Relaxed);
@@ -807,7 +865,8 @@ impl Drop for DeviceBatch {
         // are alive by `wait_on`'s contract. The host batch returns to the ring only after
         // the copy read it.
         unsafe {
-            let _ = result::event::synchronize(self.ready);
+            // `returned` follows `ready`: the copy is done and the ring buffer is back.
+            let _ = result::event::synchronize(self.returned);
             self.account();
             drop(self.host.take());
             // The slot may be refilled after the consumers' queued work (or, if none said
@@ -917,6 +976,10 @@ mod tests {
     }
 
     fn loader(gpu: &Arc<Gpu>) -> crate::Loader {
+        loader_with_ring(gpu, 4)
+    }
+
+    fn loader_with_ring(gpu: &Arc<Gpu>, ring_batches: usize) -> crate::Loader {
         let manifest = sluice_shard::Manifest::new(vec![sluice_shard::ShardInfo {
             url: "synthetic://ramp".into(),
             size: 0,
@@ -928,9 +991,18 @@ mod tests {
             .dataset(manifest)
             .in_process(Arc::new(Ramp))
             .batch_size(16)
+            .ring_batches(ring_batches)
             .allocator(Arc::new(PinnedAllocator::new(gpu.clone())))
             .build()
             .unwrap()
+    }
+
+    /// What `Ramp` made for the batch's samples.
+    fn ramp_bytes(host: &Batch) -> Vec<u8> {
+        host.ids()
+            .iter()
+            .flat_map(|id| vec![id.index as u8; 48])
+            .collect()
     }
 
     fn download(gpu: &Gpu, ptr: sys::CUdeviceptr, bytes: usize) -> Vec<u8> {
@@ -950,8 +1022,8 @@ mod tests {
             let d = d.unwrap();
             d.synchronize().unwrap();
             let host = d.host().unwrap();
-            let bytes = download(&gpu, d.images_ptr(), host.images().len());
-            assert_eq!(bytes, host.images());
+            let bytes = download(&gpu, d.images_ptr(), host.len() * 48);
+            assert_eq!(bytes, ramp_bytes(host));
             let labels = download(&gpu, d.labels_ptr(), host.len() * 8);
             let labels: Vec<i64> = labels
                 .chunks(8)
@@ -1026,7 +1098,7 @@ mod tests {
         let mut seen = 0;
         for d in uploader.epoch(l.epoch(0).unwrap()) {
             let d = d.unwrap();
-            let host = d.host().unwrap().images().to_vec();
+            let host = ramp_bytes(d.host().unwrap());
             for s in &streams {
                 // SAFETY: live streams of this context, destroyed after the loop.
                 unsafe { d.wait_on(*s) }.unwrap();
@@ -1044,6 +1116,28 @@ mod tests {
         assert_eq!(seen, 100);
         for s in streams {
             unsafe { result::stream::destroy(s) }.unwrap();
+        }
+    }
+
+    #[test]
+    fn held_device_batches_do_not_hold_the_ring() {
+        let Some(gpu) = gpu() else { return };
+        let uploader = Uploader::new(gpu.clone(), Convert::None, 1).unwrap();
+        // Two ring buffers, seven batches all held at once: each buffer went back to the
+        // ring as soon as its copy had read it.
+        let l = loader_with_ring(&gpu, 2);
+        let held: Vec<DeviceBatch> = uploader
+            .epoch(l.epoch(0).unwrap())
+            .map(|d| d.unwrap())
+            .collect();
+        assert_eq!(held.len(), 7);
+        for d in &held {
+            d.synchronize().unwrap();
+            let host = d.host().unwrap();
+            assert_eq!(
+                download(&gpu, d.images_ptr(), host.len() * 48),
+                ramp_bytes(host)
+            );
         }
     }
 

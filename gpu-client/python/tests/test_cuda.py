@@ -132,3 +132,12 @@ def test_a_cpu_consumer_is_refused_a_device_batch(dataset, torch):
         images.__dlpack__(dl_device=(1, 0))
     with pytest.raises(BufferError, match="ambiguous"):
         images.__dlpack__(stream=0)
+
+
+def test_held_device_batches_do_not_stall_the_ring(dataset, torch):
+    # Each ring buffer goes back once its copy has read it, so holding more device batches
+    # than ring_batches is fine (they hold device memory only).
+    loader = cuda_loader(dataset, batch_size=8, ring_batches=2)
+    held = [torch.from_dlpack(images) for images, _ in loader.epoch(0)]
+    assert len(held) == -(-TOTAL // 8)
+    assert len({t.data_ptr() for t in held}) == len(held)
