@@ -55,6 +55,11 @@ for step_ms in 0 40; do
     done
 done
 
+echo "-- step 40 ms, device cuda:0, float16 NCHW normalized on the GPU"
+check "$dir/sluice" loadgen --dataset "$data/shards/manifest.json" --workers local \
+    --batch-size 256 --epochs 3 --step-ms 40 --device cuda:0 --dtype float16 \
+    --json "$out/loadgen_40ms_cuda0_f16.json"
+
 step "sluice bench transport (QUIC, same-host, TCP, memcpy)"
 check "$dir/sluice" bench transport
 

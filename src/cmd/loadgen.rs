@@ -81,6 +81,10 @@ pub struct Args {
     /// N one batch ahead; the starved figure then includes waiting for the copy).
     #[arg(long, default_value = "cpu")]
     pub(crate) device: String,
+    /// With `--device cuda:N`: uint8 as the workers made it, or float16/float32 normalized
+    /// (ImageNet mean/std) into NCHW on the GPU, as a training step would take it.
+    #[arg(long, default_value = "uint8")]
+    pub(crate) dtype: String,
 }
 
 /// The synthetic consumers `demo` and `bench chain` run.
@@ -138,6 +142,7 @@ impl Consumers {
             same_host: sluice_client::SameHost::Auto,
             same_host_dir: None,
             device: "cpu".into(),
+            dtype: "uint8".into(),
         }
     }
 }
@@ -165,6 +170,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.ranks == 0 {
         bail!("--ranks must be at least 1");
     }
+    device_ordinal(&args.device, &args.dtype)?;
     let manifest = super::index::dataset(&args.dataset)
         .with_context(|| format!("loading dataset {}", args.dataset))?;
     let results = run_ranks(&args, &manifest)?;
@@ -199,30 +205,55 @@ enum Sink {
     Cuda(sluice_client::cuda::Uploader, Arc<sluice_client::cuda::Gpu>),
 }
 
-fn sink(device: &str) -> Result<Sink> {
-    match device {
-        "cpu" => Ok(Sink::Host),
-        d if d.starts_with("cuda:") => {
-            let ordinal: usize = d["cuda:".len()..]
-                .parse()
-                .map_err(|_| anyhow::anyhow!("--device {d}: expected cuda:N"))?;
-            cuda_sink(ordinal)
-        }
-        other => bail!("--device {other}: expected cpu or cuda:N"),
+const NO_CUDA: &str =
+    "this sluice was built without CUDA support: cargo build --release --features cuda";
+
+/// The GPU `--device` names (`None` for `cpu`), after checking it and `--dtype` together.
+fn device_ordinal(device: &str, dtype: &str) -> Result<Option<usize>> {
+    if !matches!(dtype, "uint8" | "float16" | "float32") {
+        bail!("--dtype {dtype}: expected uint8, float16 or float32");
+    }
+    let ordinal = match device {
+        "cpu" => None,
+        d => match d.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(n)) => Some(n),
+            _ => bail!("--device {d}: expected cpu or cuda:N"),
+        },
+    };
+    if ordinal.is_none() && dtype != "uint8" {
+        bail!("--dtype {dtype}: the conversion runs on the GPU; it needs --device cuda:N");
+    }
+    if ordinal.is_some() && !cfg!(feature = "cuda") {
+        bail!(NO_CUDA);
+    }
+    Ok(ordinal)
+}
+
+fn sink(device: &str, dtype: &str) -> Result<Sink> {
+    match device_ordinal(device, dtype)? {
+        None => Ok(Sink::Host),
+        Some(n) => cuda_sink(n, dtype),
     }
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_sink(ordinal: usize) -> Result<Sink> {
+fn cuda_sink(ordinal: usize, dtype: &str) -> Result<Sink> {
     use sluice_client::cuda::{Convert, Gpu, Uploader};
+    let (mean, std) = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]);
+    let convert = match dtype {
+        "uint8" => Convert::None,
+        "float16" => Convert::F16 { mean, std },
+        "float32" => Convert::F32 { mean, std },
+        _ => Convert::None,
+    };
     let gpu = Gpu::open(ordinal)?;
-    let uploader = Uploader::new(gpu.clone(), Convert::None, 1)?;
+    let uploader = Uploader::new(gpu.clone(), convert, 1)?;
     Ok(Sink::Cuda(uploader, gpu))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_sink(_ordinal: usize) -> Result<Sink> {
-    bail!("this sluice was built without CUDA support: cargo build --release --features cuda")
+fn cuda_sink(_ordinal: usize, _dtype: &str) -> Result<Sink> {
+    bail!(NO_CUDA)
 }
 
 /// An epoch's batches as the sink receives them; `host` is what the contract checks.
@@ -381,7 +412,7 @@ fn run_rank(
     bar: &ProgressBar,
     dump: Option<&Mutex<std::io::BufWriter<std::fs::File>>>,
 ) -> Result<RankResult> {
-    let sink = sink(&args.device)?;
+    let sink = sink(&args.device, &args.dtype)?;
     let loader = loader(args, manifest, rank, &sink)?;
     let mut result = RankResult {
         rank,
@@ -559,4 +590,23 @@ pub(crate) fn report(args: &Args, results: &[RankResult]) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::device_ordinal;
+
+    #[test]
+    fn device_and_dtype_are_checked_before_anything_starts() {
+        assert_eq!(device_ordinal("cpu", "uint8").unwrap(), None);
+        let err = |d: &str, t: &str| device_ordinal(d, t).unwrap_err().to_string();
+        assert!(err("gpu:0", "uint8").contains("expected cpu or cuda:N"));
+        assert!(err("cuda:x", "uint8").contains("expected cpu or cuda:N"));
+        assert!(err("cpu", "float16").contains("needs --device cuda:N"));
+        assert!(err("cuda:0", "int4").contains("expected uint8, float16 or float32"));
+        match device_ordinal("cuda:1", "float16") {
+            Ok(n) => assert!(cfg!(feature = "cuda") && n == Some(1)),
+            Err(e) => assert!(!cfg!(feature = "cuda") && e.to_string().contains("--features cuda")),
+        }
+    }
 }
