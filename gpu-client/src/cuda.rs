@@ -9,8 +9,8 @@
 //! - the copy (and conversion) is enqueued on the uploader's stream after it waits on the
 //!   buffer's `released` event, then the buffer's `ready` event is recorded;
 //! - the consumer makes its stream wait on `ready` ([`DeviceBatch::wait_on`]) before using the
-//!   data; dropping the batch records `released` on that stream, so the buffer is refilled
-//!   only after the consumer's work on it;
+//!   data; dropping the batch orders the buffer's refill after the work queued on every stream
+//!   that waited on it (through `released`), so the consumer's work always sees its data;
 //! - the host batch's ring buffer goes back to the ring from a host function enqueued on the
 //!   copy stream after the copy, so the ring never reuses memory a copy still reads, yet
 //!   refills while the consumer holds the device batch; labels are staged in the slot's own

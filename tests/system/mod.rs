@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sluice_plan::{PlanConfig, ShufflePolicy};
 use sluice_shard::{Manifest, ReadOptions, SampleReader};
@@ -36,6 +36,19 @@ impl Worker {
 
     pub fn log_contains(&self, needle: &str) -> bool {
         self.log.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+
+    /// Whether the log shows `needle` within `wait`: a thread reads the worker's stderr, so a
+    /// line the worker wrote may reach the test a moment after what it sent on a socket.
+    pub fn log_shows(&self, needle: &str, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        while !self.log_contains(needle) {
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
     }
 
     pub fn rss_kb(&self) -> u64 {
