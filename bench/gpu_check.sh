@@ -39,7 +39,7 @@ check "$dir/cuda_tests" --nocapture --test-threads=1
 
 step "sluice bench upload"
 check "$dir/sluice" bench upload --json "$out/upload.json"
-check "$dir/sluice" bench upload --convert f16 --batches 32 --repeat 32 --json "$out/upload_f16.json"
+check "$dir/sluice" bench upload --dtype float16 --batches 32 --repeat 32 --json "$out/upload_f16.json"
 
 step "sluice loadgen: host sink vs CUDA sink"
 data=$(mktemp -d)

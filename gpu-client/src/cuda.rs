@@ -172,6 +172,23 @@ pub enum Convert {
     F16 { mean: [f32; 3], std: [f32; 3] },
 }
 
+impl Convert {
+    /// ImageNet's per-channel mean and std (of x / 255), what pretrained models expect.
+    pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+    pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+    /// The conversion to the element type `dtype` names as numpy and torch spell it (`uint8`,
+    /// `float16`, `float32`), or `None` for another name.
+    pub fn to_dtype(dtype: &str, mean: [f32; 3], std: [f32; 3]) -> Option<Convert> {
+        match dtype {
+            "uint8" => Some(Convert::None),
+            "float16" => Some(Convert::F16 { mean, std }),
+            "float32" => Some(Convert::F32 { mean, std }),
+            _ => None,
+        }
+    }
+}
+
 /// Element type of a device batch's images.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DType {

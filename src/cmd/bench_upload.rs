@@ -32,9 +32,10 @@ pub struct UploadArgs {
     /// Copies queued ahead of the consumer.
     #[arg(long, default_value_t = 1)]
     depth: usize,
-    /// On-device conversion after the copy: none, f32 or f16 (NCHW, ImageNet mean/std).
-    #[arg(long, default_value = "none")]
-    convert: String,
+    /// Element type on the device: uint8 (the copy alone), or float16/float32 converted to
+    /// NCHW with ImageNet's mean and std after the copy.
+    #[arg(long, default_value = "uint8")]
+    dtype: String,
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -64,9 +65,6 @@ mod gpu {
 
     use super::UploadArgs;
     use crate::cmd::bench_transport::Synthetic;
-
-    const MEAN: [f32; 3] = [0.485, 0.456, 0.406];
-    const STD: [f32; 3] = [0.229, 0.224, 0.225];
 
     struct Plain {
         events_bps: f64,
@@ -202,29 +200,22 @@ mod gpu {
     }
 
     pub(super) fn run(args: UploadArgs) -> Result<()> {
-        let convert = match args.convert.as_str() {
-            "none" => Convert::None,
-            "f32" => Convert::F32 {
-                mean: MEAN,
-                std: STD,
-            },
-            "f16" => Convert::F16 {
-                mean: MEAN,
-                std: STD,
-            },
-            other => bail!("--convert {other}: expected none, f32 or f16"),
+        let Some(convert) =
+            Convert::to_dtype(&args.dtype, Convert::IMAGENET_MEAN, Convert::IMAGENET_STD)
+        else {
+            bail!("--dtype {}: expected uint8, float16 or float32", args.dtype);
         };
         let gpu = Gpu::open(args.device)?;
         let sample = args.side as usize * args.side as usize * 3;
         let bytes = sample * args.batch_size as usize + 8 * args.batch_size as usize;
         println!(
-            "sluice bench upload: GPU {}, batches of {} × {} bytes ({:.1} MB), depth {}, convert {}",
+            "sluice bench upload: GPU {}, batches of {} × {} bytes ({:.1} MB), depth {}, dtype {}",
             args.device,
             args.batch_size,
             sample,
             bytes as f64 / 1e6,
             args.depth,
-            args.convert
+            args.dtype
         );
         let p = plain(&gpu, bytes, args.repeat.max(1))?;
         let r = ring(&gpu, &args, convert)?;
@@ -243,7 +234,7 @@ mod gpu {
             let v = serde_json::json!({
                 "device": args.device,
                 "batch_bytes": bytes,
-                "convert": args.convert,
+                "dtype": args.dtype,
                 "plain_events_gbps": p.events_bps / 1e9,
                 "plain_sync_gbps": p.sync_bps / 1e9,
                 "ring_copy_gbps": r.copy_bps / 1e9,

@@ -239,13 +239,8 @@ fn sink(device: &str, dtype: &str) -> Result<Sink> {
 #[cfg(feature = "cuda")]
 fn cuda_sink(ordinal: usize, dtype: &str) -> Result<Sink> {
     use sluice_client::cuda::{Convert, Gpu, Uploader};
-    let (mean, std) = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]);
-    let convert = match dtype {
-        "uint8" => Convert::None,
-        "float16" => Convert::F16 { mean, std },
-        "float32" => Convert::F32 { mean, std },
-        _ => Convert::None,
-    };
+    let convert = Convert::to_dtype(dtype, Convert::IMAGENET_MEAN, Convert::IMAGENET_STD)
+        .ok_or_else(|| anyhow::anyhow!("--dtype {dtype}: expected uint8, float16 or float32"))?;
     let gpu = Gpu::open(ordinal)?;
     let uploader = Uploader::new(gpu.clone(), convert, 1)?;
     Ok(Sink::Cuda(uploader, gpu))

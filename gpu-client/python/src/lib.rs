@@ -97,27 +97,19 @@ fn conversion(
     std: Option<[f32; 3]>,
 ) -> PyResult<sluice_client::cuda::Convert> {
     use sluice_client::cuda::Convert;
-    let mean = mean.unwrap_or(IMAGENET_MEAN);
-    let std = std.unwrap_or(IMAGENET_STD);
+    let mean = mean.unwrap_or(Convert::IMAGENET_MEAN);
+    let std = std.unwrap_or(Convert::IMAGENET_STD);
     if let Some(s) = std.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
         return Err(PyValueError::new_err(format!(
             "std: every value must be positive, got {s}"
         )));
     }
-    match dtype {
-        "uint8" => Ok(Convert::None),
-        "float32" => Ok(Convert::F32 { mean, std }),
-        "float16" => Ok(Convert::F16 { mean, std }),
-        other => Err(PyValueError::new_err(format!(
-            "dtype {other:?}: expected \"uint8\", \"float32\" or \"float16\""
-        ))),
-    }
+    Convert::to_dtype(dtype, mean, std).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "dtype {dtype:?}: expected \"uint8\", \"float32\" or \"float16\""
+        ))
+    })
 }
-
-#[cfg(feature = "cuda")]
-const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
-#[cfg(feature = "cuda")]
-const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
 
 /// The GPU side of a loader: the page-locked ring's allocator and the uploader.
 #[cfg(feature = "cuda")]
