@@ -70,6 +70,17 @@ fn open() -> Result<(libloading::Library, String), String> {
     ))
 }
 
+/// `name` from `lib` (a plain function pointer type `T`), or an error naming both.
+///
+/// # Safety
+/// `T` must be the symbol's real signature.
+unsafe fn symbol<T: Copy>(lib: &libloading::Library, from: &str, name: &str) -> Result<T, String> {
+    // SAFETY: the caller vouches for `T`.
+    unsafe { lib.get::<T>(name) }
+        .map(|s| *s)
+        .map_err(|_| format!("{from}: no symbol {name}"))
+}
+
 /// Compiles CUDA C++ `source` to PTX for the NVRTC's default architecture (PTX, so the driver
 /// finishes it for whatever GPU it runs on).
 pub(crate) fn compile_ptx(source: &str, name: &str) -> Result<CString, String> {
@@ -79,31 +90,14 @@ pub(crate) fn compile_ptx(source: &str, name: &str) -> Result<CString, String> {
     // SAFETY: the symbols have the signatures of nvrtc.h (stable since CUDA 7); every buffer
     // passed is as large as NVRTC said, and the program is destroyed once.
     unsafe {
-        let sym = |s: &str| format!("{from}: no symbol {s}");
-        let create = *lib
-            .get::<Create>(b"nvrtcCreateProgram\0")
-            .map_err(|_| sym("nvrtcCreateProgram"))?;
-        let compile = *lib
-            .get::<Compile>(b"nvrtcCompileProgram\0")
-            .map_err(|_| sym("nvrtcCompileProgram"))?;
-        let log_size = *lib
-            .get::<Size>(b"nvrtcGetProgramLogSize\0")
-            .map_err(|_| sym("nvrtcGetProgramLogSize"))?;
-        let get_log = *lib
-            .get::<Get>(b"nvrtcGetProgramLog\0")
-            .map_err(|_| sym("nvrtcGetProgramLog"))?;
-        let ptx_size = *lib
-            .get::<Size>(b"nvrtcGetPTXSize\0")
-            .map_err(|_| sym("nvrtcGetPTXSize"))?;
-        let get_ptx = *lib
-            .get::<Get>(b"nvrtcGetPTX\0")
-            .map_err(|_| sym("nvrtcGetPTX"))?;
-        let destroy = *lib
-            .get::<Destroy>(b"nvrtcDestroyProgram\0")
-            .map_err(|_| sym("nvrtcDestroyProgram"))?;
-        let error_string = *lib
-            .get::<ErrorString>(b"nvrtcGetErrorString\0")
-            .map_err(|_| sym("nvrtcGetErrorString"))?;
+        let create: Create = symbol(&lib, &from, "nvrtcCreateProgram")?;
+        let compile: Compile = symbol(&lib, &from, "nvrtcCompileProgram")?;
+        let log_size: Size = symbol(&lib, &from, "nvrtcGetProgramLogSize")?;
+        let get_log: Get = symbol(&lib, &from, "nvrtcGetProgramLog")?;
+        let ptx_size: Size = symbol(&lib, &from, "nvrtcGetPTXSize")?;
+        let get_ptx: Get = symbol(&lib, &from, "nvrtcGetPTX")?;
+        let destroy: Destroy = symbol(&lib, &from, "nvrtcDestroyProgram")?;
+        let error_string: ErrorString = symbol(&lib, &from, "nvrtcGetErrorString")?;
         let describe = |code: c_int| {
             let s = error_string(code);
             match s.is_null() {
