@@ -1,5 +1,6 @@
 //! The storage server over real loopback sockets: objects, ranges, listings, uploads, hostile
-//! paths, slow and greedy clients, and the SIGTERM drain (cancelling the shutdown token).
+//! paths, slow and greedy clients, concurrent streams, and the SIGTERM drain (cancelling the
+//! shutdown token) with its deadline.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -317,10 +318,7 @@ fn connections_beyond_the_limit_wait_for_a_slot() {
 #[test]
 fn shutdown_lets_an_in_flight_stream_finish() {
     let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("data");
-    std::fs::create_dir_all(root.join("b")).unwrap();
-    let big: Vec<u8> = (0..(24u32 << 20)).map(|i| (i % 251) as u8).collect();
-    std::fs::write(root.join("b/big.bin"), &big).unwrap();
+    let (root, big) = big_object(dir.path(), 24 << 20);
     let mut cfg = config(&root);
     cfg.limits.read_size = 1 << 20;
     let node = start(cfg);
@@ -344,6 +342,81 @@ fn shutdown_lets_an_in_flight_stream_finish() {
     node.stop();
     // Stopped: the listener is closed.
     assert!(TcpStream::connect(addr).is_err());
+}
+
+/// A data folder whose bucket `b` holds one object of `len` patterned bytes, `big.bin`.
+fn big_object(dir: &Path, len: u32) -> (std::path::PathBuf, Vec<u8>) {
+    let root = dir.join("data");
+    std::fs::create_dir_all(root.join("b")).unwrap();
+    let big: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    std::fs::write(root.join("b/big.bin"), &big).unwrap();
+    (root, big)
+}
+
+#[test]
+fn concurrent_streams_and_ranges_each_arrive_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, big) = big_object(dir.path(), 6 << 20);
+    let mut cfg = config(&root);
+    cfg.limits.read_size = 1 << 20;
+    let node = start(cfg);
+    let url = node.url("/v1/b/big.bin");
+    // More concurrent streams than runtime workers, half of them ranges, on fresh connections.
+    let clients: Vec<_> = (0..8)
+        .map(|i| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let request = client().get(&url);
+                let request = if i % 2 == 1 {
+                    request.header("Range", format!("bytes={}-", i * 100_000))
+                } else {
+                    request
+                };
+                (i, request.send().unwrap().bytes().unwrap())
+            })
+        })
+        .collect();
+    for c in clients {
+        let (i, got) = c.join().unwrap();
+        let from = if i % 2 == 1 { i * 100_000 } else { 0 };
+        assert!(got.as_ref() == &big[from..], "stream {i} differs");
+    }
+    node.stop();
+}
+
+#[test]
+fn the_drain_deadline_closes_streams_still_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, big) = big_object(dir.path(), 24 << 20);
+    let mut cfg = config(&root);
+    cfg.timeouts.drain_secs = 0.5;
+    cfg.timeouts.idle_secs = 3600.0;
+    let node = start(cfg);
+    let mut s = TcpStream::connect(node.addr).unwrap();
+    s.write_all(b"GET /v1/b/big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut first = [0u8; 4096];
+    assert!(s.read(&mut first).unwrap() > 0);
+    // SIGTERM while the client reads nothing: the stream cannot finish, so the drain deadline
+    // ends it, and `run` returns instead of waiting out the idle timeout (an hour).
+    let addr = node.addr;
+    let (stopped, returned) = std::sync::mpsc::sync_channel(1);
+    std::thread::spawn(move || {
+        node.stop();
+        let _ = stopped.send(());
+    });
+    assert!(
+        returned.recv_timeout(Duration::from_secs(60)).is_ok(),
+        "run did not return after the drain deadline"
+    );
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(
+        rest.len() < big.len(),
+        "a stream past the drain deadline was finished anyway"
+    );
+    assert!(TcpStream::connect(addr).is_err(), "still listening");
 }
 
 #[test]
