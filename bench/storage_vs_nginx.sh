@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Serves the same ~100 MB shard files from page cache with `sluice storage` and with nginx on
 # loopback, fetches them with 1, 4 and 16 concurrent clients (curl), and prints GB/s for both,
-# their ratio, and the ratio to `cat` of the same files (the page-cache ceiling).
+# their ratio, the ratio to `cat` of the same files (the page-cache ceiling), and the CPU time
+# charged to each server per GB served (user + system of its processes, from /proc). Read that
+# last figure with care: on loopback the clients' TCP receive work runs in softirqs, charged to
+# whichever task is on the CPU, so part of it lands on the server (inside its sendfile, or when a
+# pacing timer fires while it runs). It shows how hard each server drives the kernel, not its
+# user-space cost alone (both spend under 1% of their samples in user space).
 #
 #   bash bench/storage_vs_nginx.sh            # uses /tmp/wds-big (the anchors' shards) or makes 8 x 100 MB files
 #   ROUNDS=9 SLUICE_CONFIG=my.toml bash bench/storage_vs_nginx.sh   # more rounds; sluice with a config
 #   CLIENTS="4" ROUNDS=15 bash bench/storage_vs_nginx.sh               # one concurrency only
 #
-# Installs nginx and curl from Debian when missing (as root). Timed steps take `flock $LOCK`,
-# like the anchors, so they never overlap other benchmarks.
+# Installs nginx and curl (and cmake and nasm, which the build of libjpeg-turbo needs) from
+# Debian when missing (as root). Timed steps take `flock $LOCK`, like the anchors, so they
+# never overlap other benchmarks.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
@@ -17,8 +23,9 @@ WORK="${WORK:-/tmp/sluice-storage-bench}"
 ROUNDS="${ROUNDS:-5}"
 CLIENTS="${CLIENTS:-1 4 16}"
 
-command -v nginx >/dev/null && command -v curl >/dev/null || {
-  apt-get update -qq && apt-get install -y -qq nginx-light curl >/dev/null
+command -v nginx >/dev/null && command -v curl >/dev/null && command -v cmake >/dev/null \
+  && command -v nasm >/dev/null || {
+  apt-get update -qq && apt-get install -y -qq nginx-light curl cmake nasm >/dev/null
 }
 cargo build --release --manifest-path "$ROOT/Cargo.toml" -q
 SLUICE="$ROOT/target/release/sluice"
@@ -58,15 +65,20 @@ fi
 SPID=$!
 trap 'kill $SPID 2>/dev/null; nginx -c "$WORK/nginx.conf" -p "$WORK" -s stop 2>/dev/null || true' EXIT
 sleep 1
+NPIDS=( $(pgrep -P "$(cat "$WORK/nginx.pid")") )   # nginx's workers, forked by now
 
-# one PORT CONCURRENCY -> GB/s of one round, each client fetching every file once
+# CPU clock ticks (user + system) used so far by the processes PIDS (all their threads).
+ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
+HZ=$(getconf CLK_TCK)
+# one PORT CONCURRENCY PIDS... -> "GB/s server-CPU-ms-per-GB" of one round, each client
+# fetching every file once
 one() {
-  local port=$1 c=$2 list t0 t1
+  local port=$1 c=$2 list t0 t1 k0 k1; shift 2
   list=$(for i in $(seq "$c"); do for f in "${FILES[@]}"; do echo "http://127.0.0.1:$port/v1/b/$f"; done; done)
-  t0=$(date +%s.%N)
+  k0=$(ticks "$@"); t0=$(date +%s.%N)
   echo "$list" | flock "$LOCK" xargs -P "$c" -n 1 curl -s -o /dev/null --fail
-  t1=$(date +%s.%N)
-  python3 -c "print(f'{$BYTES*$c/($t1-$t0)/1e9:.3f}')"
+  t1=$(date +%s.%N); k1=$(ticks "$@")
+  python3 -c "print(f'{$BYTES*$c/($t1-$t0)/1e9:.3f} {($k1-$k0)*1000/$HZ/($BYTES*$c/1e9):.1f}')"
 }
 median() { sort -n | sed -n "$(( (ROUNDS+1)/2 ))p"; }
 catrate() {
@@ -77,24 +89,27 @@ catrate() {
 }
 
 echo "# $(date -Is) $(nproc) cores; ${#FILES[@]} files, $((BYTES/1000000)) MB; GB/s = 1e9 B/s, median of $ROUNDS rounds"
-printf 'clients\tsluice_GBps\tnginx_GBps\tsluice/nginx\tcat_GBps\tsluice/cat\n'
+printf 'clients\tsluice_GBps\tnginx_GBps\tsluice/nginx\tcat_GBps\tsluice/cat\tsluice_cpu_ms/GB\tnginx_cpu_ms/GB\n'
 # Rounds alternate sluice and nginx, so drift in the machine's load hits both alike, and which
 # goes first alternates too (this VM evicts page cache on its own, so the first server of a
 # round may re-read pages the second then finds cached); the ratio is the median of the
 # per-round ratios.
 for c in $CLIENTS; do
-  ss=(); ns=(); rs=()
+  ss=(); ns=(); rs=(); sc=(); nc=()
   for r in $(seq "$ROUNDS"); do
     if [ $((r % 2)) -eq 1 ]; then
-      s=$(one "$SPORT" "$c"); n=$(one "$NPORT" "$c")
+      so=$(one "$SPORT" "$c" "$SPID"); no=$(one "$NPORT" "$c" "${NPIDS[@]}")
     else
-      n=$(one "$NPORT" "$c"); s=$(one "$SPORT" "$c")
+      no=$(one "$NPORT" "$c" "${NPIDS[@]}"); so=$(one "$SPORT" "$c" "$SPID")
     fi
-    ss+=("$s"); ns+=("$n"); rs+=("$(python3 -c "print(f'{$s/$n:.3f}')")")
+    s=${so% *}; n=${no% *}
+    ss+=("$s"); ns+=("$n"); sc+=("${so#* }"); nc+=("${no#* }")
+    rs+=("$(python3 -c "print(f'{$s/$n:.3f}')")")
   done
   s=$(printf '%s\n' "${ss[@]}" | median); n=$(printf '%s\n' "${ns[@]}" | median)
+  scpu=$(printf '%s\n' "${sc[@]}" | median); ncpu=$(printf '%s\n' "${nc[@]}" | median)
   ratio=$(printf '%s\n' "${rs[@]}" | median)
   k=$(flock "$LOCK" bash -c "$(declare -f catrate); WORK=$WORK BYTES=$BYTES catrate $c")
-  printf '%s\t%.2f\t%.2f\t%.2f\t%s\t%.2f\n' "$c" "$s" "$n" "$ratio" "$k" "$(python3 -c "print($s/$k)")"
+  printf '%s\t%.2f\t%.2f\t%.2f\t%s\t%.2f\t%s\t%s\n' "$c" "$s" "$n" "$ratio" "$k" "$(python3 -c "print($s/$k)")" "$scpu" "$ncpu"
   echo "# $c clients, sluice/nginx per round: ${rs[*]}"
 done
