@@ -11,6 +11,9 @@
 #   bash bench/storage_vs_nginx.sh            # uses /tmp/wds-big (the anchors' shards) or makes 8 x 100 MB files
 #   ROUNDS=9 SLUICE_CONFIG=my.toml bash bench/storage_vs_nginx.sh   # more rounds; sluice with a config
 #   CLIENTS="4" ROUNDS=15 bash bench/storage_vs_nginx.sh               # one concurrency only
+#   SLUICE_B=/tmp/other/sluice CLIENTS=4 ROUNDS=15 bash bench/storage_vs_nginx.sh
+#       # a second sluice build in the same rounds (an A/B of a change: effects of 1-2% are
+#       # only visible side by side, rounds vary by more than that), reported against both
 #
 # Installs nginx and curl (and cmake and nasm, which the build of libjpeg-turbo needs) from
 # Debian when missing (as root). Timed steps take `flock $LOCK`, like the anchors, so they
@@ -56,14 +59,25 @@ http {
 }
 CONF
 nginx -c "$WORK/nginx.conf" -p "$WORK"
-SPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-if [ -n "${SLUICE_CONFIG:-}" ]; then   # a config of your own; its mountpath must be $WORK/data
-  "$SLUICE" storage --config "$SLUICE_CONFIG" --listen "127.0.0.1:$SPORT" 2>"$WORK/sluice.log" &
-else
-  "$SLUICE" storage --data "$WORK/data" --listen "127.0.0.1:$SPORT" 2>"$WORK/sluice.log" &
-fi
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# start_sluice BINARY PORT LOG: sluice storage on the bench's data, with SLUICE_CONFIG if set
+start_sluice() {
+  if [ -n "${SLUICE_CONFIG:-}" ]; then   # a config of your own; its mountpath must be $WORK/data
+    "$1" storage --config "$SLUICE_CONFIG" --listen "127.0.0.1:$2" 2>"$3" &
+  else
+    "$1" storage --data "$WORK/data" --listen "127.0.0.1:$2" 2>"$3" &
+  fi
+}
+SPORT=$(free_port)
+start_sluice "$SLUICE" "$SPORT" "$WORK/sluice.log"
 SPID=$!
-trap 'kill $SPID 2>/dev/null; nginx -c "$WORK/nginx.conf" -p "$WORK" -s stop 2>/dev/null || true' EXIT
+BPID=""
+if [ -n "${SLUICE_B:-}" ]; then
+  BPORT=$(free_port)
+  start_sluice "$SLUICE_B" "$BPORT" "$WORK/sluice-b.log"
+  BPID=$!
+fi
+trap 'kill $SPID $BPID 2>/dev/null; nginx -c "$WORK/nginx.conf" -p "$WORK" -s stop 2>/dev/null || true' EXIT
 sleep 1
 NPIDS=( $(pgrep -P "$(cat "$WORK/nginx.pid")") )   # nginx's workers, forked by now
 
@@ -90,21 +104,27 @@ catrate() {
 
 echo "# $(date -Is) $(nproc) cores; ${#FILES[@]} files, $((BYTES/1000000)) MB; GB/s = 1e9 B/s, median of $ROUNDS rounds"
 printf 'clients\tsluice_GBps\tnginx_GBps\tsluice/nginx\tcat_GBps\tsluice/cat\tsluice_cpu_ms/GB\tnginx_cpu_ms/GB\n'
-# Rounds alternate sluice and nginx, so drift in the machine's load hits both alike, and which
-# goes first alternates too (this VM evicts page cache on its own, so the first server of a
-# round may re-read pages the second then finds cached); the ratio is the median of the
-# per-round ratios.
+# Every round runs each server once, so drift in the machine's load hits all alike, and which
+# goes first rotates too (this VM evicts page cache on its own, so the first server of a round
+# may re-read pages the next then finds cached); a ratio is the median of the per-round ratios.
+SERVERS=(s n); [ -n "$BPID" ] && SERVERS+=(b)
 for c in $CLIENTS; do
-  ss=(); ns=(); rs=(); sc=(); nc=()
+  ss=(); ns=(); rs=(); sc=(); nc=(); bs=(); bc=(); brs=(); bss=()
   for r in $(seq "$ROUNDS"); do
-    if [ $((r % 2)) -eq 1 ]; then
-      so=$(one "$SPORT" "$c" "$SPID"); no=$(one "$NPORT" "$c" "${NPIDS[@]}")
-    else
-      no=$(one "$NPORT" "$c" "${NPIDS[@]}"); so=$(one "$SPORT" "$c" "$SPID")
-    fi
+    for j in $(seq 0 $(( ${#SERVERS[@]} - 1 ))); do
+      case ${SERVERS[$(( (j + r) % ${#SERVERS[@]} ))]} in
+        s) so=$(one "$SPORT" "$c" "$SPID") ;;
+        n) no=$(one "$NPORT" "$c" "${NPIDS[@]}") ;;
+        b) bo=$(one "$BPORT" "$c" "$BPID") ;;
+      esac
+    done
     s=${so% *}; n=${no% *}
     ss+=("$s"); ns+=("$n"); sc+=("${so#* }"); nc+=("${no#* }")
     rs+=("$(python3 -c "print(f'{$s/$n:.3f}')")")
+    if [ -n "$BPID" ]; then
+      b=${bo% *}; bs+=("$b"); bc+=("${bo#* }")
+      brs+=("$(python3 -c "print(f'{$b/$n:.3f}')")"); bss+=("$(python3 -c "print(f'{$b/$s:.3f}')")")
+    fi
   done
   s=$(printf '%s\n' "${ss[@]}" | median); n=$(printf '%s\n' "${ns[@]}" | median)
   scpu=$(printf '%s\n' "${sc[@]}" | median); ncpu=$(printf '%s\n' "${nc[@]}" | median)
@@ -112,4 +132,9 @@ for c in $CLIENTS; do
   k=$(flock "$LOCK" bash -c "$(declare -f catrate); WORK=$WORK BYTES=$BYTES catrate $c")
   printf '%s\t%.2f\t%.2f\t%.2f\t%s\t%.2f\t%s\t%s\n' "$c" "$s" "$n" "$ratio" "$k" "$(python3 -c "print($s/$k)")" "$scpu" "$ncpu"
   echo "# $c clients, sluice/nginx per round: ${rs[*]}"
+  if [ -n "$BPID" ]; then
+    echo "# $c clients, SLUICE_B: $(printf '%s\n' "${bs[@]}" | median) GB/s," \
+      "b/nginx $(printf '%s\n' "${brs[@]}" | median), b/sluice $(printf '%s\n' "${bss[@]}" | median)," \
+      "$(printf '%s\n' "${bc[@]}" | median) cpu ms/GB; b/sluice per round: ${bss[*]}"
+  fi
 done
