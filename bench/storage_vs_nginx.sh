@@ -6,7 +6,7 @@
 # last figure with care: on loopback the clients' TCP receive work runs in softirqs, charged to
 # whichever task is on the CPU, so part of it lands on the server (inside its sendfile, or when a
 # pacing timer fires while it runs). It shows how hard each server drives the kernel, not its
-# user-space cost alone (both spend under 1% of their samples in user space).
+# user-space cost alone (sluice spent 0.2% of its profile samples in user space).
 #
 #   bash bench/storage_vs_nginx.sh            # uses /tmp/wds-big (the anchors' shards) or makes 8 x 100 MB files
 #   ROUNDS=9 SLUICE_CONFIG=my.toml bash bench/storage_vs_nginx.sh   # more rounds; sluice with a config
@@ -94,7 +94,9 @@ one() {
   t1=$(date +%s.%N); k1=$(ticks "$@")
   python3 -c "print(f'{$BYTES*$c/($t1-$t0)/1e9:.3f} {($k1-$k0)*1000/$HZ/($BYTES*$c/1e9):.1f}')"
 }
-median() { sort -n | sed -n "$(( (ROUNDS+1)/2 ))p"; }
+# median VALUES... (the lower middle one of an even count); ratio A B -> A/B to three places
+median() { printf '%s\n' "$@" | sort -n | sed -n "$(( ($# + 1) / 2 ))p"; }
+ratio() { python3 -c "print(f'{$1/$2:.3f}')"; }
 catrate() {
   local c=$1 t0 t1; t0=$(date +%s.%N)
   for i in $(seq "$c"); do cat "$WORK/data/b/"*.tar > /dev/null & done; wait
@@ -120,21 +122,20 @@ for c in $CLIENTS; do
     done
     s=${so% *}; n=${no% *}
     ss+=("$s"); ns+=("$n"); sc+=("${so#* }"); nc+=("${no#* }")
-    rs+=("$(python3 -c "print(f'{$s/$n:.3f}')")")
+    rs+=("$(ratio "$s" "$n")")
     if [ -n "$BPID" ]; then
       b=${bo% *}; bs+=("$b"); bc+=("${bo#* }")
-      brs+=("$(python3 -c "print(f'{$b/$n:.3f}')")"); bss+=("$(python3 -c "print(f'{$b/$s:.3f}')")")
+      brs+=("$(ratio "$b" "$n")"); bss+=("$(ratio "$b" "$s")")
     fi
   done
-  s=$(printf '%s\n' "${ss[@]}" | median); n=$(printf '%s\n' "${ns[@]}" | median)
-  scpu=$(printf '%s\n' "${sc[@]}" | median); ncpu=$(printf '%s\n' "${nc[@]}" | median)
-  ratio=$(printf '%s\n' "${rs[@]}" | median)
+  s=$(median "${ss[@]}"); n=$(median "${ns[@]}")
+  scpu=$(median "${sc[@]}"); ncpu=$(median "${nc[@]}")
+  sn=$(median "${rs[@]}")
   k=$(flock "$LOCK" bash -c "$(declare -f catrate); WORK=$WORK BYTES=$BYTES catrate $c")
-  printf '%s\t%.2f\t%.2f\t%.2f\t%s\t%.2f\t%s\t%s\n' "$c" "$s" "$n" "$ratio" "$k" "$(python3 -c "print($s/$k)")" "$scpu" "$ncpu"
+  printf '%s\t%.2f\t%.2f\t%.2f\t%s\t%.2f\t%s\t%s\n' "$c" "$s" "$n" "$sn" "$k" "$(python3 -c "print($s/$k)")" "$scpu" "$ncpu"
   echo "# $c clients, sluice/nginx per round: ${rs[*]}"
   if [ -n "$BPID" ]; then
-    echo "# $c clients, SLUICE_B: $(printf '%s\n' "${bs[@]}" | median) GB/s," \
-      "b/nginx $(printf '%s\n' "${brs[@]}" | median), b/sluice $(printf '%s\n' "${bss[@]}" | median)," \
-      "$(printf '%s\n' "${bc[@]}" | median) cpu ms/GB; b/sluice per round: ${bss[*]}"
+    echo "# $c clients, SLUICE_B: $(median "${bs[@]}") GB/s, b/nginx $(median "${brs[@]}")," \
+      "b/sluice $(median "${bss[@]}"), $(median "${bc[@]}") cpu ms/GB; b/sluice per round: ${bss[*]}"
   fi
 done

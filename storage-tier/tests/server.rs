@@ -315,6 +315,22 @@ fn connections_beyond_the_limit_wait_for_a_slot() {
     node.stop();
 }
 
+/// Sends `request` on a fresh connection and reads the first bytes of its answer (at least
+/// one): a stream now in flight, and what has arrived of it.
+fn stream_in_flight(addr: SocketAddr, request: &[u8]) -> (TcpStream, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(request).unwrap();
+    let mut first = [0u8; 4096];
+    let n = s.read(&mut first).unwrap();
+    assert!(n > 0);
+    (s, first[..n].to_vec())
+}
+
+/// Where the body starts in the raw bytes of a response.
+fn body_start(response: &[u8]) -> usize {
+    response.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4
+}
+
 #[test]
 fn shutdown_lets_an_in_flight_stream_finish() {
     let dir = tempfile::tempdir().unwrap();
@@ -322,16 +338,13 @@ fn shutdown_lets_an_in_flight_stream_finish() {
     let mut cfg = config(&root);
     cfg.limits.read_size = 1 << 20;
     let node = start(cfg);
-    let mut s = TcpStream::connect(node.addr).unwrap();
-    s.write_all(b"GET /v1/b/big.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut first = [0u8; 4096];
-    let n = s.read(&mut first).unwrap();
-    assert!(n > 0);
+    let (mut s, mut rest) = stream_in_flight(
+        node.addr,
+        b"GET /v1/b/big.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
     node.shutdown.cancel(); // SIGTERM
-    let mut rest = first[..n].to_vec();
     s.read_to_end(&mut rest).unwrap();
-    let body_at = rest.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    let body_at = body_start(&rest);
     assert_eq!(
         rest.len() - body_at,
         big.len(),
@@ -392,12 +405,8 @@ fn run_returns_at_the_drain_deadline_with_a_stream_still_open() {
     cfg.timeouts.drain_secs = 0.5;
     cfg.timeouts.idle_secs = 3600.0;
     let node = start(cfg);
-    let mut s = TcpStream::connect(node.addr).unwrap();
-    s.write_all(b"GET /v1/b/big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut first = [0u8; 4096];
-    let n = s.read(&mut first).unwrap();
-    assert!(n > 0);
+    let (mut s, mut received) =
+        stream_in_flight(node.addr, b"GET /v1/b/big.bin HTTP/1.1\r\nHost: x\r\n\r\n");
     // SIGTERM while the client reads nothing: the stream cannot finish, so `run` returns at
     // the drain deadline instead of waiting out the idle timeout (an hour), and the stream
     // ends with the runtime it was served on.
@@ -412,9 +421,8 @@ fn run_returns_at_the_drain_deadline_with_a_stream_still_open() {
         "run did not return after the drain deadline"
     );
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut received = first[..n].to_vec();
     let _ = s.read_to_end(&mut received);
-    let body_at = received.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    let body_at = body_start(&received);
     assert!(
         received.len() - body_at < big.len(),
         "a stream past the drain deadline was finished anyway"
