@@ -27,6 +27,13 @@ fn loader(
         .pipeline("decode | random_resized_crop 64".into())
         .batch_size(8)
         .max_unit_samples(64)
+        // A narrow mixing window and lookahead keep workers from decoding the whole epoch
+        // ahead of the consumer, so a kill mid-epoch lands on units still in flight.
+        .mixing(sluice_client::Mixing {
+            window_units: 2,
+            buffer_samples: 16,
+        })
+        .lookahead(16)
         .heartbeat(Duration::from_millis(300))
         .silence(Duration::from_millis(1500))
         .worker_wait(Duration::from_secs(20))

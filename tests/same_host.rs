@@ -34,6 +34,12 @@ fn loader(data: &system::Dataset, dir: &Path, workers: &[&Worker], trust: &Path)
         .pipeline(PIPELINE.into())
         .batch_size(8)
         .max_unit_samples(32)
+        // Keep workers near the consumer, so the kill lands on units still in flight.
+        .mixing(sluice_client::Mixing {
+            window_units: 2,
+            buffer_samples: 16,
+        })
+        .lookahead(16)
         .credits_per_worker(16)
         .heartbeat(Duration::from_millis(300))
         .silence(Duration::from_millis(1500))

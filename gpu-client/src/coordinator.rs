@@ -1,11 +1,20 @@
 //! One epoch's coordinator: hands the plan's units to workers a few at a time, grants
-//! credits, accepts each planned sample once (the ledger), fills batches in the ring, and
-//! moves the unfinished part of a lost or failed worker's units to the others.
+//! credits, accepts each planned sample once (the ledger), puts it in its place in the
+//! delivery order ([`Reorder`]), fills batches in the ring, and moves the unfinished part of
+//! a lost or failed worker's units to the others.
+//!
+//! In plan order, units go out in the order the sequence needs them (their first position),
+//! only while that position is within `lookahead` of the next one to fill, which bounds what
+//! can arrive early. When the next position's sample has not come for `hedge_after`, the
+//! rest of its unit is also given to another worker (first copy wins; the ledger drops the
+//! other as duplicates), so one slow worker does not stall the sequence.
 //!
 //! It runs as one task; everything it owns is plain state, and its only waits are for an
-//! event, a free batch buffer, room in the consumer's queue, or the no-worker deadline.
+//! event, a free batch buffer, room in the consumer's queue, the hedging deadline, or the
+//! no-worker deadline.
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,12 +28,16 @@ use crate::batch::{BatchPlan, Filling, HostAllocator, Ring, SampleId, ShortBatch
 use crate::error::ClientError;
 use crate::ledger::{Ledger, Verdict};
 use crate::link::{Command, Event};
+use crate::reorder::{Arrival, Placement, Reorder};
 use crate::stats::{EpochCounters, Stats};
 use crate::Batch;
 
 /// A sample range of a unit, as given to one worker in one attempt.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Piece {
+    /// When the delivery order needs it: its earliest position (plan order), or its place in
+    /// the plan's unit list, 0 for a requeued piece (arrival order). Lower goes first.
+    priority: u64,
     unit: u64,
     start: u64,
     end: u64,
@@ -56,14 +69,24 @@ pub(crate) struct Settings {
     pub ring_batches: usize,
     pub worker_wait: Duration,
     pub max_unit_attempts: u32,
+    /// Plan order: how far ahead of the next position a unit may start.
+    pub lookahead: u64,
+    /// Plan order: how long the next position may wait before its unit is hedged.
+    pub hedge_after: Duration,
 }
 
 pub(crate) struct Coordinator {
     settings: Settings,
     manifest: Arc<Manifest>,
     ledger: Ledger,
-    queue: VecDeque<Piece>,
+    reorder: Reorder,
+    queue: BinaryHeap<Reverse<Piece>>,
     attempts: Vec<u32>,
+    /// Units already hedged (at most once an epoch: a second stall is a lost worker's, which
+    /// silence detection handles).
+    hedged: Vec<bool>,
+    /// When the delivery order last moved (a sample or skip filled its place).
+    progressed: Instant,
     failures: Vec<(u32, String)>,
     links: Vec<LinkState>,
     shape: Option<SampleShape>,
@@ -81,30 +104,35 @@ impl Coordinator {
     pub(crate) fn new(
         settings: Settings,
         manifest: Arc<Manifest>,
-        ledger: Ledger,
+        (ledger, reorder): (Ledger, Reorder),
         links: Vec<(String, mpsc::Sender<Command>)>,
         allocator: Arc<dyn HostAllocator>,
         counters: Arc<EpochCounters>,
         stats: Arc<Stats>,
     ) -> Self {
-        let mut queue = VecDeque::new();
+        let mut queue = BinaryHeap::new();
         let units = (0..)
             .map_while(|id| ledger.unit(id).map(|u| (id, *u)))
             .collect::<Vec<_>>();
         let mut attempts = vec![0u32; units.len()];
         for (id, u) in &units {
             for (start, end) in ledger.missing(*id, u.start, u.end) {
-                queue.push_back(Piece {
+                let priority = priority(&reorder, *id, start, end).unwrap_or(*id);
+                queue.push(Reverse(Piece {
+                    priority,
                     unit: *id,
                     start,
                     end,
                     attempt: attempts[*id as usize],
-                });
+                }));
                 attempts[*id as usize] += 1;
             }
         }
         Coordinator {
             next_batch: settings.first_batch,
+            hedged: vec![false; units.len()],
+            progressed: Instant::now(),
+            reorder,
             attempts,
             failures: vec![(0, String::new()); units.len()],
             settings,
@@ -166,6 +194,7 @@ impl Coordinator {
             let deadline = self
                 .down_since
                 .map(|t| tokio::time::Instant::from_std(t + self.settings.worker_wait));
+            let hedge = self.hedge_deadline().map(tokio::time::Instant::from_std);
             let event = tokio::select! {
                 e = events.recv() => e,
                 _ = sleep_until(deadline) => {
@@ -173,6 +202,10 @@ impl Coordinator {
                         waited: self.settings.worker_wait,
                         detail: self.last_errors(),
                     });
+                }
+                _ = sleep_until(hedge) => {
+                    self.hedge().await;
+                    continue;
                 }
             };
             let Some(event) = event else {
@@ -201,9 +234,18 @@ impl Coordinator {
         self.links.iter().filter(|l| l.generation.is_some()).count()
     }
 
-    /// Gives queued pieces to live links with room, least loaded first.
+    /// Gives queued pieces to live links with room, least loaded first; in plan order only
+    /// pieces the sequence needs within the lookahead.
     async fn dispatch(&mut self) {
-        while !self.queue.is_empty() {
+        let horizon = self
+            .reorder
+            .next_position()
+            .map_or(u64::MAX, |n| n.saturating_add(self.settings.lookahead));
+        while self
+            .queue
+            .peek()
+            .is_some_and(|Reverse(p)| p.priority < horizon)
+        {
             let Some(i) = (0..self.links.len())
                 .filter(|&i| {
                     let l = &self.links[i];
@@ -213,11 +255,18 @@ impl Coordinator {
             else {
                 return;
             };
-            let Some(piece) = self.queue.pop_front() else {
+            let Some(Reverse(piece)) = self.queue.pop() else {
                 return;
             };
+            self.send_piece(i, piece).await;
+        }
+    }
+
+    /// Sends `piece` to link `i`.
+    async fn send_piece(&mut self, i: usize, piece: Piece) {
+        {
             let Some(unit) = self.ledger.unit(piece.unit).copied() else {
-                continue;
+                return;
             };
             let shard = &self.manifest.shards[unit.shard as usize];
             let assign = Assign {
@@ -245,9 +294,66 @@ impl Coordinator {
                 .is_err()
             {
                 // The link task ended; its loss event will requeue the piece.
-                continue;
+                return;
             }
             self.stats.set_in_flight(i, link.open.len());
+        }
+    }
+
+    /// When to hedge: plan order, something is awaited, and the order has not moved for
+    /// `hedge_after`.
+    fn hedge_deadline(&self) -> Option<Instant> {
+        let (unit, _) = self.reorder.awaited()?;
+        if self.hedged.get(unit as usize).copied().unwrap_or(true) {
+            return None;
+        }
+        Some(self.progressed + self.settings.hedge_after)
+    }
+
+    /// Gives the rest of the awaited sample's unit to a second live worker too, if a worker
+    /// holds it and another is up. First copy wins: the ledger drops the slower one's.
+    async fn hedge(&mut self) {
+        let Some((unit, index)) = self.reorder.awaited() else {
+            return;
+        };
+        if let Some(h) = self.hedged.get_mut(unit as usize) {
+            *h = true;
+        }
+        let unit = u64::from(unit);
+        let Some((holder, piece)) = self.links.iter().enumerate().find_map(|(i, l)| {
+            l.open
+                .iter()
+                .find(|p| p.unit == unit && (p.start..p.end).contains(&index))
+                .map(|p| (i, *p))
+        }) else {
+            return; // still queued (no worker has it): dispatch will send it
+        };
+        let Some(other) = (0..self.links.len())
+            .filter(|&i| i != holder && self.links[i].generation.is_some())
+            .min_by_key(|&i| self.links[i].open.len())
+        else {
+            return;
+        };
+        self.counters.hedged.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("sluice_client_hedged_units_total").increment(1);
+        tracing::info!(
+            unit,
+            slow = %self.links[holder].name,
+            to = %self.links[other].name,
+            "sample {index} of unit {unit} is late: hedging the rest of the unit"
+        );
+        for (start, end) in self.ledger.missing(unit, piece.start, piece.end) {
+            let a = &mut self.attempts[unit as usize];
+            let attempt = *a;
+            *a += 1;
+            let piece = Piece {
+                priority: 0,
+                unit,
+                start,
+                end,
+                attempt,
+            };
+            self.send_piece(other, piece).await;
         }
     }
 
@@ -271,19 +377,34 @@ impl Coordinator {
                 self.used_credit(link).await;
                 match self.ledger.record(header.unit, header.shard, header.index) {
                     Verdict::Accept => {
+                        self.stats.sample_from(link);
                         let id = SampleId {
                             shard: header.shard,
                             index: header.index,
                         };
-                        self.filling(out).await?.push(
-                            |slot| payload.copy_tensor(slot),
-                            header.label,
+                        let (unit, index) = (header.unit, header.index);
+                        if self.reorder.take_turn(unit, index) {
+                            // Its turn: straight from the payload into the ring.
+                            self.filling(out).await?.push(
+                                |slot| payload.copy_tensor(slot),
+                                header.label,
+                                id,
+                                header.key,
+                                unit,
+                            );
+                            self.progressed = Instant::now();
+                            self.close_if_full(out).await?;
+                            return self.release(out).await;
+                        }
+                        let tensor_bytes = self.shape.map_or(0, |s| s.bytes() as usize);
+                        let arrival = Arrival::Sample {
+                            label: header.label,
                             id,
-                            header.key,
-                            header.unit,
-                        );
-                        self.stats.sample_from(link);
-                        self.close_if_full(out).await
+                            key: header.key,
+                            unit,
+                            tensor: payload.into_tensor(tensor_bytes),
+                        };
+                        self.place(unit, index, arrival, out).await
                     }
                     Verdict::Duplicate => {
                         self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
@@ -311,8 +432,12 @@ impl Coordinator {
                             index: skipped.index,
                         };
                         let reason = format!("{}: {}", skipped.key, skipped.reason);
-                        self.filling(out).await?.skip(id, reason, skipped.unit);
-                        self.close_if_full(out).await
+                        let arrival = Arrival::Skip {
+                            id,
+                            reason,
+                            unit: skipped.unit,
+                        };
+                        self.place(skipped.unit, skipped.index, arrival, out).await
                     }
                     Verdict::Duplicate => {
                         self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
@@ -437,6 +562,66 @@ impl Coordinator {
             .ok_or_else(|| ClientError::Runtime("no batch".into()))
     }
 
+    /// Puts an accepted arrival in its place: the batch being filled if its turn has come,
+    /// else the holding area; then lets out whatever has become due.
+    async fn place(
+        &mut self,
+        unit: u64,
+        index: u64,
+        arrival: Arrival,
+        out: &mpsc::Sender<Result<Batch, ClientError>>,
+    ) -> Result<(), ClientError> {
+        if let Placement::Now(a) = self.reorder.offer(unit, index, arrival) {
+            self.fill(a, out).await?;
+        }
+        self.release(out).await
+    }
+
+    /// Fills batches with held arrivals whose turn has come.
+    async fn release(
+        &mut self,
+        out: &mpsc::Sender<Result<Batch, ClientError>>,
+    ) -> Result<(), ClientError> {
+        loop {
+            let draining = self.ledger.is_complete();
+            let Some(a) = self.reorder.release(draining) else {
+                break;
+            };
+            self.fill(a, out).await?;
+        }
+        let (held, peak) = self.reorder.held();
+        self.counters
+            .reorder_peak
+            .fetch_max(peak as u64, Ordering::Relaxed);
+        metrics::gauge!("sluice_client_reorder_held_samples").set(held as f64);
+        Ok(())
+    }
+
+    async fn fill(
+        &mut self,
+        arrival: Arrival,
+        out: &mpsc::Sender<Result<Batch, ClientError>>,
+    ) -> Result<(), ClientError> {
+        match arrival {
+            Arrival::Sample {
+                label,
+                id,
+                key,
+                unit,
+                tensor,
+            } => self.filling(out).await?.push(
+                |slot| slot.copy_from_slice(&tensor[..slot.len()]),
+                label,
+                id,
+                key,
+                unit,
+            ),
+            Arrival::Skip { id, reason, unit } => self.filling(out).await?.skip(id, reason, unit),
+        }
+        self.progressed = Instant::now();
+        self.close_if_full(out).await
+    }
+
     async fn close_if_full(
         &mut self,
         out: &mpsc::Sender<Result<Batch, ClientError>>,
@@ -495,7 +680,8 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Puts the part of `piece` not yet accounted for back at the front of the queue.
+    /// Puts the part of `piece` not yet accounted for back in the queue, ahead of fresh units
+    /// (arrival order) or where the sequence needs it (plan order).
     fn requeue(&mut self, piece: Piece) {
         let missing = self.ledger.missing(piece.unit, piece.start, piece.end);
         if missing.is_empty() {
@@ -505,16 +691,18 @@ impl Coordinator {
         metrics::counter!("sluice_client_reassigned_units_total").increment(1);
         // Every piece of a unit gets its own attempt number, so a worker's report names
         // exactly one piece.
-        for &(start, end) in missing.iter().rev() {
+        for &(start, end) in &missing {
             let a = &mut self.attempts[piece.unit as usize];
             let attempt = *a;
             *a += 1;
-            self.queue.push_front(Piece {
+            let priority = priority(&self.reorder, piece.unit, start, end).unwrap_or(0);
+            self.queue.push(Reverse(Piece {
+                priority,
                 unit: piece.unit,
                 start,
                 end,
                 attempt,
-            });
+            }));
         }
     }
 
@@ -536,6 +724,17 @@ impl Coordinator {
         if self.alive() == 0 && self.down_since.is_none() {
             self.down_since = Some(Instant::now());
         }
+    }
+}
+
+/// When the delivery order needs samples `start..end` of `unit`: their earliest position in
+/// plan order, `None` in arrival order.
+fn priority(reorder: &Reorder, unit: u64, start: u64, end: u64) -> Option<u64> {
+    match reorder {
+        Reorder::Plan { sequence, .. } => {
+            sequence.first_position_in(u32::try_from(unit).ok()?, start, end)
+        }
+        Reorder::Arrival { .. } => None,
     }
 }
 
@@ -606,6 +805,9 @@ mod tests {
             end: 8,
             padding: false,
         }];
+        let sequence = Arc::new(
+            sluice_plan::Sequence::new(&units, sluice_plan::Mixing::default(), 1, 0, 0).unwrap(),
+        );
         let (tx0, mut rx0) = mpsc::channel(16);
         let (tx1, mut rx1) = mpsc::channel(16);
         let counters = Arc::new(EpochCounters::default());
@@ -622,9 +824,11 @@ mod tests {
                 ring_batches: 2,
                 worker_wait: Duration::from_secs(5),
                 max_unit_attempts: 3,
+                lookahead: 8,
+                hedge_after: Duration::from_secs(60),
             },
             manifest,
-            Ledger::new(&units),
+            (Ledger::new(&units), Reorder::plan(sequence.clone(), 0)),
             vec![("w0".into(), tx0), ("w1".into(), tx1)],
             Arc::new(HeapAllocator),
             counters.clone(),
@@ -699,6 +903,8 @@ mod tests {
             ids.extend(batch.ids().iter().map(|id| id.index));
         }
         task.await.unwrap();
+        let planned: Vec<u64> = (0..8).map(|p| sequence.at(p).unwrap().1).collect();
+        assert_eq!(ids, planned, "batches in the plan's order");
         ids.sort();
         assert_eq!(ids, (0..8).collect::<Vec<_>>());
         let r = counters.report(0, 8);

@@ -41,14 +41,15 @@ mod link;
 pub mod loader;
 #[cfg(feature = "cuda")]
 mod nvrtc;
+mod reorder;
 pub mod same_host;
 pub mod stats;
 mod tls;
 
 pub use batch::{Batch, HeapAllocator, HostAllocator, HostMemory, LastBatch, SampleId, ShortBatch};
 pub use error::ClientError;
-pub use loader::{Checkpoint, Epoch, Loader, LoaderBuilder, Workers};
+pub use loader::{Checkpoint, Epoch, Loader, LoaderBuilder, Order, Workers};
 pub use same_host::SameHost;
-pub use sluice_plan::{Remainder, ShufflePolicy};
+pub use sluice_plan::{Mixing, Remainder, ShufflePolicy};
 pub use sluice_wire::SampleShape;
 pub use stats::{EpochReport, StatsSnapshot, WorkerStats};

@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use sluice_plan::{PlanConfig, Remainder, ShufflePolicy, WorkUnit};
+use sluice_plan::{
+    Mixing, PlanConfig, Remainder, Sequence, ShuffleBuffer, ShufflePolicy, WorkUnit,
+};
 use sluice_shard::Manifest;
 use sluice_wire::{JobSpec, Limits, UnitRunner};
 use tokio::sync::mpsc;
@@ -24,8 +26,9 @@ use crate::batch::{
 };
 use crate::coordinator::{Coordinator, Settings};
 use crate::error::ClientError;
-use crate::ledger::{Ledger, LedgerRecord};
+use crate::ledger::{Ledger, LedgerRecord, Verdict};
 use crate::link::{run_local, RemoteLink, SameHostRoute};
+use crate::reorder::Reorder;
 use crate::same_host::SameHost;
 use crate::stats::{EpochCounters, EpochReport, Stats, StatsSnapshot};
 
@@ -37,6 +40,47 @@ pub enum Workers {
     Remote(Vec<String>),
     /// In this process, with no daemon (e.g. `sluice_cpu::CpuWorker`).
     InProcess(Arc<dyn UnitRunner>),
+}
+
+/// The order samples fill batches in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Order {
+    /// The plan's order ([`sluice_plan::Sequence`]): batch `b` is the same list of samples
+    /// for the same seed, whatever workers, transports, failures or resumes produced it.
+    #[default]
+    Plan,
+    /// As samples arrive, through a seeded shuffle buffer: mixed, not reproducible; no
+    /// sample waits for its turn.
+    Arrival,
+}
+
+impl Order {
+    /// Checkpoints written before the order was recorded were arrival order.
+    fn legacy() -> Self {
+        Order::Arrival
+    }
+}
+
+impl std::fmt::Display for Order {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Order::Plan => "plan",
+            Order::Arrival => "arrival",
+        })
+    }
+}
+
+impl std::str::FromStr for Order {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "plan" => Ok(Order::Plan),
+            "arrival" => Ok(Order::Arrival),
+            _ => Err(format!("order {s:?} is not \"plan\" or \"arrival\"")),
+        }
+    }
 }
 
 /// Builds a [`Loader`]; every setting has a default but the dataset and the workers.
@@ -52,6 +96,10 @@ pub struct LoaderBuilder {
     shuffle: ShufflePolicy,
     remainder: Remainder,
     max_unit_samples: u64,
+    order: Order,
+    mixing: Mixing,
+    lookahead: u64,
+    hedge_after: Duration,
     last_batch: LastBatch,
     short_batch: ShortBatch,
     fail_on_bad_sample: bool,
@@ -85,7 +133,11 @@ impl Default for LoaderBuilder {
             world_size: 1,
             shuffle: ShufflePolicy::Global,
             remainder: Remainder::Drop,
-            max_unit_samples: 256,
+            max_unit_samples: 64,
+            order: Order::Plan,
+            mixing: Mixing::default(),
+            lookahead: 512,
+            hedge_after: Duration::from_secs(3),
             last_batch: LastBatch::Partial,
             short_batch: ShortBatch::Deliver,
             fail_on_bad_sample: false,
@@ -158,6 +210,17 @@ impl LoaderBuilder {
         remainder: Remainder);
     setter!(/// Largest work unit, in samples.
         max_unit_samples: u64);
+    setter!(/// The order samples fill batches in (plan: reproducible; arrival: as they come).
+        order: Order);
+    setter!(/// The plan's mixing: units interleaved at once and the shuffle buffer after them
+        /// (arrival order uses the buffer size for its shuffle buffer).
+        mixing: Mixing);
+    setter!(/// Plan order: how many positions ahead of the next one a unit may be started;
+        /// bounds the samples held for their turn (see ARCHITECTURE.md for the memory).
+        lookahead: u64);
+    setter!(/// Plan order: how long the next sample may be late before the rest of its unit is
+        /// also given to another worker.
+        hedge_after: Duration);
     setter!(last_batch: LastBatch);
     setter!(short_batch: ShortBatch);
     setter!(/// Fail a unit (rather than skip the sample) when an image cannot be decoded.
@@ -251,6 +314,15 @@ impl LoaderBuilder {
         if self.max_unit_attempts == 0 {
             return bad("max_unit_attempts", "must be at least 1");
         }
+        if self.mixing.window_units == 0 {
+            return bad("mixing.window_units", "must be at least 1");
+        }
+        if self.order == Order::Plan && self.lookahead < u64::from(self.batch_size) {
+            return bad(
+                "lookahead",
+                "must be at least batch_size, or workers could not fill one batch ahead",
+            );
+        }
         manifest
             .validate(&self.dataset_name)
             .map_err(|e| ClientError::Config {
@@ -334,15 +406,35 @@ pub struct Loader {
     /// The settings' allocator, keeping finished epochs' ring buffers for the next ones.
     allocator: Arc<dyn HostAllocator>,
     progress: Arc<Mutex<Option<Progress>>>,
-    resume: Mutex<Option<Checkpoint>>,
+    resume: Mutex<Option<Pending>>,
     stats: Arc<Stats>,
 }
 
 /// What the consumer has been handed in the current epoch.
 struct Progress {
     epoch: u64,
+    /// The earlier worlds of this epoch (elastic resumes), oldest first.
+    resumed: Vec<Segment>,
     batches: u64,
     ledger: Ledger,
+}
+
+/// A loaded checkpoint, waiting for `epoch(e)`.
+struct Pending {
+    epoch: u64,
+    resumed: Vec<Segment>,
+    batches: u64,
+    /// The ledger of this rank (same world size); `None` for an elastic resume, which starts
+    /// a new segment with nothing delivered.
+    ledger: Option<LedgerRecord>,
+}
+
+/// An earlier part of an epoch: a world of `world_size` ranks each took `batches` batches
+/// of its plan-order sequence, then the job stopped and resumed at another world size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    pub world_size: u32,
+    pub batches: u64,
 }
 
 /// A compact record of an epoch in progress: restoring it delivers exactly the rest.
@@ -355,9 +447,19 @@ pub struct Checkpoint {
     pub world_size: u32,
     pub rank: u32,
     pub shuffle: String,
+    /// The delivery order it was taken under (`plan` or `arrival`).
+    #[serde(default = "Order::legacy")]
+    pub order: Order,
     pub batch_size: u32,
+    /// The plan's other settings (remainder, unit size, last batch, mixing), which must
+    /// match too.
+    #[serde(default)]
+    pub plan: String,
     pub epoch: u64,
-    /// Batches already handed to the consumer.
+    /// Earlier worlds of this epoch, oldest first, when it was resumed at another world size.
+    #[serde(default)]
+    pub resumed: Vec<Segment>,
+    /// Batches already handed to the consumer (in the current segment).
     pub batches: u64,
     /// Samples in those batches (delivered or skipped).
     pub ledger: LedgerRecord,
@@ -427,22 +529,8 @@ impl Loader {
     /// This rank's work units for `epoch`, cut to the samples that make whole batches under
     /// the last-batch policy.
     pub fn plan(&self, epoch: u64) -> Result<Vec<WorkUnit>, ClientError> {
-        let units =
-            sluice_plan::plan(&self.manifest, &self.plan_config, epoch, self.settings.rank)?;
-        let mut left = self.batch_plan.samples;
-        let mut out = Vec::with_capacity(units.len());
-        for mut u in units {
-            if left == 0 {
-                break;
-            }
-            if u.len() > left {
-                u.end = u.start + left;
-            }
-            left -= u.len();
-            u.id = out.len() as u32;
-            out.push(u);
-        }
-        Ok(out)
+        let s = &self.settings;
+        Ok(self.segment(epoch, &[], s.world_size, s.rank)?.0)
     }
 
     /// The state of the current epoch: restoring it with [`Loader::load_state_dict`] (in a
@@ -457,8 +545,11 @@ impl Loader {
             world_size: self.settings.world_size,
             rank: self.settings.rank,
             shuffle: self.settings.shuffle.to_string(),
+            order: self.settings.order,
             batch_size: self.settings.batch_size,
+            plan: self.plan_settings(),
             epoch: p.epoch,
+            resumed: p.resumed.clone(),
             batches: p.batches,
             ledger: p.ledger.to_record(),
         })
@@ -467,52 +558,299 @@ impl Loader {
     /// Restores a checkpoint; the next `epoch(checkpoint.epoch)` resumes it. Errors say what
     /// does not match this loader.
     pub fn load_state_dict(&self, checkpoint: Checkpoint) -> Result<(), ClientError> {
+        self.load_state_dicts(std::slice::from_ref(&checkpoint))
+    }
+
+    /// Restores the checkpoints of a job's ranks, taken at the same step; the next
+    /// `epoch(e)` delivers exactly the rest of their epoch.
+    ///
+    /// At the same world size this rank's own checkpoint is used. At another world size
+    /// (plan order only) the rest of the epoch, what every old rank had not yet delivered,
+    /// is split equally across the new ranks; one checkpoint is enough, since in plan order
+    /// an old rank's delivered samples are its sequence's first `batches × batch_size`. The
+    /// checkpoints given must agree on dataset, seed, world_size, shuffle, order, batch_size,
+    /// plan settings, epoch, earlier segments and `batches` (the global step: DDP ranks stop
+    /// together); each error names the field.
+    pub fn load_state_dicts(&self, checkpoints: &[Checkpoint]) -> Result<(), ClientError> {
         let s = &self.settings;
+        let Some(first) = checkpoints.first() else {
+            return Err(ClientError::Checkpoint("no checkpoint given".into()));
+        };
+        for c in &checkpoints[1..] {
+            let disagree = |field: &str, a: String, b: String| {
+                Err(ClientError::Checkpoint(format!(
+                    "ranks {} and {} disagree on {field}: {a} and {b}",
+                    first.rank, c.rank
+                )))
+            };
+            let pairs = [
+                ("dataset", first.dataset.to_string(), c.dataset.to_string()),
+                ("seed", first.seed.to_string(), c.seed.to_string()),
+                (
+                    "world_size",
+                    first.world_size.to_string(),
+                    c.world_size.to_string(),
+                ),
+                ("shuffle", first.shuffle.clone(), c.shuffle.clone()),
+                ("order", first.order.to_string(), c.order.to_string()),
+                (
+                    "batch_size",
+                    first.batch_size.to_string(),
+                    c.batch_size.to_string(),
+                ),
+                ("plan", first.plan.clone(), c.plan.clone()),
+                ("epoch", first.epoch.to_string(), c.epoch.to_string()),
+                (
+                    "resumed",
+                    format!("{:?}", first.resumed),
+                    format!("{:?}", c.resumed),
+                ),
+                (
+                    "batches (the global step)",
+                    first.batches.to_string(),
+                    c.batches.to_string(),
+                ),
+            ];
+            for (field, a, b) in pairs {
+                if a != b {
+                    return disagree(field, a, b);
+                }
+            }
+        }
+        let mut ranks: Vec<u32> = checkpoints.iter().map(|c| c.rank).collect();
+        ranks.sort_unstable();
+        if let Some(w) = ranks.windows(2).find(|w| w[0] == w[1]) {
+            return Err(ClientError::Checkpoint(format!(
+                "rank {} is given twice",
+                w[0]
+            )));
+        }
+        if let Some(r) = ranks.iter().find(|&&r| r >= first.world_size) {
+            return Err(ClientError::Checkpoint(format!(
+                "rank {r} is outside its world_size {}",
+                first.world_size
+            )));
+        }
         let mismatch = |what: &str, theirs: String, ours: String| {
             Err(ClientError::Checkpoint(format!(
                 "it was taken with {what} {theirs}, this loader has {ours}"
             )))
         };
-        if checkpoint.dataset != self.fingerprint {
+        if first.dataset != self.fingerprint {
             return mismatch(
                 "dataset",
-                format!("{:016x}", checkpoint.dataset),
+                format!("{:016x}", first.dataset),
                 format!("{:016x}", self.fingerprint),
             );
         }
-        if checkpoint.seed != s.seed {
-            return mismatch("seed", checkpoint.seed.to_string(), s.seed.to_string());
+        if first.seed != s.seed {
+            return mismatch("seed", first.seed.to_string(), s.seed.to_string());
         }
-        if (checkpoint.rank, checkpoint.world_size) != (s.rank, s.world_size) {
-            return mismatch(
-                "rank/world_size",
-                format!("{}/{}", checkpoint.rank, checkpoint.world_size),
-                format!("{}/{}", s.rank, s.world_size),
-            );
+        if first.shuffle != s.shuffle.to_string() {
+            return mismatch("shuffle", first.shuffle.clone(), s.shuffle.to_string());
         }
-        if checkpoint.shuffle != s.shuffle.to_string() {
-            return mismatch("shuffle", checkpoint.shuffle.clone(), s.shuffle.to_string());
-        }
-        if checkpoint.batch_size != s.batch_size {
+        if first.batch_size != s.batch_size {
             return mismatch(
                 "batch_size",
-                checkpoint.batch_size.to_string(),
+                first.batch_size.to_string(),
                 s.batch_size.to_string(),
             );
         }
-        let units = self.plan(checkpoint.epoch)?;
-        let mut ledger = Ledger::new(&units);
-        ledger
-            .apply(&checkpoint.ledger)
-            .map_err(ClientError::Checkpoint)?;
-        if checkpoint.batches > self.batch_plan.batches {
+        if first.order != s.order {
+            return mismatch("order", first.order.to_string(), s.order.to_string());
+        }
+        if !first.plan.is_empty() && first.plan != self.plan_settings() {
+            return mismatch("plan settings", first.plan.clone(), self.plan_settings());
+        }
+        let (units, batch_plan) =
+            self.segment(first.epoch, &first.resumed, first.world_size, first.rank)?;
+        if first.batches > batch_plan.batches {
             return Err(ClientError::Checkpoint(format!(
                 "{} batches delivered, more than the epoch's {}",
-                checkpoint.batches, self.batch_plan.batches
+                first.batches, batch_plan.batches
             )));
         }
+        let pending = if first.world_size == s.world_size {
+            let Some(mine) = checkpoints.iter().find(|c| c.rank == s.rank) else {
+                return Err(ClientError::Checkpoint(format!(
+                    "no checkpoint of rank {} among ranks {ranks:?} of the same world size",
+                    s.rank
+                )));
+            };
+            let (units, _) = self.segment(mine.epoch, &mine.resumed, s.world_size, s.rank)?;
+            let mut ledger = Ledger::new(&units);
+            ledger
+                .apply(&mine.ledger)
+                .map_err(ClientError::Checkpoint)?;
+            if s.order == Order::Plan {
+                let depth = mine.resumed.len() as u32;
+                let at = (mine.epoch, depth, s.rank);
+                self.check_plan_prefix(&units, at, mine.batches, &ledger)?;
+            }
+            Pending {
+                epoch: mine.epoch,
+                resumed: mine.resumed.clone(),
+                batches: mine.batches,
+                ledger: Some(mine.ledger.clone()),
+            }
+        } else {
+            if s.order != Order::Plan {
+                return Err(ClientError::Checkpoint(format!(
+                    "it was taken at world_size {}, this loader has {}: a new world size needs \
+                     order \"plan\" (in arrival order a checkpoint names only its own rank's \
+                     samples)",
+                    first.world_size, s.world_size
+                )));
+            }
+            let depth = first.resumed.len() as u32;
+            let mut ledger = Ledger::new(&units);
+            ledger
+                .apply(&first.ledger)
+                .map_err(ClientError::Checkpoint)?;
+            let at = (first.epoch, depth, first.rank);
+            self.check_plan_prefix(&units, at, first.batches, &ledger)?;
+            let mut resumed = first.resumed.clone();
+            resumed.push(Segment {
+                world_size: first.world_size,
+                batches: first.batches,
+            });
+            Pending {
+                epoch: first.epoch,
+                resumed,
+                batches: 0,
+                ledger: None,
+            }
+        };
         if let Ok(mut r) = self.resume.lock() {
-            *r = Some(checkpoint);
+            *r = Some(pending);
+        }
+        Ok(())
+    }
+
+    /// The plan settings a checkpoint must share besides the named fields.
+    fn plan_settings(&self) -> String {
+        let s = &self.settings;
+        format!(
+            "remainder={:?} unit={} last={:?} mix={}x{}",
+            s.remainder,
+            s.max_unit_samples,
+            s.last_batch,
+            s.mixing.window_units,
+            s.mixing.buffer_samples
+        )
+    }
+
+    /// Rank `rank`'s units (cut to whole batches) and batch plan for `epoch` in a world of
+    /// `world` ranks, after the earlier segments `resumed` (none: the epoch as planned).
+    fn segment(
+        &self,
+        epoch: u64,
+        resumed: &[Segment],
+        world: u32,
+        rank: u32,
+    ) -> Result<(Vec<WorkUnit>, BatchPlan), ClientError> {
+        let s = &self.settings;
+        let config = PlanConfig {
+            world_size: world,
+            ..self.plan_config.clone()
+        };
+        let batch_size = u64::from(s.batch_size);
+        let (units, samples) = match resumed.split_last() {
+            None => {
+                let units = sluice_plan::plan(&self.manifest, &config, epoch, rank)?;
+                let total = self.manifest.total_samples();
+                (
+                    units,
+                    sluice_plan::samples_per_rank(total, world, s.remainder),
+                )
+            }
+            Some((last, earlier)) => {
+                let mut rest = Vec::new();
+                for q in 0..last.world_size {
+                    let (units, _) = self.segment(epoch, earlier, last.world_size, q)?;
+                    let seq = self.sequence(&units, epoch, earlier.len() as u32, q)?;
+                    let done = (last.batches * batch_size).min(seq.len());
+                    rest.extend(remaining_pieces(&units, &seq, done));
+                }
+                let remaining = sluice_plan::assign::total(&rest);
+                let counts: Vec<u64> = self.manifest.shards.iter().map(|s| s.samples).collect();
+                let depth = resumed.len() as u32;
+                let units = sluice_plan::resume_plan(rest, &counts, &config, epoch, rank, depth)?;
+                (
+                    units,
+                    sluice_plan::samples_per_rank(remaining, world, s.remainder),
+                )
+            }
+        };
+        let batch_plan = BatchPlan::new(samples, batch_size, s.last_batch);
+        Ok((cut_units(units, batch_plan.samples), batch_plan))
+    }
+
+    /// What this rank will deliver in `epoch` from now: the plan, or the rest of a loaded
+    /// checkpoint's epoch (this rank's share of it after a change of world size).
+    pub fn pending(&self, epoch: u64) -> Result<Vec<WorkUnit>, ClientError> {
+        let s = &self.settings;
+        let resume = self.resume.lock().ok();
+        let Some(p) = resume
+            .as_ref()
+            .and_then(|r| r.as_ref())
+            .filter(|p| p.epoch == epoch)
+        else {
+            return self.plan(epoch);
+        };
+        let (units, _) = self.segment(epoch, &p.resumed, s.world_size, s.rank)?;
+        let Some(record) = &p.ledger else {
+            return Ok(units);
+        };
+        let mut ledger = Ledger::new(&units);
+        ledger.apply(record).map_err(ClientError::Checkpoint)?;
+        Ok(units
+            .iter()
+            .flat_map(|u| {
+                ledger
+                    .missing(u64::from(u.id), u.start, u.end)
+                    .into_iter()
+                    .map(move |(start, end)| WorkUnit { start, end, ..*u })
+            })
+            .collect())
+    }
+
+    /// The delivery order of `units` (this rank's plan for `epoch`; `depth` earlier
+    /// segments when the epoch was resumed at another world size).
+    fn sequence(
+        &self,
+        units: &[WorkUnit],
+        epoch: u64,
+        depth: u32,
+        rank: u32,
+    ) -> Result<Sequence, ClientError> {
+        let s = &self.settings;
+        let seed = sluice_plan::segment_seed(s.seed, depth);
+        Ok(Sequence::new(units, s.mixing, seed, epoch, rank)?)
+    }
+
+    /// In plan order, the samples in the first `batches` batches are exactly the sequence's
+    /// first `batches × batch_size` positions: a checkpoint that says otherwise was not
+    /// taken under this plan.
+    fn check_plan_prefix(
+        &self,
+        units: &[WorkUnit],
+        (epoch, depth, rank): (u64, u32, u32),
+        batches: u64,
+        ledger: &Ledger,
+    ) -> Result<(), ClientError> {
+        let sequence = self.sequence(units, epoch, depth, rank)?;
+        let prefix = (batches * u64::from(self.settings.batch_size)).min(sequence.len());
+        let in_prefix = (0..prefix).filter_map(|p| sequence.at(p)).all(|(u, i)| {
+            units
+                .get(u as usize)
+                .is_some_and(|w| ledger.check(u64::from(u), w.shard, i) == Verdict::Duplicate)
+        });
+        if !in_prefix || ledger.accounted() != prefix {
+            return Err(ClientError::Checkpoint(format!(
+                "its ledger ({} samples) is not the plan's first {batches} batches ({prefix} samples)",
+                ledger.accounted()
+            )));
         }
         Ok(())
     }
@@ -523,28 +861,50 @@ impl Loader {
             .runtime
             .as_ref()
             .ok_or_else(|| ClientError::Runtime("the loader is shutting down".into()))?;
-        let units = self.plan(epoch)?;
+        let s = &self.settings;
+        let resume = self.resume.lock().ok().and_then(|mut r| r.take());
+        let resume = resume.filter(|p| p.epoch == epoch);
+        let resumed = resume
+            .as_ref()
+            .map(|p| p.resumed.clone())
+            .unwrap_or_default();
+        let (units, batch_plan) = self.segment(epoch, &resumed, s.world_size, s.rank)?;
         let mut ledger = Ledger::new(&units);
         let mut first_batch = 0;
-        let resume = self.resume.lock().ok().and_then(|mut r| r.take());
-        if let Some(c) = resume.filter(|c| c.epoch == epoch) {
-            ledger.apply(&c.ledger).map_err(ClientError::Checkpoint)?;
-            first_batch = c.batches;
+        if let Some(p) = &resume {
+            if let Some(record) = &p.ledger {
+                ledger.apply(record).map_err(ClientError::Checkpoint)?;
+            }
+            first_batch = p.batches;
             tracing::info!(
                 epoch,
-                batches = c.batches,
+                batches = p.batches,
                 samples = ledger.accounted(),
+                earlier_worlds = ?p.resumed,
                 "resuming"
             );
         }
+        let depth = resumed.len() as u32;
+        let reorder = match s.order {
+            Order::Plan => Reorder::plan(
+                Arc::new(self.sequence(&units, epoch, depth, s.rank)?),
+                first_batch * u64::from(s.batch_size),
+            ),
+            Order::Arrival => Reorder::arrival(ShuffleBuffer::new(
+                s.mixing.buffer_samples as usize,
+                s.seed,
+                epoch,
+                s.rank,
+            )),
+        };
         if let Ok(mut p) = self.progress.lock() {
             *p = Some(Progress {
                 epoch,
+                resumed,
                 batches: first_batch,
                 ledger: ledger.clone(),
             });
         }
-        let s = &self.settings;
         let job = (epoch << 32) ^ (u64::from(s.rank) << 16) ^ (self.fingerprint & 0xffff);
         let spec = JobSpec {
             job,
@@ -643,7 +1003,7 @@ impl Loader {
         let settings = Settings {
             job,
             epoch,
-            batch_plan: self.batch_plan,
+            batch_plan,
             first_batch,
             short_batch: s.short_batch,
             credits_per_worker: s.credits_per_worker,
@@ -652,11 +1012,13 @@ impl Loader {
             ring_batches: s.ring_batches,
             worker_wait: s.worker_wait,
             max_unit_attempts: s.max_unit_attempts,
+            lookahead: s.lookahead,
+            hedge_after: s.hedge_after,
         };
         let coordinator = Coordinator::new(
             settings,
             self.manifest.clone(),
-            ledger,
+            (ledger, reorder),
             links,
             self.allocator.clone(),
             counters.clone(),
@@ -666,8 +1028,10 @@ impl Loader {
         Ok(Epoch {
             runtime: runtime.handle().clone(),
             epoch,
-            planned: self.batch_plan.samples,
-            batches: self.batch_plan.batches,
+            planned: batch_plan
+                .samples
+                .saturating_sub(first_batch * u64::from(s.batch_size)),
+            batches: batch_plan.batches,
             rx: out_rx,
             cancel,
             counters,
@@ -720,6 +1084,55 @@ impl Drop for Loader {
             rt.shutdown_background();
         }
     }
+}
+
+/// The first `samples` samples of `units`, ids renumbered in order.
+fn cut_units(units: Vec<WorkUnit>, samples: u64) -> Vec<WorkUnit> {
+    let mut left = samples;
+    let mut out = Vec::with_capacity(units.len());
+    for mut u in units {
+        if left == 0 {
+            break;
+        }
+        if u.len() > left {
+            u.end = u.start + left;
+        }
+        left -= u.len();
+        u.id = out.len() as u32;
+        out.push(u);
+    }
+    out
+}
+
+/// The samples at positions `done..` of `sequence`, as pieces: per unit (in unit order),
+/// runs of consecutive indexes.
+fn remaining_pieces(
+    units: &[WorkUnit],
+    sequence: &Sequence,
+    done: u64,
+) -> Vec<sluice_plan::assign::Piece> {
+    let mut left: Vec<Vec<u64>> = vec![Vec::new(); units.len()];
+    for p in done..sequence.len() {
+        if let Some((u, i)) = sequence.at(p) {
+            left[u as usize].push(i);
+        }
+    }
+    let mut out: Vec<sluice_plan::assign::Piece> = Vec::new();
+    for (u, mut idx) in units.iter().zip(left) {
+        idx.sort_unstable();
+        for i in idx {
+            match out.last_mut() {
+                Some(p) if p.shard == u.shard && p.end == i && p.padding == u.padding => p.end += 1,
+                _ => out.push(sluice_plan::assign::Piece {
+                    shard: u.shard,
+                    start: i,
+                    end: i + 1,
+                    padding: u.padding,
+                }),
+            }
+        }
+    }
+    out
 }
 
 /// How long the consumer may wait on a full ring (another thread may still release a batch)

@@ -175,6 +175,22 @@ pub(crate) enum Payload {
 }
 
 impl Payload {
+    /// The sample's tensor (`tensor_bytes` of it) as owned bytes, freeing a same-host slot:
+    /// a sample that must wait for its turn may not hold a credit's slot meanwhile.
+    pub(crate) fn into_tensor(self, tensor_bytes: usize) -> Vec<u8> {
+        match self {
+            Payload::Bytes(mut b) => {
+                b.truncate(tensor_bytes);
+                b
+            }
+            Payload::Slot(_) => {
+                let mut v = vec![0u8; tensor_bytes];
+                self.copy_tensor(&mut v);
+                v
+            }
+        }
+    }
+
     /// Copies the sample's tensor (`dst.len()` bytes) into `dst`.
     pub(crate) fn copy_tensor(&self, dst: &mut [u8]) {
         match self {

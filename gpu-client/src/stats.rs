@@ -17,6 +17,8 @@ pub(crate) struct EpochCounters {
     pub padded: AtomicU64,
     pub batches: AtomicU64,
     pub starved_ns: AtomicU64,
+    pub hedged: AtomicU64,
+    pub reorder_peak: AtomicU64,
     /// The coordinator is waiting for the consumer to release a ring buffer.
     pub ring_full: std::sync::atomic::AtomicBool,
 }
@@ -41,6 +43,10 @@ pub struct EpochReport {
     pub reassigned: u64,
     /// Time the consumer waited for a batch.
     pub starved: Duration,
+    /// Units given to a second worker because the delivery order waited on them.
+    pub hedged: u64,
+    /// Most samples held at once for their turn (plan order) or in the shuffle buffer.
+    pub reorder_peak: u64,
 }
 
 impl EpochCounters {
@@ -57,6 +63,8 @@ impl EpochCounters {
             unplanned_dropped: get(&self.unplanned),
             reassigned: get(&self.reassigned),
             starved: Duration::from_nanos(get(&self.starved_ns)),
+            hedged: get(&self.hedged),
+            reorder_peak: get(&self.reorder_peak),
         }
     }
 }

@@ -9,7 +9,7 @@
 //! sample when two ranks' shares differ by one). Epoch e is the result of e such exchanges,
 //! so consecutive epochs differ by Q of each rank's samples; the cost is O(e × shards).
 
-use crate::rng::{stream, Domain};
+use crate::rng::{stream, Domain, Stream};
 use crate::{PlanConfig, Remainder, ShufflePolicy, WorkUnit};
 
 /// A range of samples of one shard.
@@ -22,12 +22,16 @@ pub struct Piece {
 }
 
 impl Piece {
-    fn len(&self) -> u64 {
+    pub fn len(&self) -> u64 {
         self.end - self.start
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.start == self.end
     }
 }
 
-fn total(pieces: &[Piece]) -> u64 {
+pub fn total(pieces: &[Piece]) -> u64 {
     pieces.iter().map(Piece::len).sum()
 }
 
@@ -134,6 +138,22 @@ fn exchange(ranks: &mut [Vec<Piece>], q: f64, seed: u64, epoch: u64) {
     }
 }
 
+/// Lays `pieces` end to end and cuts the line into `world` runs; the first `total % world`
+/// runs are one sample longer.
+pub fn cut_pieces(pieces: Vec<Piece>, world: u32) -> Vec<Vec<Piece>> {
+    let n = total(&pieces);
+    let w = u64::from(world.max(1));
+    let (base, rem) = (n / w, n % w);
+    let mut rest = pieces;
+    let mut out = Vec::with_capacity(w as usize);
+    for r in 0..w {
+        let (mine, tail) = split_off_samples(rest, base + u64::from(r < rem));
+        out.push(mine);
+        rest = tail;
+    }
+    out
+}
+
 /// Splits a run of pieces after `n` samples: (the first `n` samples, the rest).
 fn split_off_samples(pieces: Vec<Piece>, n: u64) -> (Vec<Piece>, Vec<Piece>) {
     let mut head = Vec::new();
@@ -174,15 +194,26 @@ fn normalize(pieces: &mut Vec<Piece>) {
 /// Brings a rank to exactly `samples_per_rank` samples by dropping or repeating seeded
 /// samples.
 pub fn settle_remainder(
-    mut pieces: Vec<Piece>,
+    pieces: Vec<Piece>,
     counts: &[u64],
     config: &PlanConfig,
     epoch: u64,
     rank: u32,
 ) -> Vec<Piece> {
     let target = crate::samples_per_rank(counts.iter().sum(), config.world_size, config.remainder);
-    let mut rng = stream(config.seed, Domain::Remainder, epoch, u64::from(rank));
-    match config.remainder {
+    let rng = stream(config.seed, Domain::Remainder, epoch, u64::from(rank));
+    settle_to(pieces, target, counts, config.remainder, rng)
+}
+
+/// Brings `pieces` to exactly `target` samples under `remainder`, drawing from `rng`.
+pub fn settle_to(
+    mut pieces: Vec<Piece>,
+    target: u64,
+    counts: &[u64],
+    remainder: Remainder,
+    mut rng: Stream,
+) -> Vec<Piece> {
+    match remainder {
         Remainder::Drop => {
             while total(&pieces) > target {
                 let at = rng.below(total(&pieces));
@@ -233,7 +264,12 @@ pub fn settle_remainder(
 /// Cuts pieces into work units of at most `max_unit_samples` (near-equal parts) and puts
 /// them in the rank's seeded order for the epoch.
 pub fn into_units(pieces: Vec<Piece>, config: &PlanConfig, epoch: u64, rank: u32) -> Vec<WorkUnit> {
-    let max = config.max_unit_samples;
+    let rng = stream(config.seed, Domain::UnitOrder, epoch, u64::from(rank));
+    into_units_with(pieces, config.max_unit_samples, rng)
+}
+
+/// [`into_units`] with the unit order drawn from `rng`.
+pub fn into_units_with(pieces: Vec<Piece>, max: u64, mut rng: Stream) -> Vec<WorkUnit> {
     let mut units = Vec::new();
     for p in pieces {
         let parts = p.len().div_ceil(max);
@@ -249,7 +285,7 @@ pub fn into_units(pieces: Vec<Piece>, config: &PlanConfig, epoch: u64, rank: u32
             });
         }
     }
-    stream(config.seed, Domain::UnitOrder, epoch, u64::from(rank)).shuffle(&mut units);
+    rng.shuffle(&mut units);
     for (i, u) in units.iter_mut().enumerate() {
         u.id = i as u32;
     }

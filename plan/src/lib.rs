@@ -14,10 +14,13 @@
 //!    (marked as padding). Every rank ends with exactly [`samples_per_rank`] samples.
 //! 4. Each rank's ranges are cut into work units of at most `max_unit_samples` and put in a
 //!    seeded order.
+//! 5. [`order::Sequence`] interleaves a window of those units and runs the result through a
+//!    seeded shuffle buffer: the order samples are delivered in, as a pure function.
 //!
 //! All randomness comes from [`rng`], keyed by the job seed and the choice's coordinates.
 
 pub mod assign;
+pub mod order;
 pub mod rng;
 pub mod shuffle;
 
@@ -27,6 +30,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use sluice_shard::Manifest;
 
+pub use order::{Mixing, Sequence};
 pub use rng::sample_seed;
 pub use shuffle::ShuffleBuffer;
 
@@ -118,7 +122,7 @@ impl PlanConfig {
             world_size,
             policy,
             remainder: Remainder::Drop,
-            max_unit_samples: 256,
+            max_unit_samples: 64,
         }
     }
 }
@@ -165,6 +169,12 @@ pub enum PlanError {
     Policy(String),
     #[error("remainder policy {0:?} is not \"drop\" or \"pad\"")]
     Remainder(String),
+    #[error("work unit {at} does not carry id {at}: a sequence needs the plan's units in order")]
+    UnitIds { at: u64 },
+    #[error(
+        "a rank of {samples} samples in one epoch is more than the planner orders (4294967294)"
+    )]
+    RankTooLarge { samples: u64 },
 }
 
 /// The number of samples every rank receives per epoch.
@@ -198,6 +208,60 @@ pub fn plan_counts(
     let pieces = assign::rank_pieces(counts, config, epoch, rank);
     let pieces = assign::settle_remainder(pieces, counts, config, epoch, rank);
     Ok(assign::into_units(pieces, config, epoch, rank))
+}
+
+/// Rank `rank`'s units for the rest of an epoch that an earlier world left unfinished.
+///
+/// `rest` is every sample the earlier world had not delivered, as pieces in a fixed order
+/// (each earlier rank's remaining samples, rank by rank, grouped by unit into index ranges).
+/// The line is cut into `config.world_size` equal runs, the remainder settled by
+/// `config.remainder` (drop: up to `world_size − 1` of the rest are not delivered this epoch;
+/// pad: repeats marked as padding), and each run cut into units in a seeded order. `depth`
+/// (1 for the first resume of the epoch, 2 for a resume of that, …) keeps the draws of
+/// successive resumes apart.
+pub fn resume_plan(
+    rest: Vec<assign::Piece>,
+    counts: &[u64],
+    config: &PlanConfig,
+    epoch: u64,
+    rank: u32,
+    depth: u32,
+) -> Result<Vec<WorkUnit>, PlanError> {
+    if config.world_size == 0 {
+        return Err(PlanError::NoRanks);
+    }
+    if rank >= config.world_size {
+        return Err(PlanError::RankOutOfRange {
+            rank,
+            world_size: config.world_size,
+        });
+    }
+    if config.max_unit_samples == 0 {
+        return Err(PlanError::NoUnitSize);
+    }
+    let remaining = assign::total(&rest);
+    let target = samples_per_rank(remaining, config.world_size, config.remainder);
+    let mut runs = assign::cut_pieces(rest, config.world_size);
+    let mine = std::mem::take(&mut runs[rank as usize]);
+    let key = (u64::from(depth) << 32) | u64::from(rank);
+    let settle = rng::stream(config.seed, rng::Domain::Resume, epoch, key);
+    let pieces = assign::settle_to(mine, target, counts, config.remainder, settle);
+    let order = rng::stream(config.seed, rng::Domain::Resume, epoch, key ^ (1 << 63));
+    Ok(assign::into_units_with(
+        pieces,
+        config.max_unit_samples,
+        order,
+    ))
+}
+
+/// The seed of the delivery order of an epoch's `depth`-th resumed segment (0: the epoch as
+/// planned), so a resumed segment does not replay the draws of the one before.
+pub fn segment_seed(seed: u64, depth: u32) -> u64 {
+    if depth == 0 {
+        seed
+    } else {
+        rng::stream(seed, rng::Domain::Resume, u64::from(depth), u64::MAX).next_u64()
+    }
 }
 
 fn check(counts: &[u64], config: &PlanConfig, rank: u32) -> Result<(), PlanError> {

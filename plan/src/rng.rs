@@ -20,6 +20,10 @@ pub enum Domain {
     PartialRing = 5,
     ShuffleBuffer = 6,
     Sample = 7,
+    Interleave = 8,
+    MixBuffer = 9,
+    ShardWrite = 10,
+    Resume = 11,
 }
 
 fn splitmix64(mut x: u64) -> u64 {

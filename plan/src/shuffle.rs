@@ -3,10 +3,10 @@
 //! is the other half).
 //!
 //! Once full, every insertion hands back a uniformly chosen resident, the way WebDataset and
-//! tf.data shuffle streams. Its choices are seeded by (seed, epoch, rank), so for a given
-//! arrival order its output order is reproducible; arrival order itself depends on timing
-//! across workers, so the exact batch composition is not part of the determinism contract
-//! (a sample's content and augmentation are).
+//! tf.data shuffle streams. Its choices are seeded, so for a given input order its output
+//! order is reproducible. The plan's order ([`crate::order`]) runs it over the interleaved
+//! plan (a pure function); the client's arrival-order mode runs it over arrivals (mixed, but
+//! not reproducible); `sluice shard` runs it over a tar stream it cannot hold whole.
 
 use crate::rng::{stream, Domain, Stream};
 
@@ -26,6 +26,16 @@ impl<T> ShuffleBuffer<T> {
             items: Vec::with_capacity(capacity),
             capacity,
             rng: stream(seed, Domain::ShuffleBuffer, epoch, u64::from(rank)),
+        }
+    }
+
+    /// A buffer of at most `capacity` items (at least 1) drawing from `rng`.
+    pub fn from_stream(capacity: usize, rng: Stream) -> Self {
+        let capacity = capacity.max(1);
+        ShuffleBuffer {
+            items: Vec::with_capacity(capacity.min(1 << 16)),
+            capacity,
+            rng,
         }
     }
 

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -67,9 +67,31 @@ pub struct Args {
     /// Write the results as JSON here.
     #[arg(long)]
     pub(crate) json: Option<PathBuf>,
-    /// Write every delivered sample as `epoch<TAB>rank<TAB>shard<TAB>key`.
+    /// Write every delivered sample as `epoch<TAB>rank<TAB>shard<TAB>key`, in delivery order,
+    /// grouped by epoch and then rank.
     #[arg(long)]
     pub(crate) dump_ids: Option<PathBuf>,
+    /// The order samples fill batches in: `plan` (the same batches for the same seed, whatever
+    /// workers, failures or resumes) or `arrival` (as they come, through a shuffle buffer).
+    #[arg(long, default_value = "plan")]
+    pub(crate) order: sluice_client::Order,
+    /// Work units whose samples the plan interleaves at once.
+    #[arg(long, default_value_t = 8)]
+    pub(crate) mix_units: u32,
+    /// Samples in the shuffle buffer after the interleave (memory: this many decoded tensors).
+    #[arg(long, default_value_t = 512)]
+    pub(crate) mix_buffer: u32,
+    /// Stop every rank after this many batches of the first epoch (with --save-state, to take
+    /// a checkpoint mid-epoch).
+    #[arg(long)]
+    pub(crate) stop_after_batches: Option<u64>,
+    /// Write every rank's checkpoint (a JSON list) here when the ranks stop.
+    #[arg(long)]
+    pub(crate) save_state: Option<PathBuf>,
+    /// Resume from checkpoints written by --save-state, with any --ranks: the rest of their
+    /// epoch is split across this run's ranks; --epochs counts that epoch as the first.
+    #[arg(long)]
+    pub(crate) resume: Option<PathBuf>,
     /// Shared memory for workers on this machine: auto (when their socket is found), off,
     /// or require.
     #[arg(long, default_value = "auto")]
@@ -139,6 +161,12 @@ impl Consumers {
             worker_wait: 30.0,
             json: None,
             dump_ids: None,
+            order: sluice_client::Order::Plan,
+            mix_units: 8,
+            mix_buffer: 512,
+            stop_after_batches: None,
+            save_state: None,
+            resume: None,
             same_host: sluice_client::SameHost::Auto,
             same_host_dir: None,
             device: "cpu".into(),
@@ -163,6 +191,79 @@ pub(crate) struct RankResult {
     pub(crate) elapsed: Duration,
     pub(crate) starved: Duration,
     pub(crate) broken: Vec<String>,
+    /// Batches with labels, distinct labels in them, and what uniform sampling would give.
+    pub(crate) mixing: Mixing,
+    /// The rank's checkpoint when it stopped (with --save-state).
+    pub(crate) checkpoint: Option<sluice_client::Checkpoint>,
+    /// Delivered samples as dump lines, in delivery order, per epoch.
+    pub(crate) dump: Vec<(u64, String)>,
+}
+
+/// How well batches mix classes: the mean number of distinct labels per batch beside its
+/// expectation under uniform sampling without replacement from the same epoch's samples.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Mixing {
+    pub(crate) batches: u64,
+    pub(crate) distinct: f64,
+    pub(crate) uniform: f64,
+}
+
+impl Mixing {
+    /// Adds an epoch's batches, given as label lists (labels < 0: unlabelled, ignored).
+    fn add_epoch(&mut self, batches: &[Vec<i64>]) {
+        let mut counts: HashMap<i64, u64> = HashMap::new();
+        for l in batches.iter().flatten().filter(|l| **l >= 0) {
+            *counts.entry(*l).or_default() += 1;
+        }
+        let total: u64 = counts.values().sum();
+        for b in batches {
+            let labels: Vec<i64> = b.iter().copied().filter(|l| *l >= 0).collect();
+            if labels.is_empty() {
+                continue;
+            }
+            let distinct: std::collections::HashSet<i64> = labels.iter().copied().collect();
+            self.batches += 1;
+            self.distinct += distinct.len() as f64;
+            self.uniform += expected_distinct(&counts, total, labels.len() as u64);
+        }
+    }
+
+    fn merge(&mut self, other: &Mixing) {
+        self.batches += other.batches;
+        self.distinct += other.distinct;
+        self.uniform += other.uniform;
+    }
+
+    /// (mean distinct labels per batch, its uniform expectation), when any batch had labels.
+    fn means(&self) -> Option<(f64, f64)> {
+        (self.batches > 0).then(|| {
+            let n = self.batches as f64;
+            (self.distinct / n, self.uniform / n)
+        })
+    }
+}
+
+/// Expected distinct classes in `n` draws without replacement from `total` samples with the
+/// given per-class counts: Σ_k 1 − C(total − c_k, n) / C(total, n).
+pub(crate) fn expected_distinct(counts: &HashMap<i64, u64>, total: u64, n: u64) -> f64 {
+    counts
+        .values()
+        .map(|&c| {
+            let mut absent = 1.0f64;
+            for i in 0..n {
+                if total - i == 0 || total < c + i {
+                    absent = 0.0;
+                    break;
+                }
+                absent *= (total - c - i) as f64 / (total - i) as f64;
+                if absent < 1e-12 {
+                    absent = 0.0;
+                    break;
+                }
+            }
+            1.0 - absent
+        })
+        .sum()
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -320,6 +421,11 @@ fn loader(args: &Args, manifest: &Manifest, rank: u32, sink: &Sink) -> Result<Lo
         .world_size(args.ranks)
         .shuffle(shuffle)
         .credits_per_worker(args.credits)
+        .order(args.order)
+        .mixing(sluice_client::Mixing {
+            window_units: args.mix_units,
+            buffer_samples: args.mix_buffer,
+        })
         .worker_wait(Duration::from_secs_f64(args.worker_wait))
         .last_batch(if args.drop_last {
             LastBatch::Drop
@@ -363,13 +469,11 @@ fn loader(args: &Args, manifest: &Manifest, rank: u32, sink: &Sink) -> Result<Lo
 }
 
 pub(crate) fn run_ranks(args: &Args, manifest: &Manifest) -> Result<Vec<RankResult>> {
-    let bars = MultiProgress::new();
-    let dump = match &args.dump_ids {
-        Some(p) => Some(Arc::new(Mutex::new(std::io::BufWriter::new(
-            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
-        )))),
+    let resume = match &args.resume {
+        Some(p) => Some(read_states(p)?),
         None => None,
     };
+    let bars = MultiProgress::new();
     let results = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..args.ranks)
             .map(|rank| {
@@ -380,8 +484,8 @@ pub(crate) fn run_ranks(args: &Args, manifest: &Manifest) -> Result<Vec<RankResu
                     bar.set_style(style);
                 }
                 bar.set_prefix(format!("rank {rank}"));
-                let dump = dump.clone();
-                scope.spawn(move || run_rank(args, manifest, rank, &bar, dump.as_deref()))
+                let resume = resume.as_deref();
+                scope.spawn(move || run_rank(args, manifest, rank, &bar, resume))
             })
             .collect();
         handles
@@ -392,12 +496,65 @@ pub(crate) fn run_ranks(args: &Args, manifest: &Manifest) -> Result<Vec<RankResu
             })
             .collect::<Result<Vec<_>>>()
     })?;
-    if let Some(d) = dump {
-        d.lock()
-            .map_err(|_| anyhow::anyhow!("dump file lock"))?
-            .flush()?;
+    if let Some(path) = &args.dump_ids {
+        // Epoch by epoch, rank by rank, each in delivery order: the same run gives the same
+        // file whichever rank finished first.
+        let mut blocks: Vec<(u64, u32, &str)> = results
+            .iter()
+            .flat_map(|r| {
+                r.dump
+                    .iter()
+                    .map(move |(e, lines)| (*e, r.rank, lines.as_str()))
+            })
+            .collect();
+        blocks.sort_by_key(|(e, r, _)| (*e, *r));
+        let mut f = std::io::BufWriter::new(
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+        );
+        for (_, _, lines) in blocks {
+            f.write_all(lines.as_bytes())?;
+        }
+        f.flush()
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.save_state {
+        let states: Vec<&sluice_client::Checkpoint> = results
+            .iter()
+            .filter_map(|r| r.checkpoint.as_ref())
+            .collect();
+        std::fs::write(path, serde_json::to_vec_pretty(&states)?)
+            .with_context(|| format!("writing --save-state {}", path.display()))?;
+        eprintln!(
+            "saved {} ranks' state to {} (resume with --resume, any --ranks)",
+            states.len(),
+            path.display()
+        );
     }
     Ok(results)
+}
+
+/// The checkpoints `--save-state` wrote.
+fn read_states(path: &std::path::Path) -> Result<Vec<sluice_client::Checkpoint>> {
+    let bytes =
+        std::fs::read(path).with_context(|| format!("reading --resume {}", path.display()))?;
+    let values: Vec<serde_json::Value> = serde_json::from_slice(&bytes).with_context(|| {
+        format!(
+            "--resume {}: not a JSON list of checkpoints",
+            path.display()
+        )
+    })?;
+    let states = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            sluice_client::Checkpoint::from_bytes(v.to_string().as_bytes())
+                .with_context(|| format!("--resume {}: checkpoint #{i}", path.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if states.is_empty() {
+        bail!("--resume {}: holds no checkpoint", path.display());
+    }
+    Ok(states)
 }
 
 fn run_rank(
@@ -405,19 +562,26 @@ fn run_rank(
     manifest: &Manifest,
     rank: u32,
     bar: &ProgressBar,
-    dump: Option<&Mutex<std::io::BufWriter<std::fs::File>>>,
+    resume: Option<&[sluice_client::Checkpoint]>,
 ) -> Result<RankResult> {
     let sink = sink(&args.device, &args.dtype)?;
     let loader = loader(args, manifest, rank, &sink)?;
+    let mut first_epoch = args.first_epoch;
+    if let Some(states) = resume {
+        loader
+            .load_state_dicts(states)
+            .with_context(|| format!("rank {rank}: --resume"))?;
+        first_epoch = states[0].epoch;
+    }
     let mut result = RankResult {
         rank,
         ..RankResult::default()
     };
     let step = Duration::from_secs_f64(args.step_ms.max(0.0) / 1000.0);
     let started = Instant::now();
-    for epoch in args.first_epoch..args.first_epoch + args.epochs {
+    for epoch in first_epoch..first_epoch + args.epochs {
         let mut planned: HashMap<(u32, u64), i64> = HashMap::new();
-        for u in loader.plan(epoch)? {
+        for u in loader.pending(epoch)? {
             for i in u.start..u.end {
                 *planned.entry((u.shard, i)).or_default() += 1;
             }
@@ -433,13 +597,20 @@ fn run_rank(
             Sink::Cuda(uploader, _) => Batches::Cuda(uploader.epoch(host)),
         };
         let mut lines = String::new();
+        let mut labels: Vec<Vec<i64>> = Vec::new();
         let mut gpu_wait = Duration::ZERO;
+        let mut taken = 0u64;
+        let stop = args.stop_after_batches.filter(|_| epoch == first_epoch);
         loop {
+            if stop.is_some_and(|n| taken >= n) {
+                break;
+            }
             let waited = Instant::now();
             let Some(held) = batches.next_ready() else {
                 break;
             };
             gpu_wait += waited.elapsed();
+            taken += 1;
             let held = held.with_context(|| format!("rank {rank}, epoch {epoch}"))?;
             let Some(batch) = held.host() else {
                 bail!("rank {rank}, epoch {epoch}: a device batch without its host side");
@@ -448,11 +619,14 @@ fn run_rank(
                 .ids()
                 .iter()
                 .zip(batch.keys())
+                .zip(batch.labels())
                 .zip(batch.padding())
                 .filter(|(_, pad)| !**pad);
-            for ((id, key), _) in real {
+            let mut batch_labels = Vec::with_capacity(batch.len());
+            for (((id, key), label), _) in real {
                 *planned.entry((id.shard, id.index)).or_default() -= 1;
-                if dump.is_some() {
+                batch_labels.push(*label);
+                if args.dump_ids.is_some() {
                     let shard = manifest
                         .shards
                         .get(id.shard as usize)
@@ -460,6 +634,7 @@ fn run_rank(
                     lines.push_str(&format!("{epoch}\t{rank}\t{shard}\t{key}\n"));
                 }
             }
+            labels.push(batch_labels);
             for (id, _) in batch.skipped() {
                 *planned.entry((id.shard, id.index)).or_default() -= 1;
             }
@@ -470,16 +645,13 @@ fn run_rank(
             bar.inc(1);
             let s = loader.stats();
             bar.set_message(format!(
-                "epoch {epoch}, {:.0} samples/s, starved {:.0}%",
+                "epoch {epoch}, {:.0} samples/s{}",
                 s.samples_per_s(),
-                s.starved_fraction() * 100.0
+                starved_note(&args.step_ms, s.starved_fraction())
             ));
         }
-        if let Some(d) = dump {
-            d.lock()
-                .map_err(|_| anyhow::anyhow!("dump file lock"))?
-                .write_all(lines.as_bytes())?;
-        }
+        result.dump.push((epoch, lines));
+        result.mixing.add_epoch(&labels);
         let mut r = batches.report();
         // With a GPU sink the consumer also waits for copies: count from its side.
         if !matches!(batches, Batches::Host(_)) {
@@ -490,25 +662,30 @@ fn run_rank(
             let secs = epoch_started.elapsed().as_secs_f64().max(1e-9);
             eprintln!(
                 "rank {rank} epoch {epoch}: {} batches, {} samples ({} skipped) in {secs:.1}s, \
-                 {:.0} samples/s, starved {:.0}%",
+                 {:.0} samples/s{}",
                 r.batches,
                 r.delivered,
                 r.skipped,
                 (r.delivered + r.skipped) as f64 / secs,
-                r.starved.as_secs_f64() / secs * 100.0
+                starved_note(&args.step_ms, r.starved.as_secs_f64() / secs)
             );
         }
-        let missing: i64 = planned.values().filter(|v| **v > 0).sum();
-        let repeated: i64 = -planned.values().filter(|v| **v < 0).sum::<i64>();
         result.epochs += 1;
         result.batches += r.batches;
-        result.planned += planned_total as u64;
         result.delivered += r.delivered;
         result.skipped += r.skipped;
         result.duplicates_dropped += r.duplicates_dropped;
+        result.starved += r.starved;
+        if stop.is_some() {
+            // Stopped on purpose mid-epoch: the rest is the checkpoint's, not missing.
+            result.planned += r.delivered + r.skipped;
+            break;
+        }
+        let missing: i64 = planned.values().filter(|v| **v > 0).sum();
+        let repeated: i64 = -planned.values().filter(|v| **v < 0).sum::<i64>();
+        result.planned += planned_total as u64;
         result.missing += missing as u64;
         result.repeated += repeated as u64;
-        result.starved += r.starved;
         if missing != 0 || repeated != 0 || r.delivered + r.skipped != planned_total as u64 {
             result.broken.push(format!(
                 "rank {rank} epoch {epoch}: planned {planned_total}, delivered {}, skipped {}, \
@@ -524,9 +701,22 @@ fn run_rank(
             ));
         }
     }
+    if args.save_state.is_some() {
+        result.checkpoint = loader.state_dict();
+    }
     result.elapsed = started.elapsed();
     bar.finish();
     Ok(result)
+}
+
+/// ", starved N%" when consumers have a step time; with `--step-ms 0` they take batches as
+/// fast as they come, so they are always waiting and the figure would mean nothing.
+fn starved_note(step_ms: &f64, fraction: f64) -> String {
+    if *step_ms > 0.0 {
+        format!(", starved {:.0}%", fraction * 100.0)
+    } else {
+        String::new()
+    }
 }
 
 pub(crate) fn report(args: &Args, results: &[RankResult]) -> Result<()> {
@@ -547,8 +737,13 @@ pub(crate) fn report(args: &Args, results: &[RankResult]) -> Result<()> {
         let secs = r.elapsed.as_secs_f64().max(1e-9);
         let rate = (r.delivered + r.skipped) as f64 / secs;
         let starved = r.starved.as_secs_f64() / secs;
+        let starved_cell = if args.step_ms > 0.0 {
+            format!("{:.1}%", starved * 100.0)
+        } else {
+            "-".to_string() // no step time: always waiting by design
+        };
         println!(
-            "{:>4} {:>6} {:>8} {:>9} {:>9} {:>7} {:>6} {:>10.1} {:>8.1}%",
+            "{:>4} {:>6} {:>8} {:>9} {:>9} {:>7} {:>6} {:>10.1} {:>9}",
             r.rank,
             r.epochs,
             r.batches,
@@ -557,7 +752,7 @@ pub(crate) fn report(args: &Args, results: &[RankResult]) -> Result<()> {
             r.skipped,
             r.duplicates_dropped,
             rate,
-            starved * 100.0
+            starved_cell
         );
         ranks.push(json!({
             "rank": r.rank,
@@ -579,8 +774,26 @@ pub(crate) fn report(args: &Args, results: &[RankResult]) -> Result<()> {
         .filter_map(|r| r["samples_per_s"].as_f64())
         .sum();
     println!("all ranks: {total:.1} samples/s");
+    let mut mixing = Mixing::default();
+    for r in results {
+        mixing.merge(&r.mixing);
+    }
+    let mixing_json = mixing.means().map(|(distinct, uniform)| {
+        println!(
+            "mixing: {distinct:.2} distinct labels per batch, {uniform:.2} under uniform sampling \
+             ({:.0}%), {} order",
+            distinct / uniform.max(1e-9) * 100.0,
+            args.order
+        );
+        json!({ "distinct_labels_per_batch": distinct, "uniform_expectation": uniform })
+    });
     if let Some(path) = &args.json {
-        let doc = json!({ "ranks": ranks, "samples_per_s": total });
+        let doc = json!({
+            "ranks": ranks,
+            "samples_per_s": total,
+            "order": args.order.to_string(),
+            "mixing": mixing_json,
+        });
         std::fs::write(path, serde_json::to_vec_pretty(&doc)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }

@@ -155,7 +155,7 @@ impl Loader {
         dataset, workers=None, batch_size=256, seed=0, rank=None, world_size=None,
         shuffle="global", pipeline="decode | random_resized_crop 224 | hflip 0.5",
         device="cpu", token_file=None, trust_cert=None, threads=0, drop_last=false,
-        ring_batches=4, dtype="uint8", mean=None, std=None,
+        ring_batches=4, dtype="uint8", mean=None, std=None, order="plan",
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -177,8 +177,12 @@ impl Loader {
         dtype: &str,
         mean: Option<[f32; 3]>,
         std: Option<[f32; 3]>,
+        order: &str,
     ) -> PyResult<Self> {
         let ordinal = parse_device(device)?;
+        let order: sluice_client::Order = order
+            .parse()
+            .map_err(|e| PyValueError::new_err(format!("order: {e}")))?;
         if ordinal.is_none() && (dtype != "uint8" || mean.is_some() || std.is_some()) {
             return Err(PyValueError::new_err(format!(
                 "dtype {dtype:?} / mean / std: the conversion runs on the GPU, so it needs device=\"cuda:N\" (on the CPU, convert the uint8 batch yourself)"
@@ -213,6 +217,7 @@ impl Loader {
             .rank(rank)
             .world_size(world_size)
             .shuffle(shuffle)
+            .order(order)
             .ring_batches(ring_batches)
             .last_batch(if drop_last {
                 LastBatch::Drop
@@ -317,17 +322,27 @@ impl Loader {
         py.import("json")?.call_method1("loads", (text,))
     }
 
-    /// Restores a checkpoint from `state_dict()`; the next `epoch(e)` (or iteration) resumes it.
+    /// Restores a checkpoint from `state_dict()`; the next `epoch(e)` (or iteration) resumes
+    /// it. `state` may also be a list of every rank's state dicts taken at the same step: at
+    /// another world size (plan order) the rest of their epoch is split equally across this
+    /// job's ranks, and one rank's state is enough.
     fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
-        let text: String = py
-            .import("json")?
-            .call_method1("dumps", (state,))?
-            .extract()?;
-        let checkpoint =
-            sluice_client::Checkpoint::from_bytes(text.as_bytes()).map_err(client_error)?;
-        let epoch = checkpoint.epoch;
+        let json = py.import("json")?;
+        let states: Vec<Bound<'_, PyAny>> = if state.is_instance_of::<pyo3::types::PyList>() {
+            state.try_iter()?.collect::<PyResult<_>>()?
+        } else {
+            vec![state.clone()]
+        };
+        let mut checkpoints = Vec::with_capacity(states.len());
+        for s in &states {
+            let text: String = json.call_method1("dumps", (s,))?.extract()?;
+            checkpoints.push(
+                sluice_client::Checkpoint::from_bytes(text.as_bytes()).map_err(client_error)?,
+            );
+        }
+        let epoch = checkpoints.first().map_or(0, |c| c.epoch);
         self.inner
-            .load_state_dict(checkpoint)
+            .load_state_dicts(&checkpoints)
             .map_err(client_error)?;
         self.set_epoch(epoch);
         Ok(())

@@ -84,6 +84,47 @@ def test_a_checkpoint_resumes_exactly_the_rest(dataset):
     assert set(got).isdisjoint(rest) and len(set(got) | set(rest)) == TOTAL
 
 
+def test_the_same_seed_gives_the_same_batches_and_labels_are_mixed(dataset):
+    def batches(**kw):
+        loader = sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE, seed=5, **kw)
+        return [(list(images.ids), np.from_dlpack(labels).tolist()) for images, labels in loader]
+
+    one, two = batches(threads=1), batches(threads=2)
+    assert one == two, "plan order: the same batches whatever the decode threads"
+    distinct = sum(len(set(labels)) for _, labels in one) / len(one)
+    assert distinct > 2.0, f"{distinct:.2f} classes per batch of 8 out of 3"
+    arrival = batches(order="arrival")
+    assert sorted(i for b, _ in arrival for i in b) == sorted(i for b, _ in one for i in b)
+
+
+def test_states_of_two_ranks_resume_at_three_with_exactly_the_rest(dataset):
+    states, got = [], []
+    for rank in range(2):
+        loader = sluice.Loader(dataset=dataset, batch_size=5, pipeline=PIPELINE, seed=3,
+                               rank=rank, world_size=2)
+        epoch = loader.epoch(1)
+        for _ in range(3):
+            images, _ = next(epoch)
+            got.extend(images.ids)
+        states.append(json.loads(json.dumps(loader.state_dict())))
+        del epoch, loader
+    rest = {}
+    for rank in range(3):
+        loader = sluice.Loader(dataset=dataset, batch_size=5, pipeline=PIPELINE, seed=3,
+                               rank=rank, world_size=3)
+        loader.load_state_dict(states)
+        rest[rank] = [i for images, _ in loader for i in images.ids]
+    # 90 samples, 30 delivered: 60 left, 20 for each new rank.
+    assert [len(r) for r in rest.values()] == [20, 20, 20]
+    everything = got + [i for r in rest.values() for i in r]
+    assert len(everything) == TOTAL and len(set(everything)) == TOTAL
+    states[1]["batches"] = 2
+    loader = sluice.Loader(dataset=dataset, batch_size=5, pipeline=PIPELINE, seed=3,
+                           rank=0, world_size=3)
+    with pytest.raises(sluice.SluiceError, match="global step"):
+        loader.load_state_dict(states)
+
+
 def test_set_epoch_reshuffles_and_rank_comes_from_the_environment(dataset, monkeypatch):
     loader = sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE)
     order0 = [i for images, _ in loader for i in images.ids]
@@ -101,6 +142,7 @@ def test_set_epoch_reshuffles_and_rank_comes_from_the_environment(dataset, monke
     [
         ({"batch_size": 0}, "batch_size"),
         ({"shuffle": "sideways"}, "shuffle"),
+        ({"order": "random"}, "order"),
         ({"device": "gpu:0"}, "device"),
         ({"dtype": "float16"}, "needs device"),
         ({"workers": ["127.0.0.1:1"]}, "trust_cert"),

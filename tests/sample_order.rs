@@ -1,0 +1,373 @@
+//! Sample order as a contract, checked from outside with `--dump-ids`: class-sorted data
+//! comes out mixed; the same seed gives the same batches line for line in process, over QUIC
+//! and with a worker killed mid-epoch; and a checkpoint at 2 ranks resumes at 3 with exactly
+//! the rest of the epoch, split equally.
+
+mod support;
+mod system;
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{path_str, sluice, sluice_ok, synth_images};
+use system::{dataset, start_worker, trust_file};
+
+/// Class-sorted ImageFolder data sharded with and without `sluice shard`'s shuffle.
+fn class_sorted(dir: &Path, shuffle: bool) -> std::path::PathBuf {
+    let images = dir.join("images");
+    if !images.exists() {
+        synth_images(dir, 20, 12);
+    }
+    let name = if shuffle { "shuffled" } else { "sorted" };
+    let manifest = dir.join(name).join("m.json");
+    let pattern = dir.join(name).join("tr-%06d.tar");
+    let mut args = vec![
+        "shard",
+        "--input",
+        path_str(&images),
+        "--output",
+        path_str(&pattern),
+        "--max-count",
+        "24",
+        "--manifest",
+        path_str(&manifest),
+    ];
+    if !shuffle {
+        args.push("--no-shuffle");
+    }
+    sluice_ok(&args);
+    manifest
+}
+
+fn loadgen(extra: &[&str]) -> String {
+    let mut args = vec![
+        "loadgen",
+        "--batch-size",
+        "16",
+        "--seed",
+        "3",
+        "--pipeline",
+        "decode | resize 32 | center_crop 32",
+    ];
+    args.extend(extra);
+    sluice_ok(&args)
+}
+
+/// The `mixing:` line's (distinct, uniform) figures.
+fn mixing(report: &str) -> (f64, f64) {
+    let line = report
+        .lines()
+        .find(|l| l.starts_with("mixing:"))
+        .unwrap_or_else(|| panic!("no mixing line in:\n{report}"));
+    let nums: Vec<f64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (nums[0], nums[1])
+}
+
+#[test]
+fn class_sorted_data_comes_out_mixed_with_and_without_shuffled_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    for (shuffle, floor) in [(true, 0.9), (false, 0.5)] {
+        let manifest = class_sorted(dir.path(), shuffle);
+        let report = loadgen(&["--dataset", path_str(&manifest), "--workers", "local"]);
+        let (distinct, uniform) = mixing(&report);
+        assert!(
+            distinct >= floor * uniform,
+            "shuffled shards {shuffle}: {distinct:.2} distinct labels per batch, uniform {uniform:.2}"
+        );
+    }
+    // A unit read alone (no interleave, no buffer) from sorted shards is what the plan fixes.
+    let manifest = dir.path().join("sorted").join("m.json");
+    let report = loadgen(&[
+        "--dataset",
+        path_str(&manifest),
+        "--workers",
+        "local",
+        "--mix-units",
+        "1",
+        "--mix-buffer",
+        "0",
+    ]);
+    let (distinct, uniform) = mixing(&report);
+    assert!(distinct < 0.5 * uniform, "{distinct:.2} vs {uniform:.2}");
+}
+
+#[test]
+fn shard_order_is_seeded_and_reproducible_for_folders_and_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = synth_images(dir.path(), 3, 4);
+    let write = |name: &str, extra: &[&str]| -> Vec<u8> {
+        let pattern = dir.path().join(name).join("s-%06d.tar");
+        let mut args = vec![
+            "shard",
+            "--input",
+            path_str(&images),
+            "--output",
+            path_str(&pattern),
+        ];
+        args.extend(extra);
+        sluice_ok(&args);
+        std::fs::read(dir.path().join(name).join("s-000000.tar")).unwrap()
+    };
+    let a = write("a", &[]);
+    let b = write("b", &[]);
+    let c = write("c", &["--seed", "9"]);
+    let sorted = write("d", &["--no-shuffle"]);
+    assert_eq!(a, b, "same input and seed: the same bytes");
+    assert_ne!(a, c, "another seed, another order");
+    assert_ne!(a, sorted);
+    // A tar stream goes through the bounded shuffle buffer, reproducibly too.
+    let stream = |name: &str, extra: &[&str]| -> Vec<u8> {
+        let pattern = dir.path().join(name).join("s-%06d.tar");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["shard", "--input", "-", "--output", path_str(&pattern)])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(&sorted).unwrap();
+        assert!(child.wait().unwrap().success());
+        std::fs::read(dir.path().join(name).join("s-000000.tar")).unwrap()
+    };
+    let s1 = stream("e", &["--shuffle-buffer", "4"]);
+    let s2 = stream("f", &["--shuffle-buffer", "4"]);
+    let kept = stream("g", &["--no-shuffle"]);
+    assert_eq!(s1, s2);
+    assert_ne!(s1, sorted);
+    assert_eq!(kept, sorted, "--no-shuffle re-shards a stream as it is");
+}
+
+/// Runs loadgen against `workers` and returns its `--dump-ids`, killing `victim` (SIGKILL)
+/// once the epoch is under way.
+fn dump_with(
+    dir: &Path,
+    manifest: &Path,
+    workers: &str,
+    trust: Option<&Path>,
+    victim: Option<&mut system::Worker>,
+    name: &str,
+) -> String {
+    let ids = dir.join(format!("{name}.tsv"));
+    let mut args: Vec<String> = [
+        "loadgen",
+        "--dataset",
+        path_str(manifest),
+        "--workers",
+        workers,
+        "--batch-size",
+        "16",
+        "--epochs",
+        "2",
+        "--seed",
+        "11",
+        "--step-ms",
+        "40",
+        "--pipeline",
+        "decode | random_resized_crop 48 | hflip 0.5",
+        "--dump-ids",
+        path_str(&ids),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if let Some(t) = trust {
+        args.extend([
+            "--trust-cert".into(),
+            path_str(t).into(),
+            "--token-file".into(),
+            path_str(&dir.join("token")).into(),
+        ]);
+    }
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(w) = victim {
+        // Mid-epoch: the epoch takes ≥ 2 s of steps; the worker has been decoding for a while.
+        let started = Instant::now();
+        assert!(
+            w.log_shows("job", Duration::from_secs(30)),
+            "worker never got the job"
+        );
+        std::thread::sleep(Duration::from_millis(700).saturating_sub(started.elapsed()));
+        w.kill9();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read_to_string(&ids).unwrap()
+}
+
+#[test]
+fn dump_ids_match_line_for_line_in_process_over_quic_and_with_a_worker_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 40);
+    let local = dump_with(
+        dir.path(),
+        &data.manifest_path,
+        "local",
+        None,
+        None,
+        "local",
+    );
+    assert!(local.lines().count() > 100, "{local}");
+    let a = start_worker(dir.path(), "a");
+    let b = start_worker(dir.path(), "b");
+    let trust = trust_file(dir.path(), &[&a, &b]);
+    let both = format!("{},{}", a.addr, b.addr);
+    let quic = dump_with(
+        dir.path(),
+        &data.manifest_path,
+        &both,
+        Some(&trust),
+        None,
+        "quic",
+    );
+    assert!(local == quic, "in-process and QUIC orders differ");
+    let mut victim = start_worker(dir.path(), "c");
+    let d = start_worker(dir.path(), "d");
+    let trust = trust_file(dir.path(), &[&victim, &d]);
+    let pair = format!("{},{}", victim.addr, d.addr);
+    let killed = dump_with(
+        dir.path(),
+        &data.manifest_path,
+        &pair,
+        Some(&trust),
+        Some(&mut victim),
+        "killed",
+    );
+    assert!(local == killed, "a killed worker changed the order");
+    // A different seed is a different order (the check above is not vacuous).
+    let other = sluice_ok(&[
+        "loadgen",
+        "--dataset",
+        path_str(&data.manifest_path),
+        "--workers",
+        "local",
+        "--batch-size",
+        "16",
+        "--seed",
+        "12",
+        "--pipeline",
+        "decode | resize 32 | center_crop 32",
+        "--dump-ids",
+        path_str(&dir.path().join("other.tsv")),
+    ]);
+    assert!(other.contains("mixing"));
+    let other = std::fs::read_to_string(dir.path().join("other.tsv")).unwrap();
+    let first_epoch: String = local
+        .lines()
+        .filter(|l| l.starts_with("0\t"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(first_epoch, other);
+}
+
+/// (rank, shard, key) lines of epoch 0 in a dump.
+fn lines(path: &Path) -> Vec<(u32, String)> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            (f[0] == "0").then(|| (f[1].parse().unwrap(), format!("{}/{}", f[2], f[3])))
+        })
+        .collect()
+}
+
+#[test]
+fn a_checkpoint_at_two_ranks_resumes_at_three_with_exactly_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    // 240 samples: 120 per rank; 6 batches of 8 each leave 144, 48 for each of 3 new ranks.
+    let manifest = class_sorted(dir.path(), true);
+    let state = dir.path().join("state.json");
+    let before = dir.path().join("before.tsv");
+    let after = dir.path().join("after.tsv");
+    let common = [
+        "loadgen",
+        "--dataset",
+        path_str(&manifest),
+        "--workers",
+        "local",
+        "--batch-size",
+        "8",
+        "--seed",
+        "4",
+        "--pipeline",
+        "decode | resize 32 | center_crop 32",
+    ];
+    let mut first = common.to_vec();
+    first.extend([
+        "--ranks",
+        "2",
+        "--stop-after-batches",
+        "6",
+        "--save-state",
+        path_str(&state),
+        "--dump-ids",
+        path_str(&before),
+    ]);
+    sluice_ok(&first);
+    let mut second = common.to_vec();
+    second.extend([
+        "--ranks",
+        "3",
+        "--resume",
+        path_str(&state),
+        "--dump-ids",
+        path_str(&after),
+    ]);
+    let report = sluice_ok(&second);
+    let before = lines(&before);
+    let after = lines(&after);
+    assert_eq!(before.len(), 2 * 6 * 8);
+    let mut per_rank: HashMap<u32, usize> = HashMap::new();
+    for (r, _) in &after {
+        *per_rank.entry(*r).or_default() += 1;
+    }
+    assert_eq!(per_rank.len(), 3, "{report}");
+    assert!(per_rank.values().all(|&n| n == 48), "{per_rank:?}");
+    let mut seen: HashSet<&String> = HashSet::new();
+    for (_, id) in before.iter().chain(&after) {
+        assert!(seen.insert(id), "{id} delivered twice across the resume");
+    }
+    assert_eq!(seen.len(), 240, "every sample of the epoch exactly once");
+
+    // Resuming the same state twice gives the same batches (the rest is planned, not raced).
+    let again = dir.path().join("again.tsv");
+    let mut third = common.to_vec();
+    third.extend([
+        "--ranks",
+        "3",
+        "--resume",
+        path_str(&state),
+        "--dump-ids",
+        path_str(&again),
+    ]);
+    sluice_ok(&third);
+    assert_eq!(lines(&again), after);
+
+    // Checkpoints of ranks at different steps are refused, naming the field.
+    let text = std::fs::read_to_string(&state).unwrap();
+    let mut states: serde_json::Value = serde_json::from_str(&text).unwrap();
+    states[1]["batches"] = serde_json::json!(5);
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, serde_json::to_vec(&states).unwrap()).unwrap();
+    let mut fourth = common.to_vec();
+    fourth.extend(["--ranks", "3", "--resume", path_str(&bad)]);
+    let out = sluice(&fourth);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("batches (the global step)"), "{err}");
+}
