@@ -753,6 +753,9 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 }
 
 #[cfg(test)]
+mod simulation;
+
+#[cfg(test)]
 mod tests {
     use sluice_shard::{Checksum, Compression, ShardInfo};
     use sluice_wire::{SampleHeader, UnitDone};
