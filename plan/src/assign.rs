@@ -1,13 +1,15 @@
 //! The steps of a plan over sample ranges ("pieces"): cutting the line of shards into ranks,
 //! the partial exchange, the remainder, and cutting pieces into ordered work units.
 //!
-//! Partial exchange, per epoch k ≥ 1, starting from the fixed `local` assignment: every rank
-//! gives away round(Q × its samples), taken as whole ranges in a seeded order (the last one
-//! split); the ranks are put in a seeded ring; the given ranges are laid end to end in ring
-//! order and the line is rotated by at least the largest contribution, so each rank receives
-//! exactly as many samples as it gave, none of them its own (except for a possible single
-//! sample when two ranks' shares differ by one). Epoch e is the result of e such exchanges,
-//! so consecutive epochs differ by Q of each rank's samples; the cost is O(e × shards).
+//! Partial exchange in epoch e ≥ 1, from the fixed `local` assignment (each rank's *home*):
+//! every rank gives away round(Q × its samples), taken as whole ranges in a seeded order for
+//! the epoch (the last one split); the ranks are put in a seeded ring; the given ranges are
+//! laid end to end in ring order and the line is rotated by at least the largest
+//! contribution, so each rank receives exactly as many samples as it gave, none of them its
+//! own (except for a possible single sample when two ranks' shares differ by one). Every
+//! epoch starts again from the homes: a rank always holds 1 − Q of its home samples (a new
+//! subset each epoch, so a node-local cache of the home shards keeps hitting) and Q from
+//! other ranks, and planning costs one exchange, O(shards), whatever the epoch.
 
 use crate::rng::{stream, Domain, Stream};
 use crate::{PlanConfig, Remainder, ShufflePolicy, WorkUnit};
@@ -84,8 +86,8 @@ pub fn rank_pieces(counts: &[u64], config: &PlanConfig, epoch: u64, rank: u32) -
     let order = shard_order(counts, config, epoch);
     let mut ranks = cut_into_ranks(counts, &order, config.world_size);
     if let ShufflePolicy::Partial(q) = config.policy {
-        for k in 1..=epoch {
-            exchange(&mut ranks, q, config.seed, k);
+        if epoch > 0 {
+            exchange(&mut ranks, q, config.seed, epoch);
         }
     }
     std::mem::take(&mut ranks[rank as usize])

@@ -7,8 +7,8 @@
 //!    fixed one for `local` and `partial:Q`) and the line of samples is cut into `world_size`
 //!    runs of equal length (±1). Shards that straddle a cut are split into sample ranges, so
 //!    uneven shard sizes still give balanced ranks.
-//! 2. `partial:Q` then exchanges a fraction Q of every rank's samples with other ranks each
-//!    epoch (see [`assign`]).
+//! 2. `partial:Q` then exchanges a fraction Q of every rank's samples with other ranks (a new
+//!    seeded choice each epoch, always from the fixed assignment; see [`assign`]).
 //! 3. The ±1 remainder is settled by the [`Remainder`] policy: `drop` removes one seeded
 //!    sample from each longer rank, `pad` repeats one seeded sample on each shorter rank
 //!    (marked as padding). Every rank ends with exactly [`samples_per_rank`] samples.
@@ -41,8 +41,9 @@ pub enum ShufflePolicy {
     Global,
     /// Each rank keeps the same samples every epoch (node-local caches hit), in a new order.
     Local,
-    /// Like `Local`, but each epoch a fraction Q of every rank's samples is exchanged with
-    /// other ranks (partial local shuffling; Q of 0.1–0.3 matches global shuffling accuracy).
+    /// Like `Local`, but each epoch a fraction Q of every rank's samples comes from other
+    /// ranks (partial local shuffling; Q of 0.1–0.3 matches global shuffling accuracy): a
+    /// new seeded Q of its home samples is exchanged every epoch.
     Partial(f64),
 }
 

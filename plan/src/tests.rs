@@ -1,5 +1,5 @@
 //! Property tests of the plan's invariants: exactly-once coverage, equal ranks, determinism,
-//! locality, and the partial exchange rate.
+//! locality, and the partial exchange rate (Q of each rank's samples from other ranks).
 
 use std::collections::{HashMap, HashSet};
 
@@ -148,10 +148,15 @@ proptest! {
         prop_assume!(total >= 100 * u64::from(world));
         let cfg = config(seed, world, ShufflePolicy::Partial(q), Remainder::Drop, 64);
         for rank in 0..world {
-            let before: HashSet<Id> = samples(&plan_counts(&counts, &cfg, epoch - 1, rank).unwrap()).into_iter().map(|(id, _)| id).collect();
-            let after: HashSet<Id> = samples(&plan_counts(&counts, &cfg, epoch, rank).unwrap()).into_iter().map(|(id, _)| id).collect();
-            let moved = after.difference(&before).count() as f64 / after.len() as f64;
+            let ids = |e| -> HashSet<Id> {
+                samples(&plan_counts(&counts, &cfg, e, rank).unwrap()).into_iter().map(|(id, _)| id).collect()
+            };
+            let (home, now, before) = (ids(0), ids(epoch), ids(epoch - 1));
+            let moved = now.difference(&home).count() as f64 / now.len() as f64;
             prop_assert!((moved - q).abs() <= 0.05, "rank {rank}: moved {moved:.3}, Q {q:.3}");
+            if epoch > 1 && q > 0.05 && q < 0.95 {
+                prop_assert!(now != before, "rank {rank}: a new exchange every epoch");
+            }
         }
     }
 }
