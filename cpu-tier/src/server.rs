@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use sluice_wire::io::{FrameReader, FrameWriter, IoError};
 use sluice_wire::{
-    Assign, ErrorCode, ErrorMessage, JobRunner, Limits, Message, Output, UnitDone, UnitFailed,
-    UnitRunner, Welcome,
+    drive_unit, Assign, ErrorCode, ErrorMessage, JobRunner, Limits, Message, Output, UnitEnd,
+    UnitFailed, UnitRunner, Welcome,
 };
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
@@ -752,33 +752,31 @@ fn spawn_unit(assign: Assign, job: &Job, slots: Arc<Semaphore>, out: mpsc::Sende
         let result = tokio::task::spawn_blocking(move || {
             let _enter = span.enter();
             let dead = AtomicBool::new(false);
-            let mut emit = |output: Output| -> bool {
-                let frame = match output {
-                    Output::Sample(h, payload) => {
-                        let waited = Instant::now();
-                        let got = rt.block_on(async {
-                            tokio::select! {
-                                p = credits.acquire() => p.map(|p| p.forget()).is_ok(),
-                                _ = cancel.cancelled() => false,
-                            }
-                        });
-                        metrics::histogram!("sluice_cpu_credit_wait_seconds")
-                            .record(waited.elapsed().as_secs_f64());
-                        if !got {
-                            return false;
-                        }
-                        match &segment {
-                            None => Produced::Frame(Message::Sample(h), payload),
-                            Some(segment) => match segment.place(h, &payload) {
-                                Ok((m, fields)) => Produced::Frame(m, fields),
-                                Err(e) => {
-                                    // The unit fails (and is reassigned); the connection lives.
-                                    warn!("same-host slot: {e}");
-                                    return false;
-                                }
-                            },
-                        }
+            let take_credit = || {
+                let waited = Instant::now();
+                let got = rt.block_on(async {
+                    tokio::select! {
+                        p = credits.acquire() => p.map(|p| p.forget()).is_ok(),
+                        _ = cancel.cancelled() => false,
                     }
+                });
+                metrics::histogram!("sluice_cpu_credit_wait_seconds")
+                    .record(waited.elapsed().as_secs_f64());
+                got
+            };
+            let forward = |output: Output| -> bool {
+                let frame = match output {
+                    Output::Sample(h, payload) => match &segment {
+                        None => Produced::Frame(Message::Sample(h), payload),
+                        Some(segment) => match segment.place(h, &payload) {
+                            Ok((m, fields)) => Produced::Frame(m, fields),
+                            Err(e) => {
+                                // The unit fails (and is reassigned); the connection lives.
+                                warn!("same-host slot: {e}");
+                                return false;
+                            }
+                        },
+                    },
                     Output::Skipped(s) => Produced::Frame(Message::Skipped(s), Vec::new()),
                 };
                 if cancel.is_cancelled() || out.blocking_send(frame).is_err() {
@@ -787,30 +785,18 @@ fn spawn_unit(assign: Assign, job: &Job, slots: Arc<Semaphore>, out: mpsc::Sende
                 }
                 true
             };
-            let result = runner.run(&assign, &mut emit);
-            let end = match result {
-                Ok(f) => {
+            let end = match drive_unit(&*runner, &assign, take_credit, forward) {
+                UnitEnd::Done(done) => {
                     metrics::counter!("sluice_cpu_units_total", "result" => "done").increment(1);
-                    Message::UnitDone(UnitDone {
-                        job: assign.job,
-                        unit: assign.unit,
-                        attempt: assign.attempt,
-                        sent: f.sent,
-                        skipped: f.skipped,
-                    })
+                    Message::UnitDone(done)
                 }
-                Err(e) => {
+                UnitEnd::Failed(failed) => {
                     if !cancel.is_cancelled() {
                         metrics::counter!("sluice_cpu_units_total", "result" => "failed")
                             .increment(1);
-                        warn!("assignment failed: {e}");
+                        warn!("assignment failed: {}", failed.error);
                     }
-                    Message::UnitFailed(UnitFailed {
-                        job: assign.job,
-                        unit: assign.unit,
-                        attempt: assign.attempt,
-                        error: e,
-                    })
+                    Message::UnitFailed(failed)
                 }
             };
             if !dead.load(Ordering::Relaxed) && !cancel.is_cancelled() {

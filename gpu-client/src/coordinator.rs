@@ -1,61 +1,31 @@
-//! One epoch's coordinator: hands the plan's units to workers a few at a time, grants
-//! credits, accepts each planned sample once (the ledger), puts it in its place in the
-//! delivery order ([`Reorder`]), fills batches in the ring, and moves the unfinished part of
-//! a lost or failed worker's units to the others.
+//! One epoch's coordinator: the async shell around the client's [`Protocol`]. It feeds the
+//! protocol what links report and the time, and carries out its actions: commands to links,
+//! ring buffers filled with the samples it lets out (in the delivery order), finished batches
+//! to the consumer. Every decision (assignment, credits, the ledger, the reorder area,
+//! reassignment, hedging) is the protocol's; see `crate::protocol`.
 //!
-//! In plan order, units go out in the order the sequence needs them (their first position),
-//! only while that position is within `lookahead` of the next one to fill, which bounds what
-//! can arrive early. When the next position's sample has not come for `hedge_after`, the
-//! rest of its unit is also given to another worker (first copy wins; the ledger drops the
-//! other as duplicates), so one slow worker does not stall the sequence.
-//!
-//! It runs as one task; everything it owns is plain state, and its only waits are for an
-//! event, a free batch buffer, room in the consumer's queue, the hedging deadline, or the
-//! no-worker deadline.
+//! It runs as one task; its only waits are for an event, a free batch buffer, room in the
+//! consumer's queue or a link's command queue, or the protocol's next deadline.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_shard::Manifest;
-use sluice_wire::{Assign, SampleShape, ShardRef};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::batch::{BatchPlan, Filling, HostAllocator, Ring, SampleId, ShortBatch};
+use crate::batch::{BatchPlan, Filling, HostAllocator, Ring, ShortBatch};
 use crate::error::ClientError;
-use crate::ledger::{Ledger, Verdict};
+use crate::ledger::Ledger;
 use crate::link::{Command, Event};
-use crate::reorder::{Arrival, Placement, Reorder};
+use crate::protocol::{self, Action, Protocol, Tensor};
+use crate::reorder::{Arrival, Reorder};
+use crate::same_host::Payload;
 use crate::stats::{EpochCounters, Stats};
 use crate::Batch;
 
-/// A sample range of a unit, as given to one worker in one attempt.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Piece {
-    /// When the delivery order needs it: its earliest position (plan order), or its place in
-    /// the plan's unit list, 0 for a requeued piece (arrival order). Lower goes first.
-    priority: u64,
-    unit: u64,
-    start: u64,
-    end: u64,
-    attempt: u32,
-}
-
-struct LinkState {
-    name: String,
-    commands: mpsc::Sender<Command>,
-    /// The connection generation commands go to; `None` while the link is down.
-    generation: Option<u64>,
-    open: Vec<Piece>,
-    /// Credits granted and not yet used by a sample.
-    outstanding: u32,
-    /// Samples taken since the last credit frame.
-    owed: u32,
-    last_error: Option<String>,
-}
+pub(crate) use crate::protocol::credit_window;
 
 pub(crate) struct Settings {
     pub job: u64,
@@ -75,27 +45,24 @@ pub(crate) struct Settings {
     pub hedge_after: Duration,
 }
 
+impl Tensor for Payload {
+    fn detach(self, tensor_bytes: usize) -> Self {
+        Payload::Bytes(self.into_tensor(tensor_bytes))
+    }
+}
+
 pub(crate) struct Coordinator {
-    settings: Settings,
-    manifest: Arc<Manifest>,
-    ledger: Ledger,
-    reorder: Reorder,
-    queue: BinaryHeap<Reverse<Piece>>,
-    attempts: Vec<u32>,
-    /// Units already hedged (at most once an epoch: a second stall is a lost worker's, which
-    /// silence detection handles).
-    hedged: Vec<bool>,
-    /// When the delivery order last moved (a sample or skip filled its place).
-    progressed: Instant,
-    failures: Vec<(u32, String)>,
-    links: Vec<LinkState>,
-    shape: Option<SampleShape>,
+    protocol: Protocol<Payload>,
+    commands: Vec<mpsc::Sender<Command>>,
+    epoch: u64,
+    batch_plan: BatchPlan,
+    short_batch: ShortBatch,
+    ring_batches: usize,
+    shape: Option<sluice_wire::SampleShape>,
     ring: Option<Arc<Ring>>,
     allocator: Arc<dyn HostAllocator>,
     filling: Option<Filling>,
     next_batch: u64,
-    credit_window: u32,
-    down_since: Option<Instant>,
     counters: Arc<EpochCounters>,
     stats: Arc<Stats>,
 }
@@ -104,59 +71,45 @@ impl Coordinator {
     pub(crate) fn new(
         settings: Settings,
         manifest: Arc<Manifest>,
-        (ledger, reorder): (Ledger, Reorder),
+        (ledger, reorder): (Ledger, Reorder<Payload>),
         links: Vec<(String, mpsc::Sender<Command>)>,
         allocator: Arc<dyn HostAllocator>,
         counters: Arc<EpochCounters>,
         stats: Arc<Stats>,
     ) -> Self {
-        let mut queue = BinaryHeap::new();
-        let units = (0..)
-            .map_while(|id| ledger.unit(id).map(|u| (id, *u)))
-            .collect::<Vec<_>>();
-        let mut attempts = vec![0u32; units.len()];
-        for (id, u) in &units {
-            for (start, end) in ledger.missing(*id, u.start, u.end) {
-                let priority = priority(&reorder, *id, start, end).unwrap_or(*id);
-                queue.push(Reverse(Piece {
-                    priority,
-                    unit: *id,
-                    start,
-                    end,
-                    attempt: attempts[*id as usize],
-                }));
-                attempts[*id as usize] += 1;
-            }
-        }
+        let (names, commands): (Vec<String>, Vec<mpsc::Sender<Command>>) =
+            links.into_iter().unzip();
+        let core = protocol::Settings {
+            job: settings.job,
+            batch_plan: settings.batch_plan,
+            first_batch: settings.first_batch,
+            credits_per_worker: settings.credits_per_worker,
+            receive_window: settings.receive_window,
+            units_per_worker: settings.units_per_worker,
+            worker_wait: settings.worker_wait,
+            max_unit_attempts: settings.max_unit_attempts,
+            lookahead: settings.lookahead,
+            hedge_after: settings.hedge_after,
+        };
         Coordinator {
-            next_batch: settings.first_batch,
-            hedged: vec![false; units.len()],
-            progressed: Instant::now(),
-            reorder,
-            attempts,
-            failures: vec![(0, String::new()); units.len()],
-            settings,
-            manifest,
-            ledger,
-            queue,
-            links: links
-                .into_iter()
-                .map(|(name, commands)| LinkState {
-                    name,
-                    commands,
-                    generation: None,
-                    open: Vec::new(),
-                    outstanding: 0,
-                    owed: 0,
-                    last_error: None,
-                })
-                .collect(),
+            protocol: Protocol::new(
+                core,
+                manifest,
+                (ledger, reorder),
+                names,
+                (counters.clone(), stats.clone()),
+                now(),
+            ),
+            commands,
+            epoch: settings.epoch,
+            batch_plan: settings.batch_plan,
+            short_batch: settings.short_batch,
+            ring_batches: settings.ring_batches,
             shape: None,
             ring: None,
             allocator,
             filling: None,
-            credit_window: 0,
-            down_since: Some(Instant::now()),
+            next_batch: settings.first_batch,
             counters,
             stats,
         }
@@ -174,11 +127,11 @@ impl Coordinator {
             _ = cancel.cancelled() => Ok(()),
         };
         if let Err(e) = result {
-            tracing::error!(epoch = self.settings.epoch, "{e}");
+            tracing::error!(epoch = self.epoch, "{e}");
             let _ = out.send(Err(e)).await;
         }
         // Dropping the command senders ends every link (closing its connection).
-        self.links.clear();
+        self.commands.clear();
     }
 
     async fn drive(
@@ -187,268 +140,50 @@ impl Coordinator {
         out: &mpsc::Sender<Result<Batch, ClientError>>,
     ) -> Result<(), ClientError> {
         loop {
-            if self.next_batch >= self.settings.batch_plan.batches {
+            self.act(out).await?;
+            if self.protocol.finished() {
                 return Ok(());
             }
-            self.dispatch().await;
             let deadline = self
-                .down_since
-                .map(|t| tokio::time::Instant::from_std(t + self.settings.worker_wait));
-            let hedge = self.hedge_deadline().map(tokio::time::Instant::from_std);
+                .protocol
+                .poll_timeout()
+                .map(tokio::time::Instant::from_std);
             let event = tokio::select! {
                 e = events.recv() => e,
                 _ = sleep_until(deadline) => {
-                    return Err(ClientError::WorkersLost {
-                        waited: self.settings.worker_wait,
-                        detail: self.last_errors(),
-                    });
-                }
-                _ = sleep_until(hedge) => {
-                    self.hedge().await;
+                    self.protocol.timeout(now())?;
                     continue;
                 }
             };
             let Some(event) = event else {
                 return Err(ClientError::Runtime("every link ended".into()));
             };
-            self.handle(event, out).await?;
+            self.handle(event)?;
         }
     }
 
-    fn last_errors(&self) -> String {
-        let errors: Vec<String> = self
-            .links
-            .iter()
-            .map(|l| {
-                format!(
-                    "{}: {}",
-                    l.name,
-                    l.last_error.as_deref().unwrap_or("never connected")
-                )
-            })
-            .collect();
-        errors.join("; ")
-    }
-
-    fn alive(&self) -> usize {
-        self.links.iter().filter(|l| l.generation.is_some()).count()
-    }
-
-    /// Gives queued pieces to live links with room, least loaded first; in plan order only
-    /// pieces the sequence needs within the lookahead.
-    async fn dispatch(&mut self) {
-        let horizon = self
-            .reorder
-            .next_position()
-            .map_or(u64::MAX, |n| n.saturating_add(self.settings.lookahead));
-        while self
-            .queue
-            .peek()
-            .is_some_and(|Reverse(p)| p.priority < horizon)
-        {
-            let Some(i) = (0..self.links.len())
-                .filter(|&i| {
-                    let l = &self.links[i];
-                    l.generation.is_some() && l.open.len() < self.settings.units_per_worker
-                })
-                .min_by_key(|&i| self.links[i].open.len())
-            else {
-                return;
-            };
-            let Some(Reverse(piece)) = self.queue.pop() else {
-                return;
-            };
-            self.send_piece(i, piece).await;
-        }
-    }
-
-    /// Sends `piece` to link `i`.
-    async fn send_piece(&mut self, i: usize, piece: Piece) {
-        {
-            let Some(unit) = self.ledger.unit(piece.unit).copied() else {
-                return;
-            };
-            let shard = &self.manifest.shards[unit.shard as usize];
-            let assign = Assign {
-                job: self.settings.job,
-                unit: piece.unit,
-                attempt: piece.attempt,
-                shard: ShardRef {
-                    index: unit.shard,
-                    urls: vec![shard.url.clone()],
-                    size: shard.size,
-                    samples: shard.samples,
-                    checksum: shard.checksum.0,
-                    gzip: shard.compression == sluice_shard::Compression::Gzip,
-                },
-                start: piece.start,
-                end: piece.end,
-            };
-            let link = &mut self.links[i];
-            let generation = link.generation.unwrap_or(0);
-            link.open.push(piece);
-            if link
-                .commands
-                .send(Command::Assign(generation, assign))
-                .await
-                .is_err()
-            {
-                // The link task ended; its loss event will requeue the piece.
-                return;
-            }
-            self.stats.set_in_flight(i, link.open.len());
-        }
-    }
-
-    /// When to hedge: plan order, something is awaited, and the order has not moved for
-    /// `hedge_after`.
-    fn hedge_deadline(&self) -> Option<Instant> {
-        let (unit, _) = self.reorder.awaited()?;
-        if self.hedged.get(unit as usize).copied().unwrap_or(true) {
-            return None;
-        }
-        Some(self.progressed + self.settings.hedge_after)
-    }
-
-    /// Gives the rest of the awaited sample's unit to a second live worker too, if a worker
-    /// holds it and another is up. First copy wins: the ledger drops the slower one's.
-    async fn hedge(&mut self) {
-        let Some((unit, index)) = self.reorder.awaited() else {
-            return;
-        };
-        if let Some(h) = self.hedged.get_mut(unit as usize) {
-            *h = true;
-        }
-        let unit = u64::from(unit);
-        let Some((holder, piece)) = self.links.iter().enumerate().find_map(|(i, l)| {
-            l.open
-                .iter()
-                .find(|p| p.unit == unit && (p.start..p.end).contains(&index))
-                .map(|p| (i, *p))
-        }) else {
-            return; // still queued (no worker has it): dispatch will send it
-        };
-        let Some(other) = (0..self.links.len())
-            .filter(|&i| i != holder && self.links[i].generation.is_some())
-            .min_by_key(|&i| self.links[i].open.len())
-        else {
-            return;
-        };
-        self.counters.hedged.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("sluice_client_hedged_units_total").increment(1);
-        tracing::info!(
-            unit,
-            slow = %self.links[holder].name,
-            to = %self.links[other].name,
-            "sample {index} of unit {unit} is late: hedging the rest of the unit"
-        );
-        for (start, end) in self.ledger.missing(unit, piece.start, piece.end) {
-            let a = &mut self.attempts[unit as usize];
-            let attempt = *a;
-            *a += 1;
-            let piece = Piece {
-                priority: 0,
-                unit,
-                start,
-                end,
-                attempt,
-            };
-            self.send_piece(other, piece).await;
-        }
-    }
-
-    async fn handle(
-        &mut self,
-        event: Event,
-        out: &mpsc::Sender<Result<Batch, ClientError>>,
-    ) -> Result<(), ClientError> {
+    /// Feeds one link event to the protocol.
+    fn handle(&mut self, event: Event) -> Result<(), ClientError> {
+        let now = now();
         match event {
             Event::Ready {
                 link,
                 generation,
                 shape,
-            } => self.ready(link, generation, shape).await,
+            } => self.protocol.ready(link, generation, shape)?,
             Event::Sample {
                 link,
                 header,
                 payload,
-            } => {
-                self.counters.received.fetch_add(1, Ordering::Relaxed);
-                self.used_credit(link).await;
-                match self.ledger.record(header.unit, header.shard, header.index) {
-                    Verdict::Accept => {
-                        self.stats.sample_from(link);
-                        let id = SampleId {
-                            shard: header.shard,
-                            index: header.index,
-                        };
-                        let (unit, index) = (header.unit, header.index);
-                        if self.reorder.take_turn(unit, index) {
-                            // Its turn: straight from the payload into the ring.
-                            self.filling(out).await?.push(
-                                |slot| payload.copy_tensor(slot),
-                                header.label,
-                                id,
-                                header.key,
-                                unit,
-                            );
-                            self.progressed = Instant::now();
-                            self.close_if_full(out).await?;
-                            return self.release(out).await;
-                        }
-                        let tensor_bytes = self.shape.map_or(0, |s| s.bytes() as usize);
-                        let arrival = Arrival::Sample {
-                            label: header.label,
-                            id,
-                            key: header.key,
-                            unit,
-                            tensor: payload.into_tensor(tensor_bytes),
-                        };
-                        self.place(unit, index, arrival, out).await
-                    }
-                    Verdict::Duplicate => {
-                        self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
-                        metrics::counter!("sluice_client_duplicates_dropped_total").increment(1);
-                        Ok(())
-                    }
-                    Verdict::Unplanned => {
-                        self.counters.unplanned.fetch_add(1, Ordering::Relaxed);
-                        metrics::counter!("sluice_client_unplanned_dropped_total").increment(1);
-                        Ok(())
-                    }
-                }
+            } => self.protocol.sample(link, header, payload, now),
+            Event::Skipped { skipped } => self.protocol.skipped(skipped, now),
+            Event::UnitDone { link, done } => {
+                self.protocol
+                    .piece_ended(link, done.unit, done.attempt, None)?
             }
-            Event::Skipped { skipped, .. } => {
-                match self
-                    .ledger
-                    .record(skipped.unit, skipped.shard, skipped.index)
-                {
-                    Verdict::Accept => {
-                        tracing::warn!(shard = skipped.shard, key = %skipped.key,
-                                       "sample skipped: {}", skipped.reason);
-                        metrics::counter!("sluice_client_skipped_total").increment(1);
-                        let id = SampleId {
-                            shard: skipped.shard,
-                            index: skipped.index,
-                        };
-                        let reason = format!("{}: {}", skipped.key, skipped.reason);
-                        let arrival = Arrival::Skip {
-                            id,
-                            reason,
-                            unit: skipped.unit,
-                        };
-                        self.place(skipped.unit, skipped.index, arrival, out).await
-                    }
-                    Verdict::Duplicate => {
-                        self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
-                        Ok(())
-                    }
-                    Verdict::Unplanned => Ok(()),
-                }
-            }
-            Event::UnitDone { link, done } => self.piece_ended(link, done.unit, done.attempt, None),
             Event::UnitFailed { link, failed } => {
-                self.piece_ended(link, failed.unit, failed.attempt, Some(failed.error))
+                self.protocol
+                    .piece_ended(link, failed.unit, failed.attempt, Some(failed.error))?
             }
             Event::Lost {
                 link,
@@ -459,78 +194,61 @@ impl Coordinator {
                 if let Some(f) = fatal {
                     return Err(f);
                 }
-                self.lost(link, generation, error);
-                Ok(())
+                self.protocol.lost(link, generation, error, now);
             }
         }
-    }
-
-    async fn ready(
-        &mut self,
-        link: usize,
-        generation: u64,
-        shape: SampleShape,
-    ) -> Result<(), ClientError> {
-        match self.shape {
-            None => {
-                let bytes = shape.bytes();
-                if bytes == 0 {
-                    return Err(ClientError::Protocol {
-                        worker: self.links[link].name.clone(),
-                        detail: "announced an empty sample shape".into(),
-                    });
-                }
-                let batch_bytes = bytes as usize * self.settings.batch_plan.batch_size as usize;
-                let ring = Ring::new(&*self.allocator, self.settings.ring_batches, batch_bytes)
-                    .map_err(ClientError::Allocate)?;
-                self.ring = Some(ring);
-                self.shape = Some(shape);
-                self.credit_window = credit_window(
-                    self.settings.credits_per_worker,
-                    self.settings.receive_window,
-                    bytes,
-                );
-            }
-            Some(s) if s != shape => {
-                return Err(ClientError::Shape {
-                    workers: self.links.iter().map(|l| l.name.clone()).collect(),
-                    detail: format!("{s:?} and {shape:?} (from {})", self.links[link].name),
-                });
-            }
-            Some(_) => {}
-        }
-        let window = self.credit_window;
-        let l = &mut self.links[link];
-        l.generation = Some(generation);
-        l.outstanding = window;
-        l.owed = 0;
-        self.down_since = None;
-        self.stats.set_alive(link, true);
-        tracing::debug!(worker = %l.name, generation, "worker ready");
-        let _ = l.commands.send(Command::Credit(generation, window)).await;
         Ok(())
     }
 
-    /// A sample consumed one credit of `link`; give credits back in small batches.
-    async fn used_credit(&mut self, link: usize) {
-        let window = self.credit_window;
-        let l = &mut self.links[link];
-        l.outstanding = l.outstanding.saturating_sub(1);
-        l.owed += 1;
-        if let Some(g) = l.generation {
-            if l.owed >= (window / 4).max(1) {
-                let n = std::mem::take(&mut l.owed);
-                l.outstanding += n;
-                let _ = l.commands.send(Command::Credit(g, n)).await;
+    /// Carries out the protocol's actions, in order.
+    async fn act(
+        &mut self,
+        out: &mpsc::Sender<Result<Batch, ClientError>>,
+    ) -> Result<(), ClientError> {
+        while let Some(action) = self.protocol.poll_action() {
+            match action {
+                // A send fails only when the link task ended; its loss event requeues.
+                Action::Assign(link, generation, assign) => {
+                    let _ = self.commands[link]
+                        .send(Command::Assign(generation, assign))
+                        .await;
+                }
+                Action::Credit(link, generation, n) => {
+                    let _ = self.commands[link]
+                        .send(Command::Credit(generation, n))
+                        .await;
+                }
+                Action::Ring(shape) => {
+                    let batch_bytes = shape.bytes() as usize * self.batch_plan.batch_size as usize;
+                    let ring = Ring::new(&*self.allocator, self.ring_batches, batch_bytes)
+                        .map_err(ClientError::Allocate)?;
+                    self.ring = Some(ring);
+                    self.shape = Some(shape);
+                }
+                Action::Fill(Arrival::Sample {
+                    label,
+                    id,
+                    key,
+                    unit,
+                    tensor,
+                }) => self.filling().await?.push(
+                    |slot| tensor.copy_tensor(slot),
+                    label,
+                    id,
+                    key,
+                    unit,
+                ),
+                Action::Fill(Arrival::Skip { id, reason, unit }) => {
+                    self.filling().await?.skip(id, reason, unit)
+                }
+                Action::Close => self.close(out).await?,
             }
         }
+        Ok(())
     }
 
     /// The batch being filled, waiting for a free ring buffer if there is none.
-    async fn filling(
-        &mut self,
-        _out: &mpsc::Sender<Result<Batch, ClientError>>,
-    ) -> Result<&mut Filling, ClientError> {
+    async fn filling(&mut self) -> Result<&mut Filling, ClientError> {
         if self.filling.is_none() {
             let ring = self.ring.clone().ok_or_else(|| {
                 ClientError::Runtime("a sample before any worker was ready".into())
@@ -540,19 +258,19 @@ impl Coordinator {
             let buf = ring.acquire().await;
             self.counters.ring_full.store(false, Ordering::Relaxed);
             self.stats.ring_wait(started.elapsed());
-            let shape = self.shape.unwrap_or(SampleShape {
+            let shape = self.shape.unwrap_or(sluice_wire::SampleShape {
                 height: 0,
                 width: 0,
                 channels: 0,
                 elem_bytes: 0,
                 chw: false,
             });
-            let target = self.settings.batch_plan.target(self.next_batch);
+            let target = self.batch_plan.target(self.next_batch);
             self.filling = Some(Filling::new(
                 buf,
                 ring,
                 shape,
-                self.settings.epoch,
+                self.epoch,
                 self.next_batch,
                 target,
             ));
@@ -562,187 +280,38 @@ impl Coordinator {
             .ok_or_else(|| ClientError::Runtime("no batch".into()))
     }
 
-    /// Puts an accepted arrival in its place: the batch being filled if its turn has come,
-    /// else the holding area; then lets out whatever has become due.
-    async fn place(
-        &mut self,
-        unit: u64,
-        index: u64,
-        arrival: Arrival,
-        out: &mpsc::Sender<Result<Batch, ClientError>>,
-    ) -> Result<(), ClientError> {
-        if let Placement::Now(a) = self.reorder.offer(unit, index, arrival) {
-            self.fill(a, out).await?;
-        }
-        self.release(out).await
-    }
-
-    /// Fills batches with held arrivals whose turn has come.
-    async fn release(
+    /// Finishes the batch being filled and hands it to the consumer.
+    async fn close(
         &mut self,
         out: &mpsc::Sender<Result<Batch, ClientError>>,
     ) -> Result<(), ClientError> {
-        loop {
-            let draining = self.ledger.is_complete();
-            let Some(a) = self.reorder.release(draining) else {
-                break;
-            };
-            self.fill(a, out).await?;
-        }
-        let (held, peak) = self.reorder.held();
-        self.counters
-            .reorder_peak
-            .fetch_max(peak as u64, Ordering::Relaxed);
-        metrics::gauge!("sluice_client_reorder_held_samples").set(held as f64);
-        Ok(())
-    }
-
-    async fn fill(
-        &mut self,
-        arrival: Arrival,
-        out: &mpsc::Sender<Result<Batch, ClientError>>,
-    ) -> Result<(), ClientError> {
-        match arrival {
-            Arrival::Sample {
-                label,
-                id,
-                key,
-                unit,
-                tensor,
-            } => self.filling(out).await?.push(
-                |slot| slot.copy_from_slice(&tensor[..slot.len()]),
-                label,
-                id,
-                key,
-                unit,
-            ),
-            Arrival::Skip { id, reason, unit } => self.filling(out).await?.skip(id, reason, unit),
-        }
-        self.progressed = Instant::now();
-        self.close_if_full(out).await
-    }
-
-    async fn close_if_full(
-        &mut self,
-        out: &mpsc::Sender<Result<Batch, ClientError>>,
-    ) -> Result<(), ClientError> {
-        if !self.filling.as_ref().is_some_and(Filling::is_full) {
-            return Ok(());
-        }
-        let Some(f) = self.filling.take() else {
-            return Ok(());
+        // A batch of skips only still takes its place in the epoch.
+        let f = match self.filling.take() {
+            Some(f) => f,
+            None => {
+                self.filling().await?;
+                self.filling
+                    .take()
+                    .ok_or_else(|| ClientError::Runtime("no batch".into()))?
+            }
         };
-        let batch = f.finish(self.settings.short_batch);
+        debug_assert!(
+            f.is_full(),
+            "the protocol closed a batch before it was full"
+        );
+        let batch = f.finish(self.short_batch);
         self.next_batch += 1;
         if out.send(Ok(batch)).await.is_err() {
             return Err(ClientError::Runtime("the consumer went away".into()));
         }
         Ok(())
     }
-
-    fn piece_ended(
-        &mut self,
-        link: usize,
-        unit: u64,
-        attempt: u32,
-        error: Option<String>,
-    ) -> Result<(), ClientError> {
-        let l = &mut self.links[link];
-        let Some(pos) = l
-            .open
-            .iter()
-            .position(|p| p.unit == unit && p.attempt == attempt)
-        else {
-            return Ok(()); // an attempt already moved elsewhere
-        };
-        let piece = l.open.swap_remove(pos);
-        self.stats.set_in_flight(link, l.open.len());
-        if let Some(e) = &error {
-            tracing::warn!(worker = %l.name, unit, "unit failed: {e}");
-            let f = &mut self.failures[unit as usize];
-            f.0 += 1;
-            f.1 = e.clone();
-            if f.0 >= self.settings.max_unit_attempts {
-                let u = self.ledger.unit(unit).copied();
-                return Err(ClientError::UnitFailed {
-                    unit,
-                    shard: u
-                        .map(|u| self.manifest.shards[u.shard as usize].url.clone())
-                        .unwrap_or_default(),
-                    start: piece.start,
-                    end: piece.end,
-                    attempts: f.0,
-                    error: e.clone(),
-                });
-            }
-        }
-        self.requeue(piece);
-        Ok(())
-    }
-
-    /// Puts the part of `piece` not yet accounted for back in the queue, ahead of fresh units
-    /// (arrival order) or where the sequence needs it (plan order).
-    fn requeue(&mut self, piece: Piece) {
-        let missing = self.ledger.missing(piece.unit, piece.start, piece.end);
-        if missing.is_empty() {
-            return;
-        }
-        self.counters.reassigned.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("sluice_client_reassigned_units_total").increment(1);
-        // Every piece of a unit gets its own attempt number, so a worker's report names
-        // exactly one piece.
-        for &(start, end) in &missing {
-            let a = &mut self.attempts[piece.unit as usize];
-            let attempt = *a;
-            *a += 1;
-            let priority = priority(&self.reorder, piece.unit, start, end).unwrap_or(0);
-            self.queue.push(Reverse(Piece {
-                priority,
-                unit: piece.unit,
-                start,
-                end,
-                attempt,
-            }));
-        }
-    }
-
-    fn lost(&mut self, link: usize, generation: u64, error: String) {
-        let l = &mut self.links[link];
-        l.last_error = Some(error);
-        if l.generation.is_some_and(|g| g != generation) {
-            return; // an older connection's late news
-        }
-        l.generation = None;
-        l.outstanding = 0;
-        l.owed = 0;
-        let open = std::mem::take(&mut l.open);
-        self.stats.set_alive(link, false);
-        self.stats.set_in_flight(link, 0);
-        for piece in open {
-            self.requeue(piece);
-        }
-        if self.alive() == 0 && self.down_since.is_none() {
-            self.down_since = Some(Instant::now());
-        }
-    }
 }
 
-/// When the delivery order needs samples `start..end` of `unit`: their earliest position in
-/// plan order, `None` in arrival order.
-fn priority(reorder: &Reorder, unit: u64, start: u64, end: u64) -> Option<u64> {
-    match reorder {
-        Reorder::Plan { sequence, .. } => {
-            sequence.first_position_in(u32::try_from(unit).ok()?, start, end)
-        }
-        Reorder::Arrival { .. } => None,
-    }
-}
-
-/// Credits per worker connection: never more than the connection's receive window holds.
-/// A same-host link makes exactly this many slots, so a credit always has a slot behind it.
-pub(crate) fn credit_window(credits: u32, receive_window: u64, sample_bytes: u64) -> u32 {
-    let fit = (receive_window / sample_bytes.max(1)).max(1);
-    u64::from(credits).min(fit) as u32
+/// The protocol's clock: tokio's (the same as the system's, except under a paused test
+/// clock, where deadlines must agree with the sleeps that wait for them).
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
@@ -758,7 +327,7 @@ mod simulation;
 #[cfg(test)]
 mod tests {
     use sluice_shard::{Checksum, Compression, ShardInfo};
-    use sluice_wire::{SampleHeader, UnitDone};
+    use sluice_wire::{SampleHeader, SampleShape, UnitDone};
 
     use super::*;
     use crate::batch::{HeapAllocator, LastBatch};

@@ -41,6 +41,7 @@ mod link;
 pub mod loader;
 #[cfg(feature = "cuda")]
 mod nvrtc;
+mod protocol;
 mod reorder;
 pub mod same_host;
 pub mod stats;

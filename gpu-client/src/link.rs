@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use sluice_wire::io::{FrameReader, FrameWriter, IoError};
 use sluice_wire::{
-    Assign, ErrorCode, Hello, JobRunner, JobSpec, Limits, Message, Output, SampleHeader,
-    SampleShape, SkippedSample, UnitDone, UnitFailed, UnitRunner,
+    drive_unit, Assign, ErrorCode, Hello, JobRunner, JobSpec, Limits, Message, Output,
+    SampleHeader, SampleShape, SkippedSample, UnitDone, UnitEnd, UnitFailed, UnitRunner,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, Semaphore};
@@ -735,49 +735,29 @@ fn run_local_unit(
     cancel: &CancellationToken,
     rt: &tokio::runtime::Handle,
 ) {
-    let mut emit = |output: Output| -> bool {
-        let event = match output {
-            Output::Sample(header, payload) => {
-                let got = rt.block_on(async {
-                    tokio::select! {
-                        p = credits.acquire() => p.map(|p| p.forget()).is_ok(),
-                        _ = cancel.cancelled() => false,
-                    }
-                });
-                if !got {
-                    return false;
-                }
-                Event::Sample {
-                    link,
-                    header,
-                    payload: Payload::Bytes(payload),
-                }
+    let take_credit = || {
+        rt.block_on(async {
+            tokio::select! {
+                p = credits.acquire() => p.map(|p| p.forget()).is_ok(),
+                _ = cancel.cancelled() => false,
             }
+        })
+    };
+    let forward = |output: Output| -> bool {
+        let event = match output {
+            Output::Sample(header, payload) => Event::Sample {
+                link,
+                header,
+                payload: Payload::Bytes(payload),
+            },
             Output::Skipped(skipped) => Event::Skipped { skipped },
         };
         !cancel.is_cancelled() && events.blocking_send(event).is_ok()
     };
     let started = Instant::now();
-    let event = match runner.run(assign, &mut emit) {
-        Ok(f) => Event::UnitDone {
-            link,
-            done: UnitDone {
-                job: assign.job,
-                unit: assign.unit,
-                attempt: assign.attempt,
-                sent: f.sent,
-                skipped: f.skipped,
-            },
-        },
-        Err(error) => Event::UnitFailed {
-            link,
-            failed: UnitFailed {
-                job: assign.job,
-                unit: assign.unit,
-                attempt: assign.attempt,
-                error,
-            },
-        },
+    let event = match drive_unit(runner, assign, take_credit, forward) {
+        UnitEnd::Done(done) => Event::UnitDone { link, done },
+        UnitEnd::Failed(failed) => Event::UnitFailed { link, failed },
     };
     tracing::debug!(
         unit = assign.unit,

@@ -9,7 +9,7 @@
 //! - **Arrival order**: arrivals pass through a seeded [`ShuffleBuffer`] and fill batches in
 //!   the order it lets them out: mixed, but not reproducible.
 //!
-//! What bounds the holding area is the coordinator's lookahead: it hands out a work unit only
+//! What bounds the holding area is the protocol's lookahead: it hands out a work unit only
 //! when the unit's first position is within `lookahead` of the next position to fill, so
 //! only samples of units near their turn can arrive early.
 
@@ -20,15 +20,15 @@ use sluice_plan::{Sequence, ShuffleBuffer};
 
 use crate::batch::SampleId;
 
-/// A sample or skip waiting for its place.
+/// A sample (its tensor a `P`: the shell's payload) or skip on its way to its place.
 #[derive(Debug)]
-pub(crate) enum Arrival {
+pub(crate) enum Arrival<P> {
     Sample {
         label: Option<i64>,
         id: SampleId,
         key: String,
         unit: u64,
-        tensor: Vec<u8>,
+        tensor: P,
     },
     Skip {
         id: SampleId,
@@ -38,29 +38,29 @@ pub(crate) enum Arrival {
 }
 
 /// Where an accepted arrival goes.
-pub(crate) enum Placement {
+pub(crate) enum Placement<P> {
     /// Into the batch being filled now (its turn has come).
-    Now(Arrival),
+    Now(Arrival<P>),
     /// Nowhere yet: it waits here.
     Held,
 }
 
 /// The order samples fill batches in.
-pub(crate) enum Reorder {
+pub(crate) enum Reorder<P> {
     Plan {
         sequence: Arc<Sequence>,
         /// The next position to fill.
         next: u64,
-        early: HashMap<u64, Arrival>,
+        early: HashMap<u64, Arrival<P>>,
         peak: usize,
     },
     Arrival {
-        buffer: Box<ShuffleBuffer<Arrival>>,
+        buffer: Box<ShuffleBuffer<Arrival<P>>>,
         peak: usize,
     },
 }
 
-impl Reorder {
+impl<P> Reorder<P> {
     /// Plan order from position `next` (`batches delivered × batch size` when resuming).
     pub(crate) fn plan(sequence: Arc<Sequence>, next: u64) -> Self {
         Reorder::Plan {
@@ -71,7 +71,7 @@ impl Reorder {
         }
     }
 
-    pub(crate) fn arrival(buffer: ShuffleBuffer<Arrival>) -> Self {
+    pub(crate) fn arrival(buffer: ShuffleBuffer<Arrival<P>>) -> Self {
         Reorder::Arrival {
             buffer: Box::new(buffer),
             peak: 0,
@@ -120,7 +120,7 @@ impl Reorder {
 
     /// Takes an accepted arrival of `unit`, sample `index`. Plan order: `Now` when it is the
     /// next position's sample, else it is held. Arrival order: the shuffle buffer decides.
-    pub(crate) fn offer(&mut self, unit: u64, index: u64, arrival: Arrival) -> Placement {
+    pub(crate) fn offer(&mut self, unit: u64, index: u64, arrival: Arrival<P>) -> Placement<P> {
         match self {
             Reorder::Plan {
                 sequence,
@@ -160,7 +160,7 @@ impl Reorder {
 
     /// The held arrival whose turn has come, if any (plan order), or, once `draining` (every
     /// planned sample arrived), the shuffle buffer's residents one by one (arrival order).
-    pub(crate) fn release(&mut self, draining: bool) -> Option<Arrival> {
+    pub(crate) fn release(&mut self, draining: bool) -> Option<Arrival<P>> {
         match self {
             Reorder::Plan { next, early, .. } => {
                 let a = early.remove(next)?;
@@ -177,7 +177,7 @@ mod tests {
     use super::*;
     use sluice_plan::{Mixing, WorkUnit};
 
-    fn skip(unit: u64, index: u64) -> Arrival {
+    fn skip(unit: u64, index: u64) -> Arrival<()> {
         Arrival::Skip {
             id: SampleId { shard: 0, index },
             reason: String::new(),
@@ -185,7 +185,7 @@ mod tests {
         }
     }
 
-    fn index_of(a: &Arrival) -> u64 {
+    fn index_of(a: &Arrival<()>) -> u64 {
         match a {
             Arrival::Sample { id, .. } | Arrival::Skip { id, .. } => id.index,
         }

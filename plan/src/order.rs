@@ -35,8 +35,8 @@ pub struct Mixing {
 impl Default for Mixing {
     fn default() -> Self {
         Mixing {
-            window_units: 8,
-            buffer_samples: 512,
+            window_units: 16,
+            buffer_samples: 1024,
         }
     }
 }

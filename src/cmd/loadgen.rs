@@ -76,10 +76,10 @@ pub struct Args {
     #[arg(long, default_value = "plan")]
     pub(crate) order: sluice_client::Order,
     /// Work units whose samples the plan interleaves at once.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = sluice_client::Mixing::default().window_units)]
     pub(crate) mix_units: u32,
     /// Samples in the shuffle buffer after the interleave (memory: this many decoded tensors).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = sluice_client::Mixing::default().buffer_samples)]
     pub(crate) mix_buffer: u32,
     /// Stop every rank after this many batches of the first epoch (with --save-state, to take
     /// a checkpoint mid-epoch).
@@ -162,8 +162,8 @@ impl Consumers {
             json: None,
             dump_ids: None,
             order: sluice_client::Order::Plan,
-            mix_units: 8,
-            mix_buffer: 512,
+            mix_units: sluice_client::Mixing::default().window_units,
+            mix_buffer: sluice_client::Mixing::default().buffer_samples,
             stop_after_batches: None,
             save_state: None,
             resume: None,

@@ -18,7 +18,7 @@ pub mod shm;
 
 pub use codec::{decode_frame, encode_frame, Frame, Limits, WireError, VERSION};
 pub use message::*;
-pub use runner::{Finished, JobRunner, Output, UnitRunner};
+pub use runner::{drive_unit, Finished, JobRunner, Output, UnitEnd, UnitRunner};
 
 #[cfg(test)]
 mod tests;

@@ -39,3 +39,158 @@ pub trait JobRunner: Send + Sync {
         emit: &mut dyn FnMut(Output) -> bool,
     ) -> Result<Finished, String>;
 }
+
+/// How a unit driven by [`drive_unit`] ended: the frame that reports it to the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnitEnd {
+    Done(crate::message::UnitDone),
+    Failed(crate::message::UnitFailed),
+}
+
+/// Runs one assignment of an open job: the unit driver the `sluice cpu` daemon and the
+/// client's in-process mode share. Before each sample goes out, `take_credit` must grant it
+/// a credit (it blocks while the client has none; `false` cancels the unit); `forward` hands
+/// each output on (`false` cancels too). Returns the frame that ends the unit.
+pub fn drive_unit(
+    runner: &dyn JobRunner,
+    assign: &Assign,
+    mut take_credit: impl FnMut() -> bool,
+    mut forward: impl FnMut(Output) -> bool,
+) -> UnitEnd {
+    let mut emit = |output: Output| -> bool {
+        if matches!(output, Output::Sample(..)) && !take_credit() {
+            return false;
+        }
+        forward(output)
+    };
+    match runner.run(assign, &mut emit) {
+        Ok(f) => UnitEnd::Done(crate::message::UnitDone {
+            job: assign.job,
+            unit: assign.unit,
+            attempt: assign.attempt,
+            sent: f.sent,
+            skipped: f.skipped,
+        }),
+        Err(error) => UnitEnd::Failed(crate::message::UnitFailed {
+            job: assign.job,
+            unit: assign.unit,
+            attempt: assign.attempt,
+            error,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::ShardRef;
+
+    /// Emits samples `start..end`, skipping index 2; fails when asked for sample 99.
+    struct Counting;
+
+    impl JobRunner for Counting {
+        fn shape(&self) -> SampleShape {
+            SampleShape {
+                height: 1,
+                width: 1,
+                channels: 1,
+                elem_bytes: 1,
+                chw: false,
+            }
+        }
+
+        fn run(
+            &self,
+            assign: &Assign,
+            emit: &mut dyn FnMut(Output) -> bool,
+        ) -> Result<Finished, String> {
+            let mut f = Finished::default();
+            for index in assign.start..assign.end {
+                if index == 99 {
+                    return Err("sample 99 is cursed".into());
+                }
+                let out = if index == 2 {
+                    f.skipped += 1;
+                    Output::Skipped(SkippedSample {
+                        job: assign.job,
+                        unit: assign.unit,
+                        attempt: assign.attempt,
+                        shard: 0,
+                        index,
+                        key: index.to_string(),
+                        reason: "bad".into(),
+                    })
+                } else {
+                    f.sent += 1;
+                    Output::Sample(
+                        SampleHeader {
+                            job: assign.job,
+                            unit: assign.unit,
+                            attempt: assign.attempt,
+                            shard: 0,
+                            index,
+                            key: index.to_string(),
+                            label: None,
+                            tensor_bytes: 1,
+                            fields: Vec::new(),
+                        },
+                        vec![index as u8],
+                    )
+                };
+                if !emit(out) {
+                    return Err("cancelled".into());
+                }
+            }
+            Ok(f)
+        }
+    }
+
+    fn assign(start: u64, end: u64) -> Assign {
+        Assign {
+            job: 7,
+            unit: 3,
+            attempt: 1,
+            shard: ShardRef {
+                index: 0,
+                urls: vec![],
+                size: 0,
+                samples: 200,
+                checksum: 0,
+                gzip: false,
+            },
+            start,
+            end,
+        }
+    }
+
+    #[test]
+    fn samples_take_credits_skips_do_not_and_the_end_names_the_attempt() {
+        let (mut credits, mut seen) = (0, Vec::new());
+        let end = drive_unit(
+            &Counting,
+            &assign(0, 5),
+            || {
+                credits += 1;
+                true
+            },
+            |o| {
+                seen.push(matches!(o, Output::Sample(..)));
+                true
+            },
+        );
+        assert_eq!(credits, 4, "one credit per sample, none for the skip");
+        assert_eq!(seen, [true, true, false, true, true]);
+        let UnitEnd::Done(d) = end else {
+            panic!("{end:?}")
+        };
+        assert_eq!(
+            (d.job, d.unit, d.attempt, d.sent, d.skipped),
+            (7, 3, 1, 4, 1)
+        );
+        // No credit: the unit stops and reports a failure.
+        let end = drive_unit(&Counting, &assign(0, 5), || false, |_| true);
+        assert!(matches!(end, UnitEnd::Failed(f) if f.error == "cancelled"));
+        let end = drive_unit(&Counting, &assign(98, 100), || true, |_| true);
+        assert!(matches!(end, UnitEnd::Failed(f) if f.error.contains("cursed")));
+    }
+}

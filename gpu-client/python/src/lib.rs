@@ -155,8 +155,8 @@ impl Loader {
         dataset, workers=None, batch_size=256, seed=0, rank=None, world_size=None,
         shuffle="global", pipeline="decode | random_resized_crop 224 | hflip 0.5",
         device="cpu", token_file=None, trust_cert=None, threads=0, drop_last=false,
-        ring_batches=4, dtype="uint8", mean=None, std=None, order="plan", mix_units=8,
-        mix_buffer=512,
+        ring_batches=4, dtype="uint8", mean=None, std=None, order="plan", mix_units=None,
+        mix_buffer=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -179,8 +179,8 @@ impl Loader {
         mean: Option<[f32; 3]>,
         std: Option<[f32; 3]>,
         order: &str,
-        mix_units: u32,
-        mix_buffer: u32,
+        mix_units: Option<u32>,
+        mix_buffer: Option<u32>,
     ) -> PyResult<Self> {
         let ordinal = parse_device(device)?;
         let order: sluice_client::Order = order
@@ -222,8 +222,9 @@ impl Loader {
             .shuffle(shuffle)
             .order(order)
             .mixing(sluice_client::Mixing {
-                window_units: mix_units,
-                buffer_samples: mix_buffer,
+                window_units: mix_units.unwrap_or(sluice_client::Mixing::default().window_units),
+                buffer_samples: mix_buffer
+                    .unwrap_or(sluice_client::Mixing::default().buffer_samples),
             })
             .ring_batches(ring_batches)
             .last_batch(if drop_last {

@@ -1,0 +1,617 @@
+//! The client's half of the worker–client protocol as a state machine with no IO: feed it
+//! what links report and the time, ask it for actions (in the style of `quinn-proto`).
+//!
+//! It owns the plan cursor (the queue of unit pieces, ordered by when the delivery order
+//! needs them), the ledger, every link's credits and open pieces, the reorder area,
+//! reassignment after a loss or failure, and hedging. It never waits: the coordinator
+//! (`crate::coordinator`) is the async shell that sends its commands to links, fills ring
+//! buffers with what it lets out, and sleeps until [`Protocol::poll_timeout`].
+//!
+//! Actions come out in the order they must be carried out: a `Fill` always belongs to the
+//! batch being filled, and `Close` follows the fill that completed a batch.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_shard::Manifest;
+use sluice_wire::{Assign, SampleHeader, SampleShape, ShardRef, SkippedSample};
+
+use crate::batch::{BatchPlan, SampleId};
+use crate::error::ClientError;
+use crate::ledger::{Ledger, Verdict};
+use crate::reorder::{Arrival, Placement, Reorder};
+use crate::stats::{EpochCounters, Stats};
+
+/// A sample's tensor as the protocol passes it around: the shell's payload type.
+pub(crate) trait Tensor {
+    /// The tensor as owned memory, for a sample that must wait for its turn (a same-host
+    /// slot is a credit: a held sample may not keep it).
+    fn detach(self, tensor_bytes: usize) -> Self;
+}
+
+/// What the shell must do.
+#[derive(Debug)]
+pub(crate) enum Action<P> {
+    /// Give a unit piece to a link's connection `generation`.
+    Assign(usize, u64, Assign),
+    /// Grant credits to a link's connection `generation`.
+    Credit(usize, u64, u32),
+    /// The first worker announced the sample shape: make the ring for it.
+    Ring(SampleShape),
+    /// Put this sample (or skip) into the batch being filled.
+    Fill(Arrival<P>),
+    /// The batch being filled is complete: finish it and hand it to the consumer.
+    Close,
+}
+
+/// A sample range of a unit, as given to one worker in one attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Piece {
+    /// When the delivery order needs it: its earliest position (plan order), or its place in
+    /// the plan's unit list, 0 for a requeued piece (arrival order). Lower goes first.
+    priority: u64,
+    unit: u64,
+    start: u64,
+    end: u64,
+    attempt: u32,
+}
+
+struct LinkState {
+    name: String,
+    /// The connection generation commands go to; `None` while the link is down.
+    generation: Option<u64>,
+    open: Vec<Piece>,
+    /// Credits granted and not yet used by a sample.
+    outstanding: u32,
+    /// Samples taken since the last credit grant.
+    owed: u32,
+    last_error: Option<String>,
+}
+
+/// The protocol's settings for one epoch.
+pub(crate) struct Settings {
+    pub job: u64,
+    pub batch_plan: BatchPlan,
+    pub first_batch: u64,
+    pub credits_per_worker: u32,
+    pub receive_window: u64,
+    pub units_per_worker: usize,
+    pub worker_wait: Duration,
+    pub max_unit_attempts: u32,
+    /// Plan order: how far ahead of the next position a unit may start.
+    pub lookahead: u64,
+    /// Plan order: how long the next position may wait before its unit is hedged.
+    pub hedge_after: Duration,
+}
+
+/// One rank's epoch, as the protocol tracks it.
+pub(crate) struct Protocol<P> {
+    settings: Settings,
+    manifest: Arc<Manifest>,
+    ledger: Ledger,
+    reorder: Reorder<P>,
+    queue: BinaryHeap<Reverse<Piece>>,
+    attempts: Vec<u32>,
+    /// Units already hedged (at most once an epoch: a second stall is a lost worker's, which
+    /// silence detection handles).
+    hedged: Vec<bool>,
+    /// When the delivery order last moved (a sample or skip filled its place).
+    progressed: Instant,
+    failures: Vec<(u32, String)>,
+    links: Vec<LinkState>,
+    shape: Option<SampleShape>,
+    credit_window: u32,
+    down_since: Option<Instant>,
+    /// The batch being filled, and how many of its places are filled.
+    next_batch: u64,
+    in_batch: usize,
+    actions: VecDeque<Action<P>>,
+    counters: Arc<EpochCounters>,
+    stats: Arc<Stats>,
+}
+
+impl<P: Tensor> Protocol<P> {
+    pub(crate) fn new(
+        settings: Settings,
+        manifest: Arc<Manifest>,
+        (ledger, reorder): (Ledger, Reorder<P>),
+        links: Vec<String>,
+        (counters, stats): (Arc<EpochCounters>, Arc<Stats>),
+        now: Instant,
+    ) -> Self {
+        let mut queue = BinaryHeap::new();
+        let units = (0..)
+            .map_while(|id| ledger.unit(id).map(|u| (id, *u)))
+            .collect::<Vec<_>>();
+        let mut attempts = vec![0u32; units.len()];
+        for (id, u) in &units {
+            for (start, end) in ledger.missing(*id, u.start, u.end) {
+                let priority = priority(&reorder, *id, start, end).unwrap_or(*id);
+                queue.push(Reverse(Piece {
+                    priority,
+                    unit: *id,
+                    start,
+                    end,
+                    attempt: attempts[*id as usize],
+                }));
+                attempts[*id as usize] += 1;
+            }
+        }
+        Protocol {
+            next_batch: settings.first_batch,
+            in_batch: 0,
+            hedged: vec![false; units.len()],
+            progressed: now,
+            reorder,
+            attempts,
+            failures: vec![(0, String::new()); units.len()],
+            settings,
+            manifest,
+            ledger,
+            queue,
+            links: links
+                .into_iter()
+                .map(|name| LinkState {
+                    name,
+                    generation: None,
+                    open: Vec::new(),
+                    outstanding: 0,
+                    owed: 0,
+                    last_error: None,
+                })
+                .collect(),
+            shape: None,
+            credit_window: 0,
+            down_since: Some(now),
+            actions: VecDeque::new(),
+            counters,
+            stats,
+        }
+    }
+
+    /// Every batch of the epoch has been closed.
+    pub(crate) fn finished(&self) -> bool {
+        self.next_batch >= self.settings.batch_plan.batches
+    }
+
+    /// The next action to carry out, after handing out whatever work fits.
+    pub(crate) fn poll_action(&mut self) -> Option<Action<P>> {
+        if self.actions.is_empty() {
+            self.dispatch();
+        }
+        self.actions.pop_front()
+    }
+
+    /// When [`Protocol::timeout`] must be called (the hedging or the no-worker deadline).
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        let wait = self.down_since.map(|t| t + self.settings.worker_wait);
+        match (wait, self.hedge_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Time has reached a deadline: hedge a late unit, or fail with no worker left.
+    pub(crate) fn timeout(&mut self, now: Instant) -> Result<(), ClientError> {
+        if let Some(t) = self.down_since {
+            if now >= t + self.settings.worker_wait {
+                return Err(ClientError::WorkersLost {
+                    waited: self.settings.worker_wait,
+                    detail: self.last_errors(),
+                });
+            }
+        }
+        if self.hedge_deadline().is_some_and(|d| now >= d) {
+            self.hedge();
+        }
+        Ok(())
+    }
+
+    /// A link's connection `generation` is up and announced its sample shape.
+    pub(crate) fn ready(
+        &mut self,
+        link: usize,
+        generation: u64,
+        shape: SampleShape,
+    ) -> Result<(), ClientError> {
+        match self.shape {
+            None => {
+                let bytes = shape.bytes();
+                if bytes == 0 {
+                    return Err(ClientError::Protocol {
+                        worker: self.links[link].name.clone(),
+                        detail: "announced an empty sample shape".into(),
+                    });
+                }
+                self.shape = Some(shape);
+                self.credit_window = credit_window(
+                    self.settings.credits_per_worker,
+                    self.settings.receive_window,
+                    bytes,
+                );
+                self.actions.push_back(Action::Ring(shape));
+            }
+            Some(s) if s != shape => {
+                return Err(ClientError::Shape {
+                    workers: self.links.iter().map(|l| l.name.clone()).collect(),
+                    detail: format!("{s:?} and {shape:?} (from {})", self.links[link].name),
+                });
+            }
+            Some(_) => {}
+        }
+        let window = self.credit_window;
+        let l = &mut self.links[link];
+        l.generation = Some(generation);
+        l.outstanding = window;
+        l.owed = 0;
+        self.down_since = None;
+        self.stats.set_alive(link, true);
+        tracing::debug!(worker = %l.name, generation, "worker ready");
+        self.actions
+            .push_back(Action::Credit(link, generation, window));
+        Ok(())
+    }
+
+    /// A sample frame from `link`.
+    pub(crate) fn sample(&mut self, link: usize, header: SampleHeader, payload: P, now: Instant) {
+        self.counters.received.fetch_add(1, Ordering::Relaxed);
+        self.used_credit(link);
+        match self.ledger.record(header.unit, header.shard, header.index) {
+            Verdict::Accept => {
+                self.stats.sample_from(link);
+                let (unit, index) = (header.unit, header.index);
+                let due = self.reorder.take_turn(unit, index);
+                let tensor = if due {
+                    payload // its turn: straight from the payload into the ring
+                } else {
+                    payload.detach(self.shape.map_or(0, |s| s.bytes() as usize))
+                };
+                let arrival = Arrival::Sample {
+                    label: header.label,
+                    id: SampleId {
+                        shard: header.shard,
+                        index,
+                    },
+                    key: header.key,
+                    unit,
+                    tensor,
+                };
+                if due {
+                    self.fill(arrival, now);
+                    self.release(now);
+                } else {
+                    self.place(unit, index, arrival, now);
+                }
+            }
+            Verdict::Duplicate => {
+                self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("sluice_client_duplicates_dropped_total").increment(1);
+            }
+            Verdict::Unplanned => {
+                self.counters.unplanned.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("sluice_client_unplanned_dropped_total").increment(1);
+            }
+        }
+    }
+
+    /// A sample the worker's decoder rejected.
+    pub(crate) fn skipped(&mut self, skipped: SkippedSample, now: Instant) {
+        match self
+            .ledger
+            .record(skipped.unit, skipped.shard, skipped.index)
+        {
+            Verdict::Accept => {
+                tracing::warn!(shard = skipped.shard, key = %skipped.key,
+                               "sample skipped: {}", skipped.reason);
+                metrics::counter!("sluice_client_skipped_total").increment(1);
+                let arrival = Arrival::Skip {
+                    id: SampleId {
+                        shard: skipped.shard,
+                        index: skipped.index,
+                    },
+                    reason: format!("{}: {}", skipped.key, skipped.reason),
+                    unit: skipped.unit,
+                };
+                self.place(skipped.unit, skipped.index, arrival, now);
+            }
+            Verdict::Duplicate => {
+                self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+            }
+            Verdict::Unplanned => {}
+        }
+    }
+
+    /// A piece ended on `link`: done (`error` is `None`) or failed. Whatever it left is
+    /// requeued; too many failures of one unit end the epoch.
+    pub(crate) fn piece_ended(
+        &mut self,
+        link: usize,
+        unit: u64,
+        attempt: u32,
+        error: Option<String>,
+    ) -> Result<(), ClientError> {
+        let l = &mut self.links[link];
+        let Some(pos) = l
+            .open
+            .iter()
+            .position(|p| p.unit == unit && p.attempt == attempt)
+        else {
+            return Ok(()); // an attempt already moved elsewhere
+        };
+        let piece = l.open.swap_remove(pos);
+        self.stats.set_in_flight(link, l.open.len());
+        if let Some(e) = &error {
+            tracing::warn!(worker = %l.name, unit, "unit failed: {e}");
+            let f = &mut self.failures[unit as usize];
+            f.0 += 1;
+            f.1 = e.clone();
+            if f.0 >= self.settings.max_unit_attempts {
+                let u = self.ledger.unit(unit).copied();
+                return Err(ClientError::UnitFailed {
+                    unit,
+                    shard: u
+                        .map(|u| self.manifest.shards[u.shard as usize].url.clone())
+                        .unwrap_or_default(),
+                    start: piece.start,
+                    end: piece.end,
+                    attempts: f.0,
+                    error: e.clone(),
+                });
+            }
+        }
+        self.requeue(piece);
+        Ok(())
+    }
+
+    /// A link's connection `generation` is gone: its open pieces go back to the queue.
+    pub(crate) fn lost(&mut self, link: usize, generation: u64, error: String, now: Instant) {
+        let l = &mut self.links[link];
+        l.last_error = Some(error);
+        if l.generation.is_some_and(|g| g != generation) {
+            return; // an older connection's late news
+        }
+        l.generation = None;
+        l.outstanding = 0;
+        l.owed = 0;
+        let open = std::mem::take(&mut l.open);
+        self.stats.set_alive(link, false);
+        self.stats.set_in_flight(link, 0);
+        for piece in open {
+            self.requeue(piece);
+        }
+        if self.alive() == 0 && self.down_since.is_none() {
+            self.down_since = Some(now);
+        }
+    }
+
+    fn last_errors(&self) -> String {
+        let errors: Vec<String> = self
+            .links
+            .iter()
+            .map(|l| {
+                format!(
+                    "{}: {}",
+                    l.name,
+                    l.last_error.as_deref().unwrap_or("never connected")
+                )
+            })
+            .collect();
+        errors.join("; ")
+    }
+
+    fn alive(&self) -> usize {
+        self.links.iter().filter(|l| l.generation.is_some()).count()
+    }
+
+    /// Gives queued pieces to live links with room, least loaded first; in plan order only
+    /// pieces the sequence needs within the lookahead.
+    fn dispatch(&mut self) {
+        let horizon = self
+            .reorder
+            .next_position()
+            .map_or(u64::MAX, |n| n.saturating_add(self.settings.lookahead));
+        while self
+            .queue
+            .peek()
+            .is_some_and(|Reverse(p)| p.priority < horizon)
+        {
+            let Some(i) = (0..self.links.len())
+                .filter(|&i| {
+                    let l = &self.links[i];
+                    l.generation.is_some() && l.open.len() < self.settings.units_per_worker
+                })
+                .min_by_key(|&i| self.links[i].open.len())
+            else {
+                return;
+            };
+            let Some(Reverse(piece)) = self.queue.pop() else {
+                return;
+            };
+            self.send_piece(i, piece);
+        }
+    }
+
+    /// Gives `piece` to link `i`.
+    fn send_piece(&mut self, i: usize, piece: Piece) {
+        let Some(unit) = self.ledger.unit(piece.unit).copied() else {
+            return;
+        };
+        let shard = &self.manifest.shards[unit.shard as usize];
+        let assign = Assign {
+            job: self.settings.job,
+            unit: piece.unit,
+            attempt: piece.attempt,
+            shard: ShardRef {
+                index: unit.shard,
+                urls: vec![shard.url.clone()],
+                size: shard.size,
+                samples: shard.samples,
+                checksum: shard.checksum.0,
+                gzip: shard.compression == sluice_shard::Compression::Gzip,
+            },
+            start: piece.start,
+            end: piece.end,
+        };
+        let link = &mut self.links[i];
+        let generation = link.generation.unwrap_or(0);
+        link.open.push(piece);
+        self.stats.set_in_flight(i, link.open.len());
+        self.actions
+            .push_back(Action::Assign(i, generation, assign));
+    }
+
+    /// When to hedge: plan order, something is awaited, and the order has not moved for
+    /// `hedge_after`.
+    fn hedge_deadline(&self) -> Option<Instant> {
+        let (unit, _) = self.reorder.awaited()?;
+        if self.hedged.get(unit as usize).copied().unwrap_or(true) {
+            return None;
+        }
+        Some(self.progressed + self.settings.hedge_after)
+    }
+
+    /// Gives the rest of the awaited sample's unit to a second live worker too, if a worker
+    /// holds it and another is up. First copy wins: the ledger drops the slower one's.
+    fn hedge(&mut self) {
+        let Some((unit, index)) = self.reorder.awaited() else {
+            return;
+        };
+        if let Some(h) = self.hedged.get_mut(unit as usize) {
+            *h = true;
+        }
+        let unit = u64::from(unit);
+        let Some((holder, piece)) = self.links.iter().enumerate().find_map(|(i, l)| {
+            l.open
+                .iter()
+                .find(|p| p.unit == unit && (p.start..p.end).contains(&index))
+                .map(|p| (i, *p))
+        }) else {
+            return; // still queued (no worker has it): dispatch will send it
+        };
+        let Some(other) = (0..self.links.len())
+            .filter(|&i| i != holder && self.links[i].generation.is_some())
+            .min_by_key(|&i| self.links[i].open.len())
+        else {
+            return;
+        };
+        self.counters.hedged.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("sluice_client_hedged_units_total").increment(1);
+        tracing::info!(
+            unit,
+            slow = %self.links[holder].name,
+            to = %self.links[other].name,
+            "sample {index} of unit {unit} is late: hedging the rest of the unit"
+        );
+        for (start, end) in self.ledger.missing(unit, piece.start, piece.end) {
+            let a = &mut self.attempts[unit as usize];
+            let attempt = *a;
+            *a += 1;
+            let piece = Piece {
+                priority: 0,
+                unit,
+                start,
+                end,
+                attempt,
+            };
+            self.send_piece(other, piece);
+        }
+    }
+
+    /// A sample consumed one credit of `link`; give credits back in small batches.
+    fn used_credit(&mut self, link: usize) {
+        let window = self.credit_window;
+        let l = &mut self.links[link];
+        l.outstanding = l.outstanding.saturating_sub(1);
+        l.owed += 1;
+        if let Some(g) = l.generation {
+            if l.owed >= (window / 4).max(1) {
+                let n = std::mem::take(&mut l.owed);
+                l.outstanding += n;
+                self.actions.push_back(Action::Credit(link, g, n));
+            }
+        }
+    }
+
+    /// Puts an accepted arrival in its place: the batch being filled if its turn has come,
+    /// else the holding area; then lets out whatever has become due.
+    fn place(&mut self, unit: u64, index: u64, arrival: Arrival<P>, now: Instant) {
+        if let Placement::Now(a) = self.reorder.offer(unit, index, arrival) {
+            self.fill(a, now);
+        }
+        self.release(now);
+    }
+
+    /// Fills batches with held arrivals whose turn has come.
+    fn release(&mut self, now: Instant) {
+        loop {
+            let draining = self.ledger.is_complete();
+            let Some(a) = self.reorder.release(draining) else {
+                break;
+            };
+            self.fill(a, now);
+        }
+        let (held, peak) = self.reorder.held();
+        self.counters
+            .reorder_peak
+            .fetch_max(peak as u64, Ordering::Relaxed);
+        metrics::gauge!("sluice_client_reorder_held_samples").set(held as f64);
+    }
+
+    fn fill(&mut self, arrival: Arrival<P>, now: Instant) {
+        self.actions.push_back(Action::Fill(arrival));
+        self.progressed = now;
+        self.in_batch += 1;
+        if self.in_batch >= self.settings.batch_plan.target(self.next_batch) {
+            self.actions.push_back(Action::Close);
+            self.in_batch = 0;
+            self.next_batch += 1;
+        }
+    }
+
+    /// Puts the part of `piece` not yet accounted for back in the queue, ahead of fresh units
+    /// (arrival order) or where the sequence needs it (plan order).
+    fn requeue(&mut self, piece: Piece) {
+        let missing = self.ledger.missing(piece.unit, piece.start, piece.end);
+        if missing.is_empty() {
+            return;
+        }
+        self.counters.reassigned.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("sluice_client_reassigned_units_total").increment(1);
+        // Every piece of a unit gets its own attempt number, so a worker's report names
+        // exactly one piece.
+        for &(start, end) in &missing {
+            let a = &mut self.attempts[piece.unit as usize];
+            let attempt = *a;
+            *a += 1;
+            let priority = priority(&self.reorder, piece.unit, start, end).unwrap_or(0);
+            self.queue.push(Reverse(Piece {
+                priority,
+                unit: piece.unit,
+                start,
+                end,
+                attempt,
+            }));
+        }
+    }
+}
+
+/// When the delivery order needs samples `start..end` of `unit`: their earliest position in
+/// plan order, `None` in arrival order.
+fn priority<P>(reorder: &Reorder<P>, unit: u64, start: u64, end: u64) -> Option<u64> {
+    match reorder {
+        Reorder::Plan { sequence, .. } => {
+            sequence.first_position_in(u32::try_from(unit).ok()?, start, end)
+        }
+        Reorder::Arrival { .. } => None,
+    }
+}
+
+/// Credits per worker connection: never more than the connection's receive window holds.
+/// A same-host link makes exactly this many slots, so a credit always has a slot behind it.
+pub(crate) fn credit_window(credits: u32, receive_window: u64, sample_bytes: u64) -> u32 {
+    let fit = (receive_window / sample_bytes.max(1)).max(1);
+    u64::from(credits).min(fit) as u32
+}
