@@ -128,12 +128,26 @@ fn exchange(ranks: &mut [Vec<Piece>], q: f64, seed: u64, epoch: u64) {
         .flat_map(|&r| given[r].iter().copied())
         .collect();
     let (head, tail) = split_off_samples(line, rotation);
-    let mut rotated = tail;
-    rotated.extend(head);
+    let mut rotated = tail.into_iter().chain(head);
+    // One pass over the line: each rank in ring order takes its share, a piece split where a
+    // share ends (splitting the rest off again and again made this quadratic in the ranks).
+    let mut carry: Option<Piece> = None;
     for &r in &ring {
-        let (mine, rest) = split_off_samples(rotated, shares[r]);
-        rotated = rest;
-        ranks[r].extend(mine);
+        let mut need = shares[r];
+        while need > 0 {
+            let Some(p) = carry.take().or_else(|| rotated.next()) else {
+                break;
+            };
+            if p.len() <= need {
+                need -= p.len();
+                ranks[r].push(p);
+            } else {
+                let cut = p.start + need;
+                ranks[r].push(Piece { end: cut, ..p });
+                carry = Some(Piece { start: cut, ..p });
+                need = 0;
+            }
+        }
     }
     for pieces in ranks.iter_mut() {
         normalize(pieces);

@@ -260,7 +260,7 @@ mod tests {
 
     /// The class-sorted case: 20 classes of 100 in shards of 200, one rank, batches
     /// of 64: uniform sampling gives about 19.3 classes per batch, a unit read alone about 1.5,
-    /// the default mixing about 15 (units of 64 or 256 alike).
+    /// the default mixing about 18.
     #[test]
     fn class_sorted_shards_are_mixed_by_the_plan_alone() {
         let cfg = crate::PlanConfig {
