@@ -34,11 +34,7 @@ fn loader(data: &system::Dataset, dir: &Path, workers: &[&Worker], trust: &Path)
         .pipeline(PIPELINE.into())
         .batch_size(8)
         .max_unit_samples(32)
-        // Keep workers near the consumer, so the kill lands on units still in flight.
-        .mixing(sluice_client::Mixing {
-            window_units: 2,
-            buffer_samples: 16,
-        })
+        .mixing(MIXING)
         .lookahead(16)
         .credits_per_worker(16)
         .heartbeat(Duration::from_millis(300))
@@ -66,7 +62,8 @@ fn counter(worker: &Worker, name: &str) -> f64 {
 }
 
 /// Each sample's tensor digest, for an epoch decoded in this process (the reference).
-fn reference(data: &system::Dataset, epoch: u64) -> HashMap<(u32, u64), u64> {
+/// The in-process engine's tensors (digests by sample) and batches' order, with the same plan.
+fn reference(data: &system::Dataset, epoch: u64) -> (HashMap<(u32, u64), u64>, Vec<(u32, u64)>) {
     let source = sluice_cpu::ShardSource::new(sluice_cpu::SourceConfig::default()).unwrap();
     let engine = sluice_cpu::EngineConfig {
         threads: 2,
@@ -79,15 +76,25 @@ fn reference(data: &system::Dataset, epoch: u64) -> HashMap<(u32, u64), u64> {
         .pipeline(PIPELINE.into())
         .batch_size(8)
         .max_unit_samples(32)
+        .mixing(MIXING)
         .seed(3)
         .build()
         .unwrap();
-    let mut m = HashMap::new();
+    let (mut m, mut order) = (HashMap::new(), Vec::new());
     for batch in l.epoch(epoch).unwrap() {
-        digest_into(&batch.unwrap(), &mut m);
+        let batch = batch.unwrap();
+        digest_into(&batch, &mut m);
+        order.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
     }
-    m
+    (m, order)
 }
+
+/// A narrow mixing window: with the small lookahead, workers stay near the consumer, so the
+/// kill lands on units still in flight.
+const MIXING: sluice_client::Mixing = sluice_client::Mixing {
+    window_units: 2,
+    buffer_samples: 16,
+};
 
 fn digest_into(batch: &sluice_client::Batch, m: &mut HashMap<(u32, u64), u64>) {
     let n = batch.shape().bytes() as usize;
@@ -105,7 +112,7 @@ fn samples_arrive_once_and_intact_through_shared_memory_even_when_a_worker_is_ki
     let b = same_host_worker(dir.path(), "b");
     let trust = trust_file(dir.path(), &[&a, &b]);
     for epoch in 0..2u64 {
-        let expected = reference(&data, epoch);
+        let (expected, order) = reference(&data, epoch);
         let l = loader(&data, dir.path(), &[&a, &b], &trust);
         let kill_at = (epoch == 1).then_some(l.batches_per_epoch() / 3);
         let mut got = Vec::new();
@@ -121,6 +128,10 @@ fn samples_arrive_once_and_intact_through_shared_memory_even_when_a_worker_is_ki
             std::thread::sleep(Duration::from_millis(10));
         }
         let report = stream.report();
+        assert!(
+            got == order,
+            "epoch {epoch}: shared memory gave another order than the in-process engine"
+        );
         assert_exactly_once(
             &format!("epoch {epoch}"),
             planned(&data.manifest, 3, 1, 0, epoch),
