@@ -62,8 +62,10 @@ fn counter(worker: &Worker, name: &str) -> f64 {
 }
 
 /// Each sample's tensor digest, for an epoch decoded in this process (the reference).
+type Id = (u32, u64);
+
 /// The in-process engine's tensors (digests by sample) and batches' order, with the same plan.
-fn reference(data: &system::Dataset, epoch: u64) -> (HashMap<(u32, u64), u64>, Vec<(u32, u64)>) {
+fn reference(data: &system::Dataset, epoch: u64) -> (HashMap<Id, u64>, Vec<Id>) {
     let source = sluice_cpu::ShardSource::new(sluice_cpu::SourceConfig::default()).unwrap();
     let engine = sluice_cpu::EngineConfig {
         threads: 2,

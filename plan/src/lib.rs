@@ -228,18 +228,7 @@ pub fn resume_plan(
     rank: u32,
     depth: u32,
 ) -> Result<Vec<WorkUnit>, PlanError> {
-    if config.world_size == 0 {
-        return Err(PlanError::NoRanks);
-    }
-    if rank >= config.world_size {
-        return Err(PlanError::RankOutOfRange {
-            rank,
-            world_size: config.world_size,
-        });
-    }
-    if config.max_unit_samples == 0 {
-        return Err(PlanError::NoUnitSize);
-    }
+    check_world(config, rank)?;
     let remaining = assign::total(&rest);
     let target = samples_per_rank(remaining, config.world_size, config.remainder);
     let mut runs = assign::cut_pieces(rest, config.world_size);
@@ -265,7 +254,8 @@ pub fn segment_seed(seed: u64, depth: u32) -> u64 {
     }
 }
 
-fn check(counts: &[u64], config: &PlanConfig, rank: u32) -> Result<(), PlanError> {
+/// The checks every plan needs: a world, a rank in it, a unit size.
+fn check_world(config: &PlanConfig, rank: u32) -> Result<(), PlanError> {
     if config.world_size == 0 {
         return Err(PlanError::NoRanks);
     }
@@ -278,6 +268,11 @@ fn check(counts: &[u64], config: &PlanConfig, rank: u32) -> Result<(), PlanError
     if config.max_unit_samples == 0 {
         return Err(PlanError::NoUnitSize);
     }
+    Ok(())
+}
+
+fn check(counts: &[u64], config: &PlanConfig, rank: u32) -> Result<(), PlanError> {
+    check_world(config, rank)?;
     if let ShufflePolicy::Partial(q) = config.policy {
         if !(0.0..=1.0).contains(&q) {
             return Err(PlanError::Policy(config.policy.to_string()));

@@ -233,40 +233,11 @@ async fn step(
     } else {
         l.credits -= 1;
         l.sent_any = true;
-        Event::Sample {
-            link: i,
-            header: SampleHeader {
-                job: 1,
-                unit: a.unit,
-                attempt: a.attempt,
-                shard,
-                index,
-                key: format!("{shard}/{index}"),
-                label: Some(i64::from(shard)),
-                tensor_bytes: 4,
-                fields: Vec::new(),
-            },
-            payload: Payload::Bytes(tensor(shard, index)),
-        }
+        sample_event(i, a, index)
     };
     // Now and then a copy of the frame arrives again (a retransmission, a hedge's twin).
     if !skipped && rng.below(50) == 0 {
-        let twin = Event::Sample {
-            link: i,
-            header: SampleHeader {
-                job: 1,
-                unit: a.unit,
-                attempt: a.attempt,
-                shard,
-                index,
-                key: format!("{shard}/{index}"),
-                label: Some(i64::from(shard)),
-                tensor_bytes: 4,
-                fields: Vec::new(),
-            },
-            payload: Payload::Bytes(tensor(shard, index)),
-        };
-        late.push(twin);
+        late.push(sample_event(i, a, index));
     }
     let done = (*next == a.end).then(|| UnitDone {
         job: 1,
@@ -279,6 +250,26 @@ async fn step(
     if let Some(done) = done {
         l.open.swap_remove(p);
         let _ = events.send(Event::UnitDone { link: i, done }).await;
+    }
+}
+
+/// The frame of sample `index` of assignment `a`, as link `link` sends it.
+fn sample_event(link: usize, a: &Assign, index: u64) -> Event {
+    let shard = a.shard.index;
+    Event::Sample {
+        link,
+        header: SampleHeader {
+            job: 1,
+            unit: a.unit,
+            attempt: a.attempt,
+            shard,
+            index,
+            key: format!("{shard}/{index}"),
+            label: Some(i64::from(shard)),
+            tensor_bytes: 4,
+            fields: Vec::new(),
+        },
+        payload: Payload::Bytes(tensor(shard, index)),
     }
 }
 
