@@ -287,6 +287,24 @@ fn inspect_fails_on_a_broken_shard_naming_shard_and_offset() {
     // Not a tar at all.
     std::fs::write(&shard, b"<html>not a shard</html>").unwrap();
     assert!(!sluice(&["inspect", path_str(&shard)]).status.success());
+
+    // A zero-byte file (a copy that failed) is no shard for inspect or index, as for GNU tar.
+    let zero = dir.path().join("zero.tar");
+    std::fs::write(&zero, b"").unwrap();
+    let manifest = dir.path().join("m.json");
+    for args in [
+        vec!["inspect", path_str(&zero)],
+        vec!["index", path_str(&zero), "--output", path_str(&manifest)],
+    ] {
+        let out = sluice(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} accepted an empty file");
+        assert!(err.contains("zero.tar") && err.contains("empty"), "{err}");
+    }
+    assert!(
+        !manifest.exists(),
+        "no manifest for a dataset with an empty shard"
+    );
 }
 
 #[test]

@@ -371,3 +371,24 @@ fn a_checkpoint_at_two_ranks_resumes_at_three_with_exactly_the_rest() {
     assert!(!out.status.success());
     assert!(err.contains("batches (the global step)"), "{err}");
 }
+
+#[test]
+fn an_impossible_world_is_refused_before_any_rank_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = class_sorted(dir.path(), true);
+    let out = sluice(&[
+        "loadgen",
+        "--dataset",
+        path_str(&manifest),
+        "--workers",
+        "local",
+        "--ranks",
+        "4000",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--ranks") && err.contains("240 samples, fewer than the 4000 ranks"),
+        "{err}"
+    );
+}

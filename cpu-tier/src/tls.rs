@@ -14,6 +14,8 @@ pub enum TlsError {
     Generate(String),
     #[error("TLS setup: {0}")]
     Setup(String),
+    #[error("the state directory holds {present} but not {missing}: refusing to make a new identity, which would replace the certificate clients pin; restore {missing}, or remove {present} to start a new identity")]
+    HalfIdentity { present: String, missing: String },
 }
 
 /// A certificate chain and its key.
@@ -57,12 +59,25 @@ pub fn load(cert: &Path, key: &Path) -> Result<Identity, TlsError> {
 }
 
 /// The pair in `state_dir` (`cert.pem`, `key.pem`), generated on first use for `names`
-/// (host names and IP addresses the certificate is valid for).
+/// (host names and IP addresses the certificate is valid for). One file without the other is
+/// an error: making a new pair would silently replace the certificate clients pinned.
 pub fn self_signed(state_dir: &Path, names: &[String]) -> Result<Identity, TlsError> {
     let cert = state_dir.join("cert.pem");
     let key = state_dir.join("key.pem");
-    if cert.exists() && key.exists() {
-        return load(&cert, &key);
+    match (cert.exists(), key.exists()) {
+        (true, true) => return load(&cert, &key),
+        (false, false) => {}
+        (has_cert, _) => {
+            let (present, missing) = if has_cert {
+                (&cert, &key)
+            } else {
+                (&key, &cert)
+            };
+            return Err(TlsError::HalfIdentity {
+                present: present.display().to_string(),
+                missing: missing.display().to_string(),
+            });
+        }
     }
     std::fs::create_dir_all(state_dir).map_err(|e| file_error(state_dir, e))?;
     let made = rcgen::generate_simple_self_signed(names.to_vec())
@@ -107,4 +122,33 @@ pub fn server_config(
     let mut config = quinn::ServerConfig::with_crypto(std::sync::Arc::new(crypto));
     config.transport_config(std::sync::Arc::new(transport));
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_half_present_identity_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let made = self_signed(dir.path(), &["localhost".into()]).unwrap();
+        let cert = std::fs::read(&made.cert_path).unwrap();
+        // The same pair comes back while both files are there.
+        let again = self_signed(dir.path(), &["localhost".into()]).unwrap();
+        assert_eq!(again.certs, made.certs);
+        for (gone, kept) in [("key.pem", "cert.pem"), ("cert.pem", "key.pem")] {
+            let saved = std::fs::read(dir.path().join(gone)).unwrap();
+            std::fs::remove_file(dir.path().join(gone)).unwrap();
+            let e = self_signed(dir.path(), &["localhost".into()]).unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.contains(gone) && msg.contains(kept), "{msg}");
+            assert!(!dir.path().join(gone).exists(), "nothing was made");
+            std::fs::write(dir.path().join(gone), saved).unwrap();
+        }
+        assert_eq!(
+            std::fs::read(&made.cert_path).unwrap(),
+            cert,
+            "never overwritten"
+        );
+    }
 }

@@ -999,7 +999,7 @@ mod tests {
     fn loader_with_ring(gpu: &Arc<Gpu>, ring_batches: usize) -> crate::Loader {
         let manifest = sluice_shard::Manifest::new(vec![sluice_shard::ShardInfo {
             url: "synthetic://ramp".into(),
-            size: 0,
+            size: 100 << 20, // synthetic: room for the count, no bytes
             samples: 100,
             checksum: sluice_shard::Checksum(0),
             compression: sluice_shard::Compression::None,

@@ -329,6 +329,20 @@ impl LoaderBuilder {
                 key: "dataset",
                 detail: e.to_string(),
             })?;
+        // An impossible world (more ranks than samples under "drop", a rank outside it) is
+        // refused here, before a runtime, a connection or a plan is made.
+        let counts: Vec<u64> = manifest.shards.iter().map(|s| s.samples).collect();
+        let world = PlanConfig {
+            seed: self.seed,
+            world_size: self.world_size,
+            policy: self.shuffle,
+            remainder: self.remainder,
+            max_unit_samples: self.max_unit_samples,
+        };
+        sluice_plan::validate(&counts, &world, self.rank).map_err(|e| ClientError::Config {
+            key: "world_size",
+            detail: e.to_string(),
+        })?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("sluice-client")

@@ -271,6 +271,13 @@ fn check_world(config: &PlanConfig, rank: u32) -> Result<(), PlanError> {
     Ok(())
 }
 
+/// Checks that `config` can plan `counts` for `rank` (world size, rank, unit size, policy,
+/// enough samples for every rank), in time linear in the shard count and before any per-rank
+/// work: what a loader checks when it is built.
+pub fn validate(counts: &[u64], config: &PlanConfig, rank: u32) -> Result<(), PlanError> {
+    check(counts, config, rank)
+}
+
 fn check(counts: &[u64], config: &PlanConfig, rank: u32) -> Result<(), PlanError> {
     check_world(config, rank)?;
     if let ShufflePolicy::Partial(q) = config.policy {

@@ -290,6 +290,16 @@ pub fn scan_shard<R: Read + Send + 'static>(
     };
     let mut buffered = io::BufReader::with_capacity(1 << 20, tap);
     let head = io::BufRead::fill_buf(&mut buffered).map_err(io_err)?;
+    if head.is_empty() {
+        // GNU tar and Python's tarfile refuse a zero-byte file too: a copy that failed
+        // half-way must not pass for an empty shard and drop out of training unseen.
+        return Err(ShardError::Malformed {
+            shard: url.to_string(),
+            offset: 0,
+            what: "shard",
+            detail: "the file is empty (0 bytes), not a tar archive".into(),
+        });
+    }
     let compression = if head.starts_with(&[0x1f, 0x8b]) {
         Compression::Gzip
     } else {

@@ -187,6 +187,20 @@ impl Manifest {
                     s.samples
                 ));
             }
+            // Every sample is at least one 512-byte tar header, so a count the shard's size
+            // cannot hold is a lie (a hand edit, a wrong server), and planning memory grows
+            // with the count: refuse it before anything is allocated for it. A gzip shard
+            // may shrink up to deflate's ratio (1032:1).
+            let stored_max = match s.compression {
+                Compression::None => s.size / 512,
+                Compression::Gzip => s.size.saturating_mul(1032) / 512,
+            };
+            if s.samples > stored_max {
+                return err(format!(
+                    "shards[{i}] ({}) claims {} samples, but {} bytes hold at most {stored_max}",
+                    s.url, s.samples, s.size
+                ));
+            }
             total = match total.checked_add(s.samples) {
                 Some(t) => t,
                 None => return err("total sample count overflows".into()),
@@ -284,6 +298,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("xxh3"), "{msg}");
+
+        // A count the shard's bytes cannot hold (a memory bomb for the planner).
+        let mut bomb = Manifest::new(vec![shard("a.tar", 3)]);
+        bomb.shards[0].size = 6_000_000;
+        bomb.shards[0].samples = 4_294_967_295;
+        let msg = Manifest::from_json(bomb.to_json().as_bytes(), "m.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("shards[0] (a.tar) claims 4294967295 samples")
+                && msg.contains("at most 11718"),
+            "{msg}"
+        );
+        bomb.shards[0].samples = 11_718;
+        assert!(Manifest::from_json(bomb.to_json().as_bytes(), "m.json").is_ok());
     }
 
     #[test]

@@ -138,7 +138,8 @@ fn loader_once(args: &TransportArgs, runner: Arc<Synthetic>, same_host: bool) ->
     runtime.spawn(sluice_cpu::server::run(socket, None, setup, stop.clone()));
     let manifest = Manifest::new(vec![ShardInfo {
         url: "synthetic://bench".into(),
-        size: 0,
+        // Synthetic samples have no bytes; a size that holds the count keeps the manifest valid.
+        size: args.samples.saturating_mul(1 << 20),
         samples: args.samples,
         checksum: Checksum(0),
         compression: Compression::None,

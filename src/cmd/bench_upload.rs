@@ -154,7 +154,7 @@ mod gpu {
             (0..shards)
                 .map(|i| ShardInfo {
                     url: format!("synthetic://upload/{i}"),
-                    size: 0,
+                    size: per_shard << 20, // synthetic: room for the count, no bytes
                     samples: per_shard,
                     checksum: Checksum(0),
                     compression: Compression::None,

@@ -274,6 +274,10 @@ pub fn run(args: Args) -> Result<()> {
     device_ordinal(&args.device, &args.dtype)?;
     let manifest = super::index::dataset(&args.dataset)
         .with_context(|| format!("loading dataset {}", args.dataset))?;
+    // Every rank would refuse an impossible world; say so once, before starting any.
+    let counts: Vec<u64> = manifest.shards.iter().map(|s| s.samples).collect();
+    let world = sluice_plan::PlanConfig::new(args.seed, args.ranks, ShufflePolicy::Global);
+    sluice_plan::validate(&counts, &world, 0).map_err(|e| anyhow::anyhow!("--ranks: {e}"))?;
     let results = run_ranks(&args, &manifest)?;
     report(&args, &results)?;
     let broken: Vec<&String> = results.iter().flat_map(|r| &r.broken).collect();

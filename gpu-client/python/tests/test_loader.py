@@ -147,6 +147,7 @@ def test_set_epoch_reshuffles_and_rank_comes_from_the_environment(dataset, monke
         ({"dtype": "float16"}, "needs device"),
         ({"workers": ["127.0.0.1:1"]}, "trust_cert"),
         ({"rank": 3, "world_size": 2}, "rank"),
+        ({"world_size": 1000}, "world_size"),
     ],
 )
 def test_bad_arguments_raise_value_errors_that_name_them(dataset, kwargs, message):
