@@ -274,7 +274,8 @@ impl Engine {
     {
         let bound = self.config.readahead.max(1);
         let cancel = AtomicBool::new(false);
-        let (in_tx, in_rx) = sync_channel::<Sample>(bound);
+        // A sample to process, or one the source found damaged (reported as a skip).
+        let (in_tx, in_rx) = sync_channel::<Result<Sample, SampleError>>(bound);
         let (out_tx, out_rx) = sync_channel::<Outcome>(bound);
         let mut stats = UnitStats::default();
         let mut failure: Option<EngineError> = None;
@@ -289,14 +290,25 @@ impl Engine {
                     times
                         .fetch_parse_ns
                         .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                    match next {
+                    let input = match next {
                         None => return None,
+                        Some(Ok(s)) => Ok(s),
+                        Some(Err(ShardError::DamagedSample {
+                            shard,
+                            offset,
+                            index,
+                            key,
+                            detail,
+                        })) => Err(SampleError {
+                            shard,
+                            key,
+                            index,
+                            reason: DecodeError::Damaged(format!("{detail} (at byte {offset})")),
+                        }),
                         Some(Err(e)) => return Some(e),
-                        Some(Ok(s)) => {
-                            if cancel.load(Ordering::Relaxed) || in_tx.send(s).is_err() {
-                                return None;
-                            }
-                        }
+                    };
+                    if cancel.load(Ordering::Relaxed) || in_tx.send(input).is_err() {
+                        return None;
                     }
                 }
             });
@@ -305,9 +317,18 @@ impl Engine {
                     in_rx
                         .into_iter()
                         .par_bridge()
-                        .for_each_with(out_tx, |tx, sample| {
+                        .for_each_with(out_tx, |tx, input| {
                             if !cancel.load(Ordering::Relaxed) {
-                                let _ = tx.send(self.process(&sample, &ctx));
+                                let outcome = match input {
+                                    Ok(sample) => self.process(&sample, &ctx),
+                                    Err(damaged) => {
+                                        self.times.skipped.fetch_add(1, Ordering::Relaxed);
+                                        metrics::counter!("sluice_cpu_samples_skipped_total")
+                                            .increment(1);
+                                        Outcome::Skipped(damaged)
+                                    }
+                                };
+                                let _ = tx.send(outcome);
                             }
                         });
                 });

@@ -18,6 +18,8 @@ pub enum DecodeError {
     Decoder(String),
     #[error("the decoder panicked: {0}")]
     Panic(String),
+    #[error("damaged in storage: {0}")]
+    Damaged(String),
 }
 
 /// A sample the engine could not process: which one, and why.

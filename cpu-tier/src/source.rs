@@ -12,8 +12,10 @@
 //!   the index's checksum as they stream past; a whole shard is also checked against the
 //!   manifest's checksum when its last byte has arrived.
 //!
-//! A checksum mismatch or a short body surfaces as a read error naming the shard and offset,
-//! and the unit fails (the client reassigns it).
+//! A sample whose bytes fail their index checksum comes out as a `DamagedSample` error for
+//! that sample alone (the engine reports it skipped, named) and reading goes on; a whole-shard
+//! checksum mismatch that such a sample explains is not an error again. A short body or any
+//! other read error ends the unit (the client reassigns it).
 
 use std::collections::HashMap;
 use std::io::{self, Read};
@@ -170,6 +172,7 @@ impl ShardSource {
             None
         };
         let name: Arc<str> = loc.name().into();
+        let damage = Damage::default();
         let (stream, options): (Box<dyn Read + Send>, ReadOptions) = match (&index, ranged) {
             (Some(index), true) => {
                 let (offset, len) =
@@ -189,6 +192,7 @@ impl ShardSource {
                         start,
                         checks,
                         None,
+                        &damage,
                     ))
                 } else {
                     Box::new(body.take(len))
@@ -214,6 +218,7 @@ impl ShardSource {
                         0,
                         &[],
                         Some(loc.info.checksum),
+                        &damage,
                     ))
                 } else {
                     body
@@ -225,9 +230,15 @@ impl ShardSource {
                     },
                 )?;
                 let tar: Box<dyn Read + Send> = match (&index, verify) {
-                    (Some(index), true) => {
-                        Box::new(Verified::new(tar, name.clone(), 0, 0, &index.entries, None))
-                    }
+                    (Some(index), true) => Box::new(Verified::new(
+                        tar,
+                        name.clone(),
+                        0,
+                        0,
+                        &index.entries,
+                        None,
+                        &damage,
+                    )),
                     _ => tar,
                 };
                 (tar, self.config.read_options.clone())
@@ -236,7 +247,12 @@ impl ShardSource {
         let reader = SampleReader::new(stream, name, &options);
         Ok(Box::new(
             reader
-                .filter(move |s| s.as_ref().map_or(true, |s| s.index >= start))
+                .map(move |s| report_damage(s, &damage))
+                .filter(move |s| match s {
+                    Ok(s) => s.index >= start,
+                    Err(sluice_shard::ShardError::DamagedSample { index, .. }) => *index >= start,
+                    Err(_) => true,
+                })
                 .take_while_inclusive_end(end),
         ))
     }
@@ -568,6 +584,9 @@ impl<I: Iterator<Item = Result<sluice_shard::Sample, sluice_shard::ShardError>>>
         let item = self.inner.next()?;
         match &item {
             Ok(s) if s.index + 1 >= self.end => self.done = true,
+            Err(sluice_shard::ShardError::DamagedSample { index, .. }) => {
+                self.done = *index + 1 >= self.end;
+            }
             Err(_) => self.done = true,
             _ => {}
         }
@@ -588,6 +607,46 @@ struct Verified<R> {
     next_check: usize,
     sample_hash: Xxh3,
     file_hash: Option<(Xxh3, Checksum)>,
+    damage: Damage,
+}
+
+/// Samples whose bytes failed their checksum, by index, with what was found: shared by the
+/// verifying reader that finds them and the sample iterator that reports them.
+#[derive(Clone, Default)]
+struct Damage(Arc<Mutex<HashMap<u64, String>>>);
+
+impl Damage {
+    fn record(&self, index: u64, detail: String) {
+        if let Ok(mut m) = self.0.lock() {
+            m.insert(index, detail);
+        }
+    }
+
+    fn take(&self, index: u64) -> Option<String> {
+        self.0.lock().ok()?.remove(&index)
+    }
+
+    fn any(&self) -> bool {
+        self.0.lock().map(|m| !m.is_empty()).unwrap_or(false)
+    }
+}
+
+/// Turns samples whose bytes failed their checksum into `DamagedSample` errors.
+fn report_damage(
+    sample: Result<sluice_shard::Sample, sluice_shard::ShardError>,
+    damage: &Damage,
+) -> Result<sluice_shard::Sample, sluice_shard::ShardError> {
+    let s = sample?;
+    match damage.take(s.index) {
+        None => Ok(s),
+        Some(detail) => Err(sluice_shard::ShardError::DamagedSample {
+            shard: s.shard.to_string(),
+            offset: s.start,
+            index: s.index,
+            key: s.key,
+            detail,
+        }),
+    }
 }
 
 impl<R: Read> Verified<R> {
@@ -598,6 +657,7 @@ impl<R: Read> Verified<R> {
         first_index: u64,
         checks: &[sluice_shard::IndexEntry],
         whole: Option<Checksum>,
+        damage: &Damage,
     ) -> Self {
         Verified {
             inner,
@@ -608,6 +668,7 @@ impl<R: Read> Verified<R> {
             next_check: 0,
             sample_hash: Xxh3::new(),
             file_hash: whole.map(|c| (Xxh3::new(), c)),
+            damage: damage.clone(),
         }
     }
 
@@ -625,7 +686,8 @@ impl<R: Read> Read for Verified<R> {
         if n == 0 {
             if let Some((hash, expected)) = &self.file_hash {
                 let got = Checksum(hash.digest());
-                if got != *expected {
+                // A damaged sample, already reported, explains a whole-shard mismatch.
+                if got != *expected && !self.damage.any() {
                     return Err(self.bad(format!(
                         "shard checksum mismatch (manifest {expected}, read {got})"
                     )));
@@ -656,12 +718,15 @@ impl<R: Read> Read for Verified<R> {
             if self.pos + at as u64 == check_end {
                 let got = self.sample_hash.digest();
                 if got != check.checksum {
-                    self.pos += at as u64;
-                    return Err(self.bad(format!(
-                        "checksum mismatch in sample #{} (index {:016x}, read {got:016x})",
+                    // The sample alone is lost; the stream (and the other samples) go on.
+                    metrics::counter!("sluice_cpu_damaged_samples_total").increment(1);
+                    self.damage.record(
                         self.first_index + self.next_check as u64,
-                        check.checksum
-                    )));
+                        format!(
+                            "checksum mismatch (index {:016x}, read {got:016x}) in bytes {}..{check_end}",
+                            check.checksum, check.offset
+                        ),
+                    );
                 }
                 self.sample_hash.reset();
                 self.next_check += 1;

@@ -1,7 +1,9 @@
 //! A CPU worker as the wire protocol sees it ([`sluice_wire::UnitRunner`]): jobs share one
 //! decode pool and one shard source; an assignment streams its sample range from the source
 //! through the engine, and each outcome becomes a wire output. The QUIC daemon serves this to
-//! remote clients; a client can also run it in-process.
+//! remote clients; a client can also run it in-process. A shard that is damaged (cut short,
+//! a broken header) ends its unit with the samples it could not yield reported as skipped,
+//! each named, rather than as a unit failure that every retry would repeat.
 
 use std::sync::Arc;
 
@@ -117,9 +119,22 @@ impl JobRunner for CpuJob {
         let mut finished = Finished::default();
         let mut wrong_shape = None;
         let mut cancelled = false;
-        let stats = self
+        // Which samples of the range were reported, so a damaged shard's unreadable rest can
+        // be reported as skipped instead of failing the unit again and again.
+        let mut reported = vec![false; (assign.end - assign.start) as usize];
+        let result = self
             .engine
             .run_unit(samples, ctx, |outcome| {
+                let index = match &outcome {
+                    Outcome::Done(p) => p.index,
+                    Outcome::Skipped(e) => e.index,
+                };
+                if let Some(r) = index
+                    .checked_sub(assign.start)
+                    .and_then(|i| reported.get_mut(i as usize))
+                {
+                    *r = true;
+                }
                 let output = match outcome {
                     Outcome::Done(p) => {
                         if p.tensor.data.len() as u64 != expected {
@@ -168,23 +183,56 @@ impl JobRunner for CpuJob {
                 let go = emit(output);
                 cancelled |= !go;
                 go
-            })
-            .map_err(|e| e.to_string())?;
+            });
         if let Some(e) = wrong_shape {
             return Err(e);
         }
         if cancelled {
             return Err("cancelled".into());
         }
-        let planned = assign.end - assign.start;
-        if stats.done + stats.skipped != planned {
-            return Err(format!(
-                "samples {}..{} of shard {}: the shard ended after {} of {planned} samples",
-                assign.start,
-                assign.end,
-                loc.name(),
-                stats.done + stats.skipped
-            ));
+        // The shard itself is damaged (its structure, or it ends early): reading it again
+        // cannot help, so the samples it cannot yield are reported skipped, named, and the
+        // unit ends; a read that failed (the network, a disk error) fails the unit instead,
+        // for the client to try elsewhere.
+        let damage = match result {
+            Ok(stats) => {
+                let planned = assign.end - assign.start;
+                (stats.done + stats.skipped != planned).then(|| {
+                    format!(
+                        "shard {} ended after {} of samples {}..{}",
+                        loc.name(),
+                        stats.done + stats.skipped,
+                        assign.start,
+                        assign.end
+                    )
+                })
+            }
+            Err(EngineError::Shard(e)) if e.is_damage() && !self.spec.fail_on_bad_sample => {
+                Some(e.to_string())
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        if let Some(why) = damage {
+            if self.spec.fail_on_bad_sample {
+                return Err(format!("shard {}: {why}", loc.name()));
+            }
+            for (i, _) in reported.iter().enumerate().filter(|(_, r)| !**r) {
+                let index = assign.start + i as u64;
+                finished.skipped += 1;
+                metrics::counter!("sluice_cpu_samples_skipped_total").increment(1);
+                let skipped = SkippedSample {
+                    job: assign.job,
+                    unit: assign.unit,
+                    attempt: assign.attempt,
+                    shard: shard.index,
+                    index,
+                    key: format!("#{index}"),
+                    reason: format!("unreadable: {why}"),
+                };
+                if !emit(Output::Skipped(skipped)) {
+                    return Err("cancelled".into());
+                }
+            }
         }
         Ok(finished)
     }

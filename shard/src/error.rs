@@ -48,6 +48,15 @@ pub enum ShardError {
         detail: String,
     },
 
+    #[error("sample #{index} at byte {offset} of shard {shard} is damaged: {detail}")]
+    DamagedSample {
+        shard: String,
+        offset: u64,
+        index: u64,
+        key: String,
+        detail: String,
+    },
+
     #[error("I/O error on shard {shard} at byte {offset}: {source}")]
     Io {
         shard: String,
@@ -70,6 +79,18 @@ pub enum ShardError {
 }
 
 impl ShardError {
+    /// The shard's bytes are wrong (its structure or a sample's checksum), as opposed to the
+    /// reading of them failing (`Io`): trying the same bytes again cannot help.
+    pub fn is_damage(&self) -> bool {
+        matches!(
+            self,
+            ShardError::Truncated { .. }
+                | ShardError::BadChecksum { .. }
+                | ShardError::Malformed { .. }
+                | ShardError::DamagedSample { .. }
+        )
+    }
+
     /// The byte offset in the shard where a read error starts, when there is one.
     pub fn offset(&self) -> Option<u64> {
         match self {
@@ -78,6 +99,7 @@ impl ShardError {
             | ShardError::TooLarge { offset, .. }
             | ShardError::Malformed { offset, .. }
             | ShardError::Unsupported { offset, .. }
+            | ShardError::DamagedSample { offset, .. }
             | ShardError::Io { offset, .. } => Some(*offset),
             _ => None,
         }

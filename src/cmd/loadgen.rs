@@ -197,7 +197,12 @@ pub(crate) struct RankResult {
     pub(crate) checkpoint: Option<sluice_client::Checkpoint>,
     /// Delivered samples as dump lines, in delivery order, per epoch.
     pub(crate) dump: Vec<(u64, String)>,
+    /// The first skipped samples, as `epoch shard key: reason`.
+    pub(crate) skips: Vec<String>,
 }
+
+/// Skipped samples a rank lists by name in the final summary (the rest are counted).
+const SKIPS_LISTED: usize = 10;
 
 /// How well batches mix classes: the mean number of distinct labels per batch beside its
 /// expectation under uniform sampling without replacement from the same epoch's samples.
@@ -639,8 +644,17 @@ fn run_rank(
                 }
             }
             labels.push(batch_labels);
-            for (id, _) in batch.skipped() {
+            for (id, reason) in batch.skipped() {
                 *planned.entry((id.shard, id.index)).or_default() -= 1;
+                if result.skips.len() < SKIPS_LISTED {
+                    let shard = manifest
+                        .shards
+                        .get(id.shard as usize)
+                        .map_or("?", |s| s.name());
+                    result
+                        .skips
+                        .push(format!("epoch {epoch}, shard {shard}, {reason}"));
+                }
             }
             drop(held);
             if !step.is_zero() {
@@ -778,6 +792,16 @@ pub(crate) fn report(args: &Args, results: &[RankResult]) -> Result<()> {
         .filter_map(|r| r["samples_per_s"].as_f64())
         .sum();
     println!("all ranks: {total:.1} samples/s");
+    let skipped: u64 = results.iter().map(|r| r.skipped).sum();
+    if skipped > 0 {
+        // What was skipped and why: the run went on, but no sample is dropped unsaid.
+        println!("skipped {skipped} samples (delivered in no batch); the first of each rank:");
+        for r in results {
+            for line in &r.skips {
+                println!("  rank {}: {line}", r.rank);
+            }
+        }
+    }
     let mut mixing = Mixing::default();
     for r in results {
         mixing.merge(&r.mixing);
