@@ -42,6 +42,20 @@ enum Command {
     Loadgen(cmd::loadgen::Args),
 }
 
+/// The error and its causes, each said once: library errors often name their cause in their
+/// own message, which `{:#}` would print a second time.
+fn message(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    msg
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -59,7 +73,7 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", message(&e));
             std::process::ExitCode::FAILURE
         }
     }

@@ -308,6 +308,59 @@ fn inspect_fails_on_a_broken_shard_naming_shard_and_offset() {
 }
 
 #[test]
+fn errors_say_each_cause_once_and_name_the_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    // A missing config: the OS error once, not twice.
+    let missing = dir.path().join("nope.toml");
+    let err = String::from_utf8_lossy(&sluice(&["cpu", "--config", path_str(&missing)]).stderr)
+        .into_owned();
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+    // A state directory that is a file: the error says it is the state directory.
+    let file = dir.path().join("afile");
+    std::fs::write(&file, b"").unwrap();
+    let out = sluice(&[
+        "cpu",
+        "--listen",
+        "127.0.0.1:0",
+        "--no-auth",
+        "--state-dir",
+        path_str(&file),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("state directory") && err.contains("afile"),
+        "{err}"
+    );
+    // A labels file inside the folder it labels is not a sample left without a label.
+    let images = support::synth_images(dir.path(), 1, 2);
+    let flat = dir.path().join("flat");
+    std::fs::create_dir_all(&flat).unwrap();
+    let mut tsv = String::from("file\tclass_index\n");
+    for e in std::fs::read_dir(images.join("class_000")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), flat.join(e.file_name())).unwrap();
+        tsv.push_str(&format!("{}\t0\n", e.file_name().to_string_lossy()));
+    }
+    std::fs::write(flat.join("labels.tsv"), tsv).unwrap();
+    let out = sluice(&[
+        "shard",
+        "--input",
+        path_str(&flat),
+        "--labels",
+        path_str(&flat.join("labels.tsv")),
+        "--output",
+        path_str(&dir.path().join("out/s-%06d.tar")),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        !err.contains("no row"),
+        "the labels file counted as a sample: {err}"
+    );
+}
+
+#[test]
 fn shards_the_real_imagenet_sample_with_its_labels() {
     let Some(dir) = shared_data("imagenet-sample") else {
         eprintln!("skipping: ../shared/data/imagenet-sample is absent");

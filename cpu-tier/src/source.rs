@@ -13,7 +13,8 @@
 //!   manifest's checksum when its last byte has arrived.
 //!
 //! A sample whose bytes fail their index checksum comes out as a `DamagedSample` error for
-//! that sample alone (the engine reports it skipped, named) and reading goes on; a whole-shard
+//! that sample alone (the engine reports it skipped, named; `open_unit_with_repair` first
+//! tries the other replicas' copies) and reading goes on; a whole-shard
 //! checksum mismatch that such a sample explains is not an error again. A short body or any
 //! other read error ends the unit (the client reassigns it).
 
@@ -171,6 +172,22 @@ impl ShardSource {
         } else {
             None
         };
+        // A manifest that understates (or overstates) a shard would silently leave samples
+        // out of training (or ask for ones that are not there): the index is the shard's own
+        // count, so a disagreement is an error naming both.
+        if let Some(index) = &index {
+            if index.entries.len() as u64 != loc.info.samples {
+                return Err(SourceError::Index {
+                    shard: loc.name().into(),
+                    detail: format!(
+                        "the manifest says {} samples, the shard's index lists {}: re-run \
+                         sluice index",
+                        loc.info.samples,
+                        index.entries.len()
+                    ),
+                });
+            }
+        }
         let name: Arc<str> = loc.name().into();
         let damage = Damage::default();
         let (stream, options): (Box<dyn Read + Send>, ReadOptions) = match (&index, ranged) {
@@ -257,6 +274,45 @@ impl ShardSource {
         ))
     }
 
+    /// [`ShardSource::open_unit`], where a sample whose bytes fail their checksum is read
+    /// again from each of the shard's replicas in turn before it is reported damaged: rot on
+    /// one disk need not cost the sample when another copy is good.
+    pub fn open_unit_with_repair(
+        self: &Arc<Self>,
+        loc: &ShardLocation,
+        start: u64,
+        end: u64,
+    ) -> Result<UnitSamples, SourceError> {
+        let samples = self.open_unit(loc, start, end)?;
+        if loc.urls.len() < 2 {
+            return Ok(samples);
+        }
+        let (source, loc) = (self.clone(), loc.clone());
+        Ok(Box::new(samples.map(move |item| {
+            if let Err(sluice_shard::ShardError::DamagedSample { index, detail, .. }) = &item {
+                if let Some(good) = source.repair(&loc, *index) {
+                    tracing::warn!(shard = %loc.name(), index, "sample {index} was damaged \
+                        ({detail}); a replica's copy is good and was used");
+                    return Ok(good);
+                }
+            }
+            item
+        })))
+    }
+
+    /// Sample `index` of `loc` from the first replica whose copy passes its checksum.
+    fn repair(&self, loc: &ShardLocation, index: u64) -> Option<sluice_shard::Sample> {
+        loc.urls.iter().find_map(|url| {
+            let one = ShardLocation {
+                urls: vec![url.clone()],
+                info: loc.info.clone(),
+            };
+            let sample = self.open_unit(&one, index, index + 1).ok()?.next()?.ok()?;
+            metrics::counter!("sluice_cpu_repaired_samples_total").increment(1);
+            Some(sample)
+        })
+    }
+
     /// The shard's sidecar index (fetched once, then cached).
     pub fn index(&self, loc: &ShardLocation) -> Result<Arc<SampleIndex>, SourceError> {
         let key = loc.urls.first().cloned().unwrap_or_default();
@@ -283,9 +339,9 @@ impl ShardSource {
                 shard: loc.name().into(),
                 detail: e.to_string(),
             })?;
-        if index.shard_checksum != loc.info.checksum
-            || index.entries.len() as u64 != loc.info.samples
-        {
+        // A stale index (another version of the shard) is unusable; one of these very bytes
+        // whose count disagrees with the manifest is checked by `open_unit`, which refuses.
+        if index.shard_checksum != loc.info.checksum {
             return Err(SourceError::Index {
                 shard: loc.name().into(),
                 detail: format!(

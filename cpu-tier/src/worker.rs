@@ -108,7 +108,7 @@ impl JobRunner for CpuJob {
         };
         let samples = self
             .source
-            .open_unit(&loc, assign.start, assign.end)
+            .open_unit_with_repair(&loc, assign.start, assign.end)
             .map_err(|e| e.to_string())?;
         let ctx = SampleContext {
             seed: self.spec.seed,

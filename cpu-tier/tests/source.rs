@@ -109,6 +109,78 @@ fn corrupted_bytes_fail_the_checksum_of_that_sample_alone() {
     assert_eq!(keys(&lax, &loc, 3, 7).unwrap().len(), 4);
 }
 
+#[test]
+fn a_damaged_sample_is_read_from_a_good_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = make_shard(dir.path(), 10);
+    let path = Path::new(&loc.urls[0]).to_path_buf();
+    let copy_dir = dir.path().join("replica");
+    std::fs::create_dir_all(&copy_dir).unwrap();
+    let copy = copy_dir.join("s-00.tar");
+    std::fs::copy(&path, &copy).unwrap();
+    std::fs::copy(
+        SampleIndex::sidecar_path(&path),
+        SampleIndex::sidecar_path(&copy),
+    )
+    .unwrap();
+    let index = SampleIndex::read_file(&SampleIndex::sidecar_path(&path), 1 << 20).unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[(index.entries[5].offset + 600) as usize] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+    let good = std::fs::read(&copy).unwrap();
+    let source = Arc::new(ShardSource::new(SourceConfig::default()).unwrap());
+    let both = ShardLocation {
+        urls: vec![path.display().to_string(), copy.display().to_string()],
+        info: loc.info.clone(),
+    };
+    for (start, end) in [(3, 7), (0, 10)] {
+        let samples: Vec<_> = source
+            .open_unit_with_repair(&both, start, end)
+            .unwrap()
+            .map(|s| s.unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        assert_eq!(samples.len() as u64, end - start);
+        let five = samples.iter().find(|s| s.index == 5).unwrap();
+        let e = index.entries[5];
+        let jpg = five.field("jpg").unwrap();
+        let at = e.offset as usize..(e.offset + e.len) as usize;
+        assert!(
+            good[at.clone()].windows(jpg.len()).any(|w| w == jpg),
+            "sample 5 came from the good copy"
+        );
+        assert!(!bytes[at].windows(jpg.len()).any(|w| w == jpg));
+    }
+    // One copy only: the damage is reported, as before.
+    let only = ShardLocation {
+        urls: vec![path.display().to_string()],
+        info: loc.info.clone(),
+    };
+    let errors = source
+        .open_unit_with_repair(&only, 3, 7)
+        .unwrap()
+        .filter(|s| s.is_err())
+        .count();
+    assert_eq!(errors, 1);
+}
+
+#[test]
+fn a_manifest_count_that_disagrees_with_the_index_is_refused_naming_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut loc = make_shard(dir.path(), 10);
+    loc.info.samples = 4; // understated: six samples would never be planned
+    let source = ShardSource::new(SourceConfig::default()).unwrap();
+    for (start, end) in [(0, 4), (1, 3)] {
+        let err = match source.open_unit(&loc, start, end) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("samples {start}..{end} of a mis-counted shard opened"),
+        };
+        assert!(
+            err.contains("s-00.tar") && err.contains("says 4") && err.contains("lists 10"),
+            "{err}"
+        );
+    }
+}
+
 /// A loopback HTTP/1.1 server for `root` with single-range support; counts requests.
 fn serve(root: std::path::PathBuf) -> (String, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();

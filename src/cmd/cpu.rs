@@ -133,7 +133,13 @@ pub fn run(args: Args) -> Result<()> {
             let id = sluice_cpu::tls::self_signed(
                 &config.state_dir,
                 &server::certificate_names(config.listen),
-            )?;
+            )
+            .with_context(|| {
+                format!(
+                    "the state directory {} (state_dir in the config, or --state-dir)",
+                    config.state_dir.display()
+                )
+            })?;
             tracing::info!(cert = %id.cert_path.display(),
                 "using the self-signed certificate; clients pin it with --trust-cert");
             id

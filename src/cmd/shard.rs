@@ -314,6 +314,14 @@ fn labelled_folder(root: &Path, labels: &Path) -> Result<Vec<Planned>> {
     let mut groups = BTreeMap::new();
     let mut skipped = Vec::new();
     group_files(root, "", &mut groups, &mut skipped)?;
+    // The labels file may sit in the folder it describes: it is not a sample.
+    if let Ok(labels_path) = labels.canonicalize() {
+        groups.retain(|_, files: &mut Vec<(String, PathBuf)>| {
+            !files
+                .iter()
+                .any(|(_, p)| p.canonicalize().is_ok_and(|p| p == labels_path))
+        });
+    }
     report_skipped(&skipped);
     let mut planned = Vec::with_capacity(table.len());
     for (line, file, label) in table {
