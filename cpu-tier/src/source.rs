@@ -667,23 +667,25 @@ struct Verified<R> {
 }
 
 /// Samples whose bytes failed their checksum, by index, with what was found: shared by the
-/// verifying reader that finds them and the sample iterator that reports them.
+/// verifying readers that find them and the sample iterator that reports them. Whether any
+/// was found stays true after they are reported, for the whole-shard check at the end.
 #[derive(Clone, Default)]
-struct Damage(Arc<Mutex<HashMap<u64, String>>>);
+struct Damage(Arc<Mutex<(HashMap<u64, String>, bool)>>);
 
 impl Damage {
     fn record(&self, index: u64, detail: String) {
         if let Ok(mut m) = self.0.lock() {
-            m.insert(index, detail);
+            m.0.insert(index, detail);
+            m.1 = true;
         }
     }
 
     fn take(&self, index: u64) -> Option<String> {
-        self.0.lock().ok()?.remove(&index)
+        self.0.lock().ok()?.0.remove(&index)
     }
 
     fn any(&self) -> bool {
-        self.0.lock().map(|m| !m.is_empty()).unwrap_or(false)
+        self.0.lock().map(|m| m.1).unwrap_or(false)
     }
 }
 

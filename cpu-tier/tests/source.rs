@@ -100,6 +100,23 @@ fn corrupted_bytes_fail_the_checksum_of_that_sample_alone() {
             "{err}"
         );
     }
+    // A shard larger than the reader's buffer: its end (and the whole-shard checksum, which
+    // fails) is read long after the damaged sample was reported; still one error only.
+    let big = tempfile::tempdir().unwrap();
+    let big_loc = make_shard(big.path(), 400);
+    let big_path = Path::new(&big_loc.urls[0]);
+    assert!(std::fs::metadata(big_path).unwrap().len() > 2 << 20);
+    let big_index = SampleIndex::read_file(&SampleIndex::sidecar_path(big_path), 1 << 20).unwrap();
+    let mut big_bytes = std::fs::read(big_path).unwrap();
+    big_bytes[(big_index.entries[5].offset + 600) as usize] ^= 0x01;
+    std::fs::write(big_path, &big_bytes).unwrap();
+    let errors: Vec<String> = source
+        .open_unit(&big_loc, 0, 400)
+        .unwrap()
+        .filter_map(|s| s.err().map(|e| e.to_string()))
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].contains("sample #5"), "{errors:?}");
     // With verification off the flipped bit goes through (it is inside JPEG data).
     let lax = ShardSource::new(SourceConfig {
         verify: false,
