@@ -332,16 +332,18 @@ impl LoaderBuilder {
         // An impossible world (more ranks than samples under "drop", a rank outside it) is
         // refused here, before a runtime, a connection or a plan is made.
         let counts: Vec<u64> = manifest.shards.iter().map(|s| s.samples).collect();
-        let world = PlanConfig {
+        let plan_config = PlanConfig {
             seed: self.seed,
             world_size: self.world_size,
             policy: self.shuffle,
             remainder: self.remainder,
             max_unit_samples: self.max_unit_samples,
         };
-        sluice_plan::validate(&counts, &world, self.rank).map_err(|e| ClientError::Config {
-            key: "world_size",
-            detail: e.to_string(),
+        sluice_plan::validate(&counts, &plan_config, self.rank).map_err(|e| {
+            ClientError::Config {
+                key: "world_size",
+                detail: e.to_string(),
+            }
         })?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -371,13 +373,6 @@ impl LoaderBuilder {
                 Some((endpoint, config))
             }
             _ => None,
-        };
-        let plan_config = PlanConfig {
-            seed: self.seed,
-            world_size: self.world_size,
-            policy: self.shuffle,
-            remainder: self.remainder,
-            max_unit_samples: self.max_unit_samples,
         };
         let samples_per_rank = sluice_plan::samples_per_rank(
             manifest.total_samples(),
