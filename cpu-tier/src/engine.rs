@@ -238,17 +238,21 @@ impl Engine {
                 self.times.samples.fetch_add(1, Ordering::Relaxed);
                 Outcome::Done(p)
             }
-            Err(reason) => {
-                self.times.skipped.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("sluice_cpu_samples_skipped_total").increment(1);
-                Outcome::Skipped(SampleError {
-                    shard: sample.shard.to_string(),
-                    key: sample.key.clone(),
-                    index: sample.index,
-                    reason,
-                })
-            }
+            Err(reason) => self.skipped(SampleError {
+                shard: sample.shard.to_string(),
+                key: sample.key.clone(),
+                index: sample.index,
+                reason,
+            }),
         }
+    }
+
+    /// A sample that yields no tensor (the decoder rejected it, or storage damaged it),
+    /// counted once.
+    fn skipped(&self, error: SampleError) -> Outcome {
+        self.times.skipped.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("sluice_cpu_samples_skipped_total").increment(1);
+        Outcome::Skipped(error)
     }
 
     /// Processes samples already in memory on the pool; outcomes in input order.
@@ -321,12 +325,7 @@ impl Engine {
                             if !cancel.load(Ordering::Relaxed) {
                                 let outcome = match input {
                                     Ok(sample) => self.process(&sample, &ctx),
-                                    Err(damaged) => {
-                                        self.times.skipped.fetch_add(1, Ordering::Relaxed);
-                                        metrics::counter!("sluice_cpu_samples_skipped_total")
-                                            .increment(1);
-                                        Outcome::Skipped(damaged)
-                                    }
+                                    Err(damaged) => self.skipped(damaged),
                                 };
                                 let _ = tx.send(outcome);
                             }
