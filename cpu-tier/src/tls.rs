@@ -108,7 +108,7 @@ pub fn server_config(
     identity: &Identity,
     transport: quinn::TransportConfig,
 ) -> Result<quinn::ServerConfig, TlsError> {
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| TlsError::Setup(e.to_string()))?

@@ -36,7 +36,7 @@ async fn start_with(tune: impl FnOnce(&mut CpuConfig)) -> Running {
     let identity = sluice_cpu::tls::self_signed(dir.path(), &["localhost".into()]).unwrap();
     let mut roots = rustls::RootCertStore::empty();
     roots.add(identity.certs[0].clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .unwrap()

@@ -95,7 +95,7 @@ pub(crate) fn client_config(
     if pinned.is_empty() {
         return Err(bad("no certificate in the file".into()));
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     roots.add_parsable_certificates(pinned.iter().cloned());
     let ca = if roots.is_empty() {
