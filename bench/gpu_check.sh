@@ -70,7 +70,7 @@ token=$(mktemp); echo "gpu-check-token-123456" > "$token"
 cpu_pid=$!
 for _ in $(seq 100); do addr=$(grep -om1 'listen=[0-9.:]*' "$data/cpu.log" | cut -d= -f2); [ -n "$addr" ] && break; sleep 0.1; done
 for device in cpu cuda:0; do
-    check env PYTHONPATH="$dir/py" python3 gpu-client/python/bench/iterator_overhead.py \
+    check env PYTHONPATH="$dir/py" python3 python/bench/iterator_overhead.py \
         --dataset "$data/shards/manifest.json" --workers "$addr" --trust-cert "$data/state/cert.pem" \
         --token-file "$token" --sluice "$dir/sluice" --device "$device" --rounds 5
 done
@@ -78,7 +78,7 @@ kill "$cpu_pid"
 
 step "Python tests with torch on the GPU"
 export PYTHONPATH="$dir/py${PYTHONPATH:+:$PYTHONPATH}" SLUICE_BIN="$dir/sluice"
-check python3 -m pytest -v -rs -p no:cacheprovider gpu-client/python/tests
+check python3 -m pytest -v -rs -p no:cacheprovider python/tests
 
 step "summary"
 if [ ${#failures[@]} -eq 0 ]; then

@@ -4,7 +4,7 @@ Sluice, against the same images in uniformly shuffled batches.
 
     python examples/order_training_check.py --sluice target/release/sluice
 
-Needs torch (CPU is enough) and the sluice module (`pip install ./gpu-client/python`) in the
+Needs torch (CPU is enough) and the sluice module (`pip install ./python`) in the
 same Python; not part of CI. Prints held-out accuracy per feeding and its ratio to the
 uniformly shuffled baseline:
 - sluice, shuffled shards: `sluice shard` as is (seeded sample order) and the plan's mixing;

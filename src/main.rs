@@ -3,6 +3,9 @@
 //! the edge, with `anyhow`.
 
 mod cmd;
+mod consumers;
+mod daemon;
+mod progress;
 
 use clap::{Parser, Subcommand};
 

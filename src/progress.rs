@@ -1,5 +1,5 @@
-//! Progress bars for the dataset tools: samples/s and MB/s on a terminal, nothing when
-//! stderr is not one (CI logs, pipes).
+//! Progress bars for the dataset tools (`sluice_dataset::Progress`): samples/s and MB/s on a
+//! terminal, nothing when stderr is not one (CI logs, pipes).
 
 use std::time::Instant;
 
@@ -51,5 +51,15 @@ impl Progress {
     /// Seconds since the bar started.
     pub fn elapsed(&self) -> f64 {
         self.started.elapsed().as_secs_f64()
+    }
+}
+
+impl sluice_dataset::Progress for Progress {
+    fn add(&mut self, samples: u64, bytes: u64) {
+        Progress::add(self, samples, bytes);
+    }
+
+    fn note(&mut self, message: &str) {
+        self.bar.suspend(|| eprintln!("note: {message}"));
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_client::{Loader, ShortBatch};
-use support::{path_str, sluice_ok, synth_images};
+use support::{path_str, synth_images};
 use system::{assert_exactly_once, dataset, planned, start_worker, trust_file, TOKEN};
 
 fn loader(
@@ -209,17 +209,12 @@ fn in_process_mode_needs_no_daemon_and_reports_bad_samples() {
     )
     .unwrap();
     let manifest_path = dir.path().join("shards").join("manifest.json");
-    sluice_ok(&[
-        "shard",
-        "--input",
-        path_str(&images),
-        "--output",
+    support::shard_images(
+        &images,
         path_str(&dir.path().join("shards").join("s-%06d.tar")),
-        "--max-count",
-        "20",
-        "--manifest",
-        path_str(&manifest_path),
-    ]);
+        20,
+        Some(&manifest_path),
+    );
     let manifest = sluice_shard::Manifest::load(&manifest_path, 1 << 20).unwrap();
     let total = manifest.total_samples();
     assert_eq!(total, 91);

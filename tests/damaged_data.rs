@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use sluice_shard::SampleIndex;
-use support::{path_str, sluice, sluice_ok, synth_images};
+use support::{path_str, sluice, synth_images};
 
 /// Shards of `per_shard` samples from 4 classes of 30, with their `.idx` and manifest.
 fn indexed(dir: &Path, per_shard: u32) -> std::path::PathBuf {
@@ -19,17 +19,7 @@ fn indexed(dir: &Path, per_shard: u32) -> std::path::PathBuf {
     let out = dir.join(format!("s{per_shard}"));
     let pattern = out.join("s-%06d.tar");
     let manifest = out.join("m.json");
-    sluice_ok(&[
-        "shard",
-        "--input",
-        path_str(&images),
-        "--output",
-        path_str(&pattern),
-        "--max-count",
-        &per_shard.to_string(),
-        "--manifest",
-        path_str(&manifest),
-    ]);
+    support::shard_images(&images, path_str(&pattern), per_shard, Some(&manifest));
     manifest
 }
 

@@ -34,17 +34,7 @@ fn image_folder_to_shards_index_and_inspect() {
     let out = dir.path().join("out");
     let pattern = format!("{}/train-%06d.tar", out.display());
     let manifest = out.join("manifest.json");
-    sluice_ok(&[
-        "shard",
-        "--input",
-        path_str(&images),
-        "--output",
-        &pattern,
-        "--max-count",
-        "4",
-        "--manifest",
-        path_str(&manifest),
-    ]);
+    support::shard_images(&images, &pattern, 4, Some(&manifest));
     let shards = shard_files(&out);
     assert_eq!(shards.len(), 4, "15 samples at 4 per shard");
 
@@ -418,15 +408,7 @@ fn indexes_shards_over_http() {
     let images = support::synth_images(dir.path(), 2, 3);
     let shards = dir.path().join("served");
     let pattern = format!("{}/train-%06d.tar", shards.display());
-    sluice_ok(&[
-        "shard",
-        "--input",
-        path_str(&images),
-        "--output",
-        &pattern,
-        "--max-count",
-        "4",
-    ]);
+    support::shard_images(&images, &pattern, 4, None);
     let addr = support::serve_dir(shards.clone());
 
     let manifest = dir.path().join("m/manifest.json");

@@ -5,6 +5,9 @@
 //!   optional feature (IO traits for their async shells);
 //! - tier crates do not depend on each other;
 //! - the GPU client links no image decoder;
+//! - daemon support (`sluice-daemon`: config files, the recorder, the admin listener) is shared
+//!   by the two daemon tiers and depends on no Sluice crate; the client does not use it;
+//! - the dataset tools sit beside the shard format and depend on no tier;
 //! - `anyhow` is for the binary's edge only.
 
 use std::collections::{BTreeSet, HashMap};
@@ -142,8 +145,8 @@ fn pure_crates_pull_in_no_runtime_network_or_metrics() {
         assert!(bad.is_empty(), "{krate} depends on {bad:?}");
     }
     let g = graph();
-    // The shard format's async reader and the wire codec's async shell are optional features
-    // that bring tokio's IO traits and nothing else.
+    // The wire codec's async shell is an optional feature that brings tokio's IO traits and
+    // nothing else; the shard format has no async side at all.
     for krate in ["sluice-shard", "sluice-wire"] {
         for (dep, optional, kind) in &g.declared[krate] {
             if kind == "normal" && IMPURE.contains(&dep.as_str()) {
@@ -194,4 +197,29 @@ fn anyhow_only_in_the_binary() {
             );
         }
     }
+}
+
+#[test]
+fn daemon_support_is_shared_by_the_daemon_tiers_only() {
+    let g = graph();
+    let support = g.transitive("sluice-daemon");
+    let ours: Vec<_> = support.iter().filter(|d| d.starts_with("sluice")).collect();
+    assert!(ours.is_empty(), "sluice-daemon depends on {ours:?}");
+    for tier in ["sluice-storage", "sluice-cpu"] {
+        assert!(
+            g.deps[tier].contains("sluice-daemon"),
+            "{tier} should read its config and serve /metrics and /healthz through sluice-daemon"
+        );
+    }
+    assert!(
+        !g.transitive("sluice-client").contains("sluice-daemon"),
+        "the client links no daemon support"
+    );
+}
+
+#[test]
+fn dataset_tools_depend_on_no_tier() {
+    let all = graph().transitive("sluice-dataset");
+    let bad: Vec<_> = TIERS.iter().filter(|t| all.contains(**t)).collect();
+    assert!(bad.is_empty(), "sluice-dataset depends on {bad:?}");
 }

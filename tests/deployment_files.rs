@@ -3,6 +3,7 @@
 //! `systemd-analyze verify` where it exists), and the Kubernetes manifests parse, probe
 //! `/healthz`, and reference the ports their configs listen on.
 
+use sluice_daemon::DaemonConfig;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -52,15 +52,7 @@ fn replicated_puts_redirects_and_failover() {
     let cluster = start_cluster(&dir.path().join("nodes"), 3);
     let images = support::synth_images(dir.path(), 3, 4);
     let pattern = format!("{}/out/s-%02d.tar", dir.path().display());
-    sluice_ok(&[
-        "shard",
-        "--input",
-        path_str(&images),
-        "--output",
-        &pattern,
-        "--max-count",
-        "2",
-    ]);
+    support::shard_images(&images, &pattern, 2, None);
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, TOKEN).unwrap();
     let shards = format!("{}/out/s-{{00..05}}.tar", dir.path().display());
@@ -85,7 +77,7 @@ fn replicated_puts_redirects_and_failover() {
         .unwrap();
     for i in 0..6 {
         let name = format!("s-{i:02}.tar");
-        let owners = sluice_shard::placement::owners(&format!("train/{name}"), &cluster.urls, 2);
+        let owners = sluice_storage::placement::owners(&format!("train/{name}"), &cluster.urls, 2);
         // Exactly the two owners hold it.
         let held: Vec<bool> = (0..3)
             .map(|n| {
@@ -130,7 +122,7 @@ fn replicated_puts_redirects_and_failover() {
     // Stop the first owner of s-00.tar: a reader with both owners still reads every sample.
     let name = "s-00.tar";
     let owners: Vec<String> =
-        sluice_shard::placement::owners(&format!("train/{name}"), &cluster.urls, 2)
+        sluice_storage::placement::owners(&format!("train/{name}"), &cluster.urls, 2)
             .into_iter()
             .map(str::to_string)
             .collect();

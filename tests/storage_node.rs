@@ -80,15 +80,7 @@ fn put_index_and_a_graceful_sigterm() {
 
     let images = support::synth_images(dir.path(), 2, 5);
     let pattern = format!("{}/out/s-%02d.tar", dir.path().display());
-    sluice_ok(&[
-        "shard",
-        "--input",
-        path_str(&images),
-        "--output",
-        &pattern,
-        "--max-count",
-        "5",
-    ]);
+    support::shard_images(&images, &pattern, 5, None);
     let shards = format!("{}/out/s-{{00..01}}.tar", dir.path().display());
     let to = format!("http://{}/v1/train/", node.addr);
     let wrong = dir.path().join("wrong");

@@ -16,10 +16,9 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use sluice_wire::io::{FrameReader, FrameWriter, IoError};
 use sluice_wire::{
     drive_unit, Assign, ErrorCode, ErrorMessage, JobRunner, Limits, Message, Output, UnitEnd,
@@ -54,20 +53,8 @@ pub struct Setup {
     pub same_host: Option<crate::same_host::Listener>,
 }
 
-/// The process-wide Prometheus recorder (installed on first use).
-pub fn metrics_handle() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
-            let handle = recorder.handle();
-            // Another recorder may be installed already (another tier in this process, a
-            // test harness): then this handle renders only what it records, which is nothing.
-            let _ = metrics::set_global_recorder(recorder);
-            handle
-        })
-        .clone()
-}
+/// The process-wide Prometheus recorder every tier in the process shares.
+pub use sluice_daemon::metrics_handle;
 
 pub(crate) struct State {
     pub(crate) config: CpuConfig,
@@ -144,10 +131,17 @@ pub async fn run(
         name,
         config,
     });
-    let handle = metrics_handle();
     let mut tasks = JoinSet::new();
+    let admin_stop = CancellationToken::new();
+    let _stop_admin = admin_stop.clone().drop_guard();
     if let Some(listener) = metrics {
-        tasks.spawn(serve_metrics(listener, handle, state.draining.clone()));
+        // /healthz turns 503 when the drain starts and answers until the worker stops.
+        tasks.spawn(sluice_daemon::serve_admin(
+            listener,
+            metrics_handle(),
+            state.draining.clone(),
+            admin_stop.clone(),
+        ));
     }
     loop {
         tokio::select! {
@@ -199,7 +193,7 @@ pub async fn run(
     let deadline = tokio::time::sleep(drain);
     tokio::pin!(deadline);
     loop {
-        // The metrics task ends with the drain; connection tasks end when their units do.
+        // Connection tasks end when their units do (the admin task, when the worker stops).
         let busy = state.config.limits.max_connections - state.connections.available_permits();
         if busy == 0 {
             break;
@@ -463,7 +457,10 @@ impl Session {
         }
         let runner: Arc<dyn JobRunner> = match self.state.runner.open_job(spec) {
             Ok(r) => r.into(),
-            Err(e) => return bad(format!("job {} ({}): {e}", spec.job, spec.dataset)),
+            Err(e) => {
+                let why = sluice_wire::error_chain(&e);
+                return bad(format!("job {} ({}): {why}", spec.job, spec.dataset));
+            }
         };
         let shape = runner.shape();
         info!(job = spec.job, dataset = %spec.dataset, pipeline = %spec.pipeline,
@@ -810,52 +807,6 @@ fn spawn_unit(assign: Assign, job: &Job, slots: Arc<Semaphore>, out: mpsc::Sende
         }
         let _ = out_done.send(Produced::Finished).await;
     });
-}
-
-/// `/metrics` (Prometheus text) and `/healthz` (503 while draining) over plain HTTP.
-async fn serve_metrics(
-    listener: tokio::net::TcpListener,
-    handle: PrometheusHandle,
-    draining: CancellationToken,
-) {
-    use http_body_util::Full;
-    use hyper::body::Bytes;
-    use hyper::{Response, StatusCode};
-    loop {
-        let stream = tokio::select! {
-            s = listener.accept() => match s { Ok((s, _)) => s, Err(_) => continue },
-            _ = draining.cancelled() => return,
-        };
-        let handle = handle.clone();
-        let draining = draining.clone();
-        tokio::spawn(async move {
-            let service =
-                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let (status, body) = match req.uri().path() {
-                        "/metrics" => (StatusCode::OK, handle.render()),
-                        "/healthz" if draining.is_cancelled() => (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "{\"status\":\"draining\"}\n".into(),
-                        ),
-                        "/healthz" => (StatusCode::OK, "{\"status\":\"ok\"}\n".into()),
-                        _ => (StatusCode::NOT_FOUND, "{\"error\":\"not found\"}\n".into()),
-                    };
-                    let response = Response::builder()
-                        .status(status)
-                        .body(Full::new(Bytes::from(body)));
-                    async move { response }
-                });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = tokio::time::timeout(
-                Duration::from_secs(30),
-                hyper::server::conn::http1::Builder::new()
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(Duration::from_secs(5))
-                    .serve_connection(io, service),
-            )
-            .await;
-        });
-    }
 }
 
 /// The names a self-signed certificate should cover for a listen address.

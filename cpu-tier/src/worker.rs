@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use sluice_shard::{Checksum, Compression, ShardInfo};
 use sluice_wire::{
-    Assign, Finished, JobRunner, JobSpec, Output, SampleHeader, SampleShape, SkippedSample,
-    UnitRunner,
+    Assign, Finished, JobRunner, JobSpec, Output, RunnerError, SampleHeader, SampleShape,
+    SkippedSample, UnitRunner,
 };
 
 use crate::engine::{BadSamplePolicy, Engine, EngineConfig, Outcome, SampleContext};
@@ -37,14 +37,17 @@ impl CpuWorker {
 }
 
 impl UnitRunner for CpuWorker {
-    fn open_job(&self, spec: &JobSpec) -> Result<Box<dyn JobRunner>, String> {
-        let pipeline: PipelineSpec = spec.pipeline.parse().map_err(|e| format!("{e}"))?;
+    fn open_job(&self, spec: &JobSpec) -> Result<Box<dyn JobRunner>, RunnerError> {
+        let pipeline: PipelineSpec = spec
+            .pipeline
+            .parse()
+            .map_err(|e: crate::spec::SpecError| RunnerError::Refused(e.into()))?;
         let Some((height, width)) = pipeline.output_size() else {
-            return Err(format!(
+            return Err(RunnerError::refused(format!(
                 "pipeline {:?} has no fixed output size, so its samples cannot be batched: \
                  end it with random_resized_crop, center_crop or an exact resize",
                 spec.pipeline
-            ));
+            )));
         };
         let shape = SampleShape {
             height,
@@ -90,7 +93,7 @@ impl JobRunner for CpuJob {
         &self,
         assign: &Assign,
         emit: &mut dyn FnMut(Output) -> bool,
-    ) -> Result<Finished, String> {
+    ) -> Result<Finished, RunnerError> {
         let shard = &assign.shard;
         let loc = ShardLocation {
             urls: shard.urls.clone(),
@@ -109,7 +112,7 @@ impl JobRunner for CpuJob {
         let samples = self
             .source
             .open_unit_with_repair(&loc, assign.start, assign.end)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| RunnerError::Source(e.into()))?;
         let ctx = SampleContext {
             seed: self.spec.seed,
             epoch: self.spec.epoch,
@@ -185,10 +188,10 @@ impl JobRunner for CpuJob {
                 go
             });
         if let Some(e) = wrong_shape {
-            return Err(e);
+            return Err(RunnerError::Broken(e));
         }
         if cancelled {
-            return Err("cancelled".into());
+            return Err(RunnerError::Cancelled);
         }
         // The shard itself is damaged (its structure, or it ends early): reading it again
         // cannot help, so the samples it cannot yield are reported skipped, named, and the
@@ -210,11 +213,14 @@ impl JobRunner for CpuJob {
             Err(EngineError::Shard(e)) if e.is_damage() && !self.spec.fail_on_bad_sample => {
                 Some(e.to_string())
             }
-            Err(e) => return Err(e.to_string()),
+            Err(EngineError::Shard(e)) => return Err(RunnerError::Source(e.into())),
+            Err(EngineError::Source(e)) => return Err(RunnerError::Source(e.into())),
+            Err(EngineError::BadSample(e)) => return Err(RunnerError::Damaged(e.to_string())),
+            Err(e @ EngineError::Pool(_)) => return Err(RunnerError::Broken(e.to_string())),
         };
         if let Some(why) = damage {
             if self.spec.fail_on_bad_sample {
-                return Err(format!("shard {}: {why}", loc.name()));
+                return Err(RunnerError::Damaged(format!("shard {}: {why}", loc.name())));
             }
             for (i, _) in reported.iter().enumerate().filter(|(_, r)| !**r) {
                 let index = assign.start + i as u64;
@@ -230,7 +236,7 @@ impl JobRunner for CpuJob {
                     reason: format!("unreadable: {why}"),
                 };
                 if !emit(Output::Skipped(skipped)) {
-                    return Err("cancelled".into());
+                    return Err(RunnerError::Cancelled);
                 }
             }
         }

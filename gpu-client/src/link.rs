@@ -670,9 +670,14 @@ pub(crate) async fn run_local(
     let opened: Result<Arc<dyn JobRunner>, String> = {
         let runner = runner.clone();
         let job = job.clone();
-        tokio::task::spawn_blocking(move || runner.open_job(&job).map(Arc::from))
-            .await
-            .unwrap_or_else(|e| Err(e.to_string()))
+        tokio::task::spawn_blocking(move || {
+            runner
+                .open_job(&job)
+                .map(Arc::from)
+                .map_err(|e| sluice_wire::error_chain(&e))
+        })
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()))
     };
     let job_runner = match opened {
         Ok(r) => r,

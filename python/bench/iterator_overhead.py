@@ -1,7 +1,7 @@
 """Samples/s through the Python iterator beside `sluice loadgen` (the Rust loader), on the same
 running workers, alternating runs so both see the same machine. Usage:
 
-    python gpu-client/python/bench/iterator_overhead.py --dataset manifest.json \
+    python python/bench/iterator_overhead.py --dataset manifest.json \
         --workers 127.0.0.1:7100 --trust-cert cert.pem --sluice target/release/sluice
 
 With `--device cuda:0` (both built with the `cuda` feature, torch with CUDA installed), both

@@ -136,7 +136,7 @@ fn open_cuda(
     _std: Option<[f32; 3]>,
 ) -> PyResult<(Arc<dyn sluice_client::HostAllocator>, Device)> {
     Err(PyValueError::new_err(format!(
-        "device \"cuda:{ordinal}\": this sluice was built without CUDA support; reinstall it with MATURIN_PEP517_ARGS=\"--features cuda\" pip install ./gpu-client/python, or take \"cpu\" batches and move them with .to(device)"
+        "device \"cuda:{ordinal}\": this sluice was built without CUDA support; reinstall it with MATURIN_PEP517_ARGS=\"--features cuda\" pip install ./python, or take \"cpu\" batches and move them with .to(device)"
     )))
 }
 

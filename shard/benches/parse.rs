@@ -5,7 +5,7 @@
 //! `cargo bench -p sluice-shard --bench parse`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use sluice_shard::{encode_sample, AsyncSampleReader, ReadOptions, SampleReader};
+use sluice_shard::{encode_sample, ReadOptions, SampleReader};
 
 fn corpus() -> (Vec<u8>, &'static str) {
     let dir =
@@ -75,22 +75,6 @@ fn bench(c: &mut Criterion) {
                 .map(|s| s.expect("valid shard").fields.len())
                 .sum::<usize>();
             std::hint::black_box(n)
-        })
-    });
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("runtime");
-    group.bench_function(BenchmarkId::new("samples_async", shard.len()), |b| {
-        b.iter(|| {
-            rt.block_on(async {
-                let mut reader =
-                    AsyncSampleReader::new(&shard[..], "bench.tar", &ReadOptions::default());
-                let mut n = 0;
-                while let Some(s) = reader.next_sample().await.expect("valid shard") {
-                    n += s.fields.len();
-                }
-                std::hint::black_box(n)
-            })
         })
     });
     group.finish();

@@ -1,7 +1,8 @@
-//! The IO shells around [`TarDecoder`]: a blocking reader over `std::io::Read` and an async
-//! reader over `tokio::io::AsyncRead`. Neither seeks, so both work on sockets and on gzip
-//! streams. Each yields regular-file [`Entry`]s; [`SampleReader`] and [`AsyncSampleReader`]
-//! group them into samples.
+//! The IO shell around [`TarDecoder`]: a blocking reader over `std::io::Read`. It does not
+//! seek, so it works on sockets and on gzip streams. It yields regular-file [`Entry`]s;
+//! [`SampleReader`] groups them into samples. (The CPU tier reads shards on its decode pool's
+//! blocking threads, so no async reader is kept; an async shell would wrap [`TarDecoder`] the
+//! same way.)
 //!
 //! Field data is read straight from the source into the entry's own buffer (one copy, the
 //! unavoidable one). The buffer grows with the bytes that actually arrive, so a header that
@@ -9,12 +10,7 @@
 //! stream costs no more memory than it delivered.
 
 use std::io::{self, BufRead, Read};
-#[cfg(feature = "async")]
-use std::pin::Pin;
 use std::sync::Arc;
-
-#[cfg(feature = "async")]
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt};
 
 use crate::error::Result;
 use crate::sample::{Sample, SampleGrouper};
@@ -179,134 +175,6 @@ impl<R: Read> Iterator for SampleReader<R> {
     }
 }
 
-#[cfg(feature = "async")]
-/// Reads the regular-file entries of a tar stream without blocking a runtime thread.
-pub struct AsyncTarReader<R> {
-    inner: R,
-    decoder: TarDecoder,
-    scratch: Vec<u8>,
-}
-
-#[cfg(feature = "async")]
-impl<R: AsyncRead + Unpin> AsyncTarReader<R> {
-    pub fn new(inner: R, shard: impl Into<Arc<str>>, options: &ReadOptions) -> Self {
-        AsyncTarReader {
-            inner,
-            decoder: TarDecoder::starting_at(shard.into(), options.limits, options.start_offset),
-            scratch: Vec::new(),
-        }
-    }
-
-    pub fn shard(&self) -> &Arc<str> {
-        self.decoder.shard()
-    }
-
-    pub fn offset(&self) -> u64 {
-        self.decoder.offset()
-    }
-
-    /// The next regular file, or `None` at the end of the archive.
-    pub async fn next_entry(&mut self) -> Result<Option<Entry>> {
-        loop {
-            match self.decoder.step() {
-                Step::Header => {
-                    let mut block = [0u8; BLOCK];
-                    let got = read_full_async(&mut self.inner, &mut block)
-                        .await
-                        .map_err(|e| self.decoder.io_error(e))?;
-                    if got == 0 {
-                        self.decoder.on_eof()?;
-                    } else if got < BLOCK {
-                        return Err(self.decoder.truncated("tar header", (BLOCK - got) as u64));
-                    } else {
-                        self.decoder.on_header(&block)?;
-                    }
-                }
-                Step::Meta(n) => {
-                    self.scratch.clear();
-                    self.scratch.resize(n, 0);
-                    let got = read_full_async(&mut self.inner, &mut self.scratch)
-                        .await
-                        .map_err(|e| self.decoder.io_error(e))?;
-                    if got < n {
-                        return Err(self.decoder.truncated("", (n - got) as u64));
-                    }
-                    self.decoder.on_meta(&self.scratch)?;
-                }
-                Step::Data(header) => {
-                    let mut data = Vec::with_capacity(header.size.min(PREALLOC) as usize);
-                    let got = (&mut self.inner)
-                        .take(header.size)
-                        .read_to_end(&mut data)
-                        .await
-                        .map_err(|e| self.decoder.io_error(e))?;
-                    if (got as u64) < header.size {
-                        return Err(self.decoder.truncated("", header.size - got as u64));
-                    }
-                    self.decoder.on_data();
-                    return Ok(Some(Entry { header, data }));
-                }
-                Step::Skip(n) => {
-                    let got =
-                        tokio::io::copy(&mut (&mut self.inner).take(n), &mut tokio::io::sink())
-                            .await
-                            .map_err(|e| self.decoder.io_error(e))?;
-                    if got < n {
-                        return Err(self.decoder.truncated("", n - got));
-                    }
-                    self.decoder.on_skipped();
-                }
-                Step::End => return Ok(None),
-            }
-        }
-    }
-}
-
-#[cfg(feature = "async")]
-/// Reads samples from a tar stream without blocking a runtime thread.
-pub struct AsyncSampleReader<R> {
-    tar: AsyncTarReader<R>,
-    grouper: SampleGrouper,
-    done: bool,
-}
-
-#[cfg(feature = "async")]
-impl<R: AsyncRead + Unpin> AsyncSampleReader<R> {
-    pub fn new(inner: R, shard: impl Into<Arc<str>>, options: &ReadOptions) -> Self {
-        let tar = AsyncTarReader::new(inner, shard, options);
-        let grouper = SampleGrouper::new(tar.shard().clone(), options.first_index);
-        AsyncSampleReader {
-            tar,
-            grouper,
-            done: false,
-        }
-    }
-
-    pub fn offset(&self) -> u64 {
-        self.tar.offset()
-    }
-
-    /// The next sample, or `None` at the end of the shard. After an error, returns `None`.
-    pub async fn next_sample(&mut self) -> Result<Option<Sample>> {
-        while !self.done {
-            match self.tar.next_entry().await {
-                Ok(Some(entry)) => {
-                    if let Some(sample) = self.grouper.push(entry) {
-                        return Ok(Some(sample));
-                    }
-                }
-                Ok(None) => self.done = true,
-                Err(e) => {
-                    self.done = true;
-                    self.grouper.discard();
-                    return Err(e);
-                }
-            }
-        }
-        Ok(self.grouper.finish())
-    }
-}
-
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
 /// Wraps a buffered stream in a gzip decoder when it starts with the gzip magic bytes, so
@@ -318,22 +186,6 @@ pub fn decompressed<R: BufRead + Send + 'static>(mut inner: R) -> io::Result<Box
         Ok(Box::new(flate2::bufread::MultiGzDecoder::new(inner)))
     } else {
         Ok(Box::new(inner))
-    }
-}
-
-#[cfg(feature = "async")]
-/// The async form of [`decompressed`].
-pub async fn decompressed_async<R>(mut inner: R) -> io::Result<Pin<Box<dyn AsyncRead + Send>>>
-where
-    R: AsyncBufRead + Unpin + Send + 'static,
-{
-    let head = inner.fill_buf().await?;
-    if head.starts_with(&GZIP_MAGIC) {
-        let mut dec = async_compression::tokio::bufread::GzipDecoder::new(inner);
-        dec.multiple_members(true);
-        Ok(Box::pin(dec))
-    } else {
-        Ok(Box::pin(inner))
     }
 }
 
@@ -358,20 +210,6 @@ fn read_full<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
     let mut got = 0;
     while got < buf.len() {
         match r.read(&mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
-}
-
-#[cfg(feature = "async")]
-async fn read_full_async<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match r.read(&mut buf[got..]).await {
             Ok(0) => break,
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -411,7 +249,7 @@ mod tests {
     }
 
     #[test]
-    fn gzip_shards_read_like_plain_ones_sync_and_async() {
+    fn gzip_shards_read_like_plain_ones() {
         let (tar, gz) = gzipped_shard();
         let plain: Vec<Sample> = SampleReader::new(&tar[..], "s.tar", &ReadOptions::default())
             .collect::<Result<_>>()
@@ -425,20 +263,6 @@ mod tests {
         .collect::<Result<_>>()
         .unwrap();
         assert_eq!(sync_gz, plain);
-
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let async_gz = rt.block_on(async {
-            let stream = decompressed_async(io::Cursor::new(gz)).await.unwrap();
-            let mut r = AsyncSampleReader::new(stream, "s.tar", &ReadOptions::default());
-            let mut v = Vec::new();
-            while let Some(s) = r.next_sample().await.unwrap() {
-                v.push(s);
-            }
-            v
-        });
-        assert_eq!(async_gz, plain);
     }
 
     #[test]

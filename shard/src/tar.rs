@@ -3,9 +3,8 @@
 //! The decoder tells its IO shell what it needs next ([`Step`]): a 512-byte header, the payload
 //! of a metadata entry (pax or GNU long name), the data of a regular file, or a number of bytes
 //! to skip. The shell reads them from wherever the shard comes from (a file, a socket, a gzip
-//! stream; see `read.rs` for the sync and async shells) and feeds them back. Keeping all the
-//! parsing here means the sync and async readers cannot disagree, and the rules can be tested
-//! without IO.
+//! stream; see `read.rs` for the blocking shell) and feeds them back. Keeping all the parsing
+//! here means any shell reads shards the same way, and the rules can be tested without IO.
 //!
 //! Rules, chosen to agree with Python `tarfile` and GNU tar where they agree with each other,
 //! and to be strict where they are lax (see DESIGN.md, "Tar parsers fail by disagreeing"):

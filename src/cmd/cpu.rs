@@ -4,15 +4,16 @@
 //! (then loopback only).
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use sluice_cpu::config::CpuConfig;
 use sluice_cpu::server::{self, Setup};
 use sluice_cpu::{CpuWorker, ShardSource};
+use sluice_daemon::DaemonConfig;
 
-use super::daemon;
+use crate::daemon;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -62,17 +63,6 @@ fn default_state_dir() -> PathBuf {
     home.join(".local/state/sluice")
 }
 
-/// Reads a token file: the first line, trimmed; it must not be empty.
-pub fn read_token(path: &Path) -> Result<String> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading token file {}", path.display()))?;
-    let token = text.lines().next().unwrap_or("").trim().to_string();
-    if token.is_empty() {
-        bail!("token file {} is empty", path.display());
-    }
-    Ok(token)
-}
-
 pub fn run(args: Args) -> Result<()> {
     daemon::init_logs();
     let mut config = match &args.config {
@@ -119,7 +109,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     config.validate()?;
     let token = match (&config.token_file, env_token) {
-        (Some(path), _) => Some(read_token(path)?),
+        (Some(path), _) => Some(daemon::read_token(path)?),
         (None, Some(t)) => Some(t.trim().to_string()),
         (None, None) if config.no_auth => None,
         (None, None) => bail!(

@@ -6,15 +6,14 @@
 //! repeated.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use sluice_cpu::PipelineSpec;
+use sluice_testbed::sizing::{self, Capacity};
+use sluice_testbed::{cluster, consumers};
 
-use super::cluster;
-use super::sizing::{self, Capacity};
+use crate::consumers::{Bars, Consumers};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -35,7 +34,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     threads: usize,
     #[command(flatten)]
-    consumers: super::loadgen::Consumers,
+    consumers: Consumers,
     /// Keep the dataset and state here (default: a temporary folder, removed at the end).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -44,88 +43,24 @@ pub struct Args {
     json: Option<PathBuf>,
 }
 
-/// Runs this binary's own subcommand (dataset tools), quietly.
-fn sluice(args: &[&str]) -> Result<()> {
-    let exe = std::env::current_exe().context("locating the sluice binary")?;
-    let out = Command::new(exe).args(args).output()?;
-    if !out.status.success() {
-        bail!(
-            "sluice {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap_or_default()
-}
-
 /// Fills `bucket` with shards (and their .idx); returns how the dataset was made.
 fn make_dataset(args: &Args, work: &Path, bucket: &Path) -> Result<String> {
     if let Some(spec) = &args.shards {
-        let mut n = 0;
-        for (i, name) in sluice_shard::expand(spec)?.iter().enumerate() {
-            let src = PathBuf::from(name);
-            let dst = bucket.join(format!("train-{i:06}.tar"));
-            if std::fs::hard_link(&src, &dst).is_err() {
-                std::fs::copy(&src, &dst).with_context(|| format!("copying {name}"))?;
-            }
-            let idx = sluice_shard::SampleIndex::sidecar_path(&src);
-            if idx.exists() {
-                let _ = std::fs::copy(&idx, sluice_shard::SampleIndex::sidecar_path(&dst));
-            }
-            n += 1;
-        }
+        let n = cluster::link_shards(spec, bucket)?;
         return Ok(format!("{n} shards from {spec}"));
     }
-    let (input, what) = match &args.images {
-        Some(dir) => (dir.clone(), format!("JPEGs from {}", dir.display())),
-        None => return generate(args.samples, work, bucket),
-    };
-    shard_images(&input, bucket)?;
-    Ok(what)
-}
-
-/// Generates about `samples` JPEGs (10 classes) under `work` and shards them into `bucket`.
-pub(crate) fn generate(samples: u32, work: &Path, bucket: &Path) -> Result<String> {
-    let images = work.join("images");
-    let per_class = samples.div_ceil(10).max(1);
-    sluice(&[
-        "synth",
-        "--output",
-        s(&images),
-        "--classes",
-        "10",
-        "--per-class",
-        &per_class.to_string(),
-    ])?;
-    shard_images(&images, bucket)?;
-    Ok(format!("{} generated JPEGs", per_class * 10))
-}
-
-fn shard_images(input: &Path, bucket: &Path) -> Result<()> {
-    let pattern = bucket.join("train-%06d.tar");
-    let mut cmd = vec![
-        "shard",
-        "--input",
-        s(input),
-        "--output",
-        s(&pattern),
-        "--max-count",
-        "50",
-    ];
-    let labels = input.join("labels.tsv");
-    if labels.exists() {
-        cmd.extend(["--labels", s(&labels)]);
+    match &args.images {
+        Some(dir) => {
+            cluster::shard_images(dir, bucket)?;
+            Ok(format!("JPEGs from {}", dir.display()))
+        }
+        None => Ok(cluster::generate_bucket(args.samples, work, bucket)?),
     }
-    sluice(&cmd)
 }
 
 pub fn run(args: Args) -> Result<()> {
     // The report is the output; the daemons' info logs would bury it.
-    super::daemon::init_logs_at("warn");
+    crate::daemon::init_logs_at("warn");
     let started = Instant::now();
     let temp = tempfile::tempdir()?;
     let work = args
@@ -134,11 +69,7 @@ pub fn run(args: Args) -> Result<()> {
         .unwrap_or_else(|| temp.path().to_path_buf());
     let bucket = work.join("data").join("demo");
     std::fs::create_dir_all(&bucket)?;
-    let spec: PipelineSpec = args.consumers.pipeline.parse()?;
-    let Some((h, w)) = spec.output_size() else {
-        bail!("--pipeline must fix the output size");
-    };
-    let sample_bytes = (h * w * 3) as f64 * spec.dtype().size() as f64;
+    let (_, sample_bytes) = sizing::tensor_size(&args.consumers.pipeline)?;
 
     eprintln!("[demo] making the dataset…");
     let what = make_dataset(&args, &work, &bucket)?;
@@ -164,29 +95,28 @@ pub fn run(args: Args) -> Result<()> {
 
     eprintln!("[demo] measuring each tier alone…");
     let per_sample_stored = sizing::stored_bytes_per_sample(&manifest);
-    let caps = sizing::measure(&sizing::Probe {
-        manifest: &manifest,
-        pipeline: &args.consumers.pipeline,
-        side: h.max(w),
-        sample_bytes,
-        cores: args.workers * threads,
-        connections: (args.workers as u32 * args.consumers.ranks) as f64,
-        seconds: 2.0,
-    })?;
+    let caps = sizing::measure(&sizing::Probe::chain(
+        &manifest,
+        &args.consumers.pipeline,
+        args.workers * threads,
+        args.workers,
+        args.consumers.ranks,
+        2.0,
+    )?)?;
 
     eprintln!("[demo] running the system…");
-    let token_file = work.join("state").join("token");
-    std::fs::write(&token_file, format!("{}\n", tiers.token))?;
-    let lg = args.consumers.loadgen(
+    let cfg = args.consumers.config(
         &manifest_path,
         tiers.workers.iter().map(|a| a.to_string()).collect(),
-        Some(token_file),
+        Some(tiers.token.clone()),
         Some(tiers.trust.clone()),
     );
     let bytes_before = cluster::counter("sluice_storage_bytes_sent_total");
     let sent_before = cluster::counter("sluice_cpu_samples_sent_total");
     let chain_started = Instant::now();
-    let results = super::loadgen::run_ranks(&lg, &manifest)?;
+    let bars = Bars::new(cfg.ranks, cfg.step_ms);
+    let results = consumers::run_ranks(&cfg, &manifest, &bars)?;
+    bars.finish();
     let chain_secs = chain_started.elapsed().as_secs_f64();
     let served = cluster::counter("sluice_storage_bytes_sent_total") - bytes_before;
     let sent = cluster::counter("sluice_cpu_samples_sent_total") - sent_before;
@@ -204,8 +134,7 @@ pub fn run(args: Args) -> Result<()> {
         .map(|r| r.starved.as_secs_f64() / r.elapsed.as_secs_f64().max(1e-9))
         .sum::<f64>()
         / results.len().max(1) as f64;
-    let (bottleneck, why) =
-        sizing::conclude(&caps, &args.consumers, per_sample_stored, sample_bytes);
+    let (bottleneck, why) = sizing::conclude(&caps, &cfg, per_sample_stored, sample_bytes);
 
     println!("\ntiers alone (each measured by itself, on this machine):");
     for c in &caps {
@@ -222,15 +151,15 @@ pub fn run(args: Args) -> Result<()> {
         "whole chain: {chain:.0} samples/s over {chain_secs:.1}s; the storage node served {:.1} MB, the workers sent {sent:.0} samples",
         served / 1e6
     );
-    println!(
-        "consumers: starved {:.0}% of the time{}",
-        starved * 100.0,
-        if args.consumers.step_ms == 0.0 {
-            " (step 0 ms: they take data as fast as it comes, so they always wait)"
-        } else {
-            ""
-        }
-    );
+    // With no step time the consumers take data as fast as it comes, so they always wait:
+    // a starved figure would mean nothing there (the JSON keeps the measured fraction).
+    if cfg.step_ms > 0.0 {
+        println!("consumers: starved {:.0}% of the time", starved * 100.0);
+    } else {
+        println!(
+            "consumers: step 0 ms, so they take data as fast as it comes (give --step-ms for a starvation figure)"
+        );
+    }
     for line in &why {
         println!("{line}");
     }

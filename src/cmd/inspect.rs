@@ -6,7 +6,7 @@ use std::io::Write;
 use anyhow::{bail, Context, Result};
 use sluice_shard::{scan_shard, ReadOptions, SampleIndex};
 
-use super::index::Location;
+use sluice_dataset::locate::Location;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -1,19 +1,14 @@
-//! One module per subcommand.
+//! One module per subcommand: argument parsing and calls into the library crates. What several
+//! subcommands share lives beside this folder (`daemon`, `progress`, `consumers`), never in a
+//! subcommand's module.
 
 pub mod bench;
-pub mod bench_chain;
-pub mod bench_transport;
-pub mod bench_upload;
-pub mod cluster;
 pub mod cpu;
-pub mod daemon;
 pub mod demo;
 pub mod index;
 pub mod inspect;
 pub mod loadgen;
-pub mod progress;
 pub mod put;
 pub mod shard;
-pub mod sizing;
 pub mod storage;
 pub mod synth;

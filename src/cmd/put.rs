@@ -118,7 +118,7 @@ pub fn run(args: Args) -> Result<()> {
         if peers.is_empty() {
             vec![format!("{base}{name}")]
         } else {
-            sluice_shard::placement::owners(&format!("{bucket}/{name}"), &peers, replicas)
+            sluice_storage::placement::owners(&format!("{bucket}/{name}"), &peers, replicas)
                 .into_iter()
                 .map(|p| format!("{}/v1/{bucket}/{name}", p.trim_end_matches('/')))
                 .collect()

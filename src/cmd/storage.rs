@@ -5,9 +5,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use sluice_daemon::DaemonConfig;
 use sluice_storage::StorageConfig;
 
-use super::daemon;
+use crate::daemon;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -9,19 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 /// Why a configuration is unusable.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}: {detail}")]
-    Parse { path: String, detail: String },
-    #[error("config key {key}: {detail}")]
-    Invalid { key: &'static str, detail: String },
-}
+pub use sluice_daemon::ConfigError;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -134,37 +122,13 @@ impl Timeouts {
     }
 }
 
+impl sluice_daemon::DaemonConfig for StorageConfig {
+    fn check(&self) -> Result<(), ConfigError> {
+        self.validate()
+    }
+}
+
 impl StorageConfig {
-    /// Parses TOML; `origin` names the file in errors.
-    pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        let config: StorageConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: origin.to_string(),
-            detail: e.to_string(),
-        })?;
-        config.validate()?;
-        Ok(config)
-    }
-
-    /// Reads and validates a config file.
-    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
-        let config = Self::read(path)?;
-        config.validate()?;
-        Ok(config)
-    }
-
-    /// Reads a config file without validating it, so command-line overrides can be applied
-    /// first (then call [`StorageConfig::validate`]).
-    pub fn read(path: &std::path::Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse {
-            path: path.display().to_string(),
-            detail: e.to_string(),
-        })
-    }
-
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key, detail: &str| {
             Err(ConfigError::Invalid {
@@ -247,6 +211,8 @@ impl StorageConfig {
 
 #[cfg(test)]
 mod tests {
+    use sluice_daemon::DaemonConfig;
+
     use super::*;
 
     fn with_mountpath(text: &str) -> (tempfile::TempDir, String) {

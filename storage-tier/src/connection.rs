@@ -5,7 +5,7 @@
 //! a `write` of it, two copies and a fresh buffer per chunk. nginx sends from the page cache
 //! with `sendfile` on a corked socket; sluice/nginx was 0.77–0.93 before this module. So each
 //! request head is parsed here with `httparse` (the parser hyper itself uses), routed by the
-//! same `server::route` as the hyper path, and answered:
+//! same `routing::route` as the hyper path, and answered:
 //! - a whole response (error, listing, redirect, HEAD) is written in one `send`;
 //! - an object's head and body go out corked (`TCP_CORK`, as nginx's `tcp_nopush`), the
 //!   body with `sendfile`, up to `read_size` bytes per round. Without the cork, sendfile
@@ -38,9 +38,8 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::mountpath::advise_sequential;
-use crate::server::{
-    disk_slot, error, record_request, route, serve_hyper, ObjectBody, Reply, State, StreamMetrics,
-};
+use crate::objects::{disk_slot, StreamMetrics};
+use crate::routing::{error, record_request, route, serve_hyper, ObjectBody, Reply, State};
 
 /// Most header lines in a head this path parses (hyper's default too); more go to hyper.
 const MAX_HEADERS: usize = 100;
@@ -217,7 +216,7 @@ async fn answer(
 ) -> io::Result<()> {
     let started = Instant::now();
     let idle = state.config.timeouts.idle();
-    let whole = |response: Response<crate::server::Body>| {
+    let whole = |response: Response<crate::routing::Body>| {
         record_request(request.method(), response.status(), started);
         send_whole(
             stream,
@@ -283,7 +282,7 @@ fn cork(stream: &TcpStream, on: bool) -> io::Result<()> {
 /// Writes a whole response, head and body, in one `send`.
 async fn send_whole(
     stream: &TcpStream,
-    response: Response<crate::server::Body>,
+    response: Response<crate::routing::Body>,
     head_only: bool,
     close: bool,
     idle: Duration,

@@ -10,6 +10,17 @@
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+
+use crate::listing::{collect_keys, query_param};
+use crate::mountpath::{valid_bucket, valid_key};
+use crate::objects::get;
+use crate::routing::{full, Reply, State};
+
 type HmacSha256 = Hmac<Sha256>;
 
 /// Why a signed request is refused (all become 403 `SignatureDoesNotMatch` or
@@ -230,6 +241,173 @@ pub fn error_xml(code: &str, message: &str) -> String {
         xml_escape(code),
         xml_escape(message)
     )
+}
+
+/// The S3-compatible read path (path-style `/{bucket}/{key}`), with S3's XML errors.
+pub(crate) async fn s3_route(state: &Arc<State>, req: &Request<()>) -> Reply {
+    let s3_error = |status: StatusCode, code: &str, message: &str| {
+        let mut r = Response::new(full(Bytes::from(crate::s3::error_xml(code, message))));
+        *r.status_mut() = status;
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/xml"),
+        );
+        r
+    };
+    if let (Some(key), Some(secret)) = (&state.config.s3_access_key, &state.config.s3_secret_key) {
+        let headers = req.headers().clone();
+        let lookup = move |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let signed = crate::s3::SignedRequest {
+            method: req.method().as_str(),
+            raw_path: req.uri().path(),
+            raw_query: req.uri().query().unwrap_or(""),
+            header: &lookup,
+        };
+        match crate::s3::verify(&signed, key, secret) {
+            Ok(()) => {}
+            Err(crate::s3::AuthError::UnknownKey) => {
+                return Reply::Ready(s3_error(
+                    StatusCode::FORBIDDEN,
+                    "InvalidAccessKeyId",
+                    "unknown access key",
+                ))
+            }
+            Err(crate::s3::AuthError::Missing) => {
+                return Reply::Ready(s3_error(
+                    StatusCode::FORBIDDEN,
+                    "AccessDenied",
+                    "this store requires signed requests",
+                ))
+            }
+            Err(_) => {
+                return Reply::Ready(s3_error(
+                    StatusCode::FORBIDDEN,
+                    "SignatureDoesNotMatch",
+                    "the request signature does not match",
+                ))
+            }
+        }
+    }
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let Ok(rest) = percent_encoding::percent_decode_str(path.trim_start_matches('/')).decode_utf8()
+    else {
+        return Reply::Ready(s3_error(
+            StatusCode::BAD_REQUEST,
+            "InvalidURI",
+            "path is not UTF-8",
+        ));
+    };
+    let (bucket, key) = match rest.split_once('/') {
+        Some((b, k)) if !k.is_empty() => (b.to_string(), Some(k.to_string())),
+        Some((b, _)) => (b.to_string(), None),
+        None => (rest.to_string(), None),
+    };
+    if !valid_bucket(&bucket) {
+        return Reply::Ready(s3_error(
+            StatusCode::BAD_REQUEST,
+            "InvalidBucketName",
+            "invalid bucket name",
+        ));
+    }
+    if !state.serves(&bucket) {
+        return Reply::Ready(s3_error(
+            StatusCode::NOT_FOUND,
+            "NoSuchBucket",
+            "the specified bucket does not exist",
+        ));
+    }
+    match (req.method().clone(), key) {
+        (Method::GET | Method::HEAD, Some(key)) => {
+            if !valid_key(&key) {
+                return Reply::Ready(s3_error(
+                    StatusCode::BAD_REQUEST,
+                    "InvalidArgument",
+                    "invalid object key",
+                ));
+            }
+            let resp = match get(state, req, &bucket, &key) {
+                Reply::Ready(r) => r,
+                other => return other,
+            };
+            let (code, message) = match resp.status() {
+                StatusCode::NOT_FOUND => ("NoSuchKey", "the specified key does not exist"),
+                StatusCode::RANGE_NOT_SATISFIABLE => {
+                    ("InvalidRange", "the requested range is not satisfiable")
+                }
+                StatusCode::SERVICE_UNAVAILABLE => ("SlowDown", "the node is shutting down"),
+                StatusCode::INTERNAL_SERVER_ERROR => {
+                    ("InternalError", "the object could not be read")
+                }
+                _ => return Reply::Ready(resp),
+            };
+            let mut out = s3_error(resp.status(), code, message);
+            if let Some(cr) = resp.headers().get(header::CONTENT_RANGE) {
+                out.headers_mut().insert(header::CONTENT_RANGE, cr.clone());
+            }
+            Reply::Ready(out)
+        }
+        (Method::GET, None) if query_param(&query, "list-type").as_deref() == Some("2") => {
+            let prefix = query_param(&query, "prefix").unwrap_or_default();
+            let max = query_param(&query, "max-keys")
+                .and_then(|m| m.parse::<usize>().ok())
+                .unwrap_or(1000)
+                .clamp(1, 1000);
+            let token = query_param(&query, "continuation-token");
+            let after = token.clone().or_else(|| query_param(&query, "start-after"));
+            let Some(found) =
+                collect_keys(state, &bucket, prefix.clone(), after.clone(), max + 1).await
+            else {
+                return Reply::Ready(s3_error(
+                    StatusCode::NOT_FOUND,
+                    "NoSuchBucket",
+                    "the specified bucket does not exist",
+                ));
+            };
+            let mut page: Vec<(String, u64)> = found.into_iter().collect();
+            let next = (page.len() > max).then(|| {
+                page.truncate(max);
+                page.last().map(|(k, _)| k.clone()).unwrap_or_default()
+            });
+            let url_encoding = query_param(&query, "encoding-type").as_deref() == Some("url");
+            let body = crate::s3::list_v2_xml(
+                &bucket,
+                &prefix,
+                &page,
+                max,
+                next.as_deref(),
+                token.as_deref(),
+                url_encoding,
+            );
+            let mut r = Response::new(full(Bytes::from(body)));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/xml"),
+            );
+            Reply::Ready(r)
+        }
+        _ if !state
+            .mountpaths
+            .iter()
+            .any(|m| m.path.join(&bucket).is_dir()) =>
+        {
+            Reply::Ready(s3_error(
+                StatusCode::NOT_FOUND,
+                "NoSuchBucket",
+                "the specified bucket does not exist",
+            ))
+        }
+        _ => Reply::Ready(s3_error(
+            StatusCode::NOT_IMPLEMENTED,
+            "NotImplemented",
+            "this store serves GetObject, HeadObject and ListObjectsV2",
+        )),
+    }
 }
 
 #[cfg(test)]

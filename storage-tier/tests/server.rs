@@ -167,7 +167,8 @@ fn serves_objects_ranges_heads_and_listings() {
             .unwrap()
             .text()
             .unwrap(),
-        "ok\n"
+        "{\"status\":\"ok\"}\n",
+        "the same health answer as the admin listener's and the CPU tier's"
     );
     let metrics = http
         .get(node.url("/metrics"))

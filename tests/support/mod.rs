@@ -124,6 +124,30 @@ pub fn synth_images(dir: &Path, classes: u32, per_class: u32) -> PathBuf {
     images
 }
 
+/// Shards an image folder with the real binary (`sluice shard`): `max_count` samples per
+/// shard into `pattern`, with a manifest when one is named; returns what the command printed.
+pub fn shard_images(
+    images: &Path,
+    pattern: &str,
+    max_count: u32,
+    manifest: Option<&Path>,
+) -> String {
+    let max_count = max_count.to_string();
+    let mut args = vec![
+        "shard",
+        "--input",
+        path_str(images),
+        "--output",
+        pattern,
+        "--max-count",
+        &max_count,
+    ];
+    if let Some(m) = manifest {
+        args.extend(["--manifest", path_str(m)]);
+    }
+    sluice_ok(&args)
+}
+
 /// The `.tar` files directly in `dir`, sorted.
 pub fn shard_files(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<_> = std::fs::read_dir(dir)

@@ -18,7 +18,9 @@ pub mod shm;
 
 pub use codec::{decode_frame, encode_frame, Frame, Limits, WireError, VERSION};
 pub use message::*;
-pub use runner::{drive_unit, Finished, JobRunner, Output, UnitEnd, UnitRunner};
+pub use runner::{
+    drive_unit, error_chain, Cause, Finished, JobRunner, Output, RunnerError, UnitEnd, UnitRunner,
+};
 
 #[cfg(test)]
 mod tests;

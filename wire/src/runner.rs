@@ -19,10 +19,44 @@ pub struct Finished {
     pub skipped: u64,
 }
 
+/// The implementation's own error under a [`RunnerError`] (a decoder's, a storage source's),
+/// kept whole: its message and causes reach the client, and a caller in the same process can
+/// downcast it.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a worker refused a job or did not finish an assignment.
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    /// The job cannot run on this worker (a pipeline it cannot parse, or whose samples have
+    /// no fixed size); the client should not retry it elsewhere unchanged.
+    #[error("job refused: {0}")]
+    Refused(#[source] Cause),
+    /// The assignment's data could not be read (every replica failed, the network broke);
+    /// the client reassigns the unit.
+    #[error(transparent)]
+    Source(Cause),
+    /// The shard is damaged and the job asked to fail on bad samples.
+    #[error("{0}")]
+    Damaged(String),
+    /// The worker produced something the job did not ask for (a tensor of the wrong size).
+    #[error("{0}")]
+    Broken(String),
+    /// The client cancelled the assignment (its `emit` returned false).
+    #[error("cancelled")]
+    Cancelled,
+}
+
+impl RunnerError {
+    /// A job refused for a reason given as text.
+    pub fn refused(reason: impl Into<String>) -> Self {
+        RunnerError::Refused(reason.into().into())
+    }
+}
+
 /// A worker: opens jobs.
 pub trait UnitRunner: Send + Sync {
     /// Checks the job (pipeline, geometry) and prepares to run its units.
-    fn open_job(&self, spec: &JobSpec) -> Result<Box<dyn JobRunner>, String>;
+    fn open_job(&self, spec: &JobSpec) -> Result<Box<dyn JobRunner>, RunnerError>;
     /// Decode threads, for logs and sizing.
     fn threads(&self) -> u32;
 }
@@ -32,12 +66,12 @@ pub trait JobRunner: Send + Sync {
     /// The shape of every sample tensor.
     fn shape(&self) -> SampleShape;
     /// Processes an assignment, blocking, handing each result to `emit` (which blocks while
-    /// the client has no credit, and returns `false` to cancel). `Err` names what failed.
+    /// the client has no credit, and returns `false` to cancel). `Err` says what failed.
     fn run(
         &self,
         assign: &Assign,
         emit: &mut dyn FnMut(Output) -> bool,
-    ) -> Result<Finished, String>;
+    ) -> Result<Finished, RunnerError>;
 }
 
 /// How a unit driven by [`drive_unit`] ended: the frame that reports it to the client.
@@ -75,9 +109,25 @@ pub fn drive_unit(
             job: assign.job,
             unit: assign.unit,
             attempt: assign.attempt,
-            error,
+            error: error_chain(&error),
         }),
     }
+}
+
+/// An error and its causes as one line, each said once (the frame that reports a failed
+/// unit carries text: the client may be on another host).
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        let c_text = c.to_string();
+        if !text.contains(&c_text) {
+            text.push_str(": ");
+            text.push_str(&c_text);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 #[cfg(test)]
@@ -103,11 +153,11 @@ mod tests {
             &self,
             assign: &Assign,
             emit: &mut dyn FnMut(Output) -> bool,
-        ) -> Result<Finished, String> {
+        ) -> Result<Finished, RunnerError> {
             let mut f = Finished::default();
             for index in assign.start..assign.end {
                 if index == 99 {
-                    return Err("sample 99 is cursed".into());
+                    return Err(RunnerError::Broken("sample 99 is cursed".into()));
                 }
                 let out = if index == 2 {
                     f.skipped += 1;
@@ -138,7 +188,7 @@ mod tests {
                     )
                 };
                 if !emit(out) {
-                    return Err("cancelled".into());
+                    return Err(RunnerError::Cancelled);
                 }
             }
             Ok(f)

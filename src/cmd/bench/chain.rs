@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use sluice_cpu::PipelineSpec;
+use sluice_testbed::sizing::{self, Capacity, Reading};
+use sluice_testbed::{cluster, consumers};
 
-use super::cluster;
-use super::sizing::{self, Capacity};
+use crate::consumers::{Bars, Consumers};
 
 #[derive(clap::Args)]
 pub struct ChainArgs {
@@ -44,7 +44,7 @@ pub struct ChainArgs {
     #[arg(long, default_value_t = 1000)]
     samples: u32,
     #[command(flatten)]
-    consumers: super::loadgen::Consumers,
+    consumers: Consumers,
     /// Seconds to measure each tier alone.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
@@ -54,74 +54,34 @@ pub struct ChainArgs {
     svg: PathBuf,
 }
 
-/// Counters read at one instant.
-#[derive(Clone, Copy, Default)]
-struct Reading {
-    t: f64,
-    storage_bytes: f64,
-    worker_samples: f64,
-    client_samples: f64,
-    client_wait: f64,
-}
-
-fn read(metrics: &[String], started: Instant) -> Reading {
-    let text = if metrics.is_empty() {
-        sluice_storage::metrics_handle().render()
-    } else {
-        let mut all = sluice_storage::metrics_handle().render();
-        for url in metrics {
-            if let Ok(body) = reqwest::blocking::get(url).and_then(|r| r.text()) {
-                all.push_str(&body);
-            }
-        }
-        all
-    };
-    let sum = |name: &str| -> f64 {
-        text.lines()
-            .filter(|l| {
-                l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b' ' | b'{'))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
-    Reading {
-        t: started.elapsed().as_secs_f64(),
-        storage_bytes: sum("sluice_storage_bytes_sent_total"),
-        worker_samples: sum("sluice_cpu_samples_sent_total"),
-        client_samples: sum("sluice_client_samples_total"),
-        client_wait: sum("sluice_client_wait_seconds_sum"),
-    }
-}
-
 pub fn run(mut args: ChainArgs) -> Result<()> {
-    super::daemon::init_logs_at("warn");
+    crate::daemon::init_logs_at("warn");
     if let Some(url) = &args.storage {
         args.metrics
             .push(format!("{}/metrics", url.trim_end_matches('/')));
     }
     // The process's recorder: the client's (and in-process tiers') counters land here.
     let _ = sluice_storage::metrics_handle();
-    let spec: PipelineSpec = args.consumers.pipeline.parse()?;
-    let Some((h, w)) = spec.output_size() else {
-        bail!("--pipeline must fix the output size");
-    };
-    let sample_bytes = (h * w * 3) as f64 * spec.dtype().size() as f64;
+    let (_, sample_bytes) = sizing::tensor_size(&args.consumers.pipeline)?;
     let temp = tempfile::tempdir()?;
-    let (local, manifest, workers, token_file, trust) = match &args.dataset {
+    let (local, manifest, workers, token, trust) = match &args.dataset {
         Some(d) => {
-            let manifest = super::index::dataset(d)?;
+            let manifest = sluice_dataset::locate::dataset(d)?;
             (
                 None,
                 manifest,
                 args.workers.clone(),
-                args.token_file.clone(),
+                args.token_file
+                    .as_deref()
+                    .map(crate::daemon::read_token)
+                    .transpose()?,
                 args.trust_cert.clone(),
             )
         }
         None => {
             let bucket = temp.path().join("data").join("demo");
             std::fs::create_dir_all(&bucket)?;
-            let what = super::demo::generate(args.samples, temp.path(), &bucket)?;
+            let what = cluster::generate_bucket(args.samples, temp.path(), &bucket)?;
             let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
             let threads = (cores / args.local_workers.max(1)).max(1);
             let (tiers, manifest) =
@@ -130,8 +90,7 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
                 "[bench] {what}, {} workers × {threads} threads in this process",
                 args.local_workers
             );
-            let token = temp.path().join("token");
-            std::fs::write(&token, format!("{}\n", tiers.token))?;
+            let token = tiers.token.clone();
             let workers = tiers.workers.iter().map(|a| a.to_string()).collect();
             let trust = tiers.trust.clone();
             (Some(tiers), manifest, workers, Some(token), Some(trust))
@@ -143,33 +102,32 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
 
     eprintln!("[bench] each tier alone, {}s each…", args.seconds);
     let per_sample_stored = sizing::stored_bytes_per_sample(&manifest);
-    let caps = sizing::measure(&sizing::Probe {
-        manifest: &manifest,
-        pipeline: &args.consumers.pipeline,
-        side: h.max(w),
-        sample_bytes,
+    let caps = sizing::measure(&sizing::Probe::chain(
+        &manifest,
+        &args.consumers.pipeline,
         cores,
-        connections: (workers.len() as u32 * args.consumers.ranks) as f64,
-        seconds: args.seconds,
-    })?;
+        workers.len(),
+        args.consumers.ranks,
+        args.seconds,
+    )?)?;
 
     eprintln!("[bench] the whole chain…");
-    let lg = args
-        .consumers
-        .loadgen(&manifest_path, workers, token_file, trust);
+    let cfg = args.consumers.config(&manifest_path, workers, token, trust);
     let started = Instant::now();
     let done = AtomicBool::new(false);
-    let readings = Mutex::new(vec![read(&args.metrics, started)]);
+    let readings = Mutex::new(vec![Reading::take(&args.metrics, started)]);
     let results = std::thread::scope(|s| {
         s.spawn(|| {
             while !done.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(250));
                 if let Ok(mut r) = readings.lock() {
-                    r.push(read(&args.metrics, started));
+                    r.push(Reading::take(&args.metrics, started));
                 }
             }
         });
-        let r = super::loadgen::run_ranks(&lg, &manifest);
+        let bars = Bars::new(cfg.ranks, cfg.step_ms);
+        let r = consumers::run_ranks(&cfg, &manifest, &bars);
+        bars.finish();
         done.store(true, Ordering::Relaxed);
         r
     })?;
@@ -180,23 +138,10 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
     let delivered: u64 = results.iter().map(|r| r.delivered + r.skipped).sum();
     let chain = delivered as f64 / secs;
     let broken: Vec<&String> = results.iter().flat_map(|r| &r.broken).collect();
-    let (bottleneck, why) =
-        sizing::conclude(&caps, &args.consumers, per_sample_stored, sample_bytes);
+    let (bottleneck, why) = sizing::conclude(&caps, &cfg, per_sample_stored, sample_bytes);
 
-    // Per interval: each tier's samples/s and the consumers' starved fraction.
-    let series: Vec<serde_json::Value> = readings
-        .windows(2)
-        .map(|p| {
-            let dt = (p[1].t - p[0].t).max(1e-9);
-            json!({
-                "t": p[1].t,
-                "storage_samples_per_s": (p[1].storage_bytes - p[0].storage_bytes) / per_sample_stored / dt,
-                "cpu_samples_per_s": (p[1].worker_samples - p[0].worker_samples) / dt,
-                "consumer_samples_per_s": (p[1].client_samples - p[0].client_samples) / dt,
-                "starved_fraction": ((p[1].client_wait - p[0].client_wait) / dt / f64::from(args.consumers.ranks)).clamp(0.0, 1.0),
-            })
-        })
-        .collect();
+    // Per interval: each tier's samples/s and (with a step time) the consumers' starvation.
+    let series = sizing::timeline(&readings, per_sample_stored, &cfg);
 
     println!("{:<10} {:>12} {:>22}  detail", "tier", "samples/s", "units");
     for c in &caps {
@@ -229,7 +174,8 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
     });
     std::fs::write(&args.json, serde_json::to_vec_pretty(&doc)?)
         .with_context(|| format!("writing {}", args.json.display()))?;
-    plot(&args.svg, &doc["timeline"]).with_context(|| format!("drawing {}", args.svg.display()))?;
+    plot(&args.svg, &doc["timeline"], cfg.step_ms > 0.0)
+        .with_context(|| format!("drawing {}", args.svg.display()))?;
     println!("wrote {} and {}", args.json.display(), args.svg.display());
     if !broken.is_empty() {
         bail!("the exactly-once contract was broken: {broken:?}");
@@ -238,7 +184,7 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
 }
 
 /// Throughput of each tier over time (top) and the consumers' starvation (bottom).
-fn plot(path: &std::path::Path, timeline: &serde_json::Value) -> Result<()> {
+fn plot(path: &std::path::Path, timeline: &serde_json::Value, starvation: bool) -> Result<()> {
     use plotters::prelude::*;
     let points = timeline.as_array().cloned().unwrap_or_default();
     let series = |key: &str| -> Vec<(f64, f64)> {
@@ -293,7 +239,11 @@ fn plot(path: &std::path::Path, timeline: &serde_json::Value) -> Result<()> {
         .draw()?;
     let mut starve = ChartBuilder::on(&bottom)
         .caption(
-            "consumers starved (fraction of time waiting for data)",
+            if starvation {
+                "consumers starved (fraction of time waiting for data)"
+            } else {
+                "consumers starved: not measured (--step-ms 0 takes data as fast as it comes)"
+            },
             ("sans-serif", 16),
         )
         .margin(10)

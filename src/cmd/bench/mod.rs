@@ -5,6 +5,10 @@
 //! `../shared/data/imagenet-sample` corpus by default, else generated images), per thread
 //! count, with the split between decoding and the rest.
 
+mod chain;
+mod transport;
+mod upload;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -24,12 +28,12 @@ enum What {
     /// CPU engine throughput (images/s per thread count).
     Cpu(CpuArgs),
     /// QUIC tensor throughput on loopback beside a plain TCP stream of the same frames.
-    Transport(super::bench_transport::TransportArgs),
+    Transport(transport::TransportArgs),
     /// Every tier alone and the whole chain, the bottleneck, a JSON result and an SVG timeline.
-    Chain(super::bench_chain::ChainArgs),
+    Chain(chain::ChainArgs),
     /// Host-to-device GB/s from the page-locked ring beside a plain pinned copy (needs a GPU
     /// and the `cuda` feature).
-    Upload(super::bench_upload::UploadArgs),
+    Upload(upload::UploadArgs),
 }
 
 #[derive(clap::Args)]
@@ -61,9 +65,9 @@ pub struct CpuArgs {
 pub fn run(args: Args) -> Result<()> {
     match args.what {
         What::Cpu(a) => cpu(a),
-        What::Transport(a) => super::bench_transport::run(a),
-        What::Chain(a) => super::bench_chain::run(a),
-        What::Upload(a) => super::bench_upload::run(a),
+        What::Transport(a) => transport::run(a),
+        What::Chain(a) => chain::run(a),
+        What::Upload(a) => upload::run(a),
     }
 }
 
@@ -76,8 +80,8 @@ fn load_images(dir: Option<&Path>) -> Result<(Vec<Sample>, String)> {
     let Some(dir) = dir else {
         let samples = (0..300u32)
             .map(|i| {
-                let (w, h, px) = super::synth::render(u64::from(i) * 7919, i % 10, 10);
-                let jpeg = super::synth::encode_jpeg(w, h, &px, 90)?;
+                let (w, h, px) = sluice_dataset::synth::render(u64::from(i) * 7919, i % 10, 10);
+                let jpeg = sluice_dataset::synth::encode_jpeg(w, h, &px, 90)?;
                 Ok(sample(i as u64, jpeg))
             })
             .collect::<Result<Vec<_>>>()?;

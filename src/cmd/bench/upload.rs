@@ -64,7 +64,7 @@ mod gpu {
     use sluice_shard::{Checksum, Compression, Manifest, ShardInfo};
 
     use super::UploadArgs;
-    use crate::cmd::bench_transport::Synthetic;
+    use sluice_testbed::transport::Synthetic;
 
     struct Plain {
         events_bps: f64,

@@ -1,7 +1,9 @@
 //! Where objects live among storage nodes: rendezvous (highest random weight) hashing. Every
-//! party — storage nodes, `sluice put`, CPU workers, clients — computes the same owners for a
-//! key from the same peer list, with no coordinator, and removing a node moves only the
-//! objects it owned.
+//! party that places or finds objects (storage nodes routing and redirecting, `sluice put`
+//! uploading to every owner) computes the same owners for a key from the same peer list, with
+//! no coordinator, and removing a node moves only the objects it owned. It lives with the
+//! storage tier because only the storage cluster's own parties use it: workers and clients
+//! follow the nodes' redirects and the manifest's replica URLs.
 
 use xxhash_rust::xxh3::xxh3_64;
 

@@ -1,0 +1,220 @@
+//! What every Sluice daemon (the storage node, the CPU worker) shares, written once:
+//! - [`DaemonConfig`] ([`read_config`], [`parse_config`]): a TOML config file read into the
+//!   tier's config type, errors naming the file, then checked by the tier;
+//! - [`metrics_handle`]: the process's one Prometheus recorder, which every tier in the
+//!   process (the demo runs them all) records into;
+//! - [`serve_admin`]: the admin listener (`metrics_listen`), with one meaning of health for
+//!   every tier: `/healthz` answers 200 `{"status":"ok"}` while the daemon serves and 503
+//!   `{"status":"draining"}` from the moment it starts draining, so a load balancer or a
+//!   Kubernetes readiness probe stops sending work before the process exits.
+
+use std::convert::Infallible;
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio_util::sync::CancellationToken;
+
+/// Why a daemon's configuration is unusable: the file, or a key (named) with a bad value.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {detail}")]
+    Parse { path: String, detail: String },
+    #[error("config key {key}: {detail}")]
+    Invalid { key: &'static str, detail: String },
+}
+
+/// Parses TOML text; `origin` names it in errors.
+pub fn parse_config<T: serde::de::DeserializeOwned>(
+    text: &str,
+    origin: &str,
+) -> Result<T, ConfigError> {
+    toml::from_str(text).map_err(|e| ConfigError::Parse {
+        path: origin.to_string(),
+        detail: e.to_string(),
+    })
+}
+
+/// Reads a TOML config file (not validated: the tier applies command-line overrides first).
+pub fn read_config<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse_config(&text, &path.display().to_string())
+}
+
+/// A daemon's TOML config: read from a file or text, then validated key by key. A tier
+/// implements [`DaemonConfig::check`]; reading is the same for every tier.
+pub trait DaemonConfig: serde::de::DeserializeOwned {
+    /// Checks every key; the error names the first bad one.
+    fn check(&self) -> Result<(), ConfigError>;
+
+    /// Parses and validates TOML text; `origin` names it in errors.
+    fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let config: Self = parse_config(text, origin)?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Reads a config file without validating it, so command-line overrides can be applied
+    /// first (then [`DaemonConfig::check`]).
+    fn read(path: &Path) -> Result<Self, ConfigError> {
+        read_config(path)
+    }
+}
+
+/// The process-wide Prometheus recorder, installed on first use. Every tier and client in the
+/// process records into it, so one `/metrics` shows them all. If something else installed a
+/// global recorder first (a test harness), this handle renders only its own (empty) registry.
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+/// The answer to an admin request: `/metrics`, `/healthz` (by `draining`), or 404.
+pub fn admin_response(
+    path: &str,
+    metrics: &PrometheusHandle,
+    draining: bool,
+) -> (StatusCode, String) {
+    match path {
+        "/metrics" => (StatusCode::OK, metrics.render()),
+        "/healthz" if draining => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{\"status\":\"draining\"}\n".into(),
+        ),
+        "/healthz" => (StatusCode::OK, "{\"status\":\"ok\"}\n".into()),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "{\"error\":\"this address serves /metrics and /healthz\"}\n".into(),
+        ),
+    }
+}
+
+/// Serves `/metrics` and `/healthz` on `listener` until `stop` is cancelled; `/healthz` turns
+/// 503 once `draining` is. A connection gets 5 s to send its head and 30 s in all.
+pub async fn serve_admin(
+    listener: tokio::net::TcpListener,
+    metrics: PrometheusHandle,
+    draining: CancellationToken,
+    stop: CancellationToken,
+) {
+    loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                // Out of descriptors and the like: back off rather than spin.
+                Err(_) => { tokio::time::sleep(Duration::from_millis(100)).await; continue }
+            },
+            _ = stop.cancelled() => return,
+        };
+        let metrics = metrics.clone();
+        let draining = draining.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let (status, body) =
+                    admin_response(req.uri().path(), &metrics, draining.is_cancelled());
+                let mut response = Response::new(Full::new(Bytes::from(body)));
+                *response.status_mut() = status;
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let _ = tokio::time::timeout(
+                Duration::from_secs(30),
+                hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(Duration::from_secs(5))
+                    .serve_connection(TokioIo::new(stream), service),
+            )
+            .await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_means_the_same_for_every_tier() {
+        let m = metrics_handle();
+        assert_eq!(admin_response("/healthz", &m, false).0, StatusCode::OK);
+        let (status, body) = admin_response("/healthz", &m, true);
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("draining"));
+        assert_eq!(admin_response("/other", &m, false).0, StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn config_errors_name_the_file() {
+        #[derive(serde::Deserialize, Debug)]
+        struct C {
+            #[allow(dead_code)]
+            port: u16,
+        }
+        let e = parse_config::<C>("port = 'x'", "cpu.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("cpu.toml: "), "{e}");
+        let e = read_config::<C>(Path::new("/nonexistent/cpu.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("reading /nonexistent/cpu.toml"), "{e}");
+    }
+
+    #[test]
+    fn the_admin_listener_answers_and_stops() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (draining, stop) = (CancellationToken::new(), CancellationToken::new());
+            let task = tokio::spawn(serve_admin(
+                listener,
+                metrics_handle(),
+                draining.clone(),
+                stop.clone(),
+            ));
+            let get = |path: &'static str| async move {
+                let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+                s.write_all(
+                    format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                        .as_bytes(),
+                )
+                .await
+                .unwrap();
+                let mut out = String::new();
+                s.read_to_string(&mut out).await.unwrap();
+                out
+            };
+            assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
+            draining.cancel();
+            assert!(get("/healthz").await.starts_with("HTTP/1.1 503"));
+            stop.cancel();
+            task.await.unwrap();
+        });
+    }
+}

@@ -1,0 +1,189 @@
+//! Where shards come from: paths, `file://` and `http(s)://` URLs and brace patterns, indexed
+//! into a manifest (`sluice index`), or a manifest loaded for a client with its shard URLs made
+//! absolute so that a worker on another host can open them.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use sluice_shard::{expand, scan_shard, Manifest, ReadOptions, SampleIndex};
+
+use crate::error::{DatasetError, Result};
+use crate::Progress;
+
+/// The largest manifest [`dataset`] loads.
+const MAX_MANIFEST: u64 = 256 << 20;
+
+/// Where a shard comes from.
+pub enum Location {
+    File(PathBuf),
+    Http(String),
+}
+
+impl Location {
+    pub fn parse(s: &str) -> Location {
+        if s.starts_with("http://") || s.starts_with("https://") {
+            Location::Http(s.to_string())
+        } else {
+            Location::File(PathBuf::from(s.strip_prefix("file://").unwrap_or(s)))
+        }
+    }
+
+    /// The shard's bytes, streamed.
+    pub fn open(&self) -> Result<Box<dyn Read + Send>> {
+        match self {
+            Location::File(p) => Ok(Box::new(
+                std::fs::File::open(p).map_err(DatasetError::io("opening shard", p))?,
+            )),
+            Location::Http(url) => {
+                let http = |e: reqwest::Error| DatasetError::Http {
+                    url: url.clone(),
+                    detail: e.to_string(),
+                };
+                let resp = reqwest::blocking::Client::builder()
+                    .timeout(None)
+                    .build()
+                    .map_err(http)?
+                    .get(url)
+                    .send()
+                    .map_err(http)?;
+                if !resp.status().is_success() {
+                    return Err(DatasetError::Http {
+                        url: url.clone(),
+                        detail: format!("HTTP {}", resp.status()),
+                    });
+                }
+                Ok(Box::new(resp))
+            }
+        }
+    }
+
+    pub fn display(&self) -> String {
+        match self {
+            Location::File(p) => p.display().to_string(),
+            Location::Http(u) => u.clone(),
+        }
+    }
+}
+
+/// The URL a manifest at `manifest` uses for the local shard `shard`: relative when the shard
+/// lies under the manifest's folder, absolute otherwise.
+pub fn manifest_url(manifest: &Path, shard: &Path) -> Result<String> {
+    let dir = manifest
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let dir = std::fs::canonicalize(dir).map_err(DatasetError::io("resolving", dir))?;
+    let shard = std::fs::canonicalize(shard).map_err(DatasetError::io("resolving", shard))?;
+    let url = match shard.strip_prefix(&dir) {
+        Ok(rel) => rel.to_string_lossy().replace('\\', "/"),
+        Err(_) => shard.to_string_lossy().into_owned(),
+    };
+    Ok(url)
+}
+
+/// Reads every shard `patterns` name, writes each one's `.idx` (beside a local shard; in
+/// `index_dir` for one fetched over HTTP) and returns their manifest, with URLs relative to
+/// `manifest_path` where they can be. The manifest is validated, not saved.
+pub fn index_shards(
+    patterns: &[String],
+    manifest_path: &Path,
+    index_dir: &Path,
+    progress: &mut dyn Progress,
+) -> Result<Manifest> {
+    let mut names = Vec::new();
+    for pattern in patterns {
+        names.extend(expand(pattern)?);
+    }
+    let mut infos = Vec::with_capacity(names.len());
+    for name in &names {
+        let location = Location::parse(name);
+        let raw = location.open()?;
+        let (mut info, index) =
+            scan_shard(raw, &location.display(), &ReadOptions::default(), |s| {
+                progress.add(1, s.payload_bytes());
+            })?;
+        let index_path = match &location {
+            Location::File(p) => {
+                info.url = manifest_url(manifest_path, p)?;
+                SampleIndex::sidecar_path(p)
+            }
+            Location::Http(url) => {
+                let file = url.rsplit('/').next().unwrap_or("shard");
+                index_dir.join(format!("{file}.idx"))
+            }
+        };
+        index.write_file(&index_path)?;
+        infos.push(info);
+    }
+    let manifest = Manifest::new(infos);
+    manifest.validate(&manifest_path.display().to_string())?;
+    Ok(manifest)
+}
+
+/// A dataset for the client: a manifest (path or http(s) URL, ending in `.json`) or shards
+/// (paths, URLs, brace patterns) described on the spot. Shard URLs come out absolute, so a
+/// worker on another host can open them.
+pub fn dataset(spec: &str) -> Result<Manifest> {
+    if spec.ends_with(".json") {
+        let location = Location::parse(spec);
+        let (mut manifest, origin) = match &location {
+            Location::File(p) => {
+                let m = Manifest::load(p, MAX_MANIFEST)?;
+                let abs = std::fs::canonicalize(p).map_err(DatasetError::io("resolving", p))?;
+                (m, abs.display().to_string())
+            }
+            Location::Http(url) => {
+                let mut bytes = Vec::new();
+                location
+                    .open()?
+                    .take(MAX_MANIFEST + 1)
+                    .read_to_end(&mut bytes)
+                    .map_err(|e| DatasetError::Http {
+                        url: url.clone(),
+                        detail: e.to_string(),
+                    })?;
+                if bytes.len() as u64 > MAX_MANIFEST {
+                    return Err(DatasetError::Http {
+                        url: url.clone(),
+                        detail: format!("the manifest is larger than {MAX_MANIFEST} bytes"),
+                    });
+                }
+                (Manifest::from_json(&bytes, url)?, url.clone())
+            }
+        };
+        for s in &mut manifest.shards {
+            s.url = sluice_shard::resolve_url(&origin, &s.url);
+        }
+        return Ok(manifest);
+    }
+    let mut infos = Vec::new();
+    for name in expand(spec)? {
+        let location = Location::parse(&name);
+        let (mut info, _) = scan_shard(
+            location.open()?,
+            &location.display(),
+            &ReadOptions::default(),
+            |_| {},
+        )?;
+        info.url = match &location {
+            Location::File(p) => std::fs::canonicalize(p)
+                .map_err(DatasetError::io("resolving", p))?
+                .display()
+                .to_string(),
+            Location::Http(u) => u.clone(),
+        };
+        infos.push(info);
+    }
+    let manifest = Manifest::new(infos);
+    manifest.validate(spec)?;
+    Ok(manifest)
+}
+
+/// How many `.tar` files `dir` holds.
+pub fn shard_count(dir: &Path) -> Result<usize> {
+    Ok(std::fs::read_dir(dir)
+        .map_err(DatasetError::io("listing", dir))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "tar"))
+        .count())
+}

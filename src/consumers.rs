@@ -1,0 +1,131 @@
+//! The synthetic consumers' command-line side, shared by `loadgen`, `demo` and `bench chain`:
+//! their common arguments and the live progress (a bar per rank on a terminal, a line per rank
+//! and epoch otherwise). The consumers themselves are `sluice_testbed::consumers`.
+
+use std::path::PathBuf;
+
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use sluice_client::{EpochReport, StatsSnapshot};
+use sluice_testbed::consumers::{ConsumerConfig, Observer};
+
+/// The synthetic consumers `demo` and `bench chain` run.
+#[derive(clap::Args, Clone)]
+pub struct Consumers {
+    /// Synthetic consumers (ranks).
+    #[arg(long, default_value_t = 2)]
+    pub ranks: u32,
+    #[arg(long, default_value_t = 3)]
+    pub epochs: u64,
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: u32,
+    /// Simulated GPU step per batch, milliseconds (0: consume as fast as data comes).
+    #[arg(long, default_value_t = 0.0)]
+    pub step_ms: f64,
+    #[arg(long, default_value = "decode | random_resized_crop 224 | hflip 0.5")]
+    pub pipeline: String,
+}
+
+impl Consumers {
+    /// These consumers of `dataset` on `workers`.
+    pub fn config(
+        &self,
+        dataset: &std::path::Path,
+        workers: Vec<String>,
+        token: Option<String>,
+        trust_cert: Option<PathBuf>,
+    ) -> ConsumerConfig {
+        ConsumerConfig {
+            ranks: self.ranks,
+            epochs: self.epochs,
+            batch_size: self.batch_size,
+            step_ms: self.step_ms,
+            pipeline: self.pipeline.clone(),
+            token,
+            trust_cert,
+            ..ConsumerConfig::new(dataset.display().to_string(), workers)
+        }
+    }
+}
+
+/// ", starved N%" when consumers have a step time; with `--step-ms 0` they take batches as
+/// fast as they come, so they are always waiting and the figure would mean nothing.
+pub fn starved_note(step_ms: f64, fraction: f64) -> String {
+    if step_ms > 0.0 {
+        format!(", starved {:.0}%", fraction * 100.0)
+    } else {
+        String::new()
+    }
+}
+
+/// Live progress: a bar per rank on a terminal; without one (CI, a pipe), a line per rank and
+/// epoch.
+pub struct Bars {
+    bars: Vec<ProgressBar>,
+    step_ms: f64,
+    _multi: MultiProgress,
+}
+
+impl Bars {
+    pub fn new(ranks: u32, step_ms: f64) -> Bars {
+        let multi = MultiProgress::new();
+        let bars = (0..ranks)
+            .map(|rank| {
+                let bar = multi.add(ProgressBar::new(0));
+                if let Ok(style) = ProgressStyle::with_template(
+                    "{prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} batches {msg}",
+                ) {
+                    bar.set_style(style);
+                }
+                bar.set_prefix(format!("rank {rank}"));
+                bar
+            })
+            .collect();
+        Bars {
+            bars,
+            step_ms,
+            _multi: multi,
+        }
+    }
+
+    pub fn finish(&self) {
+        for bar in &self.bars {
+            bar.finish();
+        }
+    }
+}
+
+impl Observer for Bars {
+    fn epoch_started(&self, rank: u32, _epoch: u64, batches: u64) {
+        if let Some(bar) = self.bars.get(rank as usize) {
+            bar.set_length(batches);
+            bar.set_position(0);
+        }
+    }
+
+    fn batch(&self, rank: u32, epoch: u64, s: &StatsSnapshot) {
+        if let Some(bar) = self.bars.get(rank as usize) {
+            bar.inc(1);
+            bar.set_message(format!(
+                "epoch {epoch}, {:.0} samples/s{}",
+                s.samples_per_s(),
+                starved_note(self.step_ms, s.starved_fraction())
+            ));
+        }
+    }
+
+    fn epoch_done(&self, rank: u32, epoch: u64, r: &EpochReport, secs: f64) {
+        let hidden = self.bars.get(rank as usize).is_none_or(|b| b.is_hidden());
+        if hidden {
+            let secs = secs.max(1e-9);
+            eprintln!(
+                "rank {rank} epoch {epoch}: {} batches, {} samples ({} skipped) in {secs:.1}s, \
+                 {:.0} samples/s{}",
+                r.batches,
+                r.delivered,
+                r.skipped,
+                (r.delivered + r.skipped) as f64 / secs,
+                starved_note(self.step_ms, r.starved.as_secs_f64() / secs)
+            );
+        }
+    }
+}

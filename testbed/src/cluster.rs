@@ -1,0 +1,209 @@
+//! The tiers started inside this process on loopback, over real sockets (HTTP for storage,
+//! QUIC for workers): what `sluice demo` and `sluice bench` run when no daemons are given,
+//! and what the end-to-end tests start.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sluice_cpu::config::CpuConfig;
+use sluice_cpu::server::Setup;
+use sluice_cpu::{CpuWorker, EngineConfig, ShardSource, SourceConfig};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Result, TestbedError};
+
+/// Tiers running on a runtime of their own; dropping this stops them.
+pub struct LocalCluster {
+    pub storage_url: String,
+    pub workers: Vec<SocketAddr>,
+    /// Pins every worker's certificate.
+    pub trust: PathBuf,
+    pub token: String,
+    stop: CancellationToken,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(std::time::Duration::from_secs(2));
+        }
+    }
+}
+
+/// A random cluster token for this run.
+fn token() -> String {
+    let mut bytes = [0u8; 16];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut bytes);
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Starts a storage node serving `data` (one bucket per subfolder) and `workers` CPU workers
+/// of `threads` decode threads each; state (certificates) goes under `state`.
+pub fn start(data: &Path, state: &Path, workers: usize, threads: usize) -> Result<LocalCluster> {
+    // The storage tier's recorder becomes the process's: every tier's metrics land in it.
+    let _ = sluice_storage::metrics_handle();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("sluice-tiers")
+        .enable_all()
+        .build()
+        .map_err(TestbedError::io("starting the tiers' runtime"))?;
+    let stop = CancellationToken::new();
+    let bind = TestbedError::io("binding a loopback port");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(bind)?;
+    let addr = listener
+        .local_addr()
+        .map_err(TestbedError::io("binding a loopback port"))?;
+    let storage_url = format!("http://{addr}");
+    let storage = sluice_storage::StorageConfig {
+        mountpaths: vec![data.to_path_buf()],
+        ..Default::default()
+    };
+    storage.validate()?;
+    {
+        let _enter = runtime.enter();
+        let listener = listener
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::TcpListener::from_std(listener))
+            .map_err(TestbedError::io("listening on a loopback port"))?;
+        let stop = stop.clone();
+        runtime.spawn(async move {
+            if let Err(e) = sluice_storage::run(listener, storage, stop).await {
+                tracing::error!("storage node: {e}");
+            }
+        });
+    }
+    let token = token();
+    let mut addrs = Vec::new();
+    let mut pem = String::new();
+    for i in 0..workers {
+        let dir = state.join(format!("worker-{i}"));
+        let identity = sluice_cpu::tls::self_signed(&dir, &["localhost".into()])?;
+        pem.push_str(
+            &std::fs::read_to_string(&identity.cert_path).map_err(TestbedError::io(format!(
+                "reading {}",
+                identity.cert_path.display()
+            )))?,
+        );
+        let config = CpuConfig {
+            state_dir: dir,
+            threads,
+            ..Default::default()
+        };
+        let engine = EngineConfig {
+            threads,
+            ..Default::default()
+        };
+        let worker = CpuWorker::new(engine, ShardSource::new(SourceConfig::default())?)?;
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0")
+            .map_err(TestbedError::io("binding a loopback UDP port"))?;
+        addrs.push(
+            socket
+                .local_addr()
+                .map_err(TestbedError::io("binding a loopback UDP port"))?,
+        );
+        let setup = Setup {
+            config,
+            identity,
+            token: Some(token.clone()),
+            runner: Arc::new(worker),
+            same_host: None,
+        };
+        let stop = stop.clone();
+        runtime.spawn(async move {
+            if let Err(e) = sluice_cpu::server::run(socket, None, setup, stop).await {
+                tracing::error!("cpu worker: {e}");
+            }
+        });
+    }
+    let trust = state.join("trust.pem");
+    std::fs::write(&trust, pem)
+        .map_err(TestbedError::io(format!("writing {}", trust.display())))?;
+    Ok(LocalCluster {
+        storage_url,
+        workers: addrs,
+        trust,
+        token,
+        stop,
+        runtime: Some(runtime),
+    })
+}
+
+/// The sum of a counter's series in the process's Prometheus text.
+pub fn counter(name: &str) -> f64 {
+    crate::sizing::counter_in(&sluice_storage::metrics_handle().render(), name)
+}
+
+/// Starts the tiers over `work/data` (whose `demo` bucket holds `train-NNNNNN.tar` shards) and
+/// describes the bucket's shards, as served, in a manifest.
+pub fn serve_demo_bucket(
+    work: &Path,
+    workers: usize,
+    threads: usize,
+) -> Result<(LocalCluster, sluice_shard::Manifest)> {
+    let tiers = start(&work.join("data"), &work.join("state"), workers, threads)?;
+    let shards = sluice_dataset::locate::shard_count(&work.join("data").join("demo"))?;
+    let manifest = sluice_dataset::locate::dataset(&format!(
+        "{}/v1/demo/train-{{000000..{:06}}}.tar",
+        tiers.storage_url,
+        shards.saturating_sub(1)
+    ))?;
+    Ok((tiers, manifest))
+}
+
+/// Shards per file in the buckets this module makes.
+const DEMO_SHARD_SAMPLES: u64 = 50;
+
+/// Generates about `samples` JPEGs (10 classes) under `work/images` and shards them into
+/// `bucket`; returns how the dataset was made.
+pub fn generate_bucket(samples: u32, work: &Path, bucket: &Path) -> Result<String> {
+    let images = work.join("images");
+    let per_class = samples.div_ceil(10).max(1);
+    sluice_dataset::synth::generate(&images, 10, per_class, 0, 90)?;
+    shard_images(&images, bucket)?;
+    Ok(format!("{} generated JPEGs", per_class * 10))
+}
+
+/// Shards an ImageFolder tree, or a flat folder with a `labels.tsv`, into `bucket` as
+/// `train-NNNNNN.tar` (with their `.idx`).
+pub fn shard_images(input: &Path, bucket: &Path) -> Result<()> {
+    let pattern = bucket.join("train-%06d.tar");
+    let config = sluice_shard::WriterConfig {
+        max_count: Some(DEMO_SHARD_SAMPLES),
+        ..sluice_shard::WriterConfig::new(pattern.display().to_string())
+    };
+    let labels = input.join("labels.tsv");
+    let labels = labels.exists().then_some(labels);
+    sluice_dataset::write::write_folder(
+        input,
+        labels.as_deref(),
+        config,
+        sluice_dataset::write::Order::default(),
+        &mut sluice_dataset::Quiet,
+    )?;
+    Ok(())
+}
+
+/// Links (or copies) the shards `spec` names into `bucket` as `train-NNNNNN.tar`, with their
+/// `.idx` where they have one; returns how many.
+pub fn link_shards(spec: &str, bucket: &Path) -> Result<usize> {
+    let names = sluice_shard::expand(spec)?;
+    for (i, name) in names.iter().enumerate() {
+        let src = PathBuf::from(name);
+        let dst = bucket.join(format!("train-{i:06}.tar"));
+        if std::fs::hard_link(&src, &dst).is_err() {
+            std::fs::copy(&src, &dst).map_err(TestbedError::io(format!("copying {name}")))?;
+        }
+        let idx = sluice_shard::SampleIndex::sidecar_path(&src);
+        if idx.exists() {
+            let _ = std::fs::copy(&idx, sluice_shard::SampleIndex::sidecar_path(&dst));
+        }
+    }
+    Ok(names.len())
+}

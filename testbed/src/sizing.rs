@@ -1,0 +1,390 @@
+//! Each tier measured alone, and the sizing rule: the chain runs at the speed of its slowest
+//! tier, so the report names that tier, why, and how many more of its units (storage nodes,
+//! CPU cores, connections) would move the bottleneck elsewhere.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sluice_cpu::{Engine, EngineConfig, Outcome, PipelineSpec, SampleContext};
+use sluice_shard::Manifest;
+
+use crate::consumers::ConsumerConfig;
+use crate::error::{Result, TestbedError};
+
+/// One tier's capacity in the deployment measured.
+#[derive(Clone, Debug)]
+pub struct Capacity {
+    pub tier: &'static str,
+    /// Samples per second the tier can deliver as deployed.
+    pub samples_per_s: f64,
+    /// How many units it has (nodes, cores, connections) and what a unit is.
+    pub units: f64,
+    pub unit: &'static str,
+    pub detail: String,
+}
+
+impl Capacity {
+    pub fn per_unit(&self) -> f64 {
+        self.samples_per_s / self.units.max(1e-9)
+    }
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({"tier": self.tier, "samples_per_s": self.samples_per_s, "units": self.units,
+               "unit": self.unit, "per_unit": self.per_unit(), "detail": self.detail})
+    }
+}
+
+/// Reads the dataset's shards over HTTP (two streams) for `secs`: bytes/s.
+pub fn storage_bytes_per_s(manifest: &Manifest, secs: f64) -> Result<f64> {
+    use std::io::Read;
+    let http = |url: &str| {
+        let url = url.to_string();
+        move |e: reqwest::Error| TestbedError::Http {
+            url,
+            detail: e.to_string(),
+        }
+    };
+    let client = reqwest::blocking::Client::builder()
+        .timeout(None)
+        .build()
+        .map_err(http("the storage probe's client"))?;
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let started = Instant::now();
+    let total: u64 = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|t| {
+                let client = &client;
+                s.spawn(move || -> Result<u64> {
+                    let mut bytes = 0u64;
+                    let mut buf = vec![0u8; 1 << 20];
+                    for shard in manifest.shards.iter().skip(t).step_by(2).cycle() {
+                        if Instant::now() >= deadline {
+                            break;
+                        }
+                        let mut resp = client
+                            .get(&shard.url)
+                            .send()
+                            .and_then(|r| r.error_for_status())
+                            .map_err(http(&shard.url))?;
+                        loop {
+                            let n = resp.read(&mut buf).map_err(|e| TestbedError::Http {
+                                url: shard.url.clone(),
+                                detail: e.to_string(),
+                            })?;
+                            if n == 0 {
+                                break;
+                            }
+                            bytes += n as u64;
+                        }
+                    }
+                    Ok(bytes)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(TestbedError::Setup("a reader panicked".into())))
+            })
+            .sum::<Result<u64>>()
+    })?;
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The CPU engine alone on up to 256 of the dataset's samples, held in memory: samples/s.
+pub fn engine_samples_per_s(
+    manifest: &Manifest,
+    pipeline: &str,
+    threads: usize,
+    secs: f64,
+) -> Result<f64> {
+    let source = sluice_cpu::ShardSource::new(sluice_cpu::SourceConfig::default())?;
+    let mut samples = Vec::new();
+    for shard in &manifest.shards {
+        let loc = sluice_cpu::ShardLocation {
+            urls: vec![shard.url.clone()],
+            info: shard.clone(),
+        };
+        for s in source.open_unit(&loc, 0, shard.samples)? {
+            samples.push(s?);
+        }
+        if samples.len() >= 256 {
+            break;
+        }
+    }
+    let spec: PipelineSpec = pipeline.parse()?;
+    let engine = Engine::new(
+        spec,
+        EngineConfig {
+            threads,
+            ..Default::default()
+        },
+    )?;
+    let ctx = |epoch| SampleContext {
+        seed: 0,
+        epoch,
+        shard: 0,
+    };
+    engine.process_all(&samples, &ctx(0));
+    let started = Instant::now();
+    let (mut n, mut epoch) = (0u64, 1);
+    while started.elapsed().as_secs_f64() < secs {
+        n += engine
+            .process_all(&samples, &ctx(epoch))
+            .iter()
+            .filter(|o| matches!(o, Outcome::Done(_)))
+            .count() as u64;
+        epoch += 1;
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+/// "1 core", "2 cores".
+pub fn count(n: f64, unit: &str) -> String {
+    if n == 1.0 {
+        format!("1 {unit}")
+    } else {
+        format!("{n:.0} {unit}s")
+    }
+}
+
+/// The slowest tier, and why, and how to move it.
+pub fn verdict(caps: &[Capacity], consumer: Option<f64>) -> (String, Vec<String>) {
+    let mut sorted: Vec<&Capacity> = caps.iter().collect();
+    sorted.sort_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s));
+    let Some(slowest) = sorted.first() else {
+        return ("none".into(), Vec::new());
+    };
+    let mut lines = Vec::new();
+    if let Some(gpu) = consumer.filter(|g| *g < slowest.samples_per_s) {
+        lines.push(format!(
+            "bottleneck: the consumers ({gpu:.0} samples/s asked); every tier has room: {} \
+             could serve {:.0}/s",
+            slowest.tier, slowest.samples_per_s
+        ));
+        return ("consumer".into(), lines);
+    }
+    let next = sorted.get(1).map(|c| c.samples_per_s);
+    let target = match (consumer, next) {
+        (Some(g), Some(n)) => g.min(n),
+        (Some(g), None) => g,
+        (None, Some(n)) => n,
+        (None, None) => slowest.samples_per_s,
+    };
+    let need = (target / slowest.per_unit()).ceil();
+    let more = (need - slowest.units).max(0.0);
+    lines.push(format!(
+        "bottleneck: {} at {:.0} samples/s ({} × {:.0}/s each; {})",
+        slowest.tier,
+        slowest.samples_per_s,
+        count(slowest.units, slowest.unit),
+        slowest.per_unit(),
+        slowest.detail
+    ));
+    if more > 0.0 {
+        lines.push(format!(
+            "to move it: {} ({more:.0} more) would carry {target:.0} samples/s, where {} takes over",
+            count(need, slowest.unit),
+            match (consumer, next) {
+                (Some(g), Some(n)) if g <= n => "the consumers' demand".to_string(),
+                _ => sorted.get(1).map_or("nothing".into(), |c| c.tier.to_string()),
+            }
+        ));
+    }
+    (slowest.tier.to_string(), lines)
+}
+
+/// The design's sizing rule for one GPU that consumes `per_gpu` samples/s: CPU cores from the
+/// engine's per-core rate, storage read bandwidth (spindles at ~180 MB/s sequential), and the
+/// network each side of the CPU tier.
+pub fn per_gpu(per_gpu: f64, caps: &[Capacity], stored_bytes: f64, tensor_bytes: f64) -> String {
+    let cores = caps
+        .iter()
+        .find(|c| c.tier == "cpu")
+        .map_or(f64::NAN, |c| per_gpu / c.per_unit());
+    let read = per_gpu * stored_bytes;
+    format!(
+        "sizing per GPU at {per_gpu:.0} samples/s: {cores:.1} CPU cores, {:.0} MB/s of shard reads \
+         ({:.1} spindles at 180 MB/s sequential, {:.1} Gb/s storage→CPU), {:.1} Gb/s of tensors CPU→GPU",
+        read / 1e6,
+        read / 180e6,
+        read * 8.0 / 1e9,
+        per_gpu * tensor_bytes * 8.0 / 1e9
+    )
+}
+
+/// Mean bytes of a stored sample (what storage reads per sample).
+pub fn stored_bytes_per_sample(manifest: &Manifest) -> f64 {
+    manifest.total_bytes() as f64 / manifest.total_samples().max(1) as f64
+}
+
+/// What the tier probes run on.
+pub struct Probe<'a> {
+    pub manifest: &'a Manifest,
+    pub pipeline: &'a str,
+    /// The pipeline's output side and bytes per output sample.
+    pub side: u32,
+    pub sample_bytes: f64,
+    /// Decode threads the CPU tier has.
+    pub cores: usize,
+    /// QUIC connections the chain uses (workers × ranks).
+    pub connections: f64,
+    pub seconds: f64,
+}
+
+impl<'a> Probe<'a> {
+    /// Probes for a chain of `workers` × `ranks` connections whose workers have `cores` decode
+    /// threads in all, each tier measured for about `seconds`.
+    pub fn chain(
+        manifest: &'a Manifest,
+        pipeline: &'a str,
+        cores: usize,
+        workers: usize,
+        ranks: u32,
+        seconds: f64,
+    ) -> Result<Probe<'a>> {
+        let (side, sample_bytes) = tensor_size(pipeline)?;
+        Ok(Probe {
+            manifest,
+            pipeline,
+            side,
+            sample_bytes,
+            cores,
+            connections: (workers as u32 * ranks) as f64,
+            seconds,
+        })
+    }
+}
+
+/// A pipeline's output tensor: its larger side and its bytes per sample. The pipeline must
+/// fix its output size (the chain batches its samples).
+pub fn tensor_size(pipeline: &str) -> Result<(u32, f64)> {
+    let spec: PipelineSpec = pipeline.parse()?;
+    let Some((h, w)) = spec.output_size() else {
+        return Err(TestbedError::Setup(format!(
+            "--pipeline {pipeline:?} must fix the output size"
+        )));
+    };
+    Ok((h.max(w), (h * w * 3) as f64 * spec.dtype().size() as f64))
+}
+
+/// Storage reads, the CPU engine and the QUIC transport, each measured alone, as capacities
+/// of the deployment described by `p`.
+pub fn measure(p: &Probe<'_>) -> Result<Vec<Capacity>> {
+    let per_sample_stored = stored_bytes_per_sample(p.manifest);
+    let storage_bps = storage_bytes_per_s(p.manifest, p.seconds / 2.0)?;
+    let engine = engine_samples_per_s(p.manifest, p.pipeline, p.cores, p.seconds)?;
+    let quic_bps = crate::transport::quic_probe(1024, p.side)?;
+    Ok(vec![
+        Capacity {
+            tier: "storage",
+            samples_per_s: storage_bps / per_sample_stored,
+            units: 1.0,
+            unit: "node",
+            detail: format!(
+                "{:.0} MB/s of {:.0} KB samples",
+                storage_bps / 1e6,
+                per_sample_stored / 1e3
+            ),
+        },
+        Capacity {
+            tier: "cpu",
+            samples_per_s: engine,
+            units: p.cores as f64,
+            unit: "core",
+            detail: p.pipeline.to_string(),
+        },
+        Capacity {
+            tier: "transport",
+            samples_per_s: quic_bps / p.sample_bytes * p.connections,
+            units: p.connections,
+            unit: "connection",
+            detail: format!("QUIC {:.2} GB/s per connection", quic_bps / 1e9),
+        },
+    ])
+}
+
+/// The bottleneck and the report's lines about it, with the per-GPU sizing when the consumers
+/// have a step time.
+pub fn conclude(
+    caps: &[Capacity],
+    consumers: &ConsumerConfig,
+    stored_bytes: f64,
+    tensor_bytes: f64,
+) -> (String, Vec<String>) {
+    let demand = consumers.demand();
+    let (bottleneck, mut lines) = verdict(caps, demand);
+    if let Some(d) = demand {
+        let per_rank = d / f64::from(consumers.ranks.max(1));
+        lines.push(per_gpu(per_rank, caps, stored_bytes, tensor_bytes));
+    }
+    (bottleneck, lines)
+}
+
+/// The chain's counters read at one instant: from this process's recorder (where in-process
+/// tiers and the client record) plus the `/metrics` pages of running daemons.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Reading {
+    /// Seconds since the run started.
+    pub t: f64,
+    pub storage_bytes: f64,
+    pub worker_samples: f64,
+    pub client_samples: f64,
+    pub client_wait: f64,
+}
+
+impl Reading {
+    /// Reads the counters now; a daemon that does not answer counts as zero.
+    pub fn take(metrics: &[String], started: Instant) -> Reading {
+        let mut text = sluice_storage::metrics_handle().render();
+        for url in metrics {
+            if let Ok(body) = reqwest::blocking::get(url).and_then(|r| r.text()) {
+                text.push_str(&body);
+            }
+        }
+        Reading {
+            t: started.elapsed().as_secs_f64(),
+            storage_bytes: counter_in(&text, "sluice_storage_bytes_sent_total"),
+            worker_samples: counter_in(&text, "sluice_cpu_samples_sent_total"),
+            client_samples: counter_in(&text, "sluice_client_samples_total"),
+            client_wait: counter_in(&text, "sluice_client_wait_seconds_sum"),
+        }
+    }
+}
+
+/// The sum of a counter's series in Prometheus text.
+pub fn counter_in(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b' ' | b'{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Each interval between readings: every tier's samples/s, and the consumers' starved
+/// fraction when they have a step time (with none they always wait, so it is null).
+pub fn timeline(
+    readings: &[Reading],
+    stored_bytes_per_sample: f64,
+    consumers: &ConsumerConfig,
+) -> Vec<serde_json::Value> {
+    readings
+        .windows(2)
+        .map(|p| {
+            let dt = (p[1].t - p[0].t).max(1e-9);
+            let starved = (consumers.step_ms > 0.0).then(|| {
+                ((p[1].client_wait - p[0].client_wait) / dt / f64::from(consumers.ranks.max(1)))
+                    .clamp(0.0, 1.0)
+            });
+            json!({
+                "t": p[1].t,
+                "storage_samples_per_s":
+                    (p[1].storage_bytes - p[0].storage_bytes) / stored_bytes_per_sample / dt,
+                "cpu_samples_per_s": (p[1].worker_samples - p[0].worker_samples) / dt,
+                "consumer_samples_per_s": (p[1].client_samples - p[0].client_samples) / dt,
+                "starved_fraction": starved,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,259 @@
+//! Transport probes: tensor throughput of one connection through the real CPU-tier server
+//! and client `Loader` (QUIC, or the same-host shared-memory transport), beside a plain TCP
+//! stream carrying the same frames and a single-thread memcpy of the same bytes.
+//!
+//! The QUIC and same-host sides are the real system minus decoding: a CPU-tier server (in
+//! this process) whose worker emits ready-made tensors ([`Synthetic`]), and a client that
+//! grants credits, accounts for every sample and assembles batches. The TCP side writes the
+//! same frames with the same codec into a socket and reads each payload into a buffer. The
+//! memcpy copies each tensor once, from a pool as large as the client's slots into a batch
+//! buffer: what moving the bytes costs at all on this machine.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_shard::{Checksum, Compression, Manifest, ShardInfo};
+use sluice_wire::io::{FrameReader, FrameWriter};
+use sluice_wire::{
+    Assign, Finished, JobRunner, JobSpec, Limits, Message, Output, RunnerError, SampleHeader,
+    SampleShape, UnitRunner,
+};
+
+use crate::error::{Result, TestbedError};
+
+/// What a probe sends.
+#[derive(Clone, Copy, Debug)]
+pub struct TransportProbe {
+    /// Samples to send.
+    pub samples: u64,
+    /// Tensor side (side × side × 3 bytes per sample).
+    pub side: u32,
+    /// Credits (samples in flight) the client grants.
+    pub credits: u32,
+}
+
+/// A worker that sends a copy of one prepared tensor for every sample: a fresh buffer per
+/// sample, as the decoder makes one (the copy comes from cache, so it costs little).
+pub struct Synthetic {
+    shape: SampleShape,
+    pub tensor: Arc<Vec<u8>>,
+}
+
+impl Synthetic {
+    pub fn new(shape: SampleShape, tensor: Arc<Vec<u8>>) -> Self {
+        Synthetic { shape, tensor }
+    }
+
+    /// A worker of side×side×3 uint8 tensors (what `center_crop side` makes), and the shape.
+    pub fn rgb(side: u32) -> (Arc<Self>, SampleShape) {
+        let shape = SampleShape {
+            height: side,
+            width: side,
+            channels: 3,
+            elem_bytes: 1,
+            chw: false,
+        };
+        let tensor = Arc::new(vec![0x5au8; shape.bytes() as usize]);
+        (Arc::new(Synthetic::new(shape, tensor)), shape)
+    }
+}
+
+impl UnitRunner for Synthetic {
+    fn open_job(&self, _spec: &JobSpec) -> Result<Box<dyn JobRunner>, RunnerError> {
+        Ok(Box::new(Synthetic {
+            shape: self.shape,
+            tensor: self.tensor.clone(),
+        }))
+    }
+    fn threads(&self) -> u32 {
+        1
+    }
+}
+
+impl JobRunner for Synthetic {
+    fn shape(&self) -> SampleShape {
+        self.shape
+    }
+    fn run(
+        &self,
+        a: &Assign,
+        emit: &mut dyn FnMut(Output) -> bool,
+    ) -> Result<Finished, RunnerError> {
+        for index in a.start..a.end {
+            let header = SampleHeader {
+                job: a.job,
+                unit: a.unit,
+                attempt: a.attempt,
+                shard: a.shard.index,
+                index,
+                key: format!("{index:08}"),
+                label: Some(0),
+                tensor_bytes: self.shape.bytes(),
+                fields: Vec::new(),
+            };
+            if !emit(Output::Sample(header, self.tensor.to_vec())) {
+                return Err(RunnerError::Cancelled);
+            }
+        }
+        Ok(Finished {
+            sent: a.end - a.start,
+            skipped: 0,
+        })
+    }
+}
+
+/// Bytes/s through the real server and `Loader`, over QUIC or the same-host socket.
+pub fn loader_once(args: &TransportProbe, runner: Arc<Synthetic>, same_host: bool) -> Result<f64> {
+    let dir = tempfile::tempdir().map_err(TestbedError::io("making a temporary folder"))?;
+    let identity = sluice_cpu::tls::self_signed(dir.path(), &["localhost".into()])?;
+    let config = sluice_cpu::config::CpuConfig {
+        state_dir: dir.path().to_path_buf(),
+        threads: 1,
+        ..Default::default()
+    };
+    let udp = TestbedError::io("binding a loopback UDP port");
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").map_err(udp)?;
+    let addr = socket
+        .local_addr()
+        .map_err(TestbedError::io("binding a loopback UDP port"))?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(TestbedError::io("starting a runtime"))?;
+    let listener = match same_host {
+        false => None,
+        true => {
+            let _in_runtime = runtime.enter();
+            Some(
+                sluice_cpu::same_host::bind(&config.same_host_in(dir.path()), addr.port())
+                    .map_err(|e| TestbedError::Setup(format!("same-host transport: {e}")))?,
+            )
+        }
+    };
+    let setup = sluice_cpu::server::Setup {
+        config,
+        identity,
+        token: Some("bench-token".into()),
+        runner: runner.clone(),
+        same_host: listener,
+    };
+    runtime.spawn(sluice_cpu::server::run(socket, None, setup, stop.clone()));
+    let manifest = Manifest::new(vec![ShardInfo {
+        url: "synthetic://bench".into(),
+        // Synthetic samples have no bytes; a size that holds the count keeps the manifest valid.
+        size: args.samples.saturating_mul(1 << 20),
+        samples: args.samples,
+        checksum: Checksum(0),
+        compression: Compression::None,
+    }]);
+    let loader = sluice_client::Loader::builder()
+        .dataset(manifest)
+        .workers([addr.to_string()])
+        .token("bench-token")
+        .trust_cert(dir.path().join("cert.pem"))
+        .pipeline(format!("decode | center_crop {}", args.side))
+        .batch_size(256)
+        .credits_per_worker(args.credits)
+        .max_unit_samples(1024)
+        .same_host(if same_host {
+            sluice_client::SameHost::Require
+        } else {
+            sluice_client::SameHost::Off
+        })
+        .same_host_dir(dir.path().to_path_buf())
+        .build()?;
+    let started = Instant::now();
+    let mut n = 0u64;
+    for batch in loader.epoch(0)? {
+        n += batch?.len() as u64;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    stop.cancel();
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    Ok(n as f64 * args.side as f64 * args.side as f64 * 3.0 / secs)
+}
+
+pub fn tcp_once(args: &TransportProbe, tensor: Arc<Vec<u8>>) -> Result<f64> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(TestbedError::io("starting a runtime"))?;
+    let samples = args.samples;
+    let tcp = |e: std::io::Error| TestbedError::Io {
+        what: "TCP probe".into(),
+        source: e,
+    };
+    let wire = |e: sluice_wire::io::IoError| TestbedError::Setup(format!("TCP probe: {e}"));
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(tcp)?;
+        let addr = listener.local_addr().map_err(tcp)?;
+        let sender = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.map_err(tcp)?;
+            stream.set_nodelay(true).map_err(tcp)?;
+            let mut w = FrameWriter::new(tokio::io::BufWriter::new(stream), Limits::default());
+            for index in 0..samples {
+                let header = Message::Sample(SampleHeader {
+                    job: 1,
+                    unit: 0,
+                    attempt: 0,
+                    shard: 0,
+                    index,
+                    key: format!("{index:08}"),
+                    label: Some(0),
+                    tensor_bytes: tensor.len() as u64,
+                    fields: Vec::new(),
+                });
+                w.send(&header, &[&tensor]).await.map_err(wire)?;
+            }
+            w.flush().await.map_err(wire)?;
+            Ok::<(), TestbedError>(())
+        });
+        let stream = tokio::net::TcpStream::connect(addr).await.map_err(tcp)?;
+        let started = Instant::now();
+        let mut r = FrameReader::new(stream, Limits::default());
+        let mut buf = Vec::new();
+        let mut bytes = 0u64;
+        while let Some(m) = r.next().await.map_err(wire)? {
+            buf.resize(m.payload_len() as usize, 0);
+            r.payload_into(&mut buf).await.map_err(wire)?;
+            bytes += buf.len() as u64;
+        }
+        sender
+            .await
+            .map_err(|e| TestbedError::Setup(format!("TCP probe sender: {e}")))??;
+        Ok(bytes as f64 / started.elapsed().as_secs_f64())
+    })
+}
+
+/// Bytes/s of one thread copying each tensor once, from a pool of `credits` tensors into
+/// 256-sample batch buffers.
+pub fn memcpy_once(args: &TransportProbe, bytes: usize) -> f64 {
+    let pool = vec![0x5au8; bytes * args.credits.max(1) as usize];
+    let mut batch = vec![0u8; bytes * 256];
+    let started = Instant::now();
+    for i in 0..args.samples as usize {
+        let src = (i % args.credits.max(1) as usize) * bytes;
+        let dst = (i % 256) * bytes;
+        batch[dst..dst + bytes].copy_from_slice(&pool[src..src + bytes]);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    std::hint::black_box(&batch);
+    (args.samples as usize * bytes) as f64 / secs
+}
+
+/// QUIC tensor throughput (bytes/s) through the real server and client, `samples` tensors of
+/// side×side×3 bytes.
+pub fn quic_probe(samples: u64, side: u32) -> Result<f64> {
+    let args = TransportProbe {
+        samples,
+        side,
+        credits: 256,
+    };
+    let (runner, _) = Synthetic::rgb(side);
+    loader_once(&args, runner, false)
+}
