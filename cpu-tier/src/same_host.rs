@@ -37,7 +37,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tracing::{info, warn};
 
 use crate::config::SameHost;
-use crate::server::{self, End, Outbound, Session, State, Transport};
+use crate::server::{self, End, Outbound, SendError, Session, State, Transport};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SameHostError {
@@ -181,15 +181,12 @@ impl Slots {
 struct UnixOut(FrameWriter<tokio::io::BufWriter<OwnedWriteHalf>>);
 
 impl Outbound for UnixOut {
-    async fn frame(&mut self, message: &Message, payload: Vec<u8>) -> Result<(), String> {
-        self.0
-            .send(message, &[&payload])
-            .await
-            .map_err(|e| e.to_string())
+    async fn frame(&mut self, message: &Message, payload: Vec<u8>) -> Result<(), SendError> {
+        Ok(self.0.send(message, &[&payload]).await?)
     }
 
-    async fn flush(&mut self) -> Result<(), String> {
-        self.0.flush().await.map_err(|e| e.to_string())
+    async fn flush(&mut self) -> Result<(), SendError> {
+        Ok(self.0.flush().await?)
     }
 }
 

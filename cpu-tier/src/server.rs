@@ -383,14 +383,25 @@ enum Produced {
     Finished,
 }
 
+/// Why a frame could not reach a client.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SendError {
+    #[error("encoding a frame: {0}")]
+    Encode(#[from] sluice_wire::WireError),
+    #[error("QUIC stream: {0}")]
+    Quic(#[from] quinn::WriteError),
+    #[error(transparent)]
+    Stream(#[from] sluice_wire::io::IoError),
+}
+
 /// Where a session's frames go.
 pub(crate) trait Outbound: Send {
     /// Sends one frame, taking its payload over (a buffered transport may hold it until
     /// [`Outbound::flush`]).
-    async fn frame(&mut self, message: &Message, payload: Vec<u8>) -> Result<(), String>;
+    async fn frame(&mut self, message: &Message, payload: Vec<u8>) -> Result<(), SendError>;
 
     /// Sends what `frame` buffered.
-    async fn flush(&mut self) -> Result<(), String> {
+    async fn flush(&mut self) -> Result<(), SendError> {
         Ok(())
     }
 }
@@ -399,7 +410,7 @@ pub(crate) trait Outbound: Send {
 pub(crate) struct QuicOut(FrameWriter<quinn::SendStream>, Limits);
 
 impl Outbound for QuicOut {
-    async fn frame(&mut self, message: &Message, payload: Vec<u8>) -> Result<(), String> {
+    async fn frame(&mut self, message: &Message, payload: Vec<u8>) -> Result<(), SendError> {
         send_owned(&mut self.0, message, payload, &self.1).await
     }
 }
@@ -601,7 +612,7 @@ impl Session {
                 writer
                     .frame(&opened, Vec::new())
                     .await
-                    .map_err(|e| (ErrorCode::Internal, e))
+                    .map_err(|e| (ErrorCode::Internal, e.to_string()))
             }
             Message::SlotCredit { job, slots } => {
                 let Some(j) = self.jobs.get(&job) else {
@@ -643,7 +654,7 @@ impl Session {
                     return writer
                         .frame(&failed, Vec::new())
                         .await
-                        .map_err(|e| (ErrorCode::Internal, e));
+                        .map_err(|e| (ErrorCode::Internal, e.to_string()));
                 }
                 if self.running >= self.state.config.limits.max_units_per_connection {
                     return bad(format!(
@@ -694,20 +705,13 @@ async fn send_owned(
     message: &Message,
     payload: Vec<u8>,
     limits: &Limits,
-) -> Result<(), String> {
+) -> Result<(), SendError> {
     let mut head = Vec::with_capacity(128);
-    sluice_wire::codec::encode_header(message, payload.len() as u64, limits, &mut head)
-        .map_err(|e| e.to_string())?;
+    sluice_wire::codec::encode_header(message, payload.len() as u64, limits, &mut head)?;
     let stream = writer.get_mut();
-    stream
-        .write_chunk(bytes::Bytes::from(head))
-        .await
-        .map_err(|e| e.to_string())?;
+    stream.write_chunk(bytes::Bytes::from(head)).await?;
     if !payload.is_empty() {
-        stream
-            .write_chunk(bytes::Bytes::from(payload))
-            .await
-            .map_err(|e| e.to_string())?;
+        stream.write_chunk(bytes::Bytes::from(payload)).await?;
     }
     Ok(())
 }

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sluice_cpu::{Engine, EngineConfig, Outcome, PipelineSpec, SampleContext};
-use sluice_shard::Manifest;
+use sluice_shard::{Field, Manifest, Sample};
+use std::sync::atomic::Ordering;
 
 use crate::consumers::ConsumerConfig;
 use crate::error::{Result, TestbedError};
@@ -387,4 +388,131 @@ pub fn timeline(
             })
         })
         .collect()
+}
+
+/// JPEGs for `sluice bench cpu`, as in-memory samples: every `.jpg`/`.jpeg` under `dir`
+/// (recursively, sorted), or 300 generated images without one. Also says what they are.
+pub fn bench_images(dir: Option<&std::path::Path>) -> Result<(Vec<Sample>, String)> {
+    let sample = |index: u64, jpeg: Vec<u8>| Sample {
+        shard: "bench".into(),
+        key: format!("{index:06}"),
+        index,
+        start: 0,
+        end: 0,
+        fields: vec![Field {
+            name: "jpg".into(),
+            data: jpeg,
+        }],
+    };
+    let Some(dir) = dir else {
+        let samples = (0..300u32)
+            .map(|i| {
+                let (w, h, px) = sluice_dataset::synth::render(u64::from(i) * 7919, i % 10, 10);
+                let jpeg = sluice_dataset::synth::encode_jpeg(w, h, &px, 90)?;
+                Ok(sample(u64::from(i), jpeg))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        return Ok((samples, "300 generated JPEGs".into()));
+    };
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let listing = TestbedError::io(format!("reading {}", d.display()));
+        let entries = std::fs::read_dir(&d)
+            .and_then(|entries| entries.collect::<std::io::Result<Vec<_>>>())
+            .map_err(listing)?;
+        for e in entries {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| {
+                matches!(x.to_string_lossy().to_lowercase().as_str(), "jpg" | "jpeg")
+            }) {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    if files.is_empty() {
+        return Err(TestbedError::Setup(format!(
+            "no JPEGs under {}",
+            dir.display()
+        )));
+    }
+    let samples = files
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let jpeg =
+                std::fs::read(p).map_err(TestbedError::io(format!("reading {}", p.display())))?;
+            Ok(sample(i as u64, jpeg))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((
+        samples,
+        format!("{} JPEGs from {}", files.len(), dir.display()),
+    ))
+}
+
+/// What the CPU engine did with in-memory samples over a measured time.
+#[derive(Clone, Debug)]
+pub struct EngineRun {
+    pub images: u64,
+    pub seconds: f64,
+    /// The decoder's share of the engine's time (the rest: resize, flip, layout).
+    pub decode_share: f64,
+    /// Samples the decoder refused in the warm-up pass (named).
+    pub skipped: Vec<String>,
+}
+
+impl EngineRun {
+    pub fn images_per_s(&self) -> f64 {
+        self.images as f64 / self.seconds.max(1e-9)
+    }
+}
+
+/// Runs the engine over `samples` again and again for `seconds` after one warm-up pass, each
+/// pass a new epoch (new crops): the engine alone, as `sluice bench cpu` measures it.
+pub fn engine_run(
+    samples: &[Sample],
+    pipeline: PipelineSpec,
+    config: EngineConfig,
+    seconds: f64,
+) -> Result<EngineRun> {
+    let engine = Engine::new(pipeline, config)?;
+    let ctx = |epoch| SampleContext {
+        seed: 0,
+        epoch,
+        shard: 0,
+    };
+    let mut epoch = 0;
+    let skipped = engine
+        .process_all(samples, &ctx(epoch))
+        .into_iter()
+        .filter_map(|o| match o {
+            Outcome::Skipped(e) => Some(e.to_string()),
+            Outcome::Done(_) => None,
+        })
+        .collect();
+    let t0 = engine.times();
+    let (d0, x0) = (
+        t0.decode_ns.load(Ordering::Relaxed),
+        t0.transform_ns.load(Ordering::Relaxed),
+    );
+    let started = Instant::now();
+    let mut images = 0u64;
+    while started.elapsed().as_secs_f64() < seconds {
+        epoch += 1;
+        images += engine.process_all(samples, &ctx(epoch)).len() as u64;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let t = engine.times();
+    let decode = (t.decode_ns.load(Ordering::Relaxed) - d0) as f64;
+    let transform = (t.transform_ns.load(Ordering::Relaxed) - x0) as f64;
+    Ok(EngineRun {
+        images,
+        seconds: secs,
+        decode_share: decode / (decode + transform).max(1.0),
+        skipped,
+    })
 }
