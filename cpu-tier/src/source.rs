@@ -274,19 +274,32 @@ impl ShardSource {
         ))
     }
 
-    /// [`ShardSource::open_unit`], where a sample whose bytes fail their checksum is read
-    /// again from each of the shard's replicas in turn before it is reported damaged: rot on
-    /// one disk need not cost the sample when another copy is good.
+    /// [`ShardSource::open_unit`] that survives a replica failing mid-unit, and rot on one
+    /// copy:
+    /// - a read that fails part way (the node died, the link was cut) resumes on the next
+    ///   replica from the sample after the last one read, so the unit goes on instead of
+    ///   failing (each replica is tried once more at most; samples already read are not read
+    ///   again);
+    /// - a sample whose bytes fail their checksum is read again from each of the shard's
+    ///   replicas in turn before it is reported damaged.
     pub fn open_unit_with_repair(
         self: &Arc<Self>,
         loc: &ShardLocation,
         start: u64,
         end: u64,
     ) -> Result<UnitSamples, SourceError> {
-        let samples = self.open_unit(loc, start, end)?;
+        let first = self.open_unit(loc, start, end)?;
         if loc.urls.len() < 2 {
-            return Ok(samples);
+            return Ok(first);
         }
+        let samples: UnitSamples = Box::new(Resuming {
+            source: self.clone(),
+            loc: loc.clone(),
+            next: start,
+            end,
+            inner: first,
+            resumes_left: loc.urls.len(),
+        });
         let (source, loc) = (self.clone(), loc.clone());
         Ok(Box::new(samples.map(move |item| {
             if let Err(sluice_shard::ShardError::DamagedSample { index, detail, .. }) = &item {
@@ -298,6 +311,18 @@ impl ShardSource {
             }
             item
         })))
+    }
+
+    /// Opens `next..end` again for [`Resuming`], the replica list turned by one so that the
+    /// replica after the one that failed is tried first.
+    fn reopen(
+        &self,
+        loc: &mut ShardLocation,
+        next: u64,
+        end: u64,
+    ) -> Result<UnitSamples, SourceError> {
+        loc.urls.rotate_left(1);
+        self.open_unit(loc, next, end)
     }
 
     /// Sample `index` of `loc` from the first replica whose copy passes its checksum.
@@ -581,6 +606,59 @@ impl Read for S3Body {
 /// Time spent blocked on source bytes, summed over all readers (the "fetch" stage; the
 /// engine's read time minus this is the tar parse).
 static FETCH_NS: AtomicU64 = AtomicU64::new(0);
+
+/// A unit's samples that go on from the next replica when a read fails part way: the
+/// stream's error is a read error (not damage in the shard, which every replica would have
+/// alike), so the unit is opened again from the sample after the last one it yielded.
+struct Resuming {
+    source: Arc<ShardSource>,
+    loc: ShardLocation,
+    /// The first sample not yet yielded.
+    next: u64,
+    end: u64,
+    inner: UnitSamples,
+    resumes_left: usize,
+}
+
+impl Iterator for Resuming {
+    type Item = Result<sluice_shard::Sample, sluice_shard::ShardError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let item = self.inner.next()?;
+            let failed_read = match &item {
+                Ok(s) => {
+                    self.next = s.index + 1;
+                    false
+                }
+                Err(sluice_shard::ShardError::DamagedSample { index, .. }) => {
+                    self.next = index + 1;
+                    false
+                }
+                Err(sluice_shard::ShardError::Io { .. }) => true,
+                Err(_) => false,
+            };
+            if !failed_read || self.next >= self.end || self.resumes_left == 0 {
+                return Some(item);
+            }
+            self.resumes_left -= 1;
+            let failed = self.loc.urls.first().cloned().unwrap_or_default();
+            match self.source.reopen(&mut self.loc, self.next, self.end) {
+                Ok(rest) => {
+                    metrics::counter!("sluice_cpu_source_resumes_total").increment(1);
+                    if let Err(e) = &item {
+                        tracing::warn!(shard = %self.loc.name(), sample = self.next, %failed,
+                            "reading failed mid-unit ({e}); resuming on the next replica");
+                    }
+                    self.inner = rest;
+                }
+                // No replica can serve the rest: the read error stands, and the client
+                // reassigns the unit.
+                Err(_) => return Some(item),
+            }
+        }
+    }
+}
 
 /// Nanoseconds spent waiting for source bytes since the process started.
 pub fn fetch_nanos() -> u64 {

@@ -200,6 +200,12 @@ fn a_manifest_count_that_disagrees_with_the_index_is_refused_naming_both() {
 
 /// A loopback HTTP/1.1 server for `root` with single-range support; counts requests.
 fn serve(root: std::path::PathBuf) -> (String, Arc<AtomicUsize>) {
+    serve_cutting(root, None)
+}
+
+/// [`serve`], but with `cut: Some(n)` every `.tar` body stops after `n` bytes and the
+/// connection closes (its `Content-Length` promised more): a node that dies mid-stream.
+fn serve_cutting(root: std::path::PathBuf, cut: Option<usize>) -> (String, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let count = Arc::new(AtomicUsize::new(0));
@@ -249,6 +255,16 @@ fn serve(root: std::path::PathBuf) -> (String, Arc<AtomicUsize>) {
                         .to_vec()
                 }
             };
+            let resp = match cut {
+                Some(n) if path.ends_with(".tar") => {
+                    let head = resp
+                        .windows(4)
+                        .position(|w| w == b"\r\n\r\n")
+                        .map_or(0, |p| p + 4);
+                    resp[..(head + n).min(resp.len())].to_vec()
+                }
+                _ => resp,
+            };
             let _ = conn.write_all(&resp);
         }
     });
@@ -297,6 +313,66 @@ fn http_ranges_fail_over_between_replicas() {
         "{err}"
     );
     assert!(err.to_string().contains("404"), "{err}");
+}
+
+#[test]
+fn a_replica_that_dies_mid_unit_is_resumed_on_the_next_from_the_sample_where_it_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = make_shard(dir.path(), 12);
+    let index = SampleIndex::read_file(
+        &SampleIndex::sidecar_path(Path::new(&local.urls[0])),
+        1 << 20,
+    )
+    .unwrap();
+    // The first replica sends the .idx whole but cuts every shard body after about three
+    // and a half samples of the unit; the second is healthy.
+    let cut = (index.entries[5].offset - index.entries[2].offset) as usize + 300;
+    let (dying, _) = serve_cutting(dir.path().to_path_buf(), Some(cut));
+    let (healthy, healthy_requests) = serve(dir.path().to_path_buf());
+    let loc = ShardLocation {
+        urls: vec![format!("{dying}/s-00.tar"), format!("{healthy}/s-00.tar")],
+        info: local.info.clone(),
+    };
+    let source = Arc::new(ShardSource::new(SourceConfig::default()).unwrap());
+    let got: Vec<(u64, String)> = source
+        .open_unit_with_repair(&loc, 2, 10)
+        .unwrap()
+        .map(|s| s.map(|s| (s.index, s.key)).unwrap())
+        .collect();
+    assert_eq!(
+        got,
+        (2..10).map(|i| (i, format!("k{i:03}"))).collect::<Vec<_>>(),
+        "every sample once, in order, across the failover"
+    );
+    assert_eq!(
+        healthy_requests.load(Ordering::SeqCst),
+        2,
+        "the rest came from the healthy replica in one Range request (and its .idx, which is \
+         cached per replica URL)"
+    );
+
+    // Both replicas dying: the read error stands (the client reassigns the unit).
+    let (dying2, _) = serve_cutting(dir.path().to_path_buf(), Some(cut));
+    let both = ShardLocation {
+        urls: vec![format!("{dying}/s-00.tar"), format!("{dying2}/s-00.tar")],
+        info: local.info.clone(),
+    };
+    let results: Vec<_> = source
+        .open_unit_with_repair(&both, 2, 10)
+        .unwrap()
+        .collect();
+    assert!(
+        results.iter().any(|r| r.is_err()),
+        "a unit no replica can finish fails"
+    );
+    let read: Vec<u64> = results
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .map(|s| s.index)
+        .collect();
+    let mut sorted = read.clone();
+    sorted.dedup();
+    assert_eq!(read, sorted, "no sample twice: {read:?}");
 }
 
 #[test]
