@@ -78,6 +78,17 @@ fn bench_chain_writes_a_report_and_a_picture() {
     assert_eq!(report["tiers"].as_array().unwrap().len(), 3);
     assert!(report["timeline"].as_array().is_some());
     assert!(report["contract_broken"].as_array().unwrap().is_empty());
+    // In process the chain runs over both transports, each kept exactly once.
+    let chains = report["chains"].as_array().unwrap();
+    let names: Vec<&str> = chains
+        .iter()
+        .map(|c| c["transport"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["quic", "same-host"]);
+    for c in chains {
+        assert!(c["samples_per_s"].as_f64().unwrap() > 0.0, "{c}");
+        assert!(c["vs_cpu_alone"].as_f64().unwrap() > 0.0, "{c}");
+    }
     let picture = std::fs::read_to_string(&svg).unwrap();
     assert!(picture.starts_with("<svg") && picture.contains("throughput by tier"));
 }

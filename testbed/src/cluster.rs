@@ -19,6 +19,9 @@ pub struct LocalCluster {
     pub workers: Vec<SocketAddr>,
     /// Pins every worker's certificate.
     pub trust: PathBuf,
+    /// Where the workers' same-host sockets are: a client given this folder
+    /// (`same_host_dir`) attaches shared memory instead of using QUIC.
+    pub same_host_dir: PathBuf,
     pub token: String,
     stop: CancellationToken,
     runtime: Option<tokio::runtime::Runtime>,
@@ -82,6 +85,11 @@ pub fn start(data: &Path, state: &Path, workers: usize, threads: usize) -> Resul
     let token = token();
     let mut addrs = Vec::new();
     let mut pem = String::new();
+    let same_host_dir = state.join("same-host");
+    std::fs::create_dir_all(&same_host_dir).map_err(TestbedError::io(format!(
+        "creating {}",
+        same_host_dir.display()
+    )))?;
     for i in 0..workers {
         let dir = state.join(format!("worker-{i}"));
         let identity = sluice_cpu::tls::self_signed(&dir, &["localhost".into()])?;
@@ -108,12 +116,18 @@ pub fn start(data: &Path, state: &Path, workers: usize, threads: usize) -> Resul
                 .local_addr()
                 .map_err(TestbedError::io("binding a loopback UDP port"))?,
         );
+        let port = addrs.last().map_or(0, |a: &SocketAddr| a.port());
+        let same_host = {
+            let _in_runtime = runtime.enter();
+            sluice_cpu::same_host::bind(&config.same_host_in(&same_host_dir), port)
+                .map_err(|e| TestbedError::Setup(format!("worker {i}'s same-host socket: {e}")))?
+        };
         let setup = Setup {
             config,
             identity,
             token: Some(token.clone()),
             runner: Arc::new(worker),
-            same_host: None,
+            same_host: Some(same_host),
         };
         let stop = stop.clone();
         runtime.spawn(async move {
@@ -129,6 +143,7 @@ pub fn start(data: &Path, state: &Path, workers: usize, threads: usize) -> Resul
         storage_url,
         workers: addrs,
         trust,
+        same_host_dir,
         token,
         stop,
         runtime: Some(runtime),

@@ -516,3 +516,55 @@ pub fn engine_run(
         skipped,
     })
 }
+
+/// One run of the whole chain: what each rank got, how long it took, and the counters read
+/// every 250 ms while it ran.
+pub struct ChainRun {
+    pub results: Vec<crate::consumers::RankResult>,
+    pub seconds: f64,
+    pub readings: Vec<Reading>,
+}
+
+impl ChainRun {
+    /// Samples delivered (or skipped) per second, over every rank.
+    pub fn samples_per_s(&self) -> f64 {
+        let n: u64 = self.results.iter().map(|r| r.delivered + r.skipped).sum();
+        n as f64 / self.seconds.max(1e-9)
+    }
+
+    /// Each broken rank-epoch of the exactly-once contract, described.
+    pub fn broken(&self) -> Vec<&String> {
+        self.results.iter().flat_map(|r| &r.broken).collect()
+    }
+}
+
+/// Runs `consumers` over the chain once, reading this process's counters and `metrics` URLs
+/// every 250 ms for the timeline.
+pub fn run_chain(
+    consumers: &ConsumerConfig,
+    manifest: &Manifest,
+    metrics: &[String],
+    observer: &dyn crate::consumers::Observer,
+) -> Result<ChainRun> {
+    let started = Instant::now();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let readings = std::sync::Mutex::new(vec![Reading::take(metrics, started)]);
+    let results = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(250));
+                if let Ok(mut r) = readings.lock() {
+                    r.push(Reading::take(metrics, started));
+                }
+            }
+        });
+        let r = crate::consumers::run_ranks(consumers, manifest, observer);
+        done.store(true, Ordering::Relaxed);
+        r
+    })?;
+    Ok(ChainRun {
+        results,
+        seconds: started.elapsed().as_secs_f64(),
+        readings: readings.into_inner().unwrap_or_default(),
+    })
+}

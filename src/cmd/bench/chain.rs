@@ -7,14 +7,13 @@
 //! deployment that is already running.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use sluice_testbed::sizing::{self, Capacity, Reading};
-use sluice_testbed::{cluster, consumers};
+use sluice_client::SameHost;
+use sluice_testbed::cluster;
+use sluice_testbed::consumers::ConsumerConfig;
+use sluice_testbed::sizing::{self, Capacity};
 
 use crate::consumers::{Bars, Consumers};
 
@@ -111,37 +110,45 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
         args.seconds,
     )?)?;
 
-    eprintln!("[bench] the whole chain…");
-    let cfg = args.consumers.config(&manifest_path, workers, token, trust);
-    let started = Instant::now();
-    let done = AtomicBool::new(false);
-    let readings = Mutex::new(vec![Reading::take(&args.metrics, started)]);
-    let results = std::thread::scope(|s| {
-        s.spawn(|| {
-            while !done.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(250));
-                if let Ok(mut r) = readings.lock() {
-                    r.push(Reading::take(&args.metrics, started));
-                }
-            }
-        });
+    // In process, the chain runs over QUIC and again over the same-host transport (the
+    // workers share this machine); against running daemons, as the client finds them.
+    let base = args.consumers.config(&manifest_path, workers, token, trust);
+    let transports: Vec<(&str, ConsumerConfig)> = match &local {
+        Some(tiers) => vec![
+            (
+                "quic",
+                ConsumerConfig {
+                    same_host: SameHost::Off,
+                    ..base.clone()
+                },
+            ),
+            (
+                "same-host",
+                ConsumerConfig {
+                    same_host: SameHost::Require,
+                    same_host_dir: Some(tiers.same_host_dir.clone()),
+                    ..base.clone()
+                },
+            ),
+        ],
+        None => vec![("as configured", base.clone())],
+    };
+    let mut runs = Vec::new();
+    for (name, cfg) in &transports {
+        eprintln!("[bench] the whole chain ({name})…");
         let bars = Bars::new(cfg.ranks, cfg.step_ms);
-        let r = consumers::run_ranks(&cfg, &manifest, &bars);
+        let run = sizing::run_chain(cfg, &manifest, &args.metrics, &bars)?;
         bars.finish();
-        done.store(true, Ordering::Relaxed);
-        r
-    })?;
-    let secs = started.elapsed().as_secs_f64();
+        runs.push((*name, run));
+    }
     let in_process = local.is_some();
     drop(local);
-    let readings = readings.into_inner().unwrap_or_default();
-    let delivered: u64 = results.iter().map(|r| r.delivered + r.skipped).sum();
-    let chain = delivered as f64 / secs;
-    let broken: Vec<&String> = results.iter().flat_map(|r| &r.broken).collect();
-    let (bottleneck, why) = sizing::conclude(&caps, &cfg, per_sample_stored, sample_bytes);
-
-    // Per interval: each tier's samples/s and (with a step time) the consumers' starvation.
-    let series = sizing::timeline(&readings, per_sample_stored, &cfg);
+    let cfg = &base;
+    let (bottleneck, why) = sizing::conclude(&caps, cfg, per_sample_stored, sample_bytes);
+    let cpu_alone = caps
+        .iter()
+        .find(|c| c.tier == "cpu")
+        .map_or(0.0, |c| c.samples_per_s);
 
     println!("{:<10} {:>12} {:>22}  detail", "tier", "samples/s", "units");
     for c in &caps {
@@ -153,20 +160,45 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
             c.detail
         );
     }
-    println!(
-        "{:<10} {:>12.0} {:>22}  {} ranks × {} epochs, {:.1}s",
-        "chain", chain, "", args.consumers.ranks, args.consumers.epochs, secs
-    );
+    for (name, run) in &runs {
+        println!(
+            "{:<10} {:>12.0} {:>22}  {name}: {} ranks × {} epochs in {:.1}s, {:.2} of the CPU tier alone on the same cores",
+            "chain",
+            run.samples_per_s(),
+            "",
+            args.consumers.ranks,
+            args.consumers.epochs,
+            run.seconds,
+            run.samples_per_s() / cpu_alone.max(1e-9)
+        );
+    }
     for line in &why {
         println!("{line}");
     }
     if in_process {
         println!("note: the tiers shared this machine's {cores} cores");
     }
+    // The first run's timeline is drawn; each run's figures are in the JSON.
+    let series = sizing::timeline(&runs[0].1.readings, per_sample_stored, cfg);
+    let broken: Vec<String> = runs
+        .iter()
+        .flat_map(|(name, run)| {
+            run.broken()
+                .into_iter()
+                .map(move |b| format!("{name}: {b}"))
+        })
+        .collect();
     let doc = json!({
         "bench": "chain",
         "tiers": caps.iter().map(Capacity::to_json).collect::<Vec<_>>(),
-        "chain_samples_per_s": chain,
+        "chain_samples_per_s": runs[0].1.samples_per_s(),
+        "chains": runs.iter().map(|(name, run)| json!({
+            "transport": name,
+            "samples_per_s": run.samples_per_s(),
+            "seconds": run.seconds,
+            "vs_cpu_alone": run.samples_per_s() / cpu_alone.max(1e-9),
+            "timeline": sizing::timeline(&run.readings, per_sample_stored, cfg),
+        })).collect::<Vec<_>>(),
         "bottleneck": bottleneck,
         "why": why,
         "timeline": series,
