@@ -222,3 +222,51 @@ pub fn link_shards(spec: &str, bucket: &Path) -> Result<usize> {
     }
     Ok(names.len())
 }
+
+/// A generated dataset of about `samples` JPEGs served by tiers started in this process
+/// (`workers` CPU workers sharing this machine's cores) under `work`: the tiers, the
+/// manifest of their shards, and a line saying what runs.
+pub fn generated_chain(
+    samples: u32,
+    workers: usize,
+    work: &Path,
+) -> Result<(LocalCluster, sluice_shard::Manifest, String)> {
+    let bucket = work.join("data").join("demo");
+    std::fs::create_dir_all(&bucket)
+        .map_err(TestbedError::io(format!("creating {}", bucket.display())))?;
+    let what = generate_bucket(samples, work, &bucket)?;
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let threads = (cores / workers.max(1)).max(1);
+    let (tiers, manifest) = serve_demo_bucket(work, workers, threads)?;
+    Ok((
+        tiers,
+        manifest,
+        format!("{what}, {workers} workers × {threads} threads in this process"),
+    ))
+}
+
+impl LocalCluster {
+    /// `base` consumers of these tiers over each transport: QUIC, then the same-host one.
+    pub fn over_each_transport(
+        &self,
+        base: &crate::consumers::ConsumerConfig,
+    ) -> Vec<(&'static str, crate::consumers::ConsumerConfig)> {
+        vec![
+            (
+                "quic",
+                crate::consumers::ConsumerConfig {
+                    same_host: sluice_client::SameHost::Off,
+                    ..base.clone()
+                },
+            ),
+            (
+                "same-host",
+                crate::consumers::ConsumerConfig {
+                    same_host: sluice_client::SameHost::Require,
+                    same_host_dir: Some(self.same_host_dir.clone()),
+                    ..base.clone()
+                },
+            ),
+        ]
+    }
+}

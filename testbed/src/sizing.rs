@@ -568,3 +568,67 @@ pub fn run_chain(
         readings: readings.into_inner().unwrap_or_default(),
     })
 }
+
+/// The anchor benchmarks' results (`../shared/bench/anchors/run_all.sh`): lines of
+/// `name<TAB>images_per_s<TAB>notes`; `#` lines and `NA` values are skipped, and a name
+/// measured more than once gets the median.
+pub fn read_anchor_results(
+    path: &std::path::Path,
+) -> Result<std::collections::BTreeMap<String, f64>> {
+    let text = std::fs::read_to_string(path).map_err(TestbedError::io(format!(
+        "reading anchor results {}",
+        path.display()
+    )))?;
+    let mut all: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let mut cells = line.split('\t');
+        let (Some(name), Some(value)) = (cells.next(), cells.next()) else {
+            continue;
+        };
+        if let Ok(v) = value.trim().parse::<f64>() {
+            all.entry(name.trim().to_string()).or_default().push(v);
+        }
+    }
+    Ok(all
+        .into_iter()
+        .map(|(name, mut v)| {
+            v.sort_by(f64::total_cmp);
+            (name, v[v.len() / 2])
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anchor_results_take_the_median_and_skip_what_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("anchors.tsv");
+        std::fs::write(
+            &path,
+            "# anchors 2026-11-23 host=x nproc=2\n\
+             dali_cpu_roi_decode_t1\t410.5\tmedian of 3\n\
+             dali_cpu_roi_decode_t1\t472\t\n\
+             dali_cpu_roi_decode_t1\t400\t\n\
+             spdl_ffmpeg\tNA\tnot available\n\
+             garbage line\n",
+        )
+        .unwrap();
+        let got = read_anchor_results(&path).unwrap();
+        assert_eq!(got.get("dali_cpu_roi_decode_t1"), Some(&410.5));
+        assert!(!got.contains_key("spdl_ffmpeg"));
+        assert_eq!(got.len(), 1);
+    }
+
+    #[test]
+    fn a_pipeline_without_a_fixed_size_has_no_tensor_size() {
+        assert_eq!(
+            tensor_size("decode | random_resized_crop 224").unwrap(),
+            (224, 224.0 * 224.0 * 3.0)
+        );
+        let e = tensor_size("decode | hflip 0.5").unwrap_err().to_string();
+        assert!(e.contains("output size"), "{e}");
+    }
+}

@@ -257,3 +257,26 @@ pub fn quic_probe(samples: u64, side: u32) -> Result<f64> {
     let (runner, _) = Synthetic::rgb(side);
     loader_once(&args, runner, false)
 }
+
+/// One connection's tensor throughput on each path, bytes/s, the best of some runs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TransportFigures {
+    pub quic: f64,
+    pub same_host: f64,
+    pub tcp: f64,
+    pub memcpy: f64,
+}
+
+/// QUIC, same-host, TCP and memcpy side by side, each the best of `repeat` runs.
+pub fn compare(probe: &TransportProbe, repeat: u32) -> Result<TransportFigures> {
+    let (runner, _) = Synthetic::rgb(probe.side);
+    let tensor = runner.tensor.clone();
+    let mut f = TransportFigures::default();
+    for _ in 0..repeat.max(1) {
+        f.quic = f.quic.max(loader_once(probe, runner.clone(), false)?);
+        f.same_host = f.same_host.max(loader_once(probe, runner.clone(), true)?);
+        f.tcp = f.tcp.max(tcp_once(probe, tensor.clone())?);
+        f.memcpy = f.memcpy.max(memcpy_once(probe, tensor.len()));
+    }
+    Ok(f)
+}

@@ -10,9 +10,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use sluice_client::SameHost;
 use sluice_testbed::cluster;
-use sluice_testbed::consumers::ConsumerConfig;
 use sluice_testbed::sizing::{self, Capacity};
 
 use crate::consumers::{Bars, Consumers};
@@ -78,17 +76,9 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
             )
         }
         None => {
-            let bucket = temp.path().join("data").join("demo");
-            std::fs::create_dir_all(&bucket)?;
-            let what = cluster::generate_bucket(args.samples, temp.path(), &bucket)?;
-            let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-            let threads = (cores / args.local_workers.max(1)).max(1);
-            let (tiers, manifest) =
-                cluster::serve_demo_bucket(temp.path(), args.local_workers, threads)?;
-            eprintln!(
-                "[bench] {what}, {} workers × {threads} threads in this process",
-                args.local_workers
-            );
+            let (tiers, manifest, what) =
+                cluster::generated_chain(args.samples, args.local_workers, temp.path())?;
+            eprintln!("[bench] {what}");
             let token = tiers.token.clone();
             let workers = tiers.workers.iter().map(|a| a.to_string()).collect();
             let trust = tiers.trust.clone();
@@ -113,24 +103,8 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
     // In process, the chain runs over QUIC and again over the same-host transport (the
     // workers share this machine); against running daemons, as the client finds them.
     let base = args.consumers.config(&manifest_path, workers, token, trust);
-    let transports: Vec<(&str, ConsumerConfig)> = match &local {
-        Some(tiers) => vec![
-            (
-                "quic",
-                ConsumerConfig {
-                    same_host: SameHost::Off,
-                    ..base.clone()
-                },
-            ),
-            (
-                "same-host",
-                ConsumerConfig {
-                    same_host: SameHost::Require,
-                    same_host_dir: Some(tiers.same_host_dir.clone()),
-                    ..base.clone()
-                },
-            ),
-        ],
+    let transports = match &local {
+        Some(tiers) => tiers.over_each_transport(&base),
         None => vec![("as configured", base.clone())],
     };
     let mut runs = Vec::new();

@@ -5,6 +5,7 @@
 //! `../shared/data/imagenet-sample` corpus by default, else generated images), per thread
 //! count, with the split between decoding and the rest (`sluice_testbed::sizing::engine_run`).
 
+mod all;
 mod chain;
 mod transport;
 mod upload;
@@ -32,6 +33,9 @@ enum What {
     /// Host-to-device GB/s from the page-locked ring beside a plain pinned copy (needs a GPU
     /// and the `cuda` feature).
     Upload(upload::UploadArgs),
+    /// The performance table in one run: engine per core vs the anchors, QUIC vs TCP,
+    /// same-host vs memcpy, the chain vs the CPU tier alone.
+    All(all::AllArgs),
 }
 
 #[derive(clap::Args)]
@@ -66,6 +70,7 @@ pub fn run(args: Args) -> Result<()> {
         What::Transport(a) => transport::run(a),
         What::Chain(a) => chain::run(a),
         What::Upload(a) => upload::run(a),
+        What::All(a) => all::run(a),
     }
 }
 

@@ -1,0 +1,221 @@
+//! `sluice bench all`: the performance table of issue 18 in one run. Each figure is a ratio
+//! measured in this run beside its reference: the CPU engine per core against DALI (CPU, ROI
+//! decode) and a bare libjpeg-turbo decode from the anchor benchmarks, QUIC against TCP and
+//! same-host against memcpy on one connection, and the whole chain (each transport) against
+//! the CPU tier alone on the same cores.
+//!
+//! The anchors come from `../shared/bench/anchors/run_all.sh`: with `--anchors` it runs
+//! (`QUICK=1`) when its venv exists, or `--anchors-results FILE` reads an earlier run's TSV;
+//! without either, the rows that need them say so.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use sluice_cpu::{EngineConfig, PipelineSpec};
+use sluice_testbed::consumers::{ConsumerConfig, Silent};
+use sluice_testbed::sizing;
+use sluice_testbed::transport::{self, TransportProbe};
+
+#[derive(clap::Args)]
+pub struct AllArgs {
+    /// Run the anchor benchmarks (QUICK=1) when their venv exists ($VENV, default
+    /// /tmp/venv-anchors; `bash ../shared/bench/anchors/run_all.sh` makes it, ~6.5 GB).
+    #[arg(long)]
+    anchors: bool,
+    /// Use an earlier anchor run's results (a TSV the anchors script wrote).
+    #[arg(long, conflicts_with = "anchors")]
+    anchors_results: Option<PathBuf>,
+    /// Seconds per CPU-engine measurement.
+    #[arg(long, default_value_t = 8.0)]
+    seconds: f64,
+    /// Also write the table as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+const PIPELINE: &str = "decode | random_resized_crop 224 | hflip 0.5";
+
+/// The shared folder beside the repository (the corpus and the anchor scripts).
+fn shared() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared")
+}
+
+/// The anchors' results: read, run, or none (with why).
+fn anchors(args: &AllArgs) -> Result<(BTreeMap<String, f64>, String)> {
+    if let Some(path) = &args.anchors_results {
+        return Ok((
+            sizing::read_anchor_results(path)?,
+            path.display().to_string(),
+        ));
+    }
+    if !args.anchors {
+        return Ok((
+            BTreeMap::new(),
+            "not run (--anchors or --anchors-results FILE)".into(),
+        ));
+    }
+    let venv =
+        std::env::var_os("VENV").map_or_else(|| PathBuf::from("/tmp/venv-anchors"), PathBuf::from);
+    let script = shared().join("bench/anchors/run_all.sh");
+    if !venv.join("bin/python").exists() || !script.exists() {
+        return Ok((
+            BTreeMap::new(),
+            format!(
+                "not run: no venv at {} (bash {} makes it, ~6.5 GB)",
+                venv.display(),
+                script.display()
+            ),
+        ));
+    }
+    let results = std::env::temp_dir().join(format!("sluice-anchors-{}.tsv", std::process::id()));
+    eprintln!("[bench] anchors: QUICK=1 bash {} …", script.display());
+    let status = std::process::Command::new("bash")
+        .arg(&script)
+        .env("QUICK", "1")
+        .env("RESULTS", &results)
+        .env("VENV", &venv)
+        .status()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !status.success() {
+        anyhow::bail!("{} failed ({status})", script.display());
+    }
+    Ok((
+        sizing::read_anchor_results(&results)?,
+        results.display().to_string(),
+    ))
+}
+
+pub fn run(args: AllArgs) -> Result<()> {
+    crate::daemon::init_logs_at("warn");
+    let _ = sluice_storage::metrics_handle();
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let (anchor, anchor_source) = anchors(&args)?;
+
+    // The CPU engine alone, per core.
+    let corpus = shared().join("data/imagenet-sample");
+    let (samples, what) = sizing::bench_images(corpus.is_dir().then_some(corpus.as_path()))?;
+    eprintln!("[bench] the CPU engine on {what}…");
+    let spec: PipelineSpec = PIPELINE.parse()?;
+    let mut per_core = BTreeMap::new();
+    for threads in [1, cores.min(2)] {
+        let config = EngineConfig {
+            threads,
+            ..EngineConfig::default()
+        };
+        let run = sizing::engine_run(&samples, spec.clone(), config, args.seconds)?;
+        per_core.insert(threads, run.images_per_s() / threads as f64);
+    }
+
+    // One connection's transports.
+    eprintln!("[bench] the transports…");
+    let probe = TransportProbe {
+        samples: 8192,
+        side: 224,
+        credits: 256,
+    };
+    let t = transport::compare(&probe, 3)?;
+
+    // The whole chain over each transport, beside the CPU tier alone on the same cores.
+    eprintln!("[bench] the chain…");
+    let temp = tempfile::tempdir()?;
+    let (tiers, manifest, _) = sluice_testbed::cluster::generated_chain(1000, 2, temp.path())?;
+    let manifest_path = temp.path().join("manifest.json");
+    manifest.save(&manifest_path)?;
+    let caps = sizing::measure(&sizing::Probe::chain(
+        &manifest, PIPELINE, cores, 2, 2, 2.0,
+    )?)?;
+    let cpu_alone = caps
+        .iter()
+        .find(|c| c.tier == "cpu")
+        .map_or(0.0, |c| c.samples_per_s);
+    let base = ConsumerConfig {
+        token: Some(tiers.token.clone()),
+        trust_cert: Some(tiers.trust.clone()),
+        ..ConsumerConfig::new(
+            manifest_path.display().to_string(),
+            tiers.workers.iter().map(|a| a.to_string()).collect(),
+        )
+    };
+    let mut chain = BTreeMap::new();
+    for (name, cfg) in tiers.over_each_transport(&base) {
+        let run = sizing::run_chain(&cfg, &manifest, &[], &Silent)?;
+        if let Some(b) = run.broken().first() {
+            anyhow::bail!("the exactly-once contract was broken ({name}): {b}");
+        }
+        chain.insert(name, run.samples_per_s() / cpu_alone.max(1e-9));
+    }
+    drop(tiers);
+
+    // The table: (figure, now, goal); None where a reference is missing.
+    let vs = |ours: f64, anchor_name: &str| anchor.get(anchor_name).map(|a| ours / a);
+    let rows: Vec<(String, Option<f64>, f64)> = vec![
+        (
+            "bench cpu per core / DALI CPU ROI decode, 1 thread".into(),
+            vs(per_core[&1], "dali_cpu_roi_decode_t1"),
+            2.0,
+        ),
+        (
+            format!(
+                "bench cpu per core / DALI CPU ROI decode, {} threads",
+                cores.min(2)
+            ),
+            vs(
+                per_core[&cores.min(2)] * cores.min(2) as f64,
+                &format!("dali_cpu_roi_decode_t{}", cores.min(2)),
+            ),
+            2.0,
+        ),
+        (
+            "bench cpu / bare libjpeg-turbo full decode, 1 thread".into(),
+            vs(per_core[&1], "simplejpeg_decode_full_w1"),
+            1.2,
+        ),
+        (
+            "QUIC / TCP, one connection".into(),
+            Some(t.quic / t.tcp),
+            0.5,
+        ),
+        (
+            "same-host / memcpy".into(),
+            Some(t.same_host / t.memcpy),
+            0.8,
+        ),
+        (
+            "chain over QUIC / CPU tier alone".into(),
+            chain.get("quic").copied(),
+            0.9,
+        ),
+        (
+            "chain over same-host / CPU tier alone".into(),
+            chain.get("same-host").copied(),
+            0.9,
+        ),
+    ];
+    println!("| figure | now | goal |");
+    println!("|---|---|---|");
+    for (figure, now, goal) in &rows {
+        let now = now.map_or_else(|| "no reference".to_string(), |v| format!("{v:.2}"));
+        println!("| {figure} | {now} | ≥ {goal} |");
+    }
+    println!(
+        "\nreferences: CPU engine {:.0} images/s/core (1 thread) on {what}; QUIC {:.2}, TCP {:.2}, same-host {:.2}, memcpy {:.2} GB/s; CPU tier alone {cpu_alone:.0} samples/s on {cores} cores; anchors: {anchor_source}",
+        per_core[&1],
+        t.quic / 1e9,
+        t.tcp / 1e9,
+        t.same_host / 1e9,
+        t.memcpy / 1e9
+    );
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({
+            "rows": rows.iter().map(|(f, n, g)| serde_json::json!({"figure": f, "now": n, "goal": g})).collect::<Vec<_>>(),
+            "cpu_images_per_s_per_core": per_core,
+            "transport_bytes_per_s": {"quic": t.quic, "same_host": t.same_host, "tcp": t.tcp, "memcpy": t.memcpy},
+            "cpu_alone_samples_per_s": cpu_alone,
+            "anchors": anchor,
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
