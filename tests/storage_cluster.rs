@@ -167,3 +167,100 @@ fn replicated_puts_redirects_and_failover() {
     assert!(err.contains("stale object"), "{err}");
     drop(cluster);
 }
+
+/// Storage node loss, end to end: `sluice put --manifest` names each shard's two owners, and
+/// consumers reading through an in-process worker lose no sample, repeat none and skip none
+/// when an owner is down before the run or stops during it (between or within units: the
+/// worker's source goes on from the next owner; `cpu-tier/tests/source.rs` cuts a unit
+/// mid-stream).
+#[test]
+fn a_lost_storage_node_costs_no_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = support::synth_images(dir.path(), 4, 12);
+    let pattern = format!("{}/out/s-%02d.tar", dir.path().display());
+    support::shard_images(&images, &pattern, 4, None);
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    for (round, stop_during) in [(0, false), (1, true)] {
+        let cluster = start_cluster(&dir.path().join(format!("nodes{round}")), 3);
+        let manifest = dir.path().join(format!("put{round}.json"));
+        let out = sluice_ok(&[
+            "put",
+            &format!("{}/out/s-{{00..11}}.tar", dir.path().display()),
+            "--to",
+            &format!("{}/v1/train/", cluster.urls[0]),
+            "--token-file",
+            path_str(&token_file),
+            "--manifest",
+            path_str(&manifest),
+        ]);
+        assert!(out.contains("12 shards, each on 2 owners"), "{out}");
+        let m = sluice_shard::Manifest::load(&manifest, 1 << 20).unwrap();
+        for s in &m.shards {
+            assert_eq!(s.replicas.len(), 1, "{}: a second owner", s.url);
+            assert_ne!(s.url, s.replicas[0]);
+        }
+        if !stop_during {
+            cluster.nodes[0].stop();
+        }
+        let dump = dir.path().join(format!("ids{round}.tsv"));
+        let report = dir.path().join(format!("report{round}.json"));
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args([
+                "loadgen",
+                "--dataset",
+                path_str(&manifest),
+                "--workers",
+                "local",
+                "--ranks",
+                "2",
+                "--batch-size",
+                "8",
+                "--epochs",
+                "3",
+                "--step-ms",
+                "60",
+                "--dump-ids",
+                path_str(&dump),
+                "--json",
+                path_str(&report),
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        if stop_during {
+            std::thread::sleep(Duration::from_millis(500));
+            cluster.nodes[1].stop();
+        }
+        let out = std::thread::spawn(move || child.wait_with_output().unwrap())
+            .join()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "round {round}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+        for r in report["ranks"].as_array().unwrap() {
+            assert_eq!(r["skipped"], 0, "round {round}: {stdout}");
+            assert_eq!(r["planned"], r["delivered"], "round {round}: {stdout}");
+        }
+        let lines = std::fs::read_to_string(&dump).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for l in lines.lines() {
+            let f: Vec<&str> = l.split('\t').collect();
+            assert!(
+                seen.insert((f[0].to_string(), f[2].to_string(), f[3].to_string())),
+                "round {round}: twice: {l}"
+            );
+        }
+        assert_eq!(
+            seen.len(),
+            3 * 48,
+            "round {round}: every sample of 3 epochs, once"
+        );
+    }
+}

@@ -107,6 +107,7 @@ impl JobRunner for CpuJob {
                 } else {
                     Compression::None
                 },
+                replicas: shard.urls.iter().skip(1).cloned().collect(),
             },
         };
         let samples = self

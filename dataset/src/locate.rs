@@ -153,6 +153,9 @@ pub fn dataset(spec: &str) -> Result<Manifest> {
         };
         for s in &mut manifest.shards {
             s.url = sluice_shard::resolve_url(&origin, &s.url);
+            for r in &mut s.replicas {
+                *r = sluice_shard::resolve_url(&origin, r);
+            }
         }
         return Ok(manifest);
     }

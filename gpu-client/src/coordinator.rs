@@ -369,6 +369,7 @@ mod tests {
             samples: 8,
             checksum: Checksum(0),
             compression: Compression::None,
+            replicas: Vec::new(),
         }]));
         let units = vec![sluice_plan::WorkUnit {
             id: 0,

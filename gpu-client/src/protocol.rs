@@ -446,7 +446,7 @@ impl<P: Tensor> Protocol<P> {
             attempt: piece.attempt,
             shard: ShardRef {
                 index: unit.shard,
-                urls: vec![shard.url.clone()],
+                urls: shard.urls(),
                 size: shard.size,
                 samples: shard.samples,
                 checksum: shard.checksum.0,

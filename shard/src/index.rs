@@ -346,6 +346,7 @@ pub fn scan_shard<R: Read + Send + 'static>(
         samples: entries.len() as u64,
         checksum,
         compression,
+        replicas: Vec::new(),
     };
     let index = SampleIndex {
         shard_size: tar_size.max(tar_end),

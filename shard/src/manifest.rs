@@ -96,9 +96,21 @@ pub struct ShardInfo {
     pub checksum: Checksum,
     #[serde(default, skip_serializing_if = "Compression::is_none")]
     pub compression: Compression,
+    /// Other URLs serving the same bytes (a storage cluster's other owners), tried in order
+    /// when `url` fails, at open or part way through a unit. `sluice put --manifest` writes
+    /// them; resolved like `url`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<String>,
 }
 
 impl ShardInfo {
+    /// `url`, then the replicas: every place the shard can be read from, in order.
+    pub fn urls(&self) -> Vec<String> {
+        std::iter::once(self.url.clone())
+            .chain(self.replicas.iter().cloned())
+            .collect()
+    }
+
     /// The last component of the URL, for messages and metrics.
     pub fn name(&self) -> &str {
         self.url.rsplit('/').next().unwrap_or(&self.url)
@@ -257,6 +269,7 @@ mod tests {
             samples,
             checksum: Checksum(0x0123_4567_89ab_cdef),
             compression: Compression::None,
+            replicas: Vec::new(),
         }
     }
 

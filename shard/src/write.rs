@@ -309,6 +309,7 @@ impl ShardWriter {
                 samples,
                 checksum,
                 compression: Compression::None,
+                replicas: Vec::new(),
             },
             path: cur.path,
             index_path,

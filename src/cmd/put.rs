@@ -20,6 +20,10 @@ pub struct Args {
     /// File holding the upload token (else the SLUICE_TOKEN environment variable).
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// Also write a manifest of the uploaded shards here: each shard's URL on its first owner
+    /// and its other owners as replicas, so workers read from the next owner when one fails.
+    #[arg(long)]
+    manifest: Option<PathBuf>,
 }
 
 /// Counts bytes read into a progress bar.
@@ -161,6 +165,41 @@ pub fn run(args: Args) -> Result<()> {
     }
     bar.finish_and_clear();
     let secs = started.elapsed().as_secs_f64();
+    if let Some(path) = &args.manifest {
+        let mut infos = Vec::new();
+        for file in files
+            .iter()
+            .filter(|f| f.extension().is_some_and(|e| e != "idx"))
+        {
+            let name = file
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let reader =
+                std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
+            let (mut info, _) = sluice_shard::scan_shard(
+                std::io::BufReader::with_capacity(1 << 20, reader),
+                &file.display().to_string(),
+                &sluice_shard::ReadOptions::default(),
+                |_| {},
+            )?;
+            let mut urls = targets(&name).into_iter();
+            info.url = urls.next().unwrap_or_default();
+            info.replicas = urls.collect();
+            infos.push(info);
+        }
+        let manifest = sluice_shard::Manifest::new(infos);
+        manifest.validate(&path.display().to_string())?;
+        manifest
+            .save(path)
+            .with_context(|| format!("writing manifest {}", path.display()))?;
+        println!(
+            "manifest: {} ({} shards, each on {} owners)",
+            path.display(),
+            manifest.shards.len(),
+            if peers.is_empty() { 1 } else { replicas }
+        );
+    }
     let copies = if peers.is_empty() { 1 } else { replicas };
     println!(
         "uploaded {} objects ({copies} copies each), {:.1} MB in {secs:.1}s ({:.1} MB/s) to {base}",

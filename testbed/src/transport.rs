@@ -147,6 +147,7 @@ pub fn loader_once(args: &TransportProbe, runner: Arc<Synthetic>, same_host: boo
         samples: args.samples,
         checksum: Checksum(0),
         compression: Compression::None,
+        replicas: Vec::new(),
     }]);
     let loader = sluice_client::Loader::builder()
         .dataset(manifest)

@@ -326,6 +326,7 @@ fn world(seed: u64) -> World {
                 samples: n,
                 checksum: Checksum(0),
                 compression: Compression::None,
+                replicas: Vec::new(),
             })
             .collect(),
     );

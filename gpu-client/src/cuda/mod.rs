@@ -151,6 +151,7 @@ mod tests {
             samples: 100,
             checksum: sluice_shard::Checksum(0),
             compression: sluice_shard::Compression::None,
+            replicas: Vec::new(),
         }]);
         crate::Loader::builder()
             .dataset(manifest)

@@ -158,6 +158,7 @@ mod gpu {
                     samples: per_shard,
                     checksum: Checksum(0),
                     compression: Compression::None,
+                    replicas: Vec::new(),
                 })
                 .collect(),
         );
