@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Sluice across hosts (issue 17's test bed): every scenario of tests/cluster.rs, each daemon on
+# a network namespace of its own with real faults, exactly-once checked from outside. Prints
+# each scenario's figures and a last line `cluster: N scenarios, N passed, N failed`; exits
+# non-zero on any failure. Needs root (the namespaces); each scenario cleans up after itself.
+#
+#   bash bench/cluster.sh
+#
+# Scenarios so far: storage node loss (SIGKILL and restart; a cut link), and corruption (20 bit
+# flips on a storage host; a sample rotten on both owners). CI runs the same tests inside
+# `cargo test --workspace`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+log="$(mktemp)"
+set +e
+cargo test --release --locked --test cluster -- --nocapture --test-threads 1 2>&1 | tee "$log" |
+    grep -E '^(cluster |test |skipped)'
+set -e
+# The scenarios' own output interleaves with libtest's lines; its summary line does not.
+passed=$(grep -oE 'test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
+failed=$(grep -oE 'test result: [a-zA-Z]+\. [0-9]+ passed; [0-9]+ failed' "$log" | awk '{s += $6} END {print s + 0}')
+if ! grep -q 'test result:' "$log"; then
+    failed=1 # it did not build or run
+fi
+echo "cluster: $((passed + failed)) scenarios, $passed passed, $failed failed"
+rm -f "$log"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

@@ -1,0 +1,409 @@
+//! Sluice across hosts: every daemon on a host of its own (a network namespace, see
+//! `tests/netbed`), real faults on the way, exactly-once checked from outside with
+//! `--dump-ids`. Storage node loss: three storage nodes with `replicas = 2`, two CPU workers
+//! and a client with two ranks; a clean run, then one storage node SIGKILLed mid-run and
+//! started again, then another node's link cut mid-run and restored. Each faulty run must
+//! deliver every sample of every epoch once, skip none, and its stall (its time beyond the
+//! clean run's) is printed.
+//!
+//! Needs root for the namespaces; skips with a message elsewhere.
+
+mod netbed;
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use netbed::Bed;
+use support::{path_str, synth_images};
+
+const TOKEN: &str = "cluster-token-0123456789";
+const SAMPLES: usize = 120;
+const EPOCHS: usize = 4;
+
+/// Runs `sluice args...` in `host` to completion; (success, stdout, stderr).
+fn run_in(bed: &Bed, host: &str, args: &[&str]) -> (bool, String, String) {
+    let out = bed
+        .command(host, Path::new(env!("CARGO_BIN_EXE_sluice")))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `sluice storage` on host `s{i}`, one of the three owners' cluster.
+fn start_storage(bed: &mut Bed, dir: &Path, i: usize) {
+    let urls: Vec<String> = (0..3)
+        .map(|n| format!("http://{}:7000", bed.host(&format!("s{n}")).addr))
+        .collect();
+    let data = dir.join(format!("node{i}"));
+    std::fs::create_dir_all(data.join("train")).unwrap();
+    let config = dir.join(format!("storage{i}.toml"));
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"{}:7000\"\nmountpaths = [\"{}\"]\nupload_tokens = [\"{TOKEN}\"]\n\
+             peers = {:?}\nadvertise = \"{}\"\nreplicas = 2\n",
+            bed.host(&format!("s{i}")).addr,
+            data.display(),
+            urls,
+            urls[i]
+        ),
+    )
+    .unwrap();
+    let log = dir.join(format!(
+        "storage{i}-{}.log",
+        Instant::now().elapsed().as_nanos()
+    ));
+    bed.start(
+        &format!("s{i}"),
+        &format!("storage{i}"),
+        &["storage", "--config", path_str(&config)],
+        &log,
+    );
+}
+
+/// `sluice cpu` on host `c{i}`; returns its certificate.
+fn start_worker(bed: &mut Bed, dir: &Path, i: usize) -> PathBuf {
+    let state = dir.join(format!("worker{i}"));
+    let token = dir.join("token");
+    let listen = format!("{}:7100", bed.host(&format!("c{i}")).addr);
+    bed.start(
+        &format!("c{i}"),
+        &format!("worker{i}"),
+        &[
+            "cpu",
+            "--listen",
+            &listen,
+            "--threads",
+            "1",
+            "--token-file",
+            path_str(&token),
+            "--state-dir",
+            path_str(&state),
+            "--no-same-host",
+        ],
+        &dir.join(format!("worker{i}.log")),
+    );
+    state.join("cert.pem")
+}
+
+/// Retries `f` for up to `secs` seconds.
+fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
+}
+
+/// What a loadgen run delivered.
+struct Delivered {
+    secs: f64,
+    /// (epoch, shard, key) of every delivered sample; each at most once (checked).
+    ids: std::collections::HashSet<(String, String, String)>,
+    skipped: u64,
+    stdout: String,
+}
+
+/// One loadgen run of `epochs` from the client host; `fault` runs while it goes. Checks that
+/// no sample came twice and that delivered + skipped is what was planned.
+fn run_epochs(
+    bed: &mut Bed,
+    dir: &Path,
+    name: &str,
+    epochs: usize,
+    fault: impl FnOnce(&mut Bed),
+) -> Delivered {
+    let dump = dir.join(format!("{name}.ids"));
+    let report = dir.join(format!("{name}.json"));
+    let workers = format!("{}:7100,{}:7100", bed.host("c0").addr, bed.host("c1").addr);
+    let mut loadgen = bed
+        .command("g0", Path::new(env!("CARGO_BIN_EXE_sluice")))
+        .args([
+            "loadgen",
+            "--dataset",
+            path_str(&dir.join("put.json")),
+            "--workers",
+            &workers,
+            "--ranks",
+            "2",
+            "--batch-size",
+            "8",
+            "--epochs",
+            &epochs.to_string(),
+            "--step-ms",
+            "60",
+            "--token-file",
+            path_str(&dir.join("token")),
+            "--trust-cert",
+            path_str(&dir.join("trust.pem")),
+            "--dump-ids",
+            path_str(&dump),
+            "--json",
+            path_str(&report),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    fault(bed);
+    let status = loadgen.wait().unwrap();
+    let secs = started.elapsed().as_secs_f64();
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    {
+        use std::io::Read;
+        if let Some(mut o) = loadgen.stdout.take() {
+            let _ = o.read_to_string(&mut stdout);
+        }
+        if let Some(mut e) = loadgen.stderr.take() {
+            let _ = e.read_to_string(&mut stderr);
+        }
+    }
+    assert!(status.success(), "{name}: loadgen failed: {stdout}{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let mut skipped = 0;
+    for r in report["ranks"].as_array().unwrap() {
+        let (planned, delivered) = (r["planned"].as_u64(), r["delivered"].as_u64());
+        let s = r["skipped"].as_u64().unwrap_or(0);
+        assert_eq!(planned, delivered.map(|d| d + s), "{name}: {r}");
+        skipped += s;
+    }
+    let mut ids = std::collections::HashSet::new();
+    for l in std::fs::read_to_string(&dump).unwrap().lines() {
+        let f: Vec<&str> = l.split('\t').collect();
+        assert!(
+            ids.insert((f[0].to_string(), f[2].to_string(), f[3].to_string())),
+            "{name}: delivered twice: {l}"
+        );
+    }
+    Delivered {
+        secs,
+        ids,
+        skipped,
+        stdout,
+    }
+}
+
+/// A clean run: every sample of every epoch once, none skipped.
+fn assert_whole(name: &str, d: &Delivered, epochs: usize) {
+    assert_eq!(d.skipped, 0, "{name}: {}", d.stdout);
+    assert_eq!(d.ids.len(), epochs * SAMPLES, "{name}: every sample, once");
+}
+
+/// Flips one bit inside sample `sample` of the stored shard `path`, keeping the file's
+/// modification time (as rot on a disk would): the node still serves it as the object it
+/// uploaded. The sample's place comes from the original shard's `.idx` in `out/` (a
+/// cluster places the `.idx` by its own name, maybe on other nodes). Returns the byte offset.
+fn rot(path: &Path, out: &Path, sample: usize) -> u64 {
+    let original = out.join(path.file_name().unwrap());
+    let index = sluice_shard::SampleIndex::read_file(
+        &sluice_shard::SampleIndex::sidecar_path(&original),
+        1 << 20,
+    )
+    .unwrap();
+    let e = &index.entries[sample];
+    let at = e.offset + e.len / 2;
+    let mtime = std::fs::metadata(path).unwrap().modified().unwrap();
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[at as usize] ^= 0x10;
+    std::fs::write(path, &bytes).unwrap();
+    let f = std::fs::File::options().write(true).open(path).unwrap();
+    f.set_modified(mtime).unwrap();
+    at
+}
+
+/// Distinct (shard, sample) repairs the workers logged.
+fn repairs(dir: &Path) -> std::collections::HashSet<String> {
+    (0..2)
+        .flat_map(|i| {
+            std::fs::read_to_string(dir.join(format!("worker{i}.log")))
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("was damaged") && l.contains("a replica's copy is good"))
+                .filter_map(|l| {
+                    let shard = l.split("shard=").nth(1)?.split_whitespace().next()?;
+                    let index = l.split("index=").nth(1)?.split_whitespace().next()?;
+                    Some(format!("{shard}#{index}"))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The scenarios' cluster: three storage nodes (`s0..s2`, `replicas = 2`) holding the
+/// shards `sluice put --manifest` uploaded from the client host `g0` (manifest `put.json`),
+/// and two CPU workers (`c0`, `c1`) whose certificates `trust.pem` pins. `None` (after a
+/// message) where no test bed can be made.
+fn cluster() -> Option<(Bed, tempfile::TempDir)> {
+    let mut bed = Bed::new(&["s0", "s1", "s2", "c0", "c1", "g0"])?;
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path();
+    std::fs::write(dir.join("token"), format!("{TOKEN}\n")).unwrap();
+    let images = synth_images(dir, 4, (SAMPLES / 4) as u32);
+    let pattern = format!("{}/out/s-%02d.tar", dir.display());
+    support::shard_images(&images, &pattern, 4, None);
+
+    for i in 0..3 {
+        start_storage(&mut bed, dir, i);
+    }
+    // Upload from the client host once the first node answers.
+    let to = format!("http://{}:7000/v1/train/", bed.host("s0").addr);
+    let shards = format!("{}/out/s-{{00..{:02}}}.tar", dir.display(), SAMPLES / 4 - 1);
+    let manifest = dir.join("put.json");
+    let token = dir.join("token");
+    let put = [
+        "put",
+        shards.as_str(),
+        "--to",
+        &to,
+        "--token-file",
+        path_str(&token),
+        "--manifest",
+        path_str(&manifest),
+    ];
+    let mut last = String::new();
+    assert!(
+        eventually(20, || {
+            let (ok, out, err) = run_in(&bed, "g0", &put);
+            last = format!("{out}{err}");
+            ok
+        }),
+        "sluice put across hosts: {last}"
+    );
+    let certs = [
+        start_worker(&mut bed, dir, 0),
+        start_worker(&mut bed, dir, 1),
+    ];
+    assert!(
+        eventually(30, || certs.iter().all(|c| c.exists())),
+        "workers did not start"
+    );
+    let pem: String = certs
+        .iter()
+        .map(|c| std::fs::read_to_string(c).unwrap())
+        .collect();
+    std::fs::write(dir.join("trust.pem"), pem).unwrap();
+    Some((bed, temp))
+}
+
+#[test]
+fn storage_node_loss_across_hosts_costs_no_sample() {
+    let Some((mut bed, temp)) = cluster() else {
+        return;
+    };
+    let dir = temp.path();
+    let clean = run_epochs(&mut bed, dir, "clean", EPOCHS, |_| {});
+    assert_whole("clean", &clean, EPOCHS);
+    let killed = run_epochs(&mut bed, dir, "kill9", EPOCHS, |bed| {
+        std::thread::sleep(Duration::from_millis(700));
+        bed.kill9("storage1");
+        std::thread::sleep(Duration::from_millis(1500));
+        start_storage(bed, dir, 1);
+    });
+    assert_whole("kill9", &killed, EPOCHS);
+    let cut = run_epochs(&mut bed, dir, "cut", EPOCHS, |bed| {
+        std::thread::sleep(Duration::from_millis(700));
+        bed.link("s2", false);
+        std::thread::sleep(Duration::from_millis(2000));
+        bed.link("s2", true);
+    });
+    assert_whole("cut", &cut, EPOCHS);
+    let (clean, killed, cut) = (clean.secs, killed.secs, cut.secs);
+    println!(
+        "cluster storage-loss: clean {clean:.1}s; node SIGKILLed and restarted: {killed:.1}s (stall {:.1}s); link cut 2s: {cut:.1}s (stall {:.1}s); 0 lost, 0 repeated, 0 skipped",
+        (killed - clean).max(0.0),
+        (cut - clean).max(0.0)
+    );
+}
+
+#[test]
+fn a_flipped_bit_on_a_storage_host_is_detected_and_read_from_the_other_owner() {
+    let Some((mut bed, temp)) = cluster() else {
+        return;
+    };
+    let dir = temp.path();
+    // Corruption: one bit flipped in 20 samples of shards read from node 0 first, each
+    // detected by its checksum and read from the other owner; then one sample rotten on both owners,
+    // reported skipped by shard and offset, never delivered.
+    let manifest = sluice_shard::Manifest::load(&dir.join("put.json"), 1 << 20).unwrap();
+    // Shards whose first owner (where workers read first) is node 0.
+    let node0 = format!("http://{}:7000/", bed.host("s0").addr);
+    let on_node0: Vec<String> = manifest
+        .shards
+        .iter()
+        .filter(|s| s.url.starts_with(&node0))
+        .map(|s| s.name().to_string())
+        .collect();
+    assert!(
+        on_node0.len() >= 5,
+        "node 0 comes first for {} shards",
+        on_node0.len()
+    );
+    let mut flipped = Vec::new();
+    for k in 0..20 {
+        let shard = &on_node0[k % on_node0.len()];
+        let sample = k / on_node0.len();
+        rot(
+            &dir.join("node0/train").join(shard),
+            &dir.join("out"),
+            sample,
+        );
+        flipped.push(format!("{shard}#{sample}"));
+    }
+    let rotten = run_epochs(&mut bed, dir, "rot20", 1, |_| {});
+    assert_whole("rot20", &rotten, 1);
+    let repaired = repairs(dir);
+    let detected = flipped.iter().filter(|f| repaired.contains(*f)).count();
+    assert_eq!(detected, 20, "flips detected and repaired: {repaired:?}");
+
+    let (shard, other) = {
+        let s = manifest
+            .shards
+            .iter()
+            .find(|s| s.name() == on_node0[0])
+            .unwrap();
+        let other = s
+            .urls()
+            .iter()
+            .map(|u| {
+                u.split("//")
+                    .nth(1)
+                    .unwrap_or("")
+                    .split(':')
+                    .next()
+                    .unwrap_or("")
+                    .to_string()
+            })
+            .map(|ip| (0..3).find(|n| bed.host(&format!("s{n}")).addr.to_string() == ip))
+            .find(|n| *n != Some(0))
+            .flatten()
+            .unwrap();
+        (s.name().to_string(), other)
+    };
+    let offset = rot(
+        &dir.join(format!("node{other}/train")).join(&shard),
+        &dir.join("out"),
+        0,
+    );
+    let both = run_epochs(&mut bed, dir, "rot-both", 1, |_| {});
+    assert_eq!(both.skipped, 1, "{}", both.stdout);
+    assert_eq!(both.ids.len(), SAMPLES - 1);
+    assert!(
+        both.stdout.contains(&shard),
+        "the skip names the shard: {}",
+        both.stdout
+    );
+    println!(
+        "cluster corruption: 20 of 20 bit flips detected and read from the other owner; a sample rotten on both owners ({shard}, byte {offset}) reported skipped, never delivered"
+    );
+}

@@ -1,0 +1,207 @@
+//! A cluster on one machine: each host is a network namespace with its own address, joined to
+//! the others through veth pairs on a bridge that lives in a namespace of its own, so nothing
+//! a scenario sends leaves the namespaces it made. Faults are applied per host link: cut (the
+//! link down), capped (`tc tbf`). Processes run inside a host with `ip netns exec`.
+//!
+//! Everything is removed on drop (processes killed, namespaces deleted, which deletes their
+//! veths), also when a test fails. Needs root and `ip`; [`Bed::new`] says why it cannot run
+//! and returns `None` otherwise.
+
+#![allow(dead_code)]
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// One host of the bed.
+pub struct Host {
+    pub name: String,
+    pub ns: String,
+    pub addr: Ipv4Addr,
+    /// The host's end of its link (inside its namespace).
+    pub link: String,
+}
+
+/// Hosts on one bridge, and the processes started in them.
+pub struct Bed {
+    switch: String,
+    pub hosts: Vec<Host>,
+    children: Vec<(String, Child)>,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn in_ns(ns: &str, args: &[&str]) -> Result<(), String> {
+    let mut all = vec!["netns", "exec", ns];
+    all.extend_from_slice(args);
+    let out = Command::new("ip")
+        .args(&all)
+        .output()
+        .map_err(|e| format!("ip netns exec: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+static BEDS: AtomicU32 = AtomicU32::new(0);
+
+impl Bed {
+    /// A bed of `hosts` (names), or `None` with a message when this machine cannot make one
+    /// (not root, no `ip`, no network namespaces).
+    pub fn new(hosts: &[&str]) -> Option<Bed> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc_geteuid() } != 0 {
+            eprintln!("skipped: the cluster test bed needs root (network namespaces)");
+            return None;
+        }
+        let id = (std::process::id() % 200) * 8 + BEDS.fetch_add(1, Ordering::SeqCst) % 8;
+        let prefix = format!("sl{id}");
+        let switch = format!("{prefix}sw");
+        if let Err(e) = ip(&["netns", "add", &switch]) {
+            eprintln!("skipped: cannot make network namespaces here ({e})");
+            return None;
+        }
+        let mut bed = Bed {
+            switch: switch.clone(),
+            hosts: Vec::new(),
+            children: Vec::new(),
+        };
+        let setup = (|| -> Result<(), String> {
+            in_ns(&switch, &["ip", "link", "add", "br0", "type", "bridge"])?;
+            in_ns(&switch, &["ip", "link", "set", "br0", "up"])?;
+            // 10.(100 + id / 250).(id % 250).0/24 keeps concurrent beds apart.
+            let (a, b) = (100 + (id / 250) as u8, (id % 250) as u8);
+            for (i, name) in hosts.iter().enumerate() {
+                let ns = format!("{prefix}{name}");
+                let (near, far) = (format!("{prefix}h{i}"), format!("{prefix}s{i}"));
+                ip(&["netns", "add", &ns])?;
+                in_ns(&ns, &["ip", "link", "set", "lo", "up"])?;
+                ip(&["link", "add", &near, "type", "veth", "peer", "name", &far])?;
+                ip(&["link", "set", &near, "netns", &ns])?;
+                ip(&["link", "set", &far, "netns", &switch])?;
+                in_ns(&switch, &["ip", "link", "set", &far, "master", "br0"])?;
+                in_ns(&switch, &["ip", "link", "set", &far, "up"])?;
+                let addr = Ipv4Addr::new(10, a, b, 10 + i as u8);
+                in_ns(
+                    &ns,
+                    &["ip", "addr", "add", &format!("{addr}/24"), "dev", &near],
+                )?;
+                in_ns(&ns, &["ip", "link", "set", &near, "up"])?;
+                bed.hosts.push(Host {
+                    name: name.to_string(),
+                    ns,
+                    addr,
+                    link: near,
+                });
+            }
+            Ok(())
+        })();
+        if let Err(e) = setup {
+            eprintln!("skipped: cannot build the test bed ({e})");
+            return None;
+        }
+        Some(bed)
+    }
+
+    pub fn host(&self, name: &str) -> &Host {
+        self.hosts
+            .iter()
+            .find(|h| h.name == name)
+            .unwrap_or_else(|| panic!("no host {name}"))
+    }
+
+    /// A command that runs `program` inside `host`.
+    pub fn command(&self, host: &str, program: &Path) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.host(host).ns]).arg(program);
+        c
+    }
+
+    /// Starts `sluice args...` in `host` as a daemon of the bed (killed on drop); its output
+    /// goes to `log`.
+    pub fn start(&mut self, host: &str, tag: &str, args: &[&str], log: &Path) {
+        let file = std::fs::File::create(log).unwrap();
+        let child = self
+            .command(host, Path::new(env!("CARGO_BIN_EXE_sluice")))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        self.children.push((tag.to_string(), child));
+    }
+
+    /// SIGKILLs the daemon started as `tag`.
+    pub fn kill9(&mut self, tag: &str) {
+        for (t, child) in &mut self.children {
+            if t == tag {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        self.children.retain(|(t, _)| t != tag);
+    }
+
+    /// Takes `host`'s link down (a cut cable) or up again.
+    pub fn link(&self, host: &str, up: bool) {
+        let h = self.host(host);
+        in_ns(
+            &h.ns,
+            &["ip", "link", "set", &h.link, if up { "up" } else { "down" }],
+        )
+        .unwrap();
+    }
+
+    /// Caps `host`'s outgoing traffic (a token bucket, `tc tbf`), e.g. "1gbit".
+    pub fn cap(&self, host: &str, rate: &str) {
+        let h = self.host(host);
+        in_ns(
+            &h.ns,
+            &[
+                "tc", "qdisc", "replace", "dev", &h.link, "root", "tbf", "rate", rate, "burst",
+                "256kb", "latency", "50ms",
+            ],
+        )
+        .unwrap();
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for h in &self.hosts {
+            let _ = ip(&["netns", "del", &h.ns]);
+        }
+        let _ = ip(&["netns", "del", &self.switch]);
+    }
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
