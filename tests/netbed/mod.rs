@@ -164,6 +164,38 @@ impl Bed {
         self.children.retain(|(t, _)| t != tag);
     }
 
+    /// The pid of the daemon started as `tag` (`ip netns exec` execs the program).
+    pub fn pid(&self, tag: &str) -> Option<u32> {
+        self.children
+            .iter()
+            .find(|(t, _)| t == tag)
+            .map(|(_, c)| c.id())
+    }
+
+    /// Sends SIGTERM to the daemon started as `tag` (a drain), without waiting for it.
+    pub fn sigterm(&self, tag: &str) {
+        if let Some(pid) = self.pid(tag) {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+    }
+
+    /// Resident memory of the daemon started as `tag`, KiB (0 when it is gone).
+    pub fn rss_kb(&self, tag: &str) -> u64 {
+        self.pid(tag).map_or(0, |pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find(|l| l.starts_with("VmRSS:"))
+                        .and_then(|l| l.split_whitespace().nth(1))
+                        .and_then(|v| v.parse().ok())
+                })
+                .unwrap_or(0)
+        })
+    }
+
     /// Takes `host`'s link down (a cut cable) or up again.
     pub fn link(&self, host: &str, up: bool) {
         let h = self.host(host);
