@@ -7,8 +7,9 @@
 #   bash bench/cluster.sh
 #
 # Scenarios so far: storage node loss (SIGKILL and restart; a cut link), corruption (20 bit
-# flips on a storage host; a sample rotten on both owners), and worker churn (12 kills, one
-# mid-drain, memory sampled). CI runs the same tests inside `cargo test --workspace`.
+# flips on a storage host; a sample rotten on both owners), worker churn (12 kills, one
+# mid-drain, memory sampled), and floods (1,000 slowloris connections, 20,000 garbage QUIC
+# datagrams). CI runs the same tests inside `cargo test --workspace`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log="$(mktemp)"

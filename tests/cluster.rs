@@ -453,3 +453,61 @@ fn worker_churn_across_hosts_loses_and_repeats_nothing() {
         peak_rss_kb / 1024
     );
 }
+
+#[test]
+fn slow_clients_and_garbage_datagrams_do_not_stop_an_epoch() {
+    let Some((mut bed, temp)) = cluster() else {
+        return;
+    };
+    let dir = temp.path();
+    // 1,000 connections that send half a request head and stall, against the node workers
+    // read from first for a third of the shards, and 20,000 random datagrams at a worker's
+    // QUIC port; an epoch runs meanwhile. The node's header-read timeout is its default, 10 s.
+    let header_timeout = 10.0;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/netbed/flood.py");
+    let (s0, c0) = (
+        bed.host("s0").addr.to_string(),
+        bed.host("c0").addr.to_string(),
+    );
+    let out = dir.join("flood.out");
+    bed.start_program(
+        "g0",
+        "flood",
+        Path::new("python3"),
+        &[
+            path_str(&script),
+            &s0,
+            "7000",
+            "1000",
+            &c0,
+            "7100",
+            "20000",
+            &(header_timeout * 2.0 + 10.0).to_string(),
+        ],
+        &out,
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let run = run_epochs(&mut bed, dir, "flood", EPOCHS, 60, |_| {});
+    assert_whole("flood", &run, EPOCHS);
+    assert!(bed.wait("flood", 60), "the flood script did not finish");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("{text}"));
+    let flood: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(
+        flood["closed"], flood["opened"],
+        "every slow connection closed: {flood}"
+    );
+    let slowest = flood["slowest_close_s"].as_f64().unwrap();
+    assert!(
+        slowest <= header_timeout + 3.0,
+        "slow connections were closed after {slowest:.1}s (timeout {header_timeout}s)"
+    );
+    println!(
+        "cluster floods: 1000 slow connections to a storage node and 20000 garbage datagrams to a worker during {EPOCHS} epochs ({:.1}s): 0 lost, 0 repeated, 0 skipped; every slow connection closed, the slowest after {slowest:.1}s (header timeout {header_timeout}s)",
+        run.secs
+    );
+}

@@ -141,16 +141,57 @@ impl Bed {
     /// Starts `sluice args...` in `host` as a daemon of the bed (killed on drop); its output
     /// goes to `log`.
     pub fn start(&mut self, host: &str, tag: &str, args: &[&str], log: &Path) {
+        self.start_program(
+            host,
+            tag,
+            Path::new(env!("CARGO_BIN_EXE_sluice")),
+            args,
+            log,
+        );
+    }
+
+    /// Starts `program args...` in `host` (killed on drop); stderr goes to `log`, stdout too
+    /// when `log` ends in `.out`, else nowhere.
+    pub fn start_program(
+        &mut self,
+        host: &str,
+        tag: &str,
+        program: &Path,
+        args: &[&str],
+        log: &Path,
+    ) {
         let file = std::fs::File::create(log).unwrap();
+        let stdout = if log.extension().is_some_and(|e| e == "out") {
+            Stdio::from(file.try_clone().unwrap())
+        } else {
+            Stdio::null()
+        };
         let child = self
-            .command(host, Path::new(env!("CARGO_BIN_EXE_sluice")))
+            .command(host, program)
             .args(args)
             .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(file)
             .spawn()
             .unwrap();
         self.children.push((tag.to_string(), child));
+    }
+
+    /// Waits for the program started as `tag` to exit (up to `secs`); whether it did.
+    pub fn wait(&mut self, tag: &str, secs: u64) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        for (t, child) in &mut self.children {
+            if t == tag {
+                while std::time::Instant::now() < deadline {
+                    if let Ok(Some(_)) = child.try_wait() {
+                        return true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                return false;
+            }
+        }
+        false
     }
 
     /// SIGKILLs the daemon started as `tag`.
