@@ -8,8 +8,10 @@
 #
 # Scenarios so far: storage node loss (SIGKILL and restart; a cut link), corruption (20 bit
 # flips on a storage host; a sample rotten on both owners), worker churn (12 kills, one
-# mid-drain, memory sampled), and floods (1,000 slowloris connections, 20,000 garbage QUIC
-# datagrams). CI runs the same tests inside `cargo test --workspace`.
+# mid-drain, memory sampled), floods (1,000 slowloris connections, 20,000 garbage QUIC
+# datagrams), and lossy links (5% loss, 50 ms delay, 1% reordering; a 5 s blackhole) — that
+# one needs iptables (apt-get install iptables) and skips without it. CI runs the same tests
+# inside `cargo test --workspace`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log="$(mktemp)"

@@ -125,9 +125,29 @@ fn run_epochs(
     step_ms: u32,
     fault: impl FnOnce(&mut Bed),
 ) -> Delivered {
+    run_epochs_via(bed, dir, name, epochs, step_ms, 7100, &[], fault)
+}
+
+/// [`run_epochs`] with the workers reached on `port` of their hosts (a relay's, say) and
+/// more loadgen arguments.
+#[allow(clippy::too_many_arguments)]
+fn run_epochs_via(
+    bed: &mut Bed,
+    dir: &Path,
+    name: &str,
+    epochs: usize,
+    step_ms: u32,
+    port: u16,
+    extra: &[&str],
+    fault: impl FnOnce(&mut Bed),
+) -> Delivered {
     let dump = dir.join(format!("{name}.ids"));
     let report = dir.join(format!("{name}.json"));
-    let workers = format!("{}:7100,{}:7100", bed.host("c0").addr, bed.host("c1").addr);
+    let workers = format!(
+        "{}:{port},{}:{port}",
+        bed.host("c0").addr,
+        bed.host("c1").addr
+    );
     let mut loadgen = bed
         .command("g0", Path::new(env!("CARGO_BIN_EXE_sluice")))
         .args([
@@ -153,6 +173,7 @@ fn run_epochs(
             "--json",
             path_str(&report),
         ])
+        .args(extra)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -509,5 +530,113 @@ fn slow_clients_and_garbage_datagrams_do_not_stop_an_epoch() {
     println!(
         "cluster floods: 1000 slow connections to a storage node and 20000 garbage datagrams to a worker during {EPOCHS} epochs ({:.1}s): 0 lost, 0 repeated, 0 skipped; every slow connection closed, the slowest after {slowest:.1}s (header timeout {header_timeout}s)",
         run.secs
+    );
+}
+
+/// Runs `iptables args...` in `host`.
+fn iptables(bed: &Bed, host: &str, args: &[&str]) {
+    let out = bed
+        .command(host, Path::new("iptables"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "iptables {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn quic_over_lossy_slow_links_and_a_blackhole_keeps_every_sample() {
+    let Some((mut bed, temp)) = cluster() else {
+        return;
+    };
+    let dir = temp.path();
+    if std::process::Command::new("iptables")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: iptables is not installed (the loss is its statistic match)");
+        return;
+    }
+    // Smaller tensors keep the Python relay (50 ms each way, 1% reordered) off the critical
+    // path; the clean run uses the same.
+    let small = ["--pipeline", "decode | random_resized_crop 64"];
+    let clean = run_epochs_via(&mut bed, dir, "quic-clean", EPOCHS, 0, 7100, &small, |_| {});
+    assert_whole("quic-clean", &clean, EPOCHS);
+    let relay = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/netbed/relay.py");
+    for (i, seed) in [(0, "1"), (1, "2")] {
+        let host = format!("c{i}");
+        let addr = bed.host(&host).addr.to_string();
+        bed.start_program(
+            &host,
+            &format!("relay{i}"),
+            Path::new("python3"),
+            &[
+                path_str(&relay),
+                &addr,
+                "7101",
+                &addr,
+                "7100",
+                "50",
+                "1",
+                seed,
+            ],
+            &dir.join(format!("relay{i}.log")),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // 5% of UDP datagrams lost both ways on the client's host (iptables' statistic match).
+    for chain in ["INPUT", "OUTPUT"] {
+        iptables(
+            &bed,
+            "g0",
+            &[
+                "-A",
+                chain,
+                "-p",
+                "udp",
+                "-m",
+                "statistic",
+                "--mode",
+                "random",
+                "--probability",
+                "0.05",
+                "-j",
+                "DROP",
+            ],
+        );
+    }
+    let lossy = run_epochs_via(&mut bed, dir, "quic-lossy", EPOCHS, 0, 7101, &small, |_| {});
+    assert_whole("quic-lossy", &lossy, EPOCHS);
+    iptables(&bed, "g0", &["-F"]);
+    // A 5-second blackhole between client and workers, then the link back.
+    let dark = run_epochs_via(
+        &mut bed,
+        dir,
+        "quic-blackhole",
+        EPOCHS,
+        60,
+        7101,
+        &small,
+        |bed| {
+            std::thread::sleep(Duration::from_millis(700));
+            iptables(bed, "g0", &["-A", "INPUT", "-p", "udp", "-j", "DROP"]);
+            iptables(bed, "g0", &["-A", "OUTPUT", "-p", "udp", "-j", "DROP"]);
+            std::thread::sleep(Duration::from_secs(5));
+            iptables(bed, "g0", &["-F"]);
+        },
+    );
+    assert_whole("quic-blackhole", &dark, EPOCHS);
+    let rate = |d: &Delivered| (EPOCHS * SAMPLES) as f64 / d.secs;
+    println!(
+        "cluster lossy-links: clean {:.0} samples/s; 5% loss + 50 ms delay + 1% reordering {:.0} samples/s ({:.2} of clean); a 5 s blackhole mid-run: done in {:.1}s; 0 lost, 0 repeated, 0 skipped",
+        rate(&clean),
+        rate(&lossy),
+        rate(&lossy) / rate(&clean),
+        dark.secs
     );
 }
