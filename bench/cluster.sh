@@ -9,14 +9,15 @@
 # Scenarios so far: storage node loss (SIGKILL and restart; a cut link), corruption (20 bit
 # flips on a storage host; a sample rotten on both owners), worker churn (12 kills, one
 # mid-drain, memory sampled), floods (1,000 slowloris connections, 20,000 garbage QUIC
-# datagrams), and lossy links (5% loss, 50 ms delay, 1% reordering; a 5 s blackhole) — that
-# one needs iptables (apt-get install iptables) and skips without it. CI runs the same tests
-# inside `cargo test --workspace`.
+# datagrams), lossy links (5% loss, 50 ms delay, 1% reordering; a 5 s blackhole; needs
+# iptables, skipped without it), and scaling (storage nodes with capped links; workers pinned
+# to cores). CI runs the short version inside `cargo test --workspace`: node loss,
+# corruption and churn; the rest are `#[ignore]`d benchmarks that this script includes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log="$(mktemp)"
 set +e
-cargo test --release --locked --test cluster -- --nocapture --test-threads 1 2>&1 | tee "$log" |
+cargo test --release --locked --test cluster -- --include-ignored --nocapture --test-threads 1 2>&1 | tee "$log" |
     grep -E '^(cluster |test |skipped)'
 set -e
 # The scenarios' own output interleaves with libtest's lines; its summary line does not.

@@ -5,7 +5,8 @@
 //! started again, then another node's link cut mid-run and restored; corruption on a storage
 //! host; and CPU workers killed and restarted over and over. Each faulty run must deliver
 //! every sample of every epoch once (a sample rotten on every copy: skipped by name, never
-//! delivered), and its figures are printed (`bash bench/cluster.sh` collects them).
+//! delivered), and its figures are printed (`bash bench/cluster.sh` collects them). The
+//! `#[ignore]`d ones are benchmarks: lossy links, floods, and scaling with nodes.
 //!
 //! Needs root for the namespaces; skips with a message elsewhere.
 
@@ -476,6 +477,7 @@ fn worker_churn_across_hosts_loses_and_repeats_nothing() {
 }
 
 #[test]
+#[ignore = "a benchmark (1,000 connections held 10 s): bash bench/cluster.sh runs it"]
 fn slow_clients_and_garbage_datagrams_do_not_stop_an_epoch() {
     let Some((mut bed, temp)) = cluster() else {
         return;
@@ -549,6 +551,7 @@ fn iptables(bed: &Bed, host: &str, args: &[&str]) {
 }
 
 #[test]
+#[ignore = "a benchmark (about a minute): bash bench/cluster.sh runs it"]
 fn quic_over_lossy_slow_links_and_a_blackhole_keeps_every_sample() {
     let Some((mut bed, temp)) = cluster() else {
         return;
@@ -638,5 +641,230 @@ fn quic_over_lossy_slow_links_and_a_blackhole_keeps_every_sample() {
         rate(&lossy),
         rate(&lossy) / rate(&clean),
         dark.secs
+    );
+}
+
+/// A standalone storage node on `host` serving `data` (no peers), its egress capped.
+fn start_plain_storage(bed: &mut Bed, dir: &Path, host: &str, data: &Path, cap: Option<&str>) {
+    let config = dir.join(format!("{host}.toml"));
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"{}:7000\"\nmountpaths = [\"{}\"]\n",
+            bed.host(host).addr,
+            data.display()
+        ),
+    )
+    .unwrap();
+    bed.start(
+        host,
+        host,
+        &["storage", "--config", path_str(&config)],
+        &dir.join(format!("{host}.log")),
+    );
+    if let Some(rate) = cap {
+        bed.cap(host, rate);
+    }
+}
+
+/// The JSON line a helper script printed last into `out`.
+fn last_json(out: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(out).unwrap();
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no result in {}: {text}", out.display()));
+    serde_json::from_str(line).unwrap()
+}
+
+#[test]
+#[ignore = "a benchmark: bash bench/cluster.sh runs it"]
+fn throughput_grows_with_storage_nodes_and_with_workers() {
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path();
+    let images = synth_images(dir, 4, 60);
+    let data = dir.join("data");
+    support::shard_images(
+        &images,
+        &format!("{}/train/s-%03d.tar", data.display()),
+        10,
+        None,
+    );
+    let shards: Vec<String> = support::shard_files(&data.join("train"))
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+
+    // Storage: whole-shard reads by 16 readers, each node's link capped at 200 Mbit/s.
+    let readers = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/netbed/readers.py");
+    let mut storage = Vec::new();
+    for nodes in [1usize, 2, 4] {
+        let mut names: Vec<String> = (0..nodes).map(|i| format!("s{i}")).collect();
+        names.push("r0".into());
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let Some(mut bed) = Bed::new(&refs) else {
+            return;
+        };
+        for i in 0..nodes {
+            start_plain_storage(&mut bed, dir, &format!("s{i}"), &data, Some("200mbit"));
+        }
+        std::thread::sleep(Duration::from_millis(1000));
+        let urls: Vec<String> = shards
+            .iter()
+            .enumerate()
+            .map(|(j, name)| {
+                format!(
+                    "http://{}:7000/v1/train/{name}",
+                    bed.host(&format!("s{}", j % nodes)).addr
+                )
+            })
+            .collect();
+        let out = dir.join(format!("readers{nodes}.out"));
+        let mut args = vec![path_str(&readers).to_string(), "4".into(), "16".into()];
+        args.extend(urls);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        bed.start_program("r0", "readers", Path::new("python3"), &args, &out);
+        assert!(bed.wait("readers", 60), "the readers did not finish");
+        storage.push((nodes, last_json(&out)["bytes_per_s"].as_f64().unwrap()));
+    }
+    let one = storage[0].1;
+    let line: Vec<String> = storage
+        .iter()
+        .map(|(n, b)| {
+            format!(
+                "{n} node{}: {:.1} MB/s ({:.0}% of linear)",
+                if *n == 1 { "" } else { "s" },
+                b / 1e6,
+                b / (one * *n as f64) * 100.0
+            )
+        })
+        .collect();
+    println!(
+        "cluster storage-scaling (200 Mbit/s per node, 16 readers): {}",
+        line.join(", ")
+    );
+
+    // The chain: 1, 2, 3 worker hosts, each worker pinned to one core, against the CPU
+    // engine alone on as many threads (on this machine's cores).
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut chain = Vec::new();
+    for workers in [1usize, 2, 3] {
+        let mut names: Vec<String> = (0..workers).map(|i| format!("c{i}")).collect();
+        names.extend(["s0".to_string(), "g0".to_string()]);
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let Some(mut bed) = Bed::new(&refs) else {
+            return;
+        };
+        start_plain_storage(&mut bed, dir, "s0", &data, None);
+        std::fs::write(dir.join("token"), format!("{TOKEN}\n")).unwrap();
+        let sluice = env!("CARGO_BIN_EXE_sluice");
+        let mut certs = Vec::new();
+        for i in 0..workers {
+            let state = dir.join(format!("scale{workers}-worker{i}"));
+            let listen = format!("{}:7100", bed.host(&format!("c{i}")).addr);
+            let core = (i % cores).to_string();
+            bed.start_program(
+                &format!("c{i}"),
+                &format!("worker{i}"),
+                Path::new("taskset"),
+                &[
+                    "-c",
+                    &core,
+                    sluice,
+                    "cpu",
+                    "--listen",
+                    &listen,
+                    "--threads",
+                    "1",
+                    "--token-file",
+                    path_str(&dir.join("token")),
+                    "--state-dir",
+                    path_str(&state),
+                    "--no-same-host",
+                ],
+                &dir.join(format!("scale{workers}-worker{i}.log")),
+            );
+            certs.push(state.join("cert.pem"));
+        }
+        assert!(eventually(30, || certs.iter().all(|c| c.exists())));
+        let pem: String = certs
+            .iter()
+            .map(|c| std::fs::read_to_string(c).unwrap())
+            .collect();
+        std::fs::write(dir.join("trust.pem"), &pem).unwrap();
+        let s0 = bed.host("s0").addr;
+        let dataset = format!(
+            "http://{s0}:7000/v1/train/s-{{000..{:03}}}.tar",
+            shards.len() - 1
+        );
+        let workers_arg: Vec<String> = (0..workers)
+            .map(|i| format!("{}:7100", bed.host(&format!("c{i}")).addr))
+            .collect();
+        let started = Instant::now();
+        let (ok, out, err) = run_in(
+            &bed,
+            "g0",
+            &[
+                "loadgen",
+                "--dataset",
+                &dataset,
+                "--workers",
+                &workers_arg.join(","),
+                "--ranks",
+                "2",
+                "--batch-size",
+                "16",
+                "--epochs",
+                "2",
+                "--token-file",
+                path_str(&dir.join("token")),
+                "--trust-cert",
+                path_str(&dir.join("trust.pem")),
+            ],
+        );
+        assert!(ok, "{workers} workers: {out}{err}");
+        chain.push((
+            workers,
+            (2 * shards.len() * 10) as f64 / started.elapsed().as_secs_f64(),
+        ));
+    }
+    let bench = support::sluice_ok(&[
+        "bench",
+        "cpu",
+        "--images",
+        path_str(&images),
+        "--threads",
+        "1,2,3",
+        "--seconds",
+        "3",
+    ]);
+    let alone: Vec<f64> = bench
+        .lines()
+        .filter(|l| l.starts_with("cpu\t"))
+        .filter_map(|l| {
+            l.split('\t')
+                .nth(2)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    let line: Vec<String> = chain
+        .iter()
+        .zip(&alone)
+        .map(|((w, rate), engine)| {
+            format!(
+                "{w} worker{}: {rate:.0} samples/s ({:.2} of the engine alone on {w} thread{})",
+                if *w == 1 { "" } else { "s" },
+                rate / engine,
+                if *w == 1 { "" } else { "s" }
+            )
+        })
+        .collect();
+    println!(
+        "cluster chain-scaling ({cores} cores; each worker pinned to one, the client and storage share them): {}",
+        line.join(", ")
     );
 }
