@@ -17,7 +17,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 log="$(mktemp)"
 set +e
-cargo test --release --locked --test cluster -- --include-ignored --nocapture --test-threads 1 2>&1 | tee "$log" |
+# Bounded: the whole run is stopped after 15 minutes (each bed removes its namespaces when
+# its test ends, pass or fail).
+timeout 900 cargo test --release --locked --test cluster -- --include-ignored --nocapture \
+    --test-threads 1 2>&1 | tee "$log" |
     grep -E '^(cluster |test |skipped)'
 set -e
 # The scenarios' own output interleaves with libtest's lines; its summary line does not.

@@ -113,6 +113,21 @@ struct Delivered {
     ids: std::collections::HashSet<(String, String, String)>,
     skipped: u64,
     stdout: String,
+    /// The client process's largest resident memory while it ran, KiB.
+    client_peak_rss_kb: u64,
+}
+
+/// Resident memory of process `pid`, KiB (0 once it is gone).
+fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// One loadgen run of `epochs` from the client host, consumers taking a batch every
@@ -180,8 +195,24 @@ fn run_epochs_via(
         .spawn()
         .unwrap();
     let started = Instant::now();
+    // The client's resident memory, sampled until it exits.
+    let pid = loadgen.id();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss_kb(pid));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            peak
+        })
+    };
     fault(bed);
     let status = loadgen.wait().unwrap();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let client_peak_rss_kb = sampler.join().unwrap_or(0);
     let secs = started.elapsed().as_secs_f64();
     let (mut stdout, mut stderr) = (String::new(), String::new());
     {
@@ -216,6 +247,7 @@ fn run_epochs_via(
         ids,
         skipped,
         stdout,
+        client_peak_rss_kb,
     }
 }
 
@@ -424,8 +456,8 @@ fn a_flipped_bit_on_a_storage_host_is_detected_and_read_from_the_other_owner() {
     assert_eq!(both.skipped, 1, "{}", both.stdout);
     assert_eq!(both.ids.len(), SAMPLES - 1);
     assert!(
-        both.stdout.contains(&shard),
-        "the skip names the shard: {}",
+        both.stdout.contains(&shard) && both.stdout.contains("at byte"),
+        "the skip names the shard and the offset: {}",
         both.stdout
     );
     println!(
@@ -467,12 +499,18 @@ fn worker_churn_across_hosts_loses_and_repeats_nothing() {
     assert!(kills >= 10);
     assert!(
         peak_rss_kb < 512 * 1024,
-        "a worker grew to {peak_rss_kb} KiB under churn"
+        "a worker or storage node grew to {peak_rss_kb} KiB under churn"
+    );
+    assert!(
+        run.client_peak_rss_kb < 1024 * 1024,
+        "the client grew to {} KiB under churn",
+        run.client_peak_rss_kb
     );
     println!(
-        "cluster worker-churn: {kills} worker kills (one mid-drain) over {epochs} epochs in {:.1}s: 0 lost, 0 repeated, 0 skipped; peak worker RSS {} MiB",
+        "cluster worker-churn: {kills} worker kills (one mid-drain) over {epochs} epochs in {:.1}s: 0 lost, 0 repeated, 0 skipped; peak resident memory: workers and storage nodes {} MiB, client {} MiB",
         run.secs,
-        peak_rss_kb / 1024
+        peak_rss_kb / 1024,
+        run.client_peak_rss_kb / 1024
     );
 }
 

@@ -249,6 +249,15 @@ fn kubernetes_manifests_parse_and_agree_on_ports() {
                         .len(),
                     c.mountpaths.len()
                 );
+                // The shape tests/cluster.rs measures node loss on: three nodes that list
+                // each other as peers, every object on two of them.
+                assert_eq!(c.replicas, 2, "{name}: replicas in the config");
+                assert_eq!(
+                    w["spec"]["replicas"].as_u64(),
+                    Some(3),
+                    "{name}: three nodes"
+                );
+                assert_eq!(c.peers.len(), 3, "{name}: every node a peer");
             }
         }
         // The Service in front exposes the same ports, headless so clients see every pod.
