@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use netbed::Bed;
-use support::{path_str, synth_images};
+use support::{path_str, rss_kb, synth_images};
 
 const TOKEN: &str = "cluster-token-0123456789";
 const SAMPLES: usize = 120;
@@ -71,25 +71,46 @@ fn start_storage(bed: &mut Bed, dir: &Path, i: usize) {
 
 /// `sluice cpu` on host `c{i}`; returns its certificate.
 fn start_worker(bed: &mut Bed, dir: &Path, i: usize) -> PathBuf {
-    let state = dir.join(format!("worker{i}"));
+    start_worker_as(bed, dir, i, &format!("worker{i}"), None)
+}
+
+/// `sluice cpu` on host `c{i}` with its state (certificate) and log under `dir/name`, pinned
+/// to one core with `taskset` when given; started as the bed's daemon `worker{i}`.
+fn start_worker_as(
+    bed: &mut Bed,
+    dir: &Path,
+    i: usize,
+    name: &str,
+    core: Option<usize>,
+) -> PathBuf {
+    let state = dir.join(name);
     let token = dir.join("token");
     let listen = format!("{}:7100", bed.host(&format!("c{i}")).addr);
-    bed.start(
+    let sluice = env!("CARGO_BIN_EXE_sluice");
+    let core = core.map(|c| c.to_string());
+    let mut args: Vec<&str> = match &core {
+        Some(c) => vec!["-c", c, sluice],
+        None => Vec::new(),
+    };
+    args.extend([
+        "cpu",
+        "--listen",
+        &listen,
+        "--threads",
+        "1",
+        "--token-file",
+        path_str(&token),
+        "--state-dir",
+        path_str(&state),
+        "--no-same-host",
+    ]);
+    let program = if core.is_some() { "taskset" } else { sluice };
+    bed.start_program(
         &format!("c{i}"),
         &format!("worker{i}"),
-        &[
-            "cpu",
-            "--listen",
-            &listen,
-            "--threads",
-            "1",
-            "--token-file",
-            path_str(&token),
-            "--state-dir",
-            path_str(&state),
-            "--no-same-host",
-        ],
-        &dir.join(format!("worker{i}.log")),
+        Path::new(program),
+        &args,
+        &dir.join(format!("{name}.log")),
     );
     state.join("cert.pem")
 }
@@ -115,19 +136,6 @@ struct Delivered {
     stdout: String,
     /// The client process's largest resident memory while it ran, KiB.
     client_peak_rss_kb: u64,
-}
-
-/// Resident memory of process `pid`, KiB (0 once it is gone).
-fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 /// One loadgen run of `epochs` from the client host, consumers taking a batch every
@@ -353,11 +361,19 @@ fn cluster() -> Option<(Bed, tempfile::TempDir)> {
     Some((bed, temp))
 }
 
+/// [`cluster`], or the end of the test (after its message) where no test bed can be made.
+macro_rules! cluster_or_skip {
+    () => {
+        match cluster() {
+            Some(c) => c,
+            None => return,
+        }
+    };
+}
+
 #[test]
 fn storage_node_loss_across_hosts_costs_no_sample() {
-    let Some((mut bed, temp)) = cluster() else {
-        return;
-    };
+    let (mut bed, temp) = cluster_or_skip!();
     let dir = temp.path();
     let clean = run_epochs(&mut bed, dir, "clean", EPOCHS, 60, |_| {});
     assert_whole("clean", &clean, EPOCHS);
@@ -385,9 +401,7 @@ fn storage_node_loss_across_hosts_costs_no_sample() {
 
 #[test]
 fn a_flipped_bit_on_a_storage_host_is_detected_and_read_from_the_other_owner() {
-    let Some((mut bed, temp)) = cluster() else {
-        return;
-    };
+    let (mut bed, temp) = cluster_or_skip!();
     let dir = temp.path();
     // Corruption: one bit flipped in 20 samples of shards read from node 0 first, each
     // detected by its checksum and read from the other owner; then one sample rotten on both owners,
@@ -467,9 +481,7 @@ fn a_flipped_bit_on_a_storage_host_is_detected_and_read_from_the_other_owner() {
 
 #[test]
 fn worker_churn_across_hosts_loses_and_repeats_nothing() {
-    let Some((mut bed, temp)) = cluster() else {
-        return;
-    };
+    let (mut bed, temp) = cluster_or_skip!();
     let dir = temp.path();
     // Kill a worker (SIGKILL) every 400 ms and start it again 250 ms later, alternating
     // between the two; the fourth round drains one first (SIGTERM) and kills it mid-drain.
@@ -517,9 +529,7 @@ fn worker_churn_across_hosts_loses_and_repeats_nothing() {
 #[test]
 #[ignore = "a benchmark (1,000 connections held 10 s): bash bench/cluster.sh runs it"]
 fn slow_clients_and_garbage_datagrams_do_not_stop_an_epoch() {
-    let Some((mut bed, temp)) = cluster() else {
-        return;
-    };
+    let (mut bed, temp) = cluster_or_skip!();
     let dir = temp.path();
     // 1,000 connections that send half a request head and stall, against the node workers
     // read from first for a third of the shards, and 20,000 random datagrams at a worker's
@@ -591,9 +601,7 @@ fn iptables(bed: &Bed, host: &str, args: &[&str]) {
 #[test]
 #[ignore = "a benchmark (about a minute): bash bench/cluster.sh runs it"]
 fn quic_over_lossy_slow_links_and_a_blackhole_keeps_every_sample() {
-    let Some((mut bed, temp)) = cluster() else {
-        return;
-    };
+    let (mut bed, temp) = cluster_or_skip!();
     let dir = temp.path();
     if std::process::Command::new("iptables")
         .arg("--version")
@@ -682,6 +690,14 @@ fn quic_over_lossy_slow_links_and_a_blackhole_keeps_every_sample() {
     );
 }
 
+/// A bed of hosts `{prefix}0..{prefix}{n-1}` and `others`.
+fn bed_of(prefix: &str, n: usize, others: &[&str]) -> Option<Bed> {
+    let mut names: Vec<String> = (0..n).map(|i| format!("{prefix}{i}")).collect();
+    names.extend(others.iter().map(|o| o.to_string()));
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    Bed::new(&refs)
+}
+
 /// A standalone storage node on `host` serving `data` (no peers), its egress capped.
 fn start_plain_storage(bed: &mut Bed, dir: &Path, host: &str, data: &Path, cap: Option<&str>) {
     let config = dir.join(format!("{host}.toml"));
@@ -738,10 +754,7 @@ fn throughput_grows_with_storage_nodes_and_with_workers() {
     let readers = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/netbed/readers.py");
     let mut storage = Vec::new();
     for nodes in [1usize, 2, 4] {
-        let mut names: Vec<String> = (0..nodes).map(|i| format!("s{i}")).collect();
-        names.push("r0".into());
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        let Some(mut bed) = Bed::new(&refs) else {
+        let Some(mut bed) = bed_of("s", nodes, &["r0"]) else {
             return;
         };
         for i in 0..nodes {
@@ -788,43 +801,17 @@ fn throughput_grows_with_storage_nodes_and_with_workers() {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut chain = Vec::new();
     for workers in [1usize, 2, 3] {
-        let mut names: Vec<String> = (0..workers).map(|i| format!("c{i}")).collect();
-        names.extend(["s0".to_string(), "g0".to_string()]);
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        let Some(mut bed) = Bed::new(&refs) else {
+        let Some(mut bed) = bed_of("c", workers, &["s0", "g0"]) else {
             return;
         };
         start_plain_storage(&mut bed, dir, "s0", &data, None);
         std::fs::write(dir.join("token"), format!("{TOKEN}\n")).unwrap();
-        let sluice = env!("CARGO_BIN_EXE_sluice");
-        let mut certs = Vec::new();
-        for i in 0..workers {
-            let state = dir.join(format!("scale{workers}-worker{i}"));
-            let listen = format!("{}:7100", bed.host(&format!("c{i}")).addr);
-            let core = (i % cores).to_string();
-            bed.start_program(
-                &format!("c{i}"),
-                &format!("worker{i}"),
-                Path::new("taskset"),
-                &[
-                    "-c",
-                    &core,
-                    sluice,
-                    "cpu",
-                    "--listen",
-                    &listen,
-                    "--threads",
-                    "1",
-                    "--token-file",
-                    path_str(&dir.join("token")),
-                    "--state-dir",
-                    path_str(&state),
-                    "--no-same-host",
-                ],
-                &dir.join(format!("scale{workers}-worker{i}.log")),
-            );
-            certs.push(state.join("cert.pem"));
-        }
+        let certs: Vec<PathBuf> = (0..workers)
+            .map(|i| {
+                let name = format!("scale{workers}-worker{i}");
+                start_worker_as(&mut bed, dir, i, &name, Some(i % cores))
+            })
+            .collect();
         assert!(eventually(30, || certs.iter().all(|c| c.exists())));
         let pem: String = certs
             .iter()

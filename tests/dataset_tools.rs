@@ -19,6 +19,23 @@ fn read_samples(shards: &[std::path::PathBuf]) -> Vec<sluice_shard::Sample> {
     out
 }
 
+/// `sluice shard` of a flat folder with a labels TSV into `pattern`.
+fn shard_labelled(
+    flat: &std::path::Path,
+    labels: &std::path::Path,
+    pattern: &str,
+) -> std::process::Output {
+    sluice(&[
+        "shard",
+        "--input",
+        path_str(flat),
+        "--labels",
+        path_str(labels),
+        "--output",
+        pattern,
+    ])
+}
+
 #[test]
 fn image_folder_to_shards_index_and_inspect() {
     let dir = tempfile::tempdir().unwrap();
@@ -135,15 +152,7 @@ fn labelled_flat_folder_and_its_errors() {
     )
     .unwrap();
     let pattern = format!("{}/out/s-%02d.tar", dir.path().display());
-    let out = sluice(&[
-        "shard",
-        "--input",
-        path_str(&flat),
-        "--labels",
-        path_str(&labels),
-        "--output",
-        &pattern,
-    ]);
+    let out = shard_labelled(&flat, &labels, &pattern);
     assert!(
         out.status.success(),
         "{}",
@@ -179,15 +188,7 @@ fn labelled_flat_folder_and_its_errors() {
         ("file\tclass_index\nmissing.JPEG\t1\n", "missing.JPEG"),
     ] {
         std::fs::write(&labels, table).unwrap();
-        let out = sluice(&[
-            "shard",
-            "--input",
-            path_str(&flat),
-            "--labels",
-            path_str(&labels),
-            "--output",
-            &pattern,
-        ]);
+        let out = shard_labelled(&flat, &labels, &pattern);
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(expect), "expected {expect:?} in: {err}");

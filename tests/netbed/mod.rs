@@ -224,17 +224,7 @@ impl Bed {
 
     /// Resident memory of the daemon started as `tag`, KiB (0 when it is gone).
     pub fn rss_kb(&self, tag: &str) -> u64 {
-        self.pid(tag).map_or(0, |pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/status"))
-                .ok()
-                .and_then(|s| {
-                    s.lines()
-                        .find(|l| l.starts_with("VmRSS:"))
-                        .and_then(|l| l.split_whitespace().nth(1))
-                        .and_then(|v| v.parse().ok())
-                })
-                .unwrap_or(0)
-        })
+        self.pid(tag).map_or(0, crate::support::rss_kb)
     }
 
     /// Takes `host`'s link down (a cut cable) or up again.

@@ -158,3 +158,16 @@ pub fn shard_files(dir: &Path) -> Vec<PathBuf> {
     v.sort();
     v
 }
+
+/// Resident memory of process `pid`, KiB (0 once it is gone).
+pub fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}

@@ -62,17 +62,7 @@ impl Drop for Worker {
     }
 }
 
-pub fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
-}
+pub use crate::support::rss_kb;
 
 fn field(line: &str, key: &str) -> Option<String> {
     let at = line.find(key)? + key.len();
