@@ -103,7 +103,7 @@ pub fn engine_samples_per_s(
     let mut samples = Vec::new();
     for shard in &manifest.shards {
         let loc = sluice_cpu::ShardLocation {
-            urls: vec![shard.url.clone()],
+            urls: shard.urls(),
             info: shard.clone(),
         };
         for s in source.open_unit(&loc, 0, shard.samples)? {
@@ -113,31 +113,12 @@ pub fn engine_samples_per_s(
             break;
         }
     }
-    let spec: PipelineSpec = pipeline.parse()?;
-    let engine = Engine::new(
-        spec,
-        EngineConfig {
-            threads,
-            ..Default::default()
-        },
-    )?;
-    let ctx = |epoch| SampleContext {
-        seed: 0,
-        epoch,
-        shard: 0,
+    let config = EngineConfig {
+        threads,
+        ..Default::default()
     };
-    engine.process_all(&samples, &ctx(0));
-    let started = Instant::now();
-    let (mut n, mut epoch) = (0u64, 1);
-    while started.elapsed().as_secs_f64() < secs {
-        n += engine
-            .process_all(&samples, &ctx(epoch))
-            .iter()
-            .filter(|o| matches!(o, Outcome::Done(_)))
-            .count() as u64;
-        epoch += 1;
-    }
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+    let run = engine_run(&samples, pipeline.parse()?, config, secs)?;
+    Ok(run.done as f64 / run.seconds.max(1e-9))
 }
 
 /// "1 core", "2 cores".
@@ -457,7 +438,10 @@ pub fn bench_images(dir: Option<&std::path::Path>) -> Result<(Vec<Sample>, Strin
 /// What the CPU engine did with in-memory samples over a measured time.
 #[derive(Clone, Debug)]
 pub struct EngineRun {
+    /// Images the engine processed in the measured passes, skipped ones included.
     pub images: u64,
+    /// Of those, the ones it turned into tensors.
+    pub done: u64,
     pub seconds: f64,
     /// The decoder's share of the engine's time (the rest: resize, flip, layout).
     pub decode_share: f64,
@@ -500,10 +484,15 @@ pub fn engine_run(
         t0.transform_ns.load(Ordering::Relaxed),
     );
     let started = Instant::now();
-    let mut images = 0u64;
+    let (mut images, mut done) = (0u64, 0u64);
     while started.elapsed().as_secs_f64() < seconds {
         epoch += 1;
-        images += engine.process_all(samples, &ctx(epoch)).len() as u64;
+        let outcomes = engine.process_all(samples, &ctx(epoch));
+        images += outcomes.len() as u64;
+        done += outcomes
+            .iter()
+            .filter(|o| matches!(o, Outcome::Done(_)))
+            .count() as u64;
     }
     let secs = started.elapsed().as_secs_f64();
     let t = engine.times();
@@ -511,6 +500,7 @@ pub fn engine_run(
     let transform = (t.transform_ns.load(Ordering::Relaxed) - x0) as f64;
     Ok(EngineRun {
         images,
+        done,
         seconds: secs,
         decode_share: decode / (decode + transform).max(1.0),
         skipped,
