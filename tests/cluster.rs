@@ -585,17 +585,11 @@ fn slow_clients_and_garbage_datagrams_do_not_stop_an_epoch() {
 
 /// Runs `iptables args...` in `host`.
 fn iptables(bed: &Bed, host: &str, args: &[&str]) {
-    let out = bed
-        .command(host, Path::new("iptables"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "iptables {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut all = vec!["iptables"];
+    all.extend_from_slice(args);
+    if let Err(e) = bed.exec(host, &all) {
+        panic!("{e}");
+    }
 }
 
 #[test]

@@ -46,22 +46,11 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
+/// Runs `args` (a program and its arguments) inside namespace `ns`, to completion.
 fn in_ns(ns: &str, args: &[&str]) -> Result<(), String> {
     let mut all = vec!["netns", "exec", ns];
     all.extend_from_slice(args);
-    let out = Command::new("ip")
-        .args(&all)
-        .output()
-        .map_err(|e| format!("ip netns exec: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
+    ip(&all)
 }
 
 static BEDS: AtomicU32 = AtomicU32::new(0);
@@ -225,6 +214,12 @@ impl Bed {
     /// Resident memory of the daemon started as `tag`, KiB (0 when it is gone).
     pub fn rss_kb(&self, tag: &str) -> u64 {
         self.pid(tag).map_or(0, crate::support::rss_kb)
+    }
+
+    /// Runs `args` (a program and its arguments, e.g. `iptables ...`) inside `host`, to
+    /// completion.
+    pub fn exec(&self, host: &str, args: &[&str]) -> Result<(), String> {
+        in_ns(&self.host(host).ns, args)
     }
 
     /// Takes `host`'s link down (a cut cable) or up again.
