@@ -47,7 +47,7 @@ pub(crate) struct Settings {
 
 impl Tensor for Payload {
     fn detach(self, tensor_bytes: usize) -> Self {
-        Payload::Bytes(self.into_tensor(tensor_bytes))
+        Payload::detach(self, tensor_bytes)
     }
 }
 
@@ -355,7 +355,7 @@ mod tests {
                 tensor_bytes: 3,
                 fields: Vec::new(),
             },
-            payload: crate::same_host::Payload::Bytes(vec![index as u8; 3]),
+            payload: crate::same_host::Payload::Bytes(vec![index as u8; 3].into()),
         }
     }
 

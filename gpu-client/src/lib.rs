@@ -32,6 +32,7 @@
 //! caller (the CPU tier's `CpuWorker`).
 
 pub mod batch;
+mod buffers;
 mod coordinator;
 #[cfg(feature = "cuda")]
 pub mod cuda;

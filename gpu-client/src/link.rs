@@ -27,6 +27,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::buffers::TensorBuffers;
 use crate::same_host::{Payload, SlotPool};
 
 /// What links tell the coordinator.
@@ -86,7 +87,14 @@ pub(crate) struct RemoteLink {
     /// Credits (and so same-host slots) per connection, as the coordinator sizes them.
     pub credits: u32,
     pub receive_window: u64,
+    /// The loader's spare tensor buffers, for payloads read off the stream.
+    pub buffers: Arc<TensorBuffers>,
+    /// Same-host slots beyond the credits, for samples waiting for their turn.
+    pub spare_slots: u32,
 }
+
+/// The most bytes spare same-host slots make a segment.
+const SPARE_SEGMENT_BYTES: u64 = 1 << 30;
 
 /// Where a same-host worker listens, and whether QUIC may stand in when it refuses us.
 #[derive(Clone, Debug)]
@@ -253,7 +261,11 @@ impl RemoteLink {
         };
         let slots =
             crate::coordinator::credit_window(self.credits, self.receive_window, shape.bytes());
-        let pool = match SlotPool::create(slots, shape.bytes()) {
+        // Spare slots fill a segment of at most 1 GiB (a quarter of what a worker takes by
+        // default, `same_host.max_segment_bytes`); waiting samples past them are copied out.
+        let room = (SPARE_SEGMENT_BYTES / shape.bytes().max(1)).saturating_sub(u64::from(slots));
+        let spare = self.spare_slots.min(room.min(u64::from(u32::MAX)) as u32);
+        let pool = match SlotPool::create(slots, spare, shape.bytes(), self.buffers.clone()) {
             Ok(p) => Arc::new(p),
             Err(e) => return Ended::Fatal(crate::ClientError::Allocate(e.to_string())),
         };
@@ -270,7 +282,7 @@ impl RemoteLink {
             Ok(other) => return self.unexpected(other, "ShmAttached"),
             Err(e) => return e,
         }
-        tracing::debug!(worker = %self.name, slots, "same-host segment attached");
+        tracing::debug!(worker = %self.name, slots, spare, "same-host segment attached");
         self.talk(wire, shape, Some(pool), generation, commands, events)
             .await
     }
@@ -346,6 +358,7 @@ impl RemoteLink {
                 shape,
                 job: self.job.job,
                 pool: pool.clone(),
+                buffers: self.buffers.clone(),
                 events: events.clone(),
                 end: end_tx,
             },
@@ -537,6 +550,7 @@ struct ReadTo {
     job: u64,
     /// Same-host connections: the segment samples arrive in.
     pool: Option<Arc<SlotPool>>,
+    buffers: Arc<TensorBuffers>,
     events: mpsc::Sender<Event>,
     end: mpsc::Sender<Ended>,
 }
@@ -549,6 +563,7 @@ async fn read_frames<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, to: ReadT
         shape,
         job,
         pool,
+        buffers,
         events,
         end,
     } = to;
@@ -616,7 +631,7 @@ async fn read_frames<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, to: ReadT
                     continue;
                 }
                 // Bounded by the frame limits before this allocation.
-                let mut payload = vec![0u8; header.payload_len() as usize];
+                let mut payload = buffers.take(header.payload_len() as usize);
                 if let Err(e) = reader.payload_into(&mut payload).await {
                     break Ended::Lost(e.to_string());
                 }
@@ -753,7 +768,7 @@ fn run_local_unit(
             Output::Sample(header, payload) => Event::Sample {
                 link,
                 header,
-                payload: Payload::Bytes(payload),
+                payload: Payload::Bytes(payload.into()),
             },
             Output::Skipped(skipped) => Event::Skipped { skipped },
         };

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::batch::{
     Batch, BatchPlan, HeapAllocator, HostAllocator, LastBatch, Recycling, ShortBatch,
 };
+use crate::buffers::TensorBuffers;
 use crate::coordinator::{Coordinator, Settings};
 use crate::error::ClientError;
 use crate::ledger::{Ledger, LedgerRecord, Verdict};
@@ -384,7 +385,21 @@ impl LoaderBuilder {
             u64::from(self.batch_size),
             self.last_batch,
         );
+        // Samples the client may hold between arrival and batch: the plan order's reorder
+        // bound (see ARCHITECTURE.md, "Sample order") and every worker's credits.
+        let links = match &workers {
+            Workers::Remote(names) => names.len() as u64,
+            Workers::InProcess(_) => 0,
+        };
+        let held = self.lookahead
+            + u64::from(self.mixing.buffer_samples)
+            + u64::from(self.mixing.window_units) * self.max_unit_samples
+            + links * u64::from(self.credits_per_worker);
+        let held = held.min(1 << 16);
         Ok(Loader {
+            buffers: TensorBuffers::new(held as usize),
+            // Waiting samples spread over the links; past its share a link copies them out.
+            spare_slots: (held / links.max(1)) as u32,
             fingerprint: fingerprint(&manifest),
             manifest: Arc::new(manifest),
             plan_config,
@@ -414,6 +429,10 @@ pub struct Loader {
     runtime: Option<tokio::runtime::Runtime>,
     /// The settings' allocator, keeping finished epochs' ring buffers for the next ones.
     allocator: Arc<dyn HostAllocator>,
+    /// Spare tensor buffers for samples between arrival and batch, kept across epochs.
+    buffers: Arc<TensorBuffers>,
+    /// Same-host slots per connection beyond its credits.
+    spare_slots: u32,
     progress: Arc<Mutex<Option<Progress>>>,
     resume: Mutex<Option<Pending>>,
     stats: Arc<Stats>,
@@ -1000,6 +1019,8 @@ impl Loader {
                         silence: s.silence,
                         connect_timeout: s.connect_timeout,
                         limits: Limits::default(),
+                        buffers: self.buffers.clone(),
+                        spare_slots: self.spare_slots,
                     };
                     links.push((name, tx));
                     runtime.spawn(link.run(rx, event_tx.clone(), cancel.clone()));

@@ -27,8 +27,8 @@ use crate::stats::{EpochCounters, Stats};
 
 /// A sample's tensor as the protocol passes it around: the shell's payload type.
 pub(crate) trait Tensor {
-    /// The tensor as owned memory, for a sample that must wait for its turn (a same-host
-    /// slot is a credit: a held sample may not keep it).
+    /// The tensor alone, for a sample that must wait for its turn (a same-host slot only
+    /// if the segment can spare it: a held sample may not keep a credit's slot).
     fn detach(self, tensor_bytes: usize) -> Self;
 }
 

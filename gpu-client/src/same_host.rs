@@ -5,6 +5,11 @@
 //! write one tensor into), or filled (the client's again: a `ShmSample` named it, and a
 //! [`SlotRef`] holds it until the tensor is copied into its batch). Dropping the `SlotRef`
 //! frees the slot, and the link grants free slots as the coordinator returns credits.
+//!
+//! A segment has more slots than credits: a sample that arrived before its turn keeps its
+//! slot while it waits (no copy), as long as the slots neither filled nor held can still
+//! carry the whole credit window; past that it is copied out and its slot freed, so held
+//! samples can never starve the worker of slots.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -12,6 +17,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use sluice_wire::shm::{Segment, ShmError};
+
+use crate::buffers::{TensorBuf, TensorBuffers};
 use tokio::sync::Notify;
 
 /// Whether a worker on this machine is reached through shared memory.
@@ -67,6 +74,8 @@ struct PoolState {
     free: Vec<u32>,
     /// Whether each slot is granted to the worker.
     granted: Vec<bool>,
+    /// How many are.
+    granted_count: usize,
     /// Credits the coordinator returned that no free slot has carried yet.
     owed: u32,
 }
@@ -76,16 +85,33 @@ pub(crate) struct SlotPool {
     segment: Segment,
     state: Mutex<PoolState>,
     released: Notify,
+    /// Where a sample that must wait for its turn is copied to, freeing its slot.
+    buffers: Arc<TensorBuffers>,
+    /// The connection's credit window: slots free or granted never drop below it.
+    window: u32,
 }
 
 impl SlotPool {
-    pub(crate) fn create(slots: u32, slot_bytes: u64) -> Result<Self, ShmError> {
+    /// A segment of `window` slots for the credits plus `spare` for samples waiting for
+    /// their turn.
+    pub(crate) fn create(
+        window: u32,
+        spare: u32,
+        slot_bytes: u64,
+        buffers: Arc<TensorBuffers>,
+    ) -> Result<Self, ShmError> {
+        let slots = window.saturating_add(spare);
         let segment = Segment::create("sluice-slots", slots, slot_bytes)?;
         Ok(SlotPool {
             segment,
+            buffers,
+            window,
             state: Mutex::new(PoolState {
+                // Granted from the end: the lowest slots first, and the most recently
+                // freed again, so the pages touched stay about as many as are in use.
                 free: (0..slots).rev().collect(),
                 granted: vec![false; slots as usize],
+                granted_count: 0,
                 owed: 0,
             }),
             released: Notify::new(),
@@ -111,6 +137,7 @@ impl SlotPool {
         for &slot in &slots {
             s.granted[slot as usize] = true;
         }
+        s.granted_count += n;
         s.owed -= n as u32;
         Some(slots)
     }
@@ -120,7 +147,10 @@ impl SlotPool {
     pub(crate) fn filled(self: &Arc<Self>, slot: u32) -> Result<SlotRef, String> {
         let mut s = self.state.lock().map_err(|_| "slot state poisoned")?;
         match s.granted.get_mut(slot as usize) {
-            Some(g @ true) => *g = false,
+            Some(g @ true) => {
+                *g = false;
+                s.granted_count -= 1;
+            }
             Some(false) => return Err(format!("sample in slot {slot}, which was not granted")),
             None => {
                 return Err(format!(
@@ -133,6 +163,15 @@ impl SlotPool {
             pool: self.clone(),
             slot,
         })
+    }
+
+    /// Whether one more filled slot may stay with a sample waiting for its turn: the slots
+    /// free or granted still cover the credit window, so every credit the coordinator
+    /// returns finds a slot.
+    fn may_hold(&self) -> bool {
+        self.state
+            .lock()
+            .is_ok_and(|s| s.free.len() + s.granted_count >= self.window as usize)
     }
 
     /// Grants slots freed by the consumer once an eighth of the segment (or all that is owed)
@@ -169,24 +208,27 @@ impl Drop for SlotRef {
 /// Where a sample's tensor is.
 pub(crate) enum Payload {
     /// Read from a frame (QUIC) or handed over in process: the tensor, then the fields.
-    Bytes(Vec<u8>),
+    Bytes(TensorBuf),
     /// In a same-host slot.
     Slot(SlotRef),
 }
 
 impl Payload {
-    /// The sample's tensor (`tensor_bytes` of it) as owned bytes, freeing a same-host slot:
-    /// a sample that must wait for its turn may not hold a credit's slot meanwhile.
-    pub(crate) fn into_tensor(self, tensor_bytes: usize) -> Vec<u8> {
+    /// The payload of a sample that must wait for its turn: its tensor (`tensor_bytes` of
+    /// it) alone, and a same-host slot kept only while the segment can spare it (else the
+    /// tensor is copied out and the slot freed: a waiting sample may not hold a credit's
+    /// slot).
+    pub(crate) fn detach(self, tensor_bytes: usize) -> Payload {
         match self {
             Payload::Bytes(mut b) => {
                 b.truncate(tensor_bytes);
-                b
+                Payload::Bytes(b)
             }
-            Payload::Slot(_) => {
-                let mut v = vec![0u8; tensor_bytes];
-                self.copy_tensor(&mut v);
-                v
+            Payload::Slot(s) if s.pool.may_hold() => Payload::Slot(s),
+            Payload::Slot(ref s) => {
+                let mut b = s.pool.buffers.take(tensor_bytes);
+                self.copy_tensor(&mut b);
+                Payload::Bytes(b)
             }
         }
     }
@@ -211,7 +253,7 @@ mod tests {
 
     #[test]
     fn slots_move_between_client_and_worker() {
-        let pool = Arc::new(SlotPool::create(3, 8).unwrap());
+        let pool = Arc::new(SlotPool::create(3, 0, 8, TensorBuffers::new(4)).unwrap());
         let mut granted = pool.grant(2, 1).unwrap();
         assert_eq!(granted.len(), 2);
         assert!(
@@ -232,6 +274,25 @@ mod tests {
         assert_eq!(dst, [0; 8]);
         // Dropping the payload freed its slot: it carries one owed credit.
         assert_eq!(pool.grant(0, 1), Some(vec![granted[0]]));
+    }
+
+    #[test]
+    fn waiting_samples_keep_spare_slots_and_never_the_window() {
+        let pool = Arc::new(SlotPool::create(2, 1, 4, TensorBuffers::new(4)).unwrap());
+        let slot = |p: &Payload| match p {
+            Payload::Slot(s) => Some(s.slot),
+            Payload::Bytes(_) => None,
+        };
+        let mut granted = pool.grant(2, 1).unwrap();
+        // The worker fills both; both samples wait for their turn.
+        let a = Payload::Slot(pool.filled(granted.pop().unwrap()).unwrap()).detach(4);
+        assert!(slot(&a).is_some(), "one spare slot: the first keeps its slot");
+        assert_eq!(pool.grant(1, 1).unwrap().len(), 1, "its credit finds a slot");
+        let b = Payload::Slot(pool.filled(granted.pop().unwrap()).unwrap()).detach(4);
+        assert_eq!(slot(&b), None, "no spare left: copied out, the slot freed");
+        assert_eq!(pool.grant(1, 1).unwrap().len(), 1, "the window is whole again");
+        drop(a);
+        assert_eq!(pool.grant(0, 1), None, "nothing owed");
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //!
 //! The QUIC and same-host sides are the real system minus decoding: a CPU-tier server (in
 //! this process) whose worker emits ready-made tensors ([`Synthetic`]), and a client that
-//! grants credits, accounts for every sample and assembles batches. The TCP side writes the
+//! grants credits, accounts for every sample and assembles batches in plan order with the
+//! default mixing and unit size, as training runs (so most samples wait for their turn in
+//! the reorder area, as they do there). The TCP side writes the
 //! same frames with the same codec into a socket and reads each payload into a buffer. The
 //! memcpy copies each tensor once, from a pool as large as the client's slots into a batch
 //! buffer: what moving the bytes costs at all on this machine.
@@ -157,7 +159,6 @@ pub fn loader_once(args: &TransportProbe, runner: Arc<Synthetic>, same_host: boo
         .pipeline(format!("decode | center_crop {}", args.side))
         .batch_size(256)
         .credits_per_worker(args.credits)
-        .max_unit_samples(1024)
         .same_host(if same_host {
             sluice_client::SameHost::Require
         } else {
@@ -268,16 +269,52 @@ pub struct TransportFigures {
     pub memcpy: f64,
 }
 
-/// QUIC, same-host, TCP and memcpy side by side, each the best of `repeat` runs.
-pub fn compare(probe: &TransportProbe, repeat: u32) -> Result<TransportFigures> {
+/// One of the paths [`compare`] measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportPath {
+    Quic,
+    SameHost,
+    Tcp,
+    Memcpy,
+}
+
+impl std::str::FromStr for TransportPath {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "quic" => Ok(TransportPath::Quic),
+            "same-host" => Ok(TransportPath::SameHost),
+            "tcp" => Ok(TransportPath::Tcp),
+            "memcpy" => Ok(TransportPath::Memcpy),
+            _ => Err(format!("{s:?} is not quic, same-host, tcp or memcpy")),
+        }
+    }
+}
+
+/// QUIC, same-host, TCP and memcpy side by side (or `only` one of them, for a profiler),
+/// each the best of `repeat` runs; a path not run reads 0.
+pub fn compare(
+    probe: &TransportProbe,
+    repeat: u32,
+    only: Option<TransportPath>,
+) -> Result<TransportFigures> {
     let (runner, _) = Synthetic::rgb(probe.side);
     let tensor = runner.tensor.clone();
+    let run = |p: TransportPath| only.is_none_or(|o| o == p);
     let mut f = TransportFigures::default();
     for _ in 0..repeat.max(1) {
-        f.quic = f.quic.max(loader_once(probe, runner.clone(), false)?);
-        f.same_host = f.same_host.max(loader_once(probe, runner.clone(), true)?);
-        f.tcp = f.tcp.max(tcp_once(probe, tensor.clone())?);
-        f.memcpy = f.memcpy.max(memcpy_once(probe, tensor.len()));
+        if run(TransportPath::Quic) {
+            f.quic = f.quic.max(loader_once(probe, runner.clone(), false)?);
+        }
+        if run(TransportPath::SameHost) {
+            f.same_host = f.same_host.max(loader_once(probe, runner.clone(), true)?);
+        }
+        if run(TransportPath::Tcp) {
+            f.tcp = f.tcp.max(tcp_once(probe, tensor.clone())?);
+        }
+        if run(TransportPath::Memcpy) {
+            f.memcpy = f.memcpy.max(memcpy_once(probe, tensor.len()));
+        }
     }
     Ok(f)
 }

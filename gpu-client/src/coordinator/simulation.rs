@@ -269,7 +269,7 @@ fn sample_event(link: usize, a: &Assign, index: u64) -> Event {
             tensor_bytes: 4,
             fields: Vec::new(),
         },
-        payload: Payload::Bytes(tensor(shard, index)),
+        payload: Payload::Bytes(tensor(shard, index).into()),
     }
 }
 

@@ -114,7 +114,7 @@ pub fn run(args: AllArgs) -> Result<()> {
         side: 224,
         credits: 256,
     };
-    let t = transport::compare(&probe, 3)?;
+    let t = transport::compare(&probe, 3, None)?;
 
     // The whole chain over each transport, beside the CPU tier alone on the same cores.
     eprintln!("[bench] the chain…");

@@ -10,8 +10,8 @@
 //! memcpy copies each tensor once, from a pool as large as the client's slots into a batch
 //! buffer: what moving the bytes costs at all on this machine.
 
-use anyhow::{Context, Result};
-use sluice_testbed::transport::{loader_once, memcpy_once, tcp_once, Synthetic, TransportProbe};
+use anyhow::Result;
+use sluice_testbed::transport::{compare, TransportPath, TransportProbe};
 
 #[derive(clap::Args)]
 pub struct TransportArgs {
@@ -27,11 +27,13 @@ pub struct TransportArgs {
     /// Repeat each measurement this many times and keep the best.
     #[arg(long, default_value_t = 3)]
     repeat: u32,
+    /// Measure this path alone, to profile it: quic, same-host, tcp or memcpy (the ratios
+    /// need all four).
+    #[arg(long)]
+    only: Option<TransportPath>,
 }
 
 pub fn run(args: TransportArgs) -> Result<()> {
-    let (runner, shape) = Synthetic::rgb(args.side);
-    let tensor = runner.tensor.clone();
     let probe = TransportProbe {
         samples: args.samples,
         side: args.side,
@@ -40,23 +42,23 @@ pub fn run(args: TransportArgs) -> Result<()> {
     println!(
         "sluice bench transport: {} samples of {} bytes, one connection, loopback, best of {}",
         args.samples,
-        shape.bytes(),
+        u64::from(args.side) * u64::from(args.side) * 3,
         args.repeat
     );
-    let (mut quic, mut shm, mut tcp, mut copy) = (0f64, 0f64, 0f64, 0f64);
-    for _ in 0..args.repeat.max(1) {
-        quic = quic.max(loader_once(&probe, runner.clone(), false).context("QUIC run")?);
-        shm = shm.max(loader_once(&probe, runner.clone(), true).context("same-host run")?);
-        tcp = tcp.max(tcp_once(&probe, tensor.clone()).context("TCP run")?);
-        copy = copy.max(memcpy_once(&probe, tensor.len()));
+    let f = compare(&probe, args.repeat, args.only)?;
+    let line = |what: &str, v: f64| {
+        if v > 0.0 {
+            println!("transport\t{what}\t{:.2} GB/s", v / 1e9)
+        }
+    };
+    line("quic (server → Loader, credits, batches)", f.quic);
+    line("same-host (server → shared memory → Loader)", f.same_host);
+    line("tcp (same frames, read into a buffer)", f.tcp);
+    line("memcpy (one thread, each tensor once)", f.memcpy);
+    if args.only.is_none() {
+        println!("transport\tquic/tcp\t{:.2}", f.quic / f.tcp);
+        println!("transport\tsame-host/memcpy\t{:.2}", f.same_host / f.memcpy);
+        println!("transport\tsame-host/quic\t{:.2}", f.same_host / f.quic);
     }
-    let line = |what: &str, v: f64| println!("transport\t{what}\t{:.2} GB/s", v / 1e9);
-    line("quic (server → Loader, credits, batches)", quic);
-    line("same-host (server → shared memory → Loader)", shm);
-    line("tcp (same frames, read into a buffer)", tcp);
-    line("memcpy (one thread, each tensor once)", copy);
-    println!("transport\tquic/tcp\t{:.2}", quic / tcp);
-    println!("transport\tsame-host/memcpy\t{:.2}", shm / copy);
-    println!("transport\tsame-host/quic\t{:.2}", shm / quic);
     Ok(())
 }
