@@ -151,7 +151,13 @@ pub struct Engine {
     /// Shared by every job of a worker, so they divide the cores between them.
     pool: Arc<rayon::ThreadPool>,
     times: Arc<StageTimes>,
+    /// Output tensors the transport is done with, written again (see [`Engine::recycle`]).
+    outputs: Arc<sluice_wire::BufferPool>,
 }
+
+/// Spare output tensors an engine keeps per size: about what is in flight between the
+/// decoders and the transport (queues, credits, QUIC's send buffer).
+const SPARE_OUTPUTS: usize = 512;
 
 impl Engine {
     /// An engine with its own pool of `config.threads` threads.
@@ -181,7 +187,14 @@ impl Engine {
             config,
             pool,
             times: Arc::new(StageTimes::default()),
+            outputs: Arc::new(sluice_wire::BufferPool::new(SPARE_OUTPUTS)),
         }
+    }
+
+    /// Gives back an output tensor's memory once its bytes have been sent or copied, so
+    /// later samples are written into it rather than into fresh pages.
+    pub fn recycle(&self, tensor: Vec<u8>) {
+        self.outputs.give_back(tensor);
     }
 
     pub fn spec(&self) -> &PipelineSpec {
@@ -576,7 +589,7 @@ impl Engine {
         g: &Geometry,
     ) -> Result<Tensor, DecodeError> {
         let (ow, oh) = (g.out_w, g.out_h);
-        let mut out = vec![0u8; ow as usize * oh as usize * 3];
+        let mut out = self.outputs.take(ow as usize * oh as usize * 3);
         let src = ImageRef::new(bw, bh, buf, PixelType::U8x3)
             .map_err(|e| DecodeError::Decoder(e.to_string()))?;
         let alg = ResizeAlg::Convolution(FilterType::Bilinear);
@@ -601,6 +614,7 @@ impl Engine {
                 .map_err(|e| DecodeError::Decoder(e.to_string()))?;
         } else {
             // Padding: resample the part inside the image into its place in a black output.
+            out.fill(0);
             let (kx, ky) = (f64::from(ow) / crop.w, f64::from(oh) / crop.h);
             let vx0 = crop.x.max(0.0);
             let vy0 = crop.y.max(0.0);
@@ -652,19 +666,20 @@ impl Engine {
         let data = match &self.spec.normalize {
             None if !chw => hwc,
             None => {
-                let mut out = vec![0u8; hwc.len()];
+                let mut out = self.outputs.take(hwc.len());
                 for (p, px) in hwc.chunks_exact(3).enumerate() {
                     for c in 0..3 {
                         out[index(p, c)] = px[c];
                     }
                 }
+                self.outputs.give_back(hwc);
                 out
             }
             Some(n) => {
                 let scale: [f32; 3] = std::array::from_fn(|c| 1.0 / (255.0 * n.std[c]));
                 let shift: [f32; 3] = std::array::from_fn(|c| -n.mean[c] / n.std[c]);
                 let size = n.dtype.size();
-                let mut out = vec![0u8; hwc.len() * size];
+                let mut out = self.outputs.take(hwc.len() * size);
                 for (p, px) in hwc.chunks_exact(3).enumerate() {
                     for c in 0..3 {
                         let v = f32::from(px[c]) * scale[c] + shift[c];
@@ -676,6 +691,7 @@ impl Engine {
                         }
                     }
                 }
+                self.outputs.give_back(hwc);
                 out
             }
         };

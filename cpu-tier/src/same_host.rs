@@ -181,7 +181,11 @@ impl Slots {
 struct UnixOut(FrameWriter<tokio::io::BufWriter<OwnedWriteHalf>>);
 
 impl Outbound for UnixOut {
-    async fn frame(&mut self, message: &Message, payload: Vec<u8>) -> Result<(), SendError> {
+    async fn frame(
+        &mut self,
+        message: &Message,
+        payload: bytes::Bytes,
+    ) -> Result<(), SendError> {
         Ok(self.0.send(message, &[&payload]).await?)
     }
 
@@ -248,7 +252,7 @@ pub(crate) async fn serve(stream: UnixStream, state: Arc<State>) {
         End::Error(code, message) => {
             warn!(client = %client, "closing: {message}");
             let _ = out
-                .frame(&Message::Error(ErrorMessage { code, message }), Vec::new())
+                .frame(&Message::Error(ErrorMessage { code, message }), bytes::Bytes::new())
                 .await;
             let _ = out.flush().await;
         }

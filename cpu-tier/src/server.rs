@@ -378,7 +378,7 @@ pub(crate) enum End {
 
 /// What an assignment thread sends to its connection.
 enum Produced {
-    Frame(Message, Vec<u8>),
+    Frame(Message, bytes::Bytes),
     /// The assignment ended (its `UnitDone`/`UnitFailed` is the frame before).
     Finished,
 }
@@ -398,7 +398,8 @@ pub(crate) enum SendError {
 pub(crate) trait Outbound: Send {
     /// Sends one frame, taking its payload over (a buffered transport may hold it until
     /// [`Outbound::flush`]).
-    async fn frame(&mut self, message: &Message, payload: Vec<u8>) -> Result<(), SendError>;
+    async fn frame(&mut self, message: &Message, payload: bytes::Bytes)
+        -> Result<(), SendError>;
 
     /// Sends what `frame` buffered.
     async fn flush(&mut self) -> Result<(), SendError> {
@@ -410,7 +411,11 @@ pub(crate) trait Outbound: Send {
 pub(crate) struct QuicOut(FrameWriter<quinn::SendStream>, Limits);
 
 impl Outbound for QuicOut {
-    async fn frame(&mut self, message: &Message, payload: Vec<u8>) -> Result<(), SendError> {
+    async fn frame(
+        &mut self,
+        message: &Message,
+        payload: bytes::Bytes,
+    ) -> Result<(), SendError> {
         send_owned(&mut self.0, message, payload, &self.1).await
     }
 }
@@ -575,7 +580,7 @@ impl Session {
                             "no frame from the client for {:?}", timeouts.client_silence()));
                     }
                     seq += 1;
-                    if writer.frame(&Message::Heartbeat { seq }, Vec::new()).await.is_err() {
+                    if writer.frame(&Message::Heartbeat { seq }, bytes::Bytes::new()).await.is_err() {
                         return End::ClientClosed;
                     }
                 }
@@ -610,7 +615,7 @@ impl Session {
                     shape,
                 };
                 writer
-                    .frame(&opened, Vec::new())
+                    .frame(&opened, bytes::Bytes::new())
                     .await
                     .map_err(|e| (ErrorCode::Internal, e.to_string()))
             }
@@ -652,7 +657,7 @@ impl Session {
                         error: "worker is draining".into(),
                     });
                     return writer
-                        .frame(&failed, Vec::new())
+                        .frame(&failed, bytes::Bytes::new())
                         .await
                         .map_err(|e| (ErrorCode::Internal, e.to_string()));
                 }
@@ -703,7 +708,7 @@ impl Session {
 async fn send_owned(
     writer: &mut FrameWriter<quinn::SendStream>,
     message: &Message,
-    payload: Vec<u8>,
+    payload: bytes::Bytes,
     limits: &Limits,
 ) -> Result<(), SendError> {
     let mut head = Vec::with_capacity(128);
@@ -711,9 +716,28 @@ async fn send_owned(
     let stream = writer.get_mut();
     stream.write_chunk(bytes::Bytes::from(head)).await?;
     if !payload.is_empty() {
-        stream.write_chunk(bytes::Bytes::from(payload)).await?;
+        stream.write_chunk(payload).await?;
     }
     Ok(())
+}
+
+/// A sample's payload on its way out over QUIC: returned to the job's runner for reuse when
+/// quinn has sent it and lets go of it.
+struct Returning {
+    payload: Vec<u8>,
+    runner: Arc<dyn JobRunner>,
+}
+
+impl AsRef<[u8]> for Returning {
+    fn as_ref(&self) -> &[u8] {
+        &self.payload
+    }
+}
+
+impl Drop for Returning {
+    fn drop(&mut self) {
+        self.runner.recycle(std::mem::take(&mut self.payload));
+    }
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -768,9 +792,16 @@ fn spawn_unit(assign: Assign, job: &Job, slots: Arc<Semaphore>, out: mpsc::Sende
             let forward = |output: Output| -> bool {
                 let frame = match output {
                     Output::Sample(h, payload) => match &segment {
-                        None => Produced::Frame(Message::Sample(h), payload),
+                        None => {
+                            let runner = runner.clone();
+                            let payload = bytes::Bytes::from_owner(Returning { payload, runner });
+                            Produced::Frame(Message::Sample(h), payload)
+                        }
                         Some(segment) => match segment.place(h, &payload) {
-                            Ok((m, fields)) => Produced::Frame(m, fields),
+                            Ok((m, fields)) => {
+                                runner.recycle(payload);
+                                Produced::Frame(m, fields.into())
+                            }
                             Err(e) => {
                                 // The unit fails (and is reassigned); the connection lives.
                                 warn!("same-host slot: {e}");
@@ -778,7 +809,7 @@ fn spawn_unit(assign: Assign, job: &Job, slots: Arc<Semaphore>, out: mpsc::Sende
                             }
                         },
                     },
-                    Output::Skipped(s) => Produced::Frame(Message::Skipped(s), Vec::new()),
+                    Output::Skipped(s) => Produced::Frame(Message::Skipped(s), bytes::Bytes::new()),
                 };
                 if cancel.is_cancelled() || out.blocking_send(frame).is_err() {
                     dead.store(true, Ordering::Relaxed);
@@ -801,7 +832,7 @@ fn spawn_unit(assign: Assign, job: &Job, slots: Arc<Semaphore>, out: mpsc::Sende
                 }
             };
             if !dead.load(Ordering::Relaxed) && !cancel.is_cancelled() {
-                let _ = out.blocking_send(Produced::Frame(end, Vec::new()));
+                let _ = out.blocking_send(Produced::Frame(end, bytes::Bytes::new()));
             }
         })
         .await;

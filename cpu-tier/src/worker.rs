@@ -89,6 +89,12 @@ impl JobRunner for CpuJob {
         self.shape
     }
 
+    fn recycle(&self, mut payload: Vec<u8>) {
+        // The fields ride after the tensor; the engine reuses the tensor's length.
+        payload.truncate(self.shape.bytes() as usize);
+        self.engine.recycle(payload);
+    }
+
     fn run(
         &self,
         assign: &Assign,

@@ -1,68 +1,28 @@
-//! Reused tensor buffers for samples between their arrival and their batch: QUIC payloads
-//! read off the stream, and same-host samples copied out of their slot while they wait for
-//! their turn.
-//!
-//! A tensor of 224×224×3 is 150 KB, above glibc's mmap threshold: a fresh `Vec` per sample
-//! is an `mmap`, a page fault and a zeroed page per 4 KB touched, and an `munmap` when the
-//! batch has taken it. Measured on the same-host probe, that churn was most of the client's
-//! time. Buffers of one size go back to the loader's spares instead and are written again.
+//! A sample's bytes between its arrival and its batch: QUIC payloads read off the stream, and
+//! same-host samples copied out of their slot while they wait for their turn, in buffers the
+//! loader reuses across epochs ([`BufferPool`]; without it, the page faults of a fresh
+//! 150 KB `Vec` per sample were most of the client's time on the same-host probe).
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
-/// The spare buffers of one loader, of any one size at a time (the job's payload size).
-pub(crate) struct TensorBuffers {
-    spares: Mutex<Vec<Vec<u8>>>,
-    /// At most this many are kept: about what the client may hold at once.
-    keep: usize,
-}
+use sluice_wire::BufferPool;
 
-impl TensorBuffers {
-    pub(crate) fn new(keep: usize) -> Arc<Self> {
-        Arc::new(TensorBuffers {
-            spares: Mutex::new(Vec::new()),
-            keep,
-        })
-    }
-
-    /// A buffer of `len` bytes: a spare of that length (its old contents, to be overwritten
-    /// whole by the caller), or a fresh zeroed one.
-    pub(crate) fn take(self: &Arc<Self>, len: usize) -> TensorBuf {
-        let spare = self.spares.lock().ok().and_then(|mut s| match s.last() {
-            Some(b) if b.len() == len => s.pop(),
-            _ => None,
-        });
-        TensorBuf {
-            len,
-            bytes: spare.unwrap_or_else(|| vec![0u8; len]),
-            home: Arc::downgrade(self),
-        }
-    }
-
-    fn give_back(&self, bytes: Vec<u8>) {
-        if let Ok(mut s) = self.spares.lock() {
-            // A different size means the job changed: the old spares are of no more use.
-            if s.first().is_some_and(|b| b.len() != bytes.len()) {
-                s.clear();
-            }
-            if s.len() < self.keep {
-                s.push(bytes);
-            }
-        }
-    }
-
-    #[cfg(test)]
-    fn spares(&self) -> usize {
-        self.spares.lock().map(|s| s.len()).unwrap_or(0)
+/// Takes a buffer of `len` bytes from `pool`, returned to it when dropped.
+pub(crate) fn take(pool: &Arc<BufferPool>, len: usize) -> TensorBuf {
+    TensorBuf {
+        bytes: pool.take(len),
+        len,
+        home: Arc::downgrade(pool),
     }
 }
 
-/// A sample's bytes: from the spares (returned when dropped), or any `Vec` handed over (an
-/// in-process worker's output).
+/// A sample's bytes: from the loader's pool, or any `Vec` handed over (an in-process
+/// worker's output).
 pub(crate) struct TensorBuf {
     bytes: Vec<u8>,
     /// The bytes in use (the tensor after `truncate`); the rest stays for reuse.
     len: usize,
-    home: Weak<TensorBuffers>,
+    home: Weak<BufferPool>,
 }
 
 impl TensorBuf {
@@ -108,26 +68,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn buffers_are_reused_by_size_and_kept_up_to_a_bound() {
-        let pool = TensorBuffers::new(2);
-        let mut a = pool.take(8);
+    fn a_buffer_returns_whole_to_its_pool() {
+        let pool = Arc::new(BufferPool::new(4));
+        let mut a = take(&pool, 8);
         a.copy_from_slice(&[7; 8]);
-        let address = a.as_ptr();
+        a.truncate(3);
+        assert_eq!(&a[..], [7, 7, 7]);
         drop(a);
-        assert_eq!(pool.spares(), 1);
-        let mut b = pool.take(8);
-        assert_eq!(b.as_ptr(), address, "the spare is written again");
-        b.truncate(3);
-        assert_eq!(&b[..], [7, 7, 7]);
-        drop(b);
-        let c = pool.take(5);
-        assert_eq!(&c[..], [0; 5], "another size is a fresh buffer");
-        drop(c);
-        assert_eq!(pool.spares(), 1, "the 8-byte spare gave way to the new size");
-        let (x, y, z) = (pool.take(5), pool.take(5), pool.take(5));
-        drop((x, y, z));
-        assert_eq!(pool.spares(), 2, "no more than keep");
+        assert_eq!(pool.spares(8), 1, "back at its full length");
         let handed: TensorBuf = vec![1, 2].into();
         assert_eq!(&handed[..], [1, 2]);
+        drop(handed);
+        assert_eq!(pool.spares(2), 0, "a handed-over Vec has no pool");
     }
 }

@@ -27,7 +27,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::buffers::TensorBuffers;
+use sluice_wire::BufferPool;
 use crate::same_host::{Payload, SlotPool};
 
 /// What links tell the coordinator.
@@ -88,7 +88,7 @@ pub(crate) struct RemoteLink {
     pub credits: u32,
     pub receive_window: u64,
     /// The loader's spare tensor buffers, for payloads read off the stream.
-    pub buffers: Arc<TensorBuffers>,
+    pub buffers: Arc<BufferPool>,
     /// Same-host slots beyond the credits, for samples waiting for their turn.
     pub spare_slots: u32,
 }
@@ -550,7 +550,7 @@ struct ReadTo {
     job: u64,
     /// Same-host connections: the segment samples arrive in.
     pool: Option<Arc<SlotPool>>,
-    buffers: Arc<TensorBuffers>,
+    buffers: Arc<BufferPool>,
     events: mpsc::Sender<Event>,
     end: mpsc::Sender<Ended>,
 }
@@ -631,7 +631,7 @@ async fn read_frames<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, to: ReadT
                     continue;
                 }
                 // Bounded by the frame limits before this allocation.
-                let mut payload = buffers.take(header.payload_len() as usize);
+                let mut payload = crate::buffers::take(&buffers, header.payload_len() as usize);
                 if let Err(e) = reader.payload_into(&mut payload).await {
                     break Ended::Lost(e.to_string());
                 }

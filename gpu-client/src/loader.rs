@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::batch::{
     Batch, BatchPlan, HeapAllocator, HostAllocator, LastBatch, Recycling, ShortBatch,
 };
-use crate::buffers::TensorBuffers;
+use sluice_wire::BufferPool;
 use crate::coordinator::{Coordinator, Settings};
 use crate::error::ClientError;
 use crate::ledger::{Ledger, LedgerRecord, Verdict};
@@ -397,7 +397,7 @@ impl LoaderBuilder {
             + links * u64::from(self.credits_per_worker);
         let held = held.min(1 << 16);
         Ok(Loader {
-            buffers: TensorBuffers::new(held as usize),
+            buffers: Arc::new(BufferPool::new(held as usize)),
             // Waiting samples spread over the links; past its share a link copies them out.
             spare_slots: (held / links.max(1)) as u32,
             fingerprint: fingerprint(&manifest),
@@ -430,7 +430,7 @@ pub struct Loader {
     /// The settings' allocator, keeping finished epochs' ring buffers for the next ones.
     allocator: Arc<dyn HostAllocator>,
     /// Spare tensor buffers for samples between arrival and batch, kept across epochs.
-    buffers: Arc<TensorBuffers>,
+    buffers: Arc<BufferPool>,
     /// Same-host slots per connection beyond its credits.
     spare_slots: u32,
     progress: Arc<Mutex<Option<Progress>>>,

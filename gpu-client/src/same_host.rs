@@ -18,7 +18,9 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use sluice_wire::shm::{Segment, ShmError};
 
-use crate::buffers::{TensorBuf, TensorBuffers};
+use sluice_wire::BufferPool;
+
+use crate::buffers::TensorBuf;
 use tokio::sync::Notify;
 
 /// Whether a worker on this machine is reached through shared memory.
@@ -86,7 +88,7 @@ pub(crate) struct SlotPool {
     state: Mutex<PoolState>,
     released: Notify,
     /// Where a sample that must wait for its turn is copied to, freeing its slot.
-    buffers: Arc<TensorBuffers>,
+    buffers: Arc<BufferPool>,
     /// The connection's credit window: slots free or granted never drop below it.
     window: u32,
 }
@@ -98,7 +100,7 @@ impl SlotPool {
         window: u32,
         spare: u32,
         slot_bytes: u64,
-        buffers: Arc<TensorBuffers>,
+        buffers: Arc<BufferPool>,
     ) -> Result<Self, ShmError> {
         let slots = window.saturating_add(spare);
         let segment = Segment::create("sluice-slots", slots, slot_bytes)?;
@@ -226,7 +228,7 @@ impl Payload {
             }
             Payload::Slot(s) if s.pool.may_hold() => Payload::Slot(s),
             Payload::Slot(ref s) => {
-                let mut b = s.pool.buffers.take(tensor_bytes);
+                let mut b = crate::buffers::take(&s.pool.buffers, tensor_bytes);
                 self.copy_tensor(&mut b);
                 Payload::Bytes(b)
             }
@@ -253,7 +255,7 @@ mod tests {
 
     #[test]
     fn slots_move_between_client_and_worker() {
-        let pool = Arc::new(SlotPool::create(3, 0, 8, TensorBuffers::new(4)).unwrap());
+        let pool = Arc::new(SlotPool::create(3, 0, 8, Arc::new(BufferPool::new(4))).unwrap());
         let mut granted = pool.grant(2, 1).unwrap();
         assert_eq!(granted.len(), 2);
         assert!(
@@ -278,7 +280,7 @@ mod tests {
 
     #[test]
     fn waiting_samples_keep_spare_slots_and_never_the_window() {
-        let pool = Arc::new(SlotPool::create(2, 1, 4, TensorBuffers::new(4)).unwrap());
+        let pool = Arc::new(SlotPool::create(2, 1, 4, Arc::new(BufferPool::new(4))).unwrap());
         let slot = |p: &Payload| match p {
             Payload::Slot(s) => Some(s.slot),
             Payload::Bytes(_) => None,

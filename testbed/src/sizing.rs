@@ -489,10 +489,13 @@ pub fn engine_run(
         epoch += 1;
         let outcomes = engine.process_all(samples, &ctx(epoch));
         images += outcomes.len() as u64;
-        done += outcomes
-            .iter()
-            .filter(|o| matches!(o, Outcome::Done(_)))
-            .count() as u64;
+        // Tensors go back to the engine, as a worker's do once they are sent.
+        for outcome in outcomes {
+            if let Outcome::Done(p) = outcome {
+                done += 1;
+                engine.recycle(p.tensor.data);
+            }
+        }
     }
     let secs = started.elapsed().as_secs_f64();
     let t = engine.times();

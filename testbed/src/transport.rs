@@ -34,16 +34,22 @@ pub struct TransportProbe {
     pub credits: u32,
 }
 
-/// A worker that sends a copy of one prepared tensor for every sample: a fresh buffer per
-/// sample, as the decoder makes one (the copy comes from cache, so it costs little).
+/// A worker that sends a copy of one prepared tensor for every sample, written into a
+/// buffer from its pool as the engine writes its output (the copy comes from cache, so it
+/// costs little), and takes the buffer back when the transport is done with it.
 pub struct Synthetic {
     shape: SampleShape,
     pub tensor: Arc<Vec<u8>>,
+    outputs: Arc<sluice_wire::BufferPool>,
 }
 
 impl Synthetic {
     pub fn new(shape: SampleShape, tensor: Arc<Vec<u8>>) -> Self {
-        Synthetic { shape, tensor }
+        Synthetic {
+            shape,
+            tensor,
+            outputs: Arc::new(sluice_wire::BufferPool::new(512)),
+        }
     }
 
     /// A worker of side×side×3 uint8 tensors (what `center_crop side` makes), and the shape.
@@ -62,10 +68,7 @@ impl Synthetic {
 
 impl UnitRunner for Synthetic {
     fn open_job(&self, _spec: &JobSpec) -> Result<Box<dyn JobRunner>, RunnerError> {
-        Ok(Box::new(Synthetic {
-            shape: self.shape,
-            tensor: self.tensor.clone(),
-        }))
+        Ok(Box::new(Synthetic::new(self.shape, self.tensor.clone())))
     }
     fn threads(&self) -> u32 {
         1
@@ -93,7 +96,9 @@ impl JobRunner for Synthetic {
                 tensor_bytes: self.shape.bytes(),
                 fields: Vec::new(),
             };
-            if !emit(Output::Sample(header, self.tensor.to_vec())) {
+            let mut payload = self.outputs.take(self.tensor.len());
+            payload.copy_from_slice(&self.tensor);
+            if !emit(Output::Sample(header, payload)) {
                 return Err(RunnerError::Cancelled);
             }
         }
@@ -101,6 +106,10 @@ impl JobRunner for Synthetic {
             sent: a.end - a.start,
             skipped: 0,
         })
+    }
+
+    fn recycle(&self, payload: Vec<u8>) {
+        self.outputs.give_back(payload);
     }
 }
 

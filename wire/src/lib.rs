@@ -1,6 +1,7 @@
 //! The wire protocol between GPU clients and CPU workers: versioned message headers
 //! ([`message`]), a sans-IO length-prefixed frame codec ([`codec`]), the worker's job interface
-//! shared by the daemon and the in-process mode ([`runner`]), and, behind the `io` feature, a
+//! shared by the daemon and the in-process mode ([`runner`]), the tensor buffers both ends
+//! reuse ([`buffers`]), and, behind the `io` feature, a
 //! thin async shell over any byte stream ([`io`]); behind `shm`, the same-host transport's
 //! shared-memory segments and descriptor passing ([`shm`]).
 //!
@@ -8,6 +9,7 @@
 //! (tokio's IO traits only). bincode serializes the small headers and nothing else; it stays
 //! behind [`codec`] so it can be swapped without touching the tiers.
 
+pub mod buffers;
 pub mod codec;
 #[cfg(feature = "io")]
 pub mod io;
@@ -16,6 +18,7 @@ pub mod runner;
 #[cfg(feature = "shm")]
 pub mod shm;
 
+pub use buffers::BufferPool;
 pub use codec::{decode_frame, encode_frame, Frame, Limits, WireError, VERSION};
 pub use message::*;
 pub use runner::{

@@ -72,6 +72,9 @@ pub trait JobRunner: Send + Sync {
         assign: &Assign,
         emit: &mut dyn FnMut(Output) -> bool,
     ) -> Result<Finished, RunnerError>;
+    /// Takes back a sample's payload once the transport has sent or copied it, for the
+    /// runner to write a later sample into (the default drops it).
+    fn recycle(&self, _payload: Vec<u8>) {}
 }
 
 /// How a unit driven by [`drive_unit`] ended: the frame that reports it to the client.
