@@ -78,6 +78,9 @@ struct PoolState {
     granted: Vec<bool>,
     /// How many are.
     granted_count: usize,
+    /// Whether each slot's pages were given to this process (charged to it), before its
+    /// first grant.
+    populated: Vec<bool>,
     /// Credits the coordinator returned that no free slot has carried yet.
     owed: u32,
 }
@@ -114,6 +117,7 @@ impl SlotPool {
                 free: (0..slots).rev().collect(),
                 granted: vec![false; slots as usize],
                 granted_count: 0,
+                populated: vec![false; slots as usize],
                 owed: 0,
             }),
             released: Notify::new(),
@@ -138,6 +142,13 @@ impl SlotPool {
         let slots: Vec<u32> = s.free.split_off(at);
         for &slot in &slots {
             s.granted[slot as usize] = true;
+            // The segment is the client's memory (its waiting samples live there): its
+            // pages are made here, charged to this process, not by the worker's first write.
+            if !std::mem::replace(&mut s.populated[slot as usize], true) {
+                if let Err(e) = self.segment.populate(slot) {
+                    tracing::debug!("same-host slot {slot}: {e}");
+                }
+            }
         }
         s.granted_count += n;
         s.owed -= n as u32;
