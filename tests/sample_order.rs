@@ -153,6 +153,19 @@ fn dump_with(
     victim: Option<&mut system::Worker>,
     name: &str,
 ) -> String {
+    dump_over(dir, manifest, workers, trust, victim, name, 1)
+}
+
+/// As [`dump_with`], with `connections` QUIC connections to each worker.
+fn dump_over(
+    dir: &Path,
+    manifest: &Path,
+    workers: &str,
+    trust: Option<&Path>,
+    victim: Option<&mut system::Worker>,
+    name: &str,
+    connections: u32,
+) -> String {
     let ids = dir.join(format!("{name}.tsv"));
     let mut args: Vec<String> = [
         "loadgen",
@@ -172,6 +185,8 @@ fn dump_with(
         "decode | random_resized_crop 48 | hflip 0.5",
         "--dump-ids",
         path_str(&ids),
+        "--connections-per-worker",
+        &connections.to_string(),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -210,7 +225,7 @@ fn dump_with(
 }
 
 #[test]
-fn dump_ids_match_line_for_line_in_process_over_quic_and_with_a_worker_killed() {
+fn dump_ids_match_line_for_line_in_process_over_quic_over_three_connections_and_with_a_worker_killed() {
     let dir = tempfile::tempdir().unwrap();
     let data = dataset(dir.path(), 40);
     let local = dump_with(
@@ -235,6 +250,19 @@ fn dump_ids_match_line_for_line_in_process_over_quic_and_with_a_worker_killed() 
         "quic",
     );
     assert!(local == quic, "in-process and QUIC orders differ");
+    let spread = dump_over(
+        dir.path(),
+        &data.manifest_path,
+        &both,
+        Some(&trust),
+        None,
+        "three-connections",
+        3,
+    );
+    assert!(
+        local == spread,
+        "three connections per worker changed the order"
+    );
     let mut victim = start_worker(dir.path(), "c");
     let d = start_worker(dir.path(), "d");
     let trust = trust_file(dir.path(), &[&victim, &d]);

@@ -109,6 +109,7 @@ pub struct LoaderBuilder {
     credits_per_worker: u32,
     receive_window: u64,
     units_per_worker: usize,
+    connections_per_worker: u32,
     ring_batches: usize,
     worker_wait: Duration,
     heartbeat: Duration,
@@ -147,6 +148,7 @@ impl Default for LoaderBuilder {
             credits_per_worker: 128,
             receive_window: 64 << 20,
             units_per_worker: 2,
+            connections_per_worker: 1,
             ring_batches: 4,
             worker_wait: Duration::from_secs(30),
             heartbeat: Duration::from_secs(1),
@@ -230,6 +232,11 @@ impl LoaderBuilder {
         credits_per_worker: u32);
     setter!(/// Units each worker works on at once for this client.
         units_per_worker: usize);
+    setter!(/// QUIC connections to each worker (1–16). One connection's packets are handled
+        /// by one task on each side, about a core's worth; a worker that decodes faster than
+        /// that for one client needs more. Each is a link of its own, with its own credits
+        /// and units. Same-host workers always get one.
+        connections_per_worker: u32);
     setter!(/// Batch buffers in the ring (at least 2: one being filled, one being consumed).
         ring_batches: usize);
     setter!(/// How long to wait for any worker before an epoch fails.
@@ -302,6 +309,9 @@ impl LoaderBuilder {
         }
         if self.ring_batches < 2 {
             return bad("ring_batches", "must be at least 2");
+        }
+        if !(1..=16).contains(&self.connections_per_worker) {
+            return bad("connections_per_worker", "must be 1 to 16");
         }
         if self.credits_per_worker == 0 || self.units_per_worker == 0 {
             return bad(
@@ -388,7 +398,7 @@ impl LoaderBuilder {
         // Samples the client may hold between arrival and batch: the plan order's reorder
         // bound (see ARCHITECTURE.md, "Sample order") and every worker's credits.
         let links = match &workers {
-            Workers::Remote(names) => names.len() as u64,
+            Workers::Remote(names) => names.len() as u64 * u64::from(self.connections_per_worker),
             Workers::InProcess(_) => 0,
         };
         let held = self.lookahead
@@ -950,7 +960,7 @@ impl Loader {
         // Room for every credit of every link, so a reader waits only on a slow consumer.
         let links_max = match &self.workers {
             Workers::InProcess(_) => 1,
-            Workers::Remote(w) => w.len().max(1) * 4,
+            Workers::Remote(w) => w.len().max(1) * 4 * s.connections_per_worker as usize,
         };
         let (event_tx, event_rx) = mpsc::channel(links_max * s.credits_per_worker as usize + 64);
         let (out_tx, out_rx) = mpsc::channel(s.ring_batches);
@@ -975,7 +985,6 @@ impl Loader {
                     .clone()
                     .ok_or_else(|| ClientError::Runtime("no QUIC endpoint".into()))?;
                 for (name, addr) in self.resolve(names)? {
-                    let (tx, rx) = mpsc::channel(64);
                     let same_host = match s.same_host {
                         SameHost::Off => None,
                         mode => match crate::same_host::socket_for(&s.same_host_dir, addr) {
@@ -1003,27 +1012,40 @@ impl Loader {
                         tracing::info!(worker = %name, socket = %r.socket.display(),
                             "same-host transport");
                     }
-                    let link = RemoteLink {
-                        link: links.len(),
-                        addr,
-                        name: name.clone(),
-                        endpoint: endpoint.clone(),
-                        client_config: config.clone(),
-                        same_host,
-                        credits: s.credits_per_worker,
-                        receive_window: s.receive_window,
-                        token: s.token.clone().unwrap_or_default(),
-                        client: format!("{} rank {}", s.client_name, s.rank),
-                        job: spec.clone(),
-                        heartbeat: s.heartbeat,
-                        silence: s.silence,
-                        connect_timeout: s.connect_timeout,
-                        limits: Limits::default(),
-                        buffers: self.buffers.clone(),
-                        spare_slots: self.spare_slots,
+                    // Several QUIC connections spread one worker's packets over tasks on
+                    // both sides; same-host needs none.
+                    let connections = match same_host {
+                        Some(_) => 1,
+                        None => s.connections_per_worker,
                     };
-                    links.push((name, tx));
-                    runtime.spawn(link.run(rx, event_tx.clone(), cancel.clone()));
+                    for c in 1..=connections {
+                        let (tx, rx) = mpsc::channel(64);
+                        let label = match connections {
+                            1 => name.clone(),
+                            _ => format!("{name} #{c}"),
+                        };
+                        let link = RemoteLink {
+                            link: links.len(),
+                            addr,
+                            name: label.clone(),
+                            endpoint: endpoint.clone(),
+                            client_config: config.clone(),
+                            same_host: same_host.clone(),
+                            credits: s.credits_per_worker,
+                            receive_window: s.receive_window,
+                            token: s.token.clone().unwrap_or_default(),
+                            client: format!("{} rank {}", s.client_name, s.rank),
+                            job: spec.clone(),
+                            heartbeat: s.heartbeat,
+                            silence: s.silence,
+                            connect_timeout: s.connect_timeout,
+                            limits: Limits::default(),
+                            buffers: self.buffers.clone(),
+                            spare_slots: self.spare_slots,
+                        };
+                        links.push((label, tx));
+                        runtime.spawn(link.run(rx, event_tx.clone(), cancel.clone()));
+                    }
                 }
             }
         }
@@ -1303,5 +1325,37 @@ impl Iterator for Epoch {
 impl Drop for Epoch {
     fn drop(&mut self) {
         self.cancel.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_shard::{Checksum, Compression, ShardInfo};
+
+    use super::*;
+
+    #[test]
+    fn connections_per_worker_is_bounded_and_named_in_the_error() {
+        let manifest = Manifest::new(vec![ShardInfo {
+            url: "file:///nowhere.tar".into(),
+            size: 1 << 20,
+            samples: 64,
+            checksum: Checksum(0),
+            compression: Compression::None,
+            replicas: Vec::new(),
+        }]);
+        for n in [0, 17] {
+            let built = Loader::builder()
+                .dataset(manifest.clone())
+                .workers(["127.0.0.1:7100"])
+                .trust_cert("/nonexistent/cert.pem")
+                .connections_per_worker(n)
+                .build();
+            match built {
+                Err(ClientError::Config { key, .. }) => assert_eq!(key, "connections_per_worker"),
+                Err(e) => panic!("{n}: {e}"),
+                Ok(_) => panic!("{n} connections were accepted"),
+            }
+        }
     }
 }

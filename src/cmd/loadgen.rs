@@ -58,6 +58,10 @@ pub struct Args {
     /// Samples each worker may have in flight per rank.
     #[arg(long, default_value_t = 128)]
     credits: u32,
+    /// QUIC connections to each worker per rank (for a worker that decodes faster than one
+    /// connection carries).
+    #[arg(long, default_value_t = 1)]
+    connections_per_worker: u32,
     /// Decode threads for `--workers local` (0 = one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -152,6 +156,7 @@ fn config(args: &Args) -> Result<ConsumerConfig> {
         token: token(args)?,
         trust_cert: args.trust_cert.clone(),
         credits: args.credits,
+        connections: args.connections_per_worker,
         threads: args.threads,
         worker_wait: Duration::from_secs_f64(args.worker_wait),
         order: args.order,

@@ -112,6 +112,8 @@ pub struct ConsumerConfig {
     pub token: Option<String>,
     pub trust_cert: Option<PathBuf>,
     pub credits: u32,
+    /// QUIC connections to each worker.
+    pub connections: u32,
     /// Decode threads of an in-process worker (0: all cores).
     pub threads: usize,
     pub worker_wait: Duration,
@@ -150,6 +152,7 @@ impl ConsumerConfig {
             token: None,
             trust_cert: None,
             credits: 128,
+            connections: 1,
             threads: 0,
             worker_wait: Duration::from_secs(30),
             order: Order::Plan,
@@ -397,6 +400,7 @@ fn loader(cfg: &ConsumerConfig, manifest: &Manifest, rank: u32, sink: &Sink) -> 
         .world_size(cfg.ranks)
         .shuffle(cfg.shuffle)
         .credits_per_worker(cfg.credits)
+        .connections_per_worker(cfg.connections)
         .order(cfg.order)
         .mixing(cfg.mixing)
         .worker_wait(cfg.worker_wait)

@@ -32,6 +32,10 @@ pub struct TransportProbe {
     pub side: u32,
     /// Credits (samples in flight) the client grants.
     pub credits: u32,
+    /// QUIC connections from the client to the worker (the loader's
+    /// `connections_per_worker`); the worker's runtime gets a thread per connection, up
+    /// to the cores. Same-host always uses one.
+    pub connections: u32,
 }
 
 /// A worker that sends a copy of one prepared tensor for every sample, written into a
@@ -128,8 +132,9 @@ pub fn loader_once(args: &TransportProbe, runner: Arc<Synthetic>, same_host: boo
         .local_addr()
         .map_err(TestbedError::io("binding a loopback UDP port"))?;
     let stop = tokio_util::sync::CancellationToken::new();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+        .worker_threads((args.connections.max(1) as usize).min(cores))
         .enable_all()
         .build()
         .map_err(TestbedError::io("starting a runtime"))?;
@@ -168,6 +173,7 @@ pub fn loader_once(args: &TransportProbe, runner: Arc<Synthetic>, same_host: boo
         .pipeline(format!("decode | center_crop {}", args.side))
         .batch_size(256)
         .credits_per_worker(args.credits)
+        .connections_per_worker(args.connections.max(1))
         .same_host(if same_host {
             sluice_client::SameHost::Require
         } else {
@@ -264,6 +270,7 @@ pub fn quic_probe(samples: u64, side: u32) -> Result<f64> {
         samples,
         side,
         credits: 256,
+        connections: 1,
     };
     let (runner, _) = Synthetic::rgb(side);
     loader_once(&args, runner, false)

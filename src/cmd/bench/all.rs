@@ -113,6 +113,7 @@ pub fn run(args: AllArgs) -> Result<()> {
         samples: 8192,
         side: 224,
         credits: 256,
+        connections: 1,
     };
     let t = transport::compare(&probe, 3, None)?;
 

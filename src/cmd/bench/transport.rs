@@ -24,6 +24,9 @@ pub struct TransportArgs {
     /// Credits (samples in flight) the client grants.
     #[arg(long, default_value_t = 256)]
     credits: u32,
+    /// QUIC connections to the worker (the loader's `connections_per_worker`).
+    #[arg(long, default_value_t = 1)]
+    connections: u32,
     /// Repeat each measurement this many times and keep the best.
     #[arg(long, default_value_t = 3)]
     repeat: u32,
@@ -38,11 +41,13 @@ pub fn run(args: TransportArgs) -> Result<()> {
         samples: args.samples,
         side: args.side,
         credits: args.credits,
+        connections: args.connections,
     };
     println!(
-        "sluice bench transport: {} samples of {} bytes, one connection, loopback, best of {}",
+        "sluice bench transport: {} samples of {} bytes, {} QUIC connection(s), loopback, best of {}",
         args.samples,
         u64::from(args.side) * u64::from(args.side) * 3,
+        args.connections,
         args.repeat
     );
     let f = compare(&probe, args.repeat, args.only)?;
