@@ -89,12 +89,7 @@ pub(crate) struct RemoteLink {
     pub receive_window: u64,
     /// The loader's spare tensor buffers, for payloads read off the stream.
     pub buffers: Arc<BufferPool>,
-    /// Same-host slots beyond the credits, for samples waiting for their turn.
-    pub spare_slots: u32,
 }
-
-/// The most bytes spare same-host slots make a segment.
-const SPARE_SEGMENT_BYTES: u64 = 1 << 30;
 
 /// Where a same-host worker listens, and whether QUIC may stand in when it refuses us.
 #[derive(Clone, Debug)]
@@ -261,11 +256,7 @@ impl RemoteLink {
         };
         let slots =
             crate::coordinator::credit_window(self.credits, self.receive_window, shape.bytes());
-        // Spare slots fill a segment of at most 1 GiB (a quarter of what a worker takes by
-        // default, `same_host.max_segment_bytes`); waiting samples past them are copied out.
-        let room = (SPARE_SEGMENT_BYTES / shape.bytes().max(1)).saturating_sub(u64::from(slots));
-        let spare = self.spare_slots.min(room.min(u64::from(u32::MAX)) as u32);
-        let pool = match SlotPool::create(slots, spare, shape.bytes(), self.buffers.clone()) {
+        let pool = match SlotPool::create(slots, shape.bytes(), self.buffers.clone()) {
             Ok(p) => Arc::new(p),
             Err(e) => return Ended::Fatal(crate::ClientError::Allocate(e.to_string())),
         };
@@ -282,7 +273,7 @@ impl RemoteLink {
             Ok(other) => return self.unexpected(other, "ShmAttached"),
             Err(e) => return e,
         }
-        tracing::debug!(worker = %self.name, slots, spare, "same-host segment attached");
+        tracing::debug!(worker = %self.name, slots, "same-host segment attached");
         self.talk(wire, shape, Some(pool), generation, commands, events)
             .await
     }

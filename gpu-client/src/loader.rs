@@ -408,8 +408,6 @@ impl LoaderBuilder {
         let held = held.min(1 << 16);
         Ok(Loader {
             buffers: Arc::new(BufferPool::new(held as usize)),
-            // Waiting samples spread over the links; past its share a link copies them out.
-            spare_slots: (held / links.max(1)) as u32,
             fingerprint: fingerprint(&manifest),
             manifest: Arc::new(manifest),
             plan_config,
@@ -441,8 +439,6 @@ pub struct Loader {
     allocator: Arc<dyn HostAllocator>,
     /// Spare tensor buffers for samples between arrival and batch, kept across epochs.
     buffers: Arc<BufferPool>,
-    /// Same-host slots per connection beyond its credits.
-    spare_slots: u32,
     progress: Arc<Mutex<Option<Progress>>>,
     resume: Mutex<Option<Pending>>,
     stats: Arc<Stats>,
@@ -1041,7 +1037,6 @@ impl Loader {
                             connect_timeout: s.connect_timeout,
                             limits: Limits::default(),
                             buffers: self.buffers.clone(),
-                            spare_slots: self.spare_slots,
                         };
                         links.push((label, tx));
                         runtime.spawn(link.run(rx, event_tx.clone(), cancel.clone()));

@@ -6,10 +6,11 @@
 //! [`SlotRef`] holds it until the tensor is copied into its batch). Dropping the `SlotRef`
 //! frees the slot, and the link grants free slots as the coordinator returns credits.
 //!
-//! A segment has more slots than credits: a sample that arrived before its turn keeps its
-//! slot while it waits (no copy), as long as the slots neither filled nor held can still
-//! carry the whole credit window; past that it is copied out and its slot freed, so held
-//! samples can never starve the worker of slots.
+//! A sample that arrived before its turn is copied out into one of the loader's reused
+//! buffers and its slot freed, so a waiting sample never holds a credit's slot. (Keeping it
+//! in a spare slot instead saved that copy within one epoch but cost more over several: a
+//! segment is made per connection, so its pages are new every epoch, while the loader's
+//! buffers are kept across epochs; measured with `sluice bench chain`.)
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -76,11 +77,6 @@ struct PoolState {
     free: Vec<u32>,
     /// Whether each slot is granted to the worker.
     granted: Vec<bool>,
-    /// How many are.
-    granted_count: usize,
-    /// Whether each slot's pages were given to this process (charged to it), before its
-    /// first grant.
-    populated: Vec<bool>,
     /// Credits the coordinator returned that no free slot has carried yet.
     owed: u32,
 }
@@ -92,32 +88,21 @@ pub(crate) struct SlotPool {
     released: Notify,
     /// Where a sample that must wait for its turn is copied to, freeing its slot.
     buffers: Arc<BufferPool>,
-    /// The connection's credit window: slots free or granted never drop below it.
-    window: u32,
 }
 
 impl SlotPool {
-    /// A segment of `window` slots for the credits plus `spare` for samples waiting for
-    /// their turn.
     pub(crate) fn create(
-        window: u32,
-        spare: u32,
+        slots: u32,
         slot_bytes: u64,
         buffers: Arc<BufferPool>,
     ) -> Result<Self, ShmError> {
-        let slots = window.saturating_add(spare);
         let segment = Segment::create("sluice-slots", slots, slot_bytes)?;
         Ok(SlotPool {
             segment,
             buffers,
-            window,
             state: Mutex::new(PoolState {
-                // Granted from the end: the lowest slots first, and the most recently
-                // freed again, so the pages touched stay about as many as are in use.
                 free: (0..slots).rev().collect(),
                 granted: vec![false; slots as usize],
-                granted_count: 0,
-                populated: vec![false; slots as usize],
                 owed: 0,
             }),
             released: Notify::new(),
@@ -142,15 +127,7 @@ impl SlotPool {
         let slots: Vec<u32> = s.free.split_off(at);
         for &slot in &slots {
             s.granted[slot as usize] = true;
-            // The segment is the client's memory (its waiting samples live there): its
-            // pages are made here, charged to this process, not by the worker's first write.
-            if !std::mem::replace(&mut s.populated[slot as usize], true) {
-                if let Err(e) = self.segment.populate(slot) {
-                    tracing::debug!("same-host slot {slot}: {e}");
-                }
-            }
         }
-        s.granted_count += n;
         s.owed -= n as u32;
         Some(slots)
     }
@@ -160,10 +137,7 @@ impl SlotPool {
     pub(crate) fn filled(self: &Arc<Self>, slot: u32) -> Result<SlotRef, String> {
         let mut s = self.state.lock().map_err(|_| "slot state poisoned")?;
         match s.granted.get_mut(slot as usize) {
-            Some(g @ true) => {
-                *g = false;
-                s.granted_count -= 1;
-            }
+            Some(g @ true) => *g = false,
             Some(false) => return Err(format!("sample in slot {slot}, which was not granted")),
             None => {
                 return Err(format!(
@@ -176,15 +150,6 @@ impl SlotPool {
             pool: self.clone(),
             slot,
         })
-    }
-
-    /// Whether one more filled slot may stay with a sample waiting for its turn: the slots
-    /// free or granted still cover the credit window, so every credit the coordinator
-    /// returns finds a slot.
-    fn may_hold(&self) -> bool {
-        self.state
-            .lock()
-            .is_ok_and(|s| s.free.len() + s.granted_count >= self.window as usize)
     }
 
     /// Grants slots freed by the consumer once an eighth of the segment (or all that is owed)
@@ -228,16 +193,14 @@ pub(crate) enum Payload {
 
 impl Payload {
     /// The payload of a sample that must wait for its turn: its tensor (`tensor_bytes` of
-    /// it) alone, and a same-host slot kept only while the segment can spare it (else the
-    /// tensor is copied out and the slot freed: a waiting sample may not hold a credit's
-    /// slot).
+    /// it) alone, a same-host one copied out into a reused buffer and its slot freed (a
+    /// waiting sample may not hold a credit's slot).
     pub(crate) fn detach(self, tensor_bytes: usize) -> Payload {
         match self {
             Payload::Bytes(mut b) => {
                 b.truncate(tensor_bytes);
                 Payload::Bytes(b)
             }
-            Payload::Slot(s) if s.pool.may_hold() => Payload::Slot(s),
             Payload::Slot(ref s) => {
                 let mut b = crate::buffers::take(&s.pool.buffers, tensor_bytes);
                 self.copy_tensor(&mut b);
@@ -266,7 +229,7 @@ mod tests {
 
     #[test]
     fn slots_move_between_client_and_worker() {
-        let pool = Arc::new(SlotPool::create(3, 0, 8, Arc::new(BufferPool::new(4))).unwrap());
+        let pool = Arc::new(SlotPool::create(3, 8, Arc::new(BufferPool::new(4))).unwrap());
         let mut granted = pool.grant(2, 1).unwrap();
         assert_eq!(granted.len(), 2);
         assert!(
@@ -290,22 +253,19 @@ mod tests {
     }
 
     #[test]
-    fn waiting_samples_keep_spare_slots_and_never_the_window() {
-        let pool = Arc::new(SlotPool::create(2, 1, 4, Arc::new(BufferPool::new(4))).unwrap());
-        let slot = |p: &Payload| match p {
-            Payload::Slot(s) => Some(s.slot),
-            Payload::Bytes(_) => None,
+    fn a_waiting_sample_is_copied_out_and_frees_its_slot() {
+        let buffers = Arc::new(BufferPool::new(4));
+        let pool = Arc::new(SlotPool::create(1, 4, buffers.clone()).unwrap());
+        let slot = pool.grant(1, 1).unwrap()[0];
+        pool.segment.write(slot, &[1, 2, 3, 4]).unwrap();
+        let waiting = Payload::Slot(pool.filled(slot).unwrap()).detach(4);
+        let Payload::Bytes(b) = &waiting else {
+            panic!("still in its slot")
         };
-        let mut granted = pool.grant(2, 1).unwrap();
-        // The worker fills both; both samples wait for their turn.
-        let a = Payload::Slot(pool.filled(granted.pop().unwrap()).unwrap()).detach(4);
-        assert!(slot(&a).is_some(), "one spare slot: the first keeps its slot");
-        assert_eq!(pool.grant(1, 1).unwrap().len(), 1, "its credit finds a slot");
-        let b = Payload::Slot(pool.filled(granted.pop().unwrap()).unwrap()).detach(4);
-        assert_eq!(slot(&b), None, "no spare left: copied out, the slot freed");
-        assert_eq!(pool.grant(1, 1).unwrap().len(), 1, "the window is whole again");
-        drop(a);
-        assert_eq!(pool.grant(0, 1), None, "nothing owed");
+        assert_eq!(&b[..], [1, 2, 3, 4]);
+        assert_eq!(pool.grant(1, 1), Some(vec![slot]), "the slot is free again");
+        drop(waiting);
+        assert_eq!(buffers.spares(4), 1, "the copy's buffer goes back to the loader");
     }
 
     #[test]
