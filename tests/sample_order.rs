@@ -143,21 +143,9 @@ fn shard_order_is_seeded_and_reproducible_for_folders_and_streams() {
     assert_eq!(kept, sorted, "--no-shuffle re-shards a stream as it is");
 }
 
-/// Runs loadgen against `workers` and returns its `--dump-ids`, killing `victim` (SIGKILL)
-/// once the epoch is under way.
+/// Runs loadgen against `workers` with `connections` QUIC connections to each, and returns
+/// its `--dump-ids`, killing `victim` (SIGKILL) once the epoch is under way.
 fn dump_with(
-    dir: &Path,
-    manifest: &Path,
-    workers: &str,
-    trust: Option<&Path>,
-    victim: Option<&mut system::Worker>,
-    name: &str,
-) -> String {
-    dump_over(dir, manifest, workers, trust, victim, name, 1)
-}
-
-/// As [`dump_with`], with `connections` QUIC connections to each worker.
-fn dump_over(
     dir: &Path,
     manifest: &Path,
     workers: &str,
@@ -225,7 +213,8 @@ fn dump_over(
 }
 
 #[test]
-fn dump_ids_match_line_for_line_in_process_over_quic_over_three_connections_and_with_a_worker_killed() {
+fn dump_ids_match_line_for_line_in_process_over_quic_over_three_connections_and_with_a_worker_killed(
+) {
     let dir = tempfile::tempdir().unwrap();
     let data = dataset(dir.path(), 40);
     let local = dump_with(
@@ -235,6 +224,7 @@ fn dump_ids_match_line_for_line_in_process_over_quic_over_three_connections_and_
         None,
         None,
         "local",
+        1,
     );
     assert!(local.lines().count() > 100, "{local}");
     let a = start_worker(dir.path(), "a");
@@ -248,9 +238,10 @@ fn dump_ids_match_line_for_line_in_process_over_quic_over_three_connections_and_
         Some(&trust),
         None,
         "quic",
+        1,
     );
     assert!(local == quic, "in-process and QUIC orders differ");
-    let spread = dump_over(
+    let spread = dump_with(
         dir.path(),
         &data.manifest_path,
         &both,
@@ -274,6 +265,7 @@ fn dump_ids_match_line_for_line_in_process_over_quic_over_three_connections_and_
         Some(&trust),
         Some(&mut victim),
         "killed",
+        1,
     );
     assert!(local == killed, "a killed worker changed the order");
     // A different seed is a different order (the check above is not vacuous).

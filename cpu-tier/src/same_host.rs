@@ -181,11 +181,7 @@ impl Slots {
 struct UnixOut(FrameWriter<tokio::io::BufWriter<OwnedWriteHalf>>);
 
 impl Outbound for UnixOut {
-    async fn frame(
-        &mut self,
-        message: &Message,
-        payload: bytes::Bytes,
-    ) -> Result<(), SendError> {
+    async fn frame(&mut self, message: &Message, payload: bytes::Bytes) -> Result<(), SendError> {
         Ok(self.0.send(message, &[&payload]).await?)
     }
 
@@ -252,7 +248,10 @@ pub(crate) async fn serve(stream: UnixStream, state: Arc<State>) {
         End::Error(code, message) => {
             warn!(client = %client, "closing: {message}");
             let _ = out
-                .frame(&Message::Error(ErrorMessage { code, message }), bytes::Bytes::new())
+                .frame(
+                    &Message::Error(ErrorMessage { code, message }),
+                    bytes::Bytes::new(),
+                )
                 .await;
             let _ = out.flush().await;
         }

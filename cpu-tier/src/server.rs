@@ -398,8 +398,7 @@ pub(crate) enum SendError {
 pub(crate) trait Outbound: Send {
     /// Sends one frame, taking its payload over (a buffered transport may hold it until
     /// [`Outbound::flush`]).
-    async fn frame(&mut self, message: &Message, payload: bytes::Bytes)
-        -> Result<(), SendError>;
+    async fn frame(&mut self, message: &Message, payload: bytes::Bytes) -> Result<(), SendError>;
 
     /// Sends what `frame` buffered.
     async fn flush(&mut self) -> Result<(), SendError> {
@@ -411,11 +410,7 @@ pub(crate) trait Outbound: Send {
 pub(crate) struct QuicOut(FrameWriter<quinn::SendStream>, Limits);
 
 impl Outbound for QuicOut {
-    async fn frame(
-        &mut self,
-        message: &Message,
-        payload: bytes::Bytes,
-    ) -> Result<(), SendError> {
+    async fn frame(&mut self, message: &Message, payload: bytes::Bytes) -> Result<(), SendError> {
         send_owned(&mut self.0, message, payload, &self.1).await
     }
 }

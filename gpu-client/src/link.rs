@@ -27,8 +27,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use sluice_wire::BufferPool;
 use crate::same_host::{Payload, SlotPool};
+use sluice_wire::BufferPool;
 
 /// What links tell the coordinator.
 pub(crate) enum Event {

@@ -24,7 +24,6 @@ use tokio_util::sync::CancellationToken;
 use crate::batch::{
     Batch, BatchPlan, HeapAllocator, HostAllocator, LastBatch, Recycling, ShortBatch,
 };
-use sluice_wire::BufferPool;
 use crate::coordinator::{Coordinator, Settings};
 use crate::error::ClientError;
 use crate::ledger::{Ledger, LedgerRecord, Verdict};
@@ -32,6 +31,7 @@ use crate::link::{run_local, RemoteLink, SameHostRoute};
 use crate::reorder::Reorder;
 use crate::same_host::SameHost;
 use crate::stats::{EpochCounters, EpochReport, Stats, StatsSnapshot};
+use sluice_wire::BufferPool;
 
 /// Where samples are decoded.
 #[derive(Clone)]

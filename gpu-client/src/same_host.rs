@@ -265,7 +265,11 @@ mod tests {
         assert_eq!(&b[..], [1, 2, 3, 4]);
         assert_eq!(pool.grant(1, 1), Some(vec![slot]), "the slot is free again");
         drop(waiting);
-        assert_eq!(buffers.spares(4), 1, "the copy's buffer goes back to the loader");
+        assert_eq!(
+            buffers.spares(4),
+            1,
+            "the copy's buffer goes back to the loader"
+        );
     }
 
     #[test]

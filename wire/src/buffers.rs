@@ -93,7 +93,11 @@ mod tests {
         for _ in 0..3 {
             pool.give_back(vec![1; 5]);
         }
-        assert_eq!((pool.spares(8), pool.spares(5)), (1, 2), "no more than keep");
+        assert_eq!(
+            (pool.spares(8), pool.spares(5)),
+            (1, 2),
+            "no more than keep"
+        );
         for len in 1..=SIZES {
             pool.give_back(vec![0; 100 + len]);
         }
