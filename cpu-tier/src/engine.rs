@@ -1,11 +1,13 @@
 //! The engine: turns samples into tensors on a rayon pool.
 //!
 //! Per sample: find the image field, read the header, compose the pipeline's geometry into one
-//! source window ([`crate::geometry`]), decode only that window at the smallest DCT scale that
-//! keeps at least one source pixel per output pixel ([`crate::jpeg`]), resample it once with
-//! SIMD (`fast_image_resize`, the Pillow/torchvision antialiased bilinear filter) straight from
-//! the decoder's buffer into the output tensor, then flip and convert in place. Each pool
-//! thread keeps its decoder and buffers, so the hot path allocates only the output tensor.
+//! source window ([`crate::geometry`]), decode only that window at the smallest SIMD DCT
+//! scale (1/8, 2/8, 4/8, 8/8) that keeps at least one source pixel per output pixel
+//! ([`crate::jpeg`]), resample it once with SIMD (`fast_image_resize`, the Pillow/torchvision
+//! antialiased bilinear filter) straight from the decoder's buffer into the output tensor,
+//! then flip and convert in place. Each pool thread keeps its decoder and buffers, and the
+//! output tensor comes from a pool the transport returns it to, so the hot path allocates
+//! nothing once warm.
 //!
 //! Every random draw comes from the sample's stream, seeded by (job seed, epoch, shard, index
 //! in shard): the output is byte-identical whichever thread or worker makes it. A sample that
