@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use sluice_wire::io::{FrameReader, FrameWriter, IoError};
 use sluice_wire::{
-    drive_unit, Assign, ErrorCode, Hello, JobRunner, JobSpec, Limits, Message, Output,
+    drive_unit, Assign, BufferPool, ErrorCode, Hello, JobRunner, JobSpec, Limits, Message, Output,
     SampleHeader, SampleShape, SkippedSample, UnitDone, UnitEnd, UnitFailed, UnitRunner,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -28,7 +28,6 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::same_host::{Payload, SlotPool};
-use sluice_wire::BufferPool;
 
 /// What links tell the coordinator.
 pub(crate) enum Event {

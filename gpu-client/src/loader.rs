@@ -17,7 +17,7 @@ use sluice_plan::{
     Mixing, PlanConfig, Remainder, Sequence, ShuffleBuffer, ShufflePolicy, WorkUnit,
 };
 use sluice_shard::Manifest;
-use sluice_wire::{JobSpec, Limits, UnitRunner};
+use sluice_wire::{BufferPool, JobSpec, Limits, UnitRunner};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -31,7 +31,6 @@ use crate::link::{run_local, RemoteLink, SameHostRoute};
 use crate::reorder::Reorder;
 use crate::same_host::SameHost;
 use crate::stats::{EpochCounters, EpochReport, Stats, StatsSnapshot};
-use sluice_wire::BufferPool;
 
 /// Where samples are decoded.
 #[derive(Clone)]

@@ -18,11 +18,10 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use sluice_wire::shm::{Segment, ShmError};
-
 use sluice_wire::BufferPool;
+use tokio::sync::Notify;
 
 use crate::buffers::TensorBuf;
-use tokio::sync::Notify;
 
 /// Whether a worker on this machine is reached through shared memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
