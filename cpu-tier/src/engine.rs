@@ -6,8 +6,8 @@
 //! ([`crate::jpeg`]), resample it once with SIMD (`fast_image_resize`, the Pillow/torchvision
 //! antialiased bilinear filter) straight from the decoder's buffer into the output tensor,
 //! then flip and convert in place. Each pool thread keeps its decoder and buffers, and the
-//! output tensor comes from a pool the transport returns it to, so the hot path allocates
-//! nothing once warm.
+//! output tensor comes from a pool the transport returns it to, so once warm the hot path
+//! allocates no image memory.
 //!
 //! Every random draw comes from the sample's stream, seeded by (job seed, epoch, shard, index
 //! in shard): the output is byte-identical whichever thread or worker makes it. A sample that
