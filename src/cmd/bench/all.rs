@@ -144,10 +144,13 @@ pub fn run(args: AllArgs) -> Result<()> {
         if let Some(b) = run.broken().first() {
             anyhow::bail!("the exactly-once contract was broken ({name}): {b}");
         }
-        chain.insert(name, run.samples_per_s() / cpu_alone.max(1e-9));
+        chain.insert(name, run.samples_per_s());
     }
     drop(tiers);
 
+    // The chain is also reported in samples/s: a faster engine raises the ratio's
+    // denominator while everything else shares the same cores.
+    let of_cpu = |name: &str| chain.get(name).map(|s| s / cpu_alone.max(1e-9));
     // The table: (figure, now, goal); None where a reference is missing.
     let vs = |ours: f64, anchor_name: &str| anchor.get(anchor_name).map(|a| ours / a);
     let rows: Vec<(String, Option<f64>, f64)> = vec![
@@ -184,12 +187,12 @@ pub fn run(args: AllArgs) -> Result<()> {
         ),
         (
             "chain over QUIC / CPU tier alone".into(),
-            chain.get("quic").copied(),
+            of_cpu("quic"),
             0.9,
         ),
         (
             "chain over same-host / CPU tier alone".into(),
-            chain.get("same-host").copied(),
+            of_cpu("same-host"),
             0.9,
         ),
     ];
@@ -200,12 +203,14 @@ pub fn run(args: AllArgs) -> Result<()> {
         println!("| {figure} | {now} | ≥ {goal} |");
     }
     println!(
-        "\nreferences: CPU engine {:.0} images/s/core (1 thread) on {what}; QUIC {:.2}, TCP {:.2}, same-host {:.2}, memcpy {:.2} GB/s; CPU tier alone {cpu_alone:.0} samples/s on {cores} cores; anchors: {anchor_source}",
+        "\nreferences: CPU engine {:.0} images/s/core (1 thread) on {what}; QUIC {:.2}, TCP {:.2}, same-host {:.2}, memcpy {:.2} GB/s; CPU tier alone {cpu_alone:.0} samples/s on {cores} cores, the chain {:.0} over QUIC and {:.0} over same-host; anchors: {anchor_source}",
         per_core[&1],
         t.quic / 1e9,
         t.tcp / 1e9,
         t.same_host / 1e9,
-        t.memcpy / 1e9
+        t.memcpy / 1e9,
+        chain.get("quic").copied().unwrap_or(0.0),
+        chain.get("same-host").copied().unwrap_or(0.0),
     );
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
@@ -213,6 +218,7 @@ pub fn run(args: AllArgs) -> Result<()> {
             "cpu_images_per_s_per_core": per_core,
             "transport_bytes_per_s": {"quic": t.quic, "same_host": t.same_host, "tcp": t.tcp, "memcpy": t.memcpy},
             "cpu_alone_samples_per_s": cpu_alone,
+            "chain_samples_per_s": chain,
             "anchors": anchor,
         });
         std::fs::write(path, serde_json::to_vec_pretty(&doc)?)
