@@ -239,54 +239,22 @@ mod tests {
 
     #[test]
     fn dct_scale_never_upsamples_after_scaling() {
-        let g = Geometry {
+        // A w×h source window resampled to 224×224.
+        let window = |w: f64, h: f64| Geometry {
             src: RectF {
                 x: 0.0,
                 y: 0.0,
-                w: 500.0,
-                h: 375.0,
+                w,
+                h,
             },
             out_w: 224,
             out_h: 224,
             flip: false,
         };
         // 4/8 gives 250x187.5, short of 224 rows: 8/8 (5/8 would do, but is scalar).
-        assert_eq!(dct_scale(&g), 8);
-        let g = Geometry {
-            src: RectF {
-                x: 0.0,
-                y: 0.0,
-                w: 1000.0,
-                h: 500.0,
-            },
-            out_w: 224,
-            out_h: 224,
-            flip: false,
-        };
-        assert_eq!(dct_scale(&g), 4); // 500x250
-        let g = Geometry {
-            src: RectF {
-                x: 0.0,
-                y: 0.0,
-                w: 2000.0,
-                h: 2000.0,
-            },
-            out_w: 224,
-            out_h: 224,
-            flip: false,
-        };
-        assert_eq!(dct_scale(&g), 1);
-        let g = Geometry {
-            src: RectF {
-                x: 0.0,
-                y: 0.0,
-                w: 100.0,
-                h: 100.0,
-            },
-            out_w: 224,
-            out_h: 224,
-            flip: false,
-        };
-        assert_eq!(dct_scale(&g), 8);
+        assert_eq!(dct_scale(&window(500.0, 375.0)), 8);
+        assert_eq!(dct_scale(&window(1000.0, 500.0)), 4); // 500x250
+        assert_eq!(dct_scale(&window(2000.0, 2000.0)), 1);
+        assert_eq!(dct_scale(&window(100.0, 100.0)), 8);
     }
 }
