@@ -77,14 +77,33 @@ fn transport(config: &CpuConfig) -> quinn::TransportConfig {
     t.stream_receive_window((1u32 << 20).into());
     t.receive_window((2u32 << 20).into());
     t.keep_alive_interval(Some(config.timeouts.heartbeat()));
-    // Tensors are large: let path MTU discovery find jumbo frames (and loopback's 64 KiB);
-    // black-hole detection falls back where the path is smaller.
+    // Tensors are large: let path MTU discovery find jumbo frames and loopback, up to what
+    // one GSO send carries; black-hole detection falls back where the path is smaller.
     let mut mtu = quinn::MtuDiscoveryConfig::default();
-    mtu.upper_bound(65527);
+    mtu.upper_bound(sluice_wire::quic::MAX_UDP_PAYLOAD);
     t.mtu_discovery_config(Some(mtu));
     t.send_window(64 << 20);
     t.max_idle_timeout(config.timeouts.client_silence().try_into().ok());
     t
+}
+
+/// Asks for a send buffer that holds GSO bursts while the client's ACKs catch up; a smaller
+/// one only costs speed, so a refusal is logged, not fatal.
+fn grow_send_buffer(socket: &std::net::UdpSocket) {
+    let socket = socket2::SockRef::from(socket);
+    let wanted = sluice_wire::quic::SOCKET_BUFFER_BYTES;
+    match socket
+        .set_send_buffer_size(wanted)
+        .and_then(|()| socket.send_buffer_size())
+    {
+        Ok(got) if got >= wanted => {}
+        Ok(got) => tracing::debug!(
+            wanted,
+            got,
+            "UDP send buffer capped by net.core.wmem_max; raise it for full QUIC speed"
+        ),
+        Err(e) => tracing::debug!(error = %e, "UDP send buffer left at the kernel default"),
+    }
 }
 
 /// Serves clients on `socket` until `shutdown`, then drains. `metrics` (when given) serves
@@ -103,8 +122,13 @@ pub async fn run(
         same_host,
     } = setup;
     let server_config = tls::server_config(&identity, transport(&config))?;
+    let mut endpoint_config = quinn::EndpointConfig::default();
+    endpoint_config
+        .max_udp_payload_size(sluice_wire::quic::MAX_UDP_PAYLOAD)
+        .map_err(|e| ServerError::Endpoint(std::io::Error::other(e)))?;
+    grow_send_buffer(&socket);
     let endpoint = quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
+        endpoint_config,
         Some(server_config),
         socket,
         Arc::new(quinn::TokioRuntime),

@@ -371,15 +371,11 @@ impl LoaderBuilder {
                 t.receive_window(window.into());
                 t.keep_alive_interval(Some(self.heartbeat));
                 let mut mtu = quinn::MtuDiscoveryConfig::default();
-                mtu.upper_bound(65527);
+                mtu.upper_bound(sluice_wire::quic::MAX_UDP_PAYLOAD);
                 t.mtu_discovery_config(Some(mtu));
                 t.max_idle_timeout(self.silence.try_into().ok());
                 let config = crate::tls::client_config(trust, t)?;
-                let endpoint = runtime
-                    .block_on(async {
-                        quinn::Endpoint::client(SocketAddr::from(([0, 0, 0, 0], 0)))
-                    })
-                    .map_err(|e| ClientError::Runtime(format!("QUIC endpoint: {e}")))?;
+                let endpoint = quic_endpoint(&runtime)?;
                 Some((endpoint, config))
             }
             _ => None,
@@ -1320,6 +1316,48 @@ impl Drop for Epoch {
     fn drop(&mut self) {
         self.cancel.cancel();
     }
+}
+
+/// The client's QUIC endpoint: datagrams up to [`sluice_wire::quic::MAX_UDP_PAYLOAD`] and a
+/// receive buffer that rides out a descheduled client thread (see
+/// [`sluice_wire::quic::SOCKET_BUFFER_BYTES`]). A smaller buffer than asked for only costs
+/// speed, so it is logged, not fatal.
+fn quic_endpoint(runtime: &tokio::runtime::Runtime) -> Result<quinn::Endpoint, ClientError> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let failed = |what: &str, e: &dyn std::fmt::Display| {
+        ClientError::Runtime(format!("QUIC endpoint: {what}: {e}"))
+    };
+    let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))
+        .map_err(|e| failed("UDP socket", &e))?;
+    let wanted = sluice_wire::quic::SOCKET_BUFFER_BYTES;
+    match socket
+        .set_recv_buffer_size(wanted)
+        .and_then(|()| socket.recv_buffer_size())
+    {
+        Ok(got) if got >= wanted => {}
+        Ok(got) => tracing::debug!(
+            wanted,
+            got,
+            "UDP receive buffer capped by net.core.rmem_max; raise it for full QUIC speed"
+        ),
+        Err(e) => tracing::debug!(error = %e, "UDP receive buffer left at the kernel default"),
+    }
+    socket
+        .bind(&SocketAddr::from(([0, 0, 0, 0], 0)).into())
+        .map_err(|e| failed("bind 0.0.0.0:0", &e))?;
+    let mut config = quinn::EndpointConfig::default();
+    config
+        .max_udp_payload_size(sluice_wire::quic::MAX_UDP_PAYLOAD)
+        .map_err(|e| failed("datagram size", &e))?;
+    // quinn registers the socket with the runtime it is created on.
+    let _entered = runtime.enter();
+    quinn::Endpoint::new(
+        config,
+        None,
+        socket.into(),
+        std::sync::Arc::new(quinn::TokioRuntime),
+    )
+    .map_err(|e| failed("start", &e))
 }
 
 #[cfg(test)]

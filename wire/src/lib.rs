@@ -1,7 +1,8 @@
 //! The wire protocol between GPU clients and CPU workers: versioned message headers
 //! ([`message`]), a sans-IO length-prefixed frame codec ([`codec`]), the worker's job interface
 //! shared by the daemon and the in-process mode ([`runner`]), the tensor buffers both ends
-//! reuse ([`buffers`]), and, behind the `io` feature, a
+//! reuse ([`buffers`]), the QUIC datagram and socket-buffer sizes both ends use ([`quic`]),
+//! and, behind the `io` feature, a
 //! thin async shell over any byte stream ([`io`]); behind `shm`, the same-host transport's
 //! shared-memory segments and descriptor passing ([`shm`]).
 //!
@@ -14,6 +15,7 @@ pub mod codec;
 #[cfg(feature = "io")]
 pub mod io;
 pub mod message;
+pub mod quic;
 pub mod runner;
 #[cfg(feature = "shm")]
 pub mod shm;

@@ -1,0 +1,21 @@
+//! Datagram sizes and socket buffers both QUIC endpoints use. Constants only: the tiers apply
+//! them to their own quinn endpoints and sockets.
+
+/// The largest UDP payload a QUIC endpoint sends or accepts, and the ceiling of path MTU
+/// discovery.
+///
+/// quinn hands the kernel up to ten datagrams in one GSO `sendmsg`, and Linux refuses a GSO
+/// send over 64 KiB with `EMSGSIZE`, which quinn-udp drops without a word (it expects that
+/// only of MTU probes). Every batch of full-size packets is then lost. Measured on loopback:
+/// with packets fixed at 8,972 bytes (jumbo frames) the connection stalled; with discovery
+/// allowed up to 65,527, black-hole detection dropped it to 1,200-byte packets, slower than
+/// the default 1,472. Ten datagrams of 6,500 bytes fit one send (65,000 of the 65,487 bytes
+/// IPv6 leaves), so discovery may climb this far wherever the path allows, and only there.
+pub const MAX_UDP_PAYLOAD: u16 = 6_500;
+
+/// The receive buffer the client asks for on its UDP socket, and the send buffer the worker
+/// asks for on its own. The kernel's default (208 KiB) holds a quarter of a millisecond of
+/// one connection's tensors, so a client thread that is descheduled briefly drops packets
+/// and the sender's congestion window halves. Linux caps the request at
+/// `net.core.rmem_max` / `wmem_max`; the tiers log what they got.
+pub const SOCKET_BUFFER_BYTES: usize = 8 << 20;
