@@ -370,3 +370,85 @@ async fn a_vanished_client_frees_what_it_held() {
     assert_eq!(samples, 4);
     r.stop.cancel();
 }
+
+/// Tensors leave in the largest packets one GSO send can carry: over loopback the server's
+/// path MTU discovery climbs to `MAX_UDP_PAYLOAD` and stays there. A ceiling above what ten
+/// packets per GSO send allow loses every full-size batch, and black-hole detection then
+/// drops the connection to 1,200-byte packets: this test sees that as small datagrams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tensors_travel_in_the_largest_datagrams_one_gso_send_carries() {
+    use sluice_wire::quic::MAX_UDP_PAYLOAD;
+    let r = start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let assign = shard(dir.path(), 48, 1);
+    // The client accepts any size, so the server's own ceiling is what is tested.
+    let mut config = quinn::EndpointConfig::default();
+    config.max_udp_payload_size(65_527).unwrap();
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    // As the loader does: a small buffer's drops would look like a black hole.
+    socket2::SockRef::from(&socket)
+        .set_recv_buffer_size(sluice_wire::quic::SOCKET_BUFFER_BYTES)
+        .unwrap();
+    let mut endpoint =
+        quinn::Endpoint::new(config, None, socket, Arc::new(quinn::TokioRuntime)).unwrap();
+    let mut transport = quinn::TransportConfig::default();
+    transport.stream_receive_window((64u32 << 20).into());
+    transport.receive_window((64u32 << 20).into());
+    let mut client = r.client.clone();
+    client.transport_config(Arc::new(transport));
+    endpoint.set_default_client_config(client);
+    let conn = endpoint
+        .connect(r.addr, "localhost")
+        .unwrap()
+        .await
+        .unwrap();
+    let (send, recv) = conn.open_bi().await.unwrap();
+    let mut c = (
+        conn,
+        FrameWriter::new(send, Limits::default()),
+        FrameReader::new(recv, Limits::default()),
+    );
+    hello(&mut c).await;
+    c.1.send(&job("decode | resize 224x224"), &[])
+        .await
+        .unwrap();
+    assert!(matches!(
+        next(&mut c).await,
+        Some(Message::JobOpened { .. })
+    ));
+    c.1.send(
+        &Message::Credit {
+            job: 1,
+            samples: 1 << 20,
+        },
+        &[],
+    )
+    .await
+    .unwrap();
+    // The first unit lets discovery finish; the second is measured.
+    let mut measured = None;
+    for unit in 0..2 {
+        let mut a = assign.clone();
+        a.unit = unit;
+        c.1.send(&Message::Assign(a), &[]).await.unwrap();
+        let before = c.0.stats().udp_rx;
+        loop {
+            match next(&mut c).await {
+                Some(Message::Sample(h)) => assert_eq!(h.tensor_bytes, 224 * 224 * 3),
+                Some(Message::UnitDone(d)) => {
+                    assert_eq!(d.sent, 48);
+                    break;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let after = c.0.stats().udp_rx;
+        measured = Some((after.bytes - before.bytes) / (after.datagrams - before.datagrams).max(1));
+    }
+    let average = measured.unwrap();
+    assert!(
+        average > 4_000,
+        "datagrams of {average} bytes on average, not up to {MAX_UDP_PAYLOAD}"
+    );
+    r.stop.cancel();
+}

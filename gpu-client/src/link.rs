@@ -208,6 +208,11 @@ impl RemoteLink {
             }
             Err(e) => e,
         };
+        // What the path gave this connection: packet size (6,500 where discovery found room,
+        // see sluice_wire::quic), losses and the congestion backoffs they caused.
+        let path = conn.stats().path;
+        tracing::debug!(worker, mtu = path.current_mtu, lost = path.lost_packets,
+            congestion_events = path.congestion_events, rtt = ?path.rtt, "QUIC connection ends");
         conn.close(0u32.into(), b"done");
         result
     }

@@ -13,6 +13,13 @@
 /// IPv6 leaves), so discovery may climb this far wherever the path allows, and only there.
 pub const MAX_UDP_PAYLOAD: u16 = 6_500;
 
+/// Datagrams quinn 0.11 puts in one GSO send (`MAX_TRANSMIT_SEGMENTS` in quinn's
+/// `connection.rs`); check it again when quinn is upgraded.
+const GSO_SEGMENTS: usize = 10;
+
+// Ten datagrams and the IPv6 and UDP headers within the 64 KiB a GSO send may carry.
+const _: () = assert!(GSO_SEGMENTS * MAX_UDP_PAYLOAD as usize + 40 + 8 <= 65_535);
+
 /// The receive buffer the client asks for on its UDP socket, and the send buffer the worker
 /// asks for on its own. The kernel's default (208 KiB) holds a quarter of a millisecond of
 /// one connection's tensors, so a client thread that is descheduled briefly drops packets
