@@ -437,3 +437,70 @@ fn indexes_shards_over_http() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("missing.tar") && err.contains("404"), "{err}");
 }
+
+/// `--restart-markers`: every JPEG in the shards can be entered at any MCU row and decodes to
+/// the same pixels as the file it came from; a damaged JPEG and other fields are written as
+/// they were, and the damaged one is named.
+#[test]
+fn restart_markers_change_no_pixel_and_keep_what_they_cannot_mark() {
+    use sluice_cpu::jpeg::{DecodeLimits, JpegDecoder, Rect};
+    let dir = tempfile::tempdir().unwrap();
+    let images = support::synth_images(dir.path(), 2, 4);
+    let broken = images.join("class_000/broken.jpg");
+    std::fs::write(&broken, b"\xFF\xD8\xFF\xE0 not a jpeg at all").unwrap();
+    let note = images.join("class_001/img_001_00000.json");
+    std::fs::write(&note, br#"{"note": 1}"#).unwrap();
+    let out = dir.path().join("out");
+    let pattern = format!("{}/s-%03d.tar", out.display());
+    let run = sluice(&[
+        "shard",
+        "--input",
+        path_str(&images),
+        "--output",
+        &pattern,
+        "--restart-markers",
+    ]);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("restart markers: 8 JPEGs given them, 1 kept as they were"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("class_000/broken"), "{stderr}");
+
+    let mut dec = JpegDecoder::new(DecodeLimits::default()).unwrap();
+    let decode = |dec: &mut JpegDecoder, data: &[u8]| {
+        let h = dec.header(data).unwrap();
+        let mut px = Vec::new();
+        let all = Rect {
+            x: 0,
+            y: 0,
+            w: h.width,
+            h: h.height,
+        };
+        dec.decode_region(data, &h, all, 8, &mut px).unwrap();
+        px
+    };
+    let samples = read_samples(&shard_files(&out));
+    assert_eq!(samples.len(), 9);
+    for s in &samples {
+        let (class, stem) = s.key.split_once('/').unwrap();
+        for f in &s.fields {
+            let source = images.join(class).join(format!("{stem}.{}", f.name));
+            match f.name.as_str() {
+                "jpg" if stem == "broken" => {
+                    assert_eq!(f.data, std::fs::read(&broken).unwrap());
+                }
+                "jpg" => {
+                    assert!(sluice_cpu::restart::layout(&f.data).is_some(), "{}", s.key);
+                    let original = std::fs::read(&source).unwrap();
+                    assert!(decode(&mut dec, &f.data) == decode(&mut dec, &original));
+                }
+                "json" => assert_eq!(f.data, std::fs::read(&note).unwrap()),
+                "cls" => {}
+                other => panic!("unexpected field {other}"),
+            }
+        }
+    }
+}

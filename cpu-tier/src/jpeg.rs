@@ -67,6 +67,8 @@ pub struct JpegDecoder {
     handle: tj::tjhandle,
     limits: DecodeLimits,
     cmyk_scratch: Vec<u8>,
+    /// The rows below a restart marker, as a JPEG of their own (see [`crate::restart`]).
+    sub: Vec<u8>,
 }
 
 // The handle is owned exclusively and TurboJPEG handles may move between threads.
@@ -100,6 +102,7 @@ impl JpegDecoder {
             handle: std::ptr::null_mut(),
             limits,
             cmyk_scratch: Vec::new(),
+            sub: Vec::new(),
         };
         dec.init()?;
         Ok(dec)
@@ -214,10 +217,6 @@ impl JpegDecoder {
             num: (scale_num / g) as i32,
             denom: (8 / g) as i32,
         };
-        // SAFETY: valid handle; the header was read on this handle.
-        if unsafe { tj::tj3SetScalingFactor(self.handle, factor) } != 0 {
-            return Err(self.fail());
-        }
         let (sw, sh) = (
             scaled(header.width, scale_num),
             scaled(header.height, scale_num),
@@ -244,6 +243,57 @@ impl JpegDecoder {
             }
             None => full,
         };
+        // Rows above the window are entropy-decoded unless restart markers let the decoder
+        // start lower: then it decodes a JPEG of the rows from the last marker at least
+        // `context` rows above the window. Fancy chroma upsampling replicates an image's first
+        // row group (two output rows) where it would read the row above; those rows are left
+        // above the window, so its pixels are those of a full decode.
+        let context = 16 / scale_num;
+        let mut sub = std::mem::take(&mut self.sub);
+        let top = match crate::restart::layout(data) {
+            Some(l) if want.y >= l.interval_rows + context && rect != full => {
+                let first = (want.y - context) / l.interval_rows * l.interval_rows;
+                crate::restart::sub_image(data, &l, first, &mut sub).map_or(0, |()| first)
+            }
+            _ => 0,
+        };
+        let result = self.decode_from(
+            if top > 0 { &sub } else { data },
+            header,
+            factor,
+            rect,
+            full,
+            top * scale_num / 8,
+            out,
+        );
+        self.sub = sub;
+        result.map(|()| Decoded { rect, scale_num })
+    }
+
+    /// Decodes `rect` (scaled coordinates of the whole image) of `src`, whose first row is
+    /// the image's scaled row `top`: the image itself (`top` 0) or a [`crate::restart`] sub
+    /// image of it.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_from(
+        &mut self,
+        src: &[u8],
+        header: &JpegHeader,
+        factor: tj::tjscalingfactor,
+        rect: Rect,
+        full: Rect,
+        top: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<(), DecodeError> {
+        // SAFETY: the buffer pointer and length come from a live slice.
+        if top > 0
+            && unsafe { tj::tj3DecompressHeader(self.handle, src.as_ptr(), src.len() as _) } != 0
+        {
+            return Err(self.fail());
+        }
+        // SAFETY: valid handle; the header of `src` was read on this handle.
+        if unsafe { tj::tj3SetScalingFactor(self.handle, factor) } != 0 {
+            return Err(self.fail());
+        }
         let region = if rect == full {
             tj::tjregion {
                 x: 0,
@@ -254,7 +304,7 @@ impl JpegDecoder {
         } else {
             tj::tjregion {
                 x: rect.x as i32,
-                y: rect.y as i32,
+                y: (rect.y - top) as i32,
                 w: rect.w as i32,
                 h: rect.h as i32,
             }
@@ -273,8 +323,8 @@ impl JpegDecoder {
             let rc = unsafe {
                 tj::tj3Decompress8(
                     self.handle,
-                    data.as_ptr(),
-                    data.len() as _,
+                    src.as_ptr(),
+                    src.len() as _,
                     self.cmyk_scratch.as_mut_ptr(),
                     (w * 4) as i32,
                     tj::TJPF_TJPF_CMYK,
@@ -298,8 +348,8 @@ impl JpegDecoder {
             let rc = unsafe {
                 tj::tj3Decompress8(
                     self.handle,
-                    data.as_ptr(),
-                    data.len() as _,
+                    src.as_ptr(),
+                    src.len() as _,
                     out.as_mut_ptr(),
                     (w * 3) as i32,
                     tj::TJPF_TJPF_RGB,
@@ -309,7 +359,7 @@ impl JpegDecoder {
                 return Err(self.fail());
             }
         }
-        Ok(Decoded { rect, scale_num })
+        Ok(())
     }
 }
 
@@ -366,4 +416,98 @@ fn tiff_orientation(tiff: &[u8]) -> Option<u8> {
         }
     }
     None
+}
+
+/// `data` with a restart marker at every MCU row, transformed losslessly (the same DCT
+/// coefficients, so every decode gives the same pixels), for [`crate::restart`]'s seek
+/// index. `Ok(None)` for JPEGs that it does not help: progressive, arithmetic-coded or
+/// lossless ones, and those that already have markers at row boundaries. Extra markers
+/// (EXIF, ICC) are kept; Huffman tables are optimized, so files barely grow.
+pub fn with_restart_markers(
+    data: &[u8],
+    limits: DecodeLimits,
+) -> Result<Option<Vec<u8>>, DecodeError> {
+    if crate::restart::layout(data).is_some() {
+        return Ok(None);
+    }
+    struct Handle(tj::tjhandle);
+    impl Drop for Handle {
+        fn drop(&mut self) {
+            // SAFETY: the handle came from tj3Init and is destroyed once.
+            unsafe { tj::tj3Destroy(self.0) }
+        }
+    }
+    // SAFETY: plain constructor; a null handle is checked.
+    let h = Handle(unsafe { tj::tj3Init(tj::TJINIT_TJINIT_TRANSFORM as i32) });
+    if h.0.is_null() {
+        return Err(DecodeError::Decoder("tj3Init failed".into()));
+    }
+    let error = |h: &Handle| {
+        // SAFETY: tj3GetErrorStr returns a NUL-terminated static or per-handle buffer.
+        let msg = unsafe { CStr::from_ptr(tj::tj3GetErrorStr(h.0)) };
+        DecodeError::Corrupt(msg.to_string_lossy().into_owned())
+    };
+    let set = |param: tj::TJPARAM, value: i32| {
+        // SAFETY: valid handle; TurboJPEG checks the parameter and value.
+        match unsafe { tj::tj3Set(h.0, param as i32, value) } {
+            0 => Ok(()),
+            _ => Err(error(&h)),
+        }
+    };
+    set(tj::TJPARAM_TJPARAM_STOPONWARNING, 1)?;
+    set(
+        tj::TJPARAM_TJPARAM_MAXPIXELS,
+        i32::try_from(limits.max_pixels).unwrap_or(i32::MAX),
+    )?;
+    // SAFETY: the buffer pointer and length come from a live slice.
+    if unsafe { tj::tj3DecompressHeader(h.0, data.as_ptr(), data.len() as _) } != 0 {
+        return Err(error(&h));
+    }
+    // SAFETY: valid handle after a header read.
+    let get = |param: tj::TJPARAM| unsafe { tj::tj3Get(h.0, param as i32) };
+    if get(tj::TJPARAM_TJPARAM_PROGRESSIVE) == 1
+        || get(tj::TJPARAM_TJPARAM_ARITHMETIC) == 1
+        || get(tj::TJPARAM_TJPARAM_LOSSLESS) == 1
+    {
+        return Ok(None);
+    }
+    set(tj::TJPARAM_TJPARAM_RESTARTROWS, 1)?;
+    set(tj::TJPARAM_TJPARAM_OPTIMIZE, 1)?;
+    let transform = tj::tjtransform {
+        r: tj::tjregion {
+            x: 0,
+            y: 0,
+            w: 0,
+            h: 0,
+        },
+        op: tj::TJXOP_TJXOP_NONE as i32,
+        options: 0,
+        data: std::ptr::null_mut(),
+        customFilter: None,
+    };
+    let mut dst: *mut u8 = std::ptr::null_mut();
+    let mut size: tj::size_t = 0;
+    // SAFETY: one transform, one destination; TurboJPEG allocates `dst` (freed below).
+    let rc = unsafe {
+        tj::tj3Transform(
+            h.0,
+            data.as_ptr(),
+            data.len() as _,
+            1,
+            &mut dst,
+            &mut size,
+            &transform,
+        )
+    };
+    let out = if rc == 0 && !dst.is_null() {
+        // SAFETY: TurboJPEG wrote `size` bytes at `dst`.
+        Ok(Some(
+            unsafe { std::slice::from_raw_parts(dst, size as usize) }.to_vec(),
+        ))
+    } else {
+        Err(error(&h))
+    };
+    // SAFETY: `dst` came from TurboJPEG's allocator (or is null).
+    unsafe { tj::tj3Free(dst.cast()) };
+    out
 }

@@ -18,6 +18,7 @@ pub mod engine;
 pub mod error;
 pub mod geometry;
 pub mod jpeg;
+pub mod restart;
 pub mod same_host;
 pub mod server;
 pub mod source;

@@ -46,6 +46,12 @@ impl Default for Order {
     }
 }
 
+/// A change to a sample's field before it is written: called with the sample's key, the
+/// field's name and its bytes; `Some` replaces the bytes. (`sluice shard --restart-markers`
+/// gives JPEGs restart markers with one; the dataset tools depend on no tier, so the decoder
+/// comes from the caller.)
+pub type Rewrite<'a> = &'a (dyn Fn(&str, &str, &[u8]) -> Option<Vec<u8>> + Sync);
+
 /// What a run wrote.
 pub struct Written {
     pub shards: Vec<WrittenShard>,
@@ -82,6 +88,7 @@ pub fn write_folder(
     labels: Option<&Path>,
     config: WriterConfig,
     order: Order,
+    rewrite: Option<Rewrite>,
     progress: &mut dyn Progress,
 ) -> Result<Written> {
     let mut writer = writer(config)?;
@@ -92,7 +99,7 @@ pub fn write_folder(
     if order.shuffle {
         order_stream(order.seed).shuffle(&mut planned);
     }
-    let (samples, bytes) = write_planned(&mut writer, &planned, progress)?;
+    let (samples, bytes) = write_planned(&mut writer, &planned, rewrite, progress)?;
     Ok(Written {
         shards: writer.finish()?,
         samples,
@@ -107,6 +114,7 @@ pub fn write_stream(
     name: &str,
     config: WriterConfig,
     order: Order,
+    rewrite: Option<Rewrite>,
     progress: &mut dyn Progress,
 ) -> Result<Written> {
     let mut writer = writer(config)?;
@@ -119,7 +127,14 @@ pub fn write_stream(
         )
     });
     let (mut samples, mut bytes) = (0, 0);
-    let mut write = |sample: sluice_shard::Sample| -> Result<()> {
+    let mut write = |mut sample: sluice_shard::Sample| -> Result<()> {
+        if let Some(rewrite) = rewrite {
+            for f in &mut sample.fields {
+                if let Some(d) = rewrite(&sample.key, &f.name, &f.data) {
+                    f.data = d;
+                }
+            }
+        }
         let fields: Vec<(&str, &[u8])> = sample
             .fields
             .iter()
@@ -162,10 +177,11 @@ pub fn write_stream(
 pub fn write_stdin(
     config: WriterConfig,
     order: Order,
+    rewrite: Option<Rewrite>,
     progress: &mut dyn Progress,
 ) -> Result<Written> {
     let stdin = BufReader::with_capacity(1 << 20, std::io::stdin());
-    write_stream(stdin, "<stdin>", config, order, progress)
+    write_stream(stdin, "<stdin>", config, order, rewrite, progress)
 }
 
 /// Saves the manifest of `shards` at `path`, with URLs relative to it where they can be.
@@ -186,13 +202,17 @@ pub fn write_manifest(shards: &[WrittenShard], path: &Path) -> Result<Manifest> 
 fn write_planned(
     writer: &mut ShardWriter,
     planned: &[Planned],
+    rewrite: Option<Rewrite>,
     progress: &mut dyn Progress,
 ) -> Result<(u64, u64)> {
     let mut bytes = 0;
     for p in planned {
         let mut data = Vec::with_capacity(p.files.len() + 1);
         for (field, path) in &p.files {
-            let d = std::fs::read(path).map_err(DatasetError::io("reading", path))?;
+            let mut d = std::fs::read(path).map_err(DatasetError::io("reading", path))?;
+            if let Some(new) = rewrite.and_then(|r| r(&p.key, field, &d)) {
+                d = new;
+            }
             data.push((field.as_str(), d));
         }
         let label = p.label.map(|l| l.to_string());

@@ -13,8 +13,14 @@
 //! whole, a tar stream through a bounded shuffle buffer (`--shuffle-buffer` samples held in
 //! memory). The same input and seed give byte-identical shards; `--no-shuffle` keeps the
 //! input order.
+//!
+//! `--restart-markers` gives each JPEG a restart marker at every MCU row, losslessly (the
+//! same coefficients and pixels, about 0.1% more bytes): the CPU tier can then start decoding
+//! at the crop window's rows instead of Huffman-decoding every row above it
+//! (`sluice_cpu::restart`). A JPEG that cannot be transformed is written as it is and named.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{bail, Context, Result};
 use sluice_dataset::write::{self, Order};
@@ -52,6 +58,10 @@ pub struct Args {
     /// whole samples, e.g. about 1.1 GB for 10,000 ImageNet JPEGs).
     #[arg(long, default_value_t = 10_000)]
     shuffle_buffer: usize,
+    /// Give JPEGs a restart marker at every MCU row (lossless), so workers decode only the
+    /// rows a random crop needs: about 6% more images/s per core on ImageNet.
+    #[arg(long)]
+    restart_markers: bool,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -68,12 +78,31 @@ pub fn run(args: Args) -> Result<()> {
         seed: args.seed,
         stream_buffer: args.shuffle_buffer,
     };
+    let (marked, kept) = (AtomicU64::new(0), AtomicU64::new(0));
+    let add_markers = |key: &str, field: &str, data: &[u8]| -> Option<Vec<u8>> {
+        if !matches!(field, "jpg" | "jpeg") {
+            return None;
+        }
+        match sluice_cpu::jpeg::with_restart_markers(data, Default::default()) {
+            Ok(Some(new)) => {
+                marked.fetch_add(1, Ordering::Relaxed);
+                Some(new)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                kept.fetch_add(1, Ordering::Relaxed);
+                eprintln!("note: sample {key:?}: {field} kept as it is (no restart markers): {e}");
+                None
+            }
+        }
+    };
+    let rewrite: Option<write::Rewrite> = args.restart_markers.then_some(&add_markers);
     let written = if args.input == "-" {
         if args.labels.is_some() {
             bail!("--labels applies to a folder input, not to a tar stream on stdin");
         }
         let mut progress = Progress::new(None, "shard");
-        let w = write::write_stdin(config, order, &mut progress).context("--output")?;
+        let w = write::write_stdin(config, order, rewrite, &mut progress).context("--output")?;
         progress.finish();
         (w, progress.elapsed())
     } else {
@@ -83,6 +112,7 @@ pub fn run(args: Args) -> Result<()> {
             args.labels.as_deref(),
             config,
             order,
+            rewrite,
             &mut progress,
         )?;
         progress.finish();
@@ -98,6 +128,13 @@ pub fn run(args: Args) -> Result<()> {
         written.bytes as f64 / secs.max(1e-9) / 1e6,
         args.output
     );
+    if args.restart_markers {
+        println!(
+            "restart markers: {} JPEGs given them, {} kept as they were (unreadable; named above)",
+            marked.load(Ordering::Relaxed),
+            kept.load(Ordering::Relaxed)
+        );
+    }
     if let Some(path) = &args.manifest {
         write::write_manifest(&written.shards, path)
             .with_context(|| format!("writing manifest {}", path.display()))?;

@@ -200,6 +200,7 @@ pub fn shard_images(input: &Path, bucket: &Path) -> Result<()> {
         labels.as_deref(),
         config,
         sluice_dataset::write::Order::default(),
+        None,
         &mut sluice_dataset::Quiet,
     )?;
     Ok(())

@@ -373,6 +373,24 @@ pub fn timeline(
 
 /// JPEGs for `sluice bench cpu`, as in-memory samples: every `.jpg`/`.jpeg` under `dir`
 /// (recursively, sorted), or 300 generated images without one. Also says what they are.
+/// Gives each sample's JPEG restart markers at every MCU row (those it helps; the rest stay
+/// as they are); returns the total JPEG bytes before and after.
+pub fn add_restart_markers(samples: &mut [Sample]) -> Result<(u64, u64)> {
+    let (mut before, mut after) = (0u64, 0u64);
+    for s in samples.iter_mut() {
+        for f in &mut s.fields {
+            before += f.data.len() as u64;
+            let marked = sluice_cpu::jpeg::with_restart_markers(&f.data, Default::default())
+                .map_err(|e| TestbedError::Setup(format!("restart markers for {}: {e}", s.key)))?;
+            if let Some(m) = marked {
+                f.data = m;
+            }
+            after += f.data.len() as u64;
+        }
+    }
+    Ok((before, after))
+}
+
 pub fn bench_images(dir: Option<&std::path::Path>) -> Result<(Vec<Sample>, String)> {
     let sample = |index: u64, jpeg: Vec<u8>| Sample {
         shard: "bench".into(),

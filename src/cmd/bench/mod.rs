@@ -59,6 +59,10 @@ pub struct CpuArgs {
     /// Decode the whole image, not only the crop window.
     #[arg(long)]
     no_roi: bool,
+    /// Give every JPEG restart markers first, as `sluice shard --restart-markers` does (the
+    /// pixels do not change; the decoder can then start at the crop window's rows).
+    #[arg(long)]
+    restart_markers: bool,
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -78,10 +82,17 @@ fn cpu(args: CpuArgs) -> Result<()> {
     let spec: PipelineSpec = args.pipeline.parse()?;
     let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/imagenet-sample");
     let dir = args.images.clone().or(default.is_dir().then_some(default));
-    let (samples, what) = sizing::bench_images(dir.as_deref())?;
+    let (mut samples, what) = sizing::bench_images(dir.as_deref())?;
+    if args.restart_markers {
+        let (before, after) = sizing::add_restart_markers(&mut samples)?;
+        println!(
+            "restart markers: {before} → {after} bytes ({:+.1}%)",
+            (after as f64 / before.max(1) as f64 - 1.0) * 100.0
+        );
+    }
     println!(
-        "sluice bench cpu: {what}; pipeline: {spec}; dct_scaling={} roi_decode={}",
-        !args.no_dct, !args.no_roi
+        "sluice bench cpu: {what}; pipeline: {spec}; dct_scaling={} roi_decode={} restart_markers={}",
+        !args.no_dct, !args.no_roi, args.restart_markers
     );
     let mut results = Vec::new();
     for &threads in &args.threads {

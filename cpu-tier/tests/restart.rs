@@ -1,0 +1,114 @@
+//! The restart-marker fast path ([`sluice_cpu::restart`]) against the plain decode: a JPEG
+//! given restart markers at shard time decodes every window, at every DCT scale, to exactly
+//! the bytes the original gives, whether the decoder entered it at a marker or not.
+
+mod common;
+
+use sluice_cpu::jpeg::{with_restart_markers, DecodeLimits, JpegDecoder, Rect};
+use sluice_cpu::restart;
+
+/// The corpus when present, else generated JPEGs of awkward sizes (4:2:0, as the image crate
+/// writes them), and a grey one.
+fn inputs() -> Vec<(String, Vec<u8>)> {
+    if let Some(files) = common::corpus() {
+        return files
+            .iter()
+            .step_by(8)
+            .map(|p| (p.display().to_string(), std::fs::read(p).unwrap()))
+            .collect();
+    }
+    eprintln!("../shared/data/imagenet-sample is absent: testing generated JPEGs");
+    let mut v: Vec<(String, Vec<u8>)> = [(500, 375), (333, 500), (97, 203), (640, 17)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (w, h))| (format!("generated {w}x{h}"), common::jpeg(w, h, i as u32)))
+        .collect();
+    let grey = image::GrayImage::from_fn(300, 211, |x, y| image::Luma([((x * y) % 251) as u8]));
+    let mut g = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new(&mut g)
+        .encode_image(&grey)
+        .unwrap();
+    v.push(("generated grey 300x211".into(), g));
+    v
+}
+
+#[test]
+fn windows_decode_to_the_same_bytes_with_and_without_restart_markers() {
+    let mut dec = JpegDecoder::new(DecodeLimits::default()).unwrap();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let mut seed = 0x9e37_79b9u32;
+    let mut next = |n: u32| {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        seed % n.max(1)
+    };
+    let (mut entered, mut files) = (0, 0);
+    for (name, original) in inputs() {
+        let Some(marked) = with_restart_markers(&original, DecodeLimits::default()).unwrap() else {
+            continue; // progressive: left as it is
+        };
+        files += 1;
+        let layout = restart::layout(&marked).unwrap_or_else(|| panic!("{name}: no layout"));
+        assert!(restart::layout(&original).is_none());
+        let header = dec.header(&original).unwrap();
+        assert_eq!(dec.header(&marked).unwrap(), header, "{name}");
+        for i in 0..16 {
+            let w = 1 + next(header.width);
+            let h = 1 + next(header.height);
+            let mut y = next(header.height - h + 1);
+            if i % 2 == 0 {
+                // Just below a marker, where the upsampling context matters most.
+                y = (y / layout.interval_rows * layout.interval_rows + next(20))
+                    .min(header.height - h);
+            }
+            let want = Rect {
+                x: next(header.width - w + 1),
+                y,
+                w,
+                h,
+            };
+            for scale in [1, 2, 4, 8] {
+                let da = dec
+                    .header(&original)
+                    .and_then(|hd| dec.decode_region(&original, &hd, want, scale, &mut a));
+                let db = dec
+                    .header(&marked)
+                    .and_then(|hd| dec.decode_region(&marked, &hd, want, scale, &mut b));
+                assert_eq!(da.unwrap(), db.unwrap(), "{name} {want:?} at {scale}/8");
+                assert!(a == b, "{name}: {want:?} at {scale}/8 differs");
+            }
+            if want.y >= layout.interval_rows + 16
+                && (want.w, want.h) != (header.width, header.height)
+            {
+                entered += 1;
+            }
+        }
+    }
+    assert!(files > 0);
+    assert!(entered > 0, "no window started below a marker");
+}
+
+#[test]
+fn sub_images_refuse_what_the_data_does_not_support() {
+    let (_, jpeg) = inputs().swap_remove(0);
+    let marked = with_restart_markers(&jpeg, DecodeLimits::default())
+        .unwrap()
+        .unwrap();
+    let layout = restart::layout(&marked).unwrap();
+    let mut out = Vec::new();
+    let i = layout.interval_rows;
+    assert!(restart::sub_image(&marked, &layout, 0, &mut out).is_none());
+    assert!(restart::sub_image(&marked, &layout, i + 1, &mut out).is_none());
+    assert!(restart::sub_image(&marked, &layout, layout.height + i, &mut out).is_none());
+    assert!(restart::sub_image(&marked, &layout, i, &mut out).is_some());
+    // Cut before the second marker: there is no interval 2 to start at.
+    let cut = &marked[..marked.len() / 8];
+    if let Some(l) = restart::layout(cut) {
+        let _ = restart::sub_image(cut, &l, l.height / i / 2 * i, &mut out);
+    }
+    // Marked twice is marked once.
+    assert!(with_restart_markers(&marked, DecodeLimits::default())
+        .unwrap()
+        .is_none());
+}
