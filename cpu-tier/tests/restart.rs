@@ -112,3 +112,54 @@ fn sub_images_refuse_what_the_data_does_not_support() {
         .unwrap()
         .is_none());
 }
+
+/// Damaged marked JPEGs (bytes flipped in the headers or the entropy data, markers lost,
+/// truncation) give a decode error or pixels, never a panic or a read out of bounds, whether
+/// the decoder enters them at a marker or not.
+#[test]
+fn damaged_marked_jpegs_fail_cleanly() {
+    let mut dec = JpegDecoder::new(DecodeLimits::default()).unwrap();
+    let mut out = Vec::new();
+    let mut seed = 0x2545_f491u32;
+    let mut next = |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        seed as usize % n.max(1)
+    };
+    for (_, original) in inputs().into_iter().take(6) {
+        let Some(marked) = with_restart_markers(&original, DecodeLimits::default()).unwrap() else {
+            continue;
+        };
+        for round in 0..60 {
+            let mut bad = marked.clone();
+            match round % 3 {
+                0 => {
+                    for _ in 0..4 {
+                        let i = next(bad.len().min(700));
+                        bad[i] ^= 1 << next(8);
+                    }
+                }
+                1 => {
+                    let i = next(bad.len());
+                    bad[i] = [0xFF, 0xD0 + next(8) as u8, 0x00][next(3)];
+                }
+                _ => bad.truncate(next(bad.len())),
+            }
+            let Ok(header) = dec.header(&bad) else {
+                continue;
+            };
+            let want = Rect {
+                x: 0,
+                y: header.height / 2,
+                w: header.width,
+                h: header.height - header.height / 2,
+            };
+            let _ = dec.decode_region(&bad, &header, want, [1, 2, 4, 8][next(4)], &mut out);
+            let mut sub = Vec::new();
+            if let Some(l) = restart::layout(&bad) {
+                let _ = restart::sub_image(&bad, &l, next(l.height as usize) as u32, &mut sub);
+            }
+        }
+    }
+}

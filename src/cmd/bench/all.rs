@@ -1,6 +1,7 @@
 //! `sluice bench all`: the performance table of issue 18 in one run. Each figure is a ratio
 //! measured in this run beside its reference: the CPU engine per core against DALI (CPU, ROI
-//! decode) and a bare libjpeg-turbo decode from the anchor benchmarks, QUIC against TCP and
+//! decode) and a bare libjpeg-turbo decode from the anchor benchmarks (on the corpus as it is,
+//! and again with restart markers, as `sluice shard --restart-markers` writes it), QUIC against TCP and
 //! same-host against memcpy on one connection, and the whole chain (each transport) against
 //! the CPU tier alone on the same cores.
 //!
@@ -97,14 +98,19 @@ pub fn run(args: AllArgs) -> Result<()> {
     let (samples, what) = sizing::bench_images(corpus.is_dir().then_some(corpus.as_path()))?;
     eprintln!("[bench] the CPU engine on {what}…");
     let spec: PipelineSpec = PIPELINE.parse()?;
-    let mut per_core = BTreeMap::new();
+    // The same JPEGs with restart markers (`sluice shard --restart-markers`), alternating.
+    let mut marked = samples.clone();
+    sizing::add_restart_markers(&mut marked)?;
+    let (mut per_core, mut per_core_marked) = (BTreeMap::new(), BTreeMap::new());
     for threads in [1, cores.min(2)] {
         let config = EngineConfig {
             threads,
             ..EngineConfig::default()
         };
-        let run = sizing::engine_run(&samples, spec.clone(), config, args.seconds)?;
-        per_core.insert(threads, run.images_per_s() / threads as f64);
+        for (images, into) in [(&samples, &mut per_core), (&marked, &mut per_core_marked)] {
+            let run = sizing::engine_run(images, spec.clone(), config.clone(), args.seconds)?;
+            into.insert(threads, run.images_per_s() / threads as f64);
+        }
     }
 
     // One connection's transports.
@@ -176,6 +182,27 @@ pub fn run(args: AllArgs) -> Result<()> {
             1.2,
         ),
         (
+            "the same JPEGs with restart markers / DALI CPU ROI decode, 1 thread".into(),
+            vs(per_core_marked[&1], "dali_cpu_roi_decode_t1"),
+            2.0,
+        ),
+        (
+            format!(
+                "the same JPEGs with restart markers / DALI CPU ROI decode, {} threads",
+                cores.min(2)
+            ),
+            vs(
+                per_core_marked[&cores.min(2)] * cores.min(2) as f64,
+                &format!("dali_cpu_roi_decode_t{}", cores.min(2)),
+            ),
+            2.0,
+        ),
+        (
+            "the same JPEGs with restart markers / bare libjpeg-turbo full decode, 1 thread".into(),
+            vs(per_core_marked[&1], "simplejpeg_decode_full_w1"),
+            1.2,
+        ),
+        (
             "QUIC / TCP, one connection".into(),
             Some(t.quic / t.tcp),
             0.5,
@@ -203,8 +230,9 @@ pub fn run(args: AllArgs) -> Result<()> {
         println!("| {figure} | {now} | ≥ {goal} |");
     }
     println!(
-        "\nreferences: CPU engine {:.0} images/s/core (1 thread) on {what}; QUIC {:.2}, TCP {:.2}, same-host {:.2}, memcpy {:.2} GB/s; CPU tier alone {cpu_alone:.0} samples/s on {cores} cores, the chain {:.0} over QUIC and {:.0} over same-host; anchors: {anchor_source}",
+        "\nreferences: CPU engine {:.0} images/s/core (1 thread; {:.0} with restart markers) on {what}; QUIC {:.2}, TCP {:.2}, same-host {:.2}, memcpy {:.2} GB/s; CPU tier alone {cpu_alone:.0} samples/s on {cores} cores, the chain {:.0} over QUIC and {:.0} over same-host; anchors: {anchor_source}",
         per_core[&1],
+        per_core_marked[&1],
         t.quic / 1e9,
         t.tcp / 1e9,
         t.same_host / 1e9,
@@ -216,6 +244,7 @@ pub fn run(args: AllArgs) -> Result<()> {
         let doc = serde_json::json!({
             "rows": rows.iter().map(|(f, n, g)| serde_json::json!({"figure": f, "now": n, "goal": g})).collect::<Vec<_>>(),
             "cpu_images_per_s_per_core": per_core,
+            "cpu_images_per_s_per_core_restart_markers": per_core_marked,
             "transport_bytes_per_s": {"quic": t.quic, "same_host": t.same_host, "tcp": t.tcp, "memcpy": t.memcpy},
             "cpu_alone_samples_per_s": cpu_alone,
             "chain_samples_per_s": chain,
