@@ -243,6 +243,40 @@ fn reshards_a_tar_stream_from_stdin() {
         keys.contains(&"class_001/img_001_00003".to_string()),
         "{keys:?}"
     );
+
+    // The stream again with restart markers: every JPEG gets them.
+    let marked = format!("{}/marked/s-%02d.tar", dir.path().display());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "shard",
+            "--input",
+            "-",
+            "--output",
+            &marked,
+            "--restart-markers",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&tar.stdout).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let samples = read_samples(&shard_files(&dir.path().join("marked")));
+    assert_eq!(samples.len(), 8);
+    for s in &samples {
+        let jpg = s.fields.iter().find(|f| f.name == "jpg").unwrap();
+        assert!(
+            sluice_cpu::restart::layout(&jpg.data).is_some(),
+            "{}",
+            s.key
+        );
+    }
 }
 
 #[test]
