@@ -210,30 +210,27 @@ fn reshards_a_tar_stream_from_stdin() {
         eprintln!("skipping: GNU tar not available");
         return;
     };
-    let pattern = format!("{}/out/s-%02d.tar", dir.path().display());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "shard",
-            "--input",
-            "-",
-            "--output",
-            &pattern,
-            "--max-count",
-            "3",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(&tar.stdout).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let samples = read_samples(&shard_files(&dir.path().join("out")));
+    // `sluice shard --input -` of the tar into `dir/name`, with `extra` arguments.
+    let shard_stdin = |name: &str, extra: &[&str]| {
+        let pattern = format!("{}/{name}/s-%02d.tar", dir.path().display());
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["shard", "--input", "-", "--output", &pattern])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(&tar.stdout).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        read_samples(&shard_files(&dir.path().join(name)))
+    };
+    let samples = shard_stdin("out", &["--max-count", "3"]);
     assert_eq!(samples.len(), 8);
     let keys: Vec<_> = samples
         .iter()
@@ -245,29 +242,7 @@ fn reshards_a_tar_stream_from_stdin() {
     );
 
     // The stream again with restart markers: every JPEG gets them.
-    let marked = format!("{}/marked/s-%02d.tar", dir.path().display());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "shard",
-            "--input",
-            "-",
-            "--output",
-            &marked,
-            "--restart-markers",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(&tar.stdout).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let samples = read_samples(&shard_files(&dir.path().join("marked")));
+    let samples = shard_stdin("marked", &["--restart-markers"]);
     assert_eq!(samples.len(), 8);
     for s in &samples {
         let jpg = s.fields.iter().find(|f| f.name == "jpg").unwrap();

@@ -159,49 +159,35 @@ pub fn run(args: AllArgs) -> Result<()> {
     let of_cpu = |name: &str| chain.get(name).map(|s| s / cpu_alone.max(1e-9));
     // The table: (figure, now, goal); None where a reference is missing.
     let vs = |ours: f64, anchor_name: &str| anchor.get(anchor_name).map(|a| ours / a);
-    let rows: Vec<(String, Option<f64>, f64)> = vec![
-        (
-            "bench cpu per core / DALI CPU ROI decode, 1 thread".into(),
-            vs(per_core[&1], "dali_cpu_roi_decode_t1"),
-            2.0,
-        ),
-        (
-            format!(
-                "bench cpu per core / DALI CPU ROI decode, {} threads",
-                cores.min(2)
+    // The engine's three rows for one input: per core against DALI on 1 and n threads, and
+    // against a bare full decode.
+    let n = cores.min(2);
+    let engine_rows = |what: &str, rates: &BTreeMap<usize, f64>| {
+        [
+            (
+                format!("{what} / DALI CPU ROI decode, 1 thread"),
+                vs(rates[&1], "dali_cpu_roi_decode_t1"),
+                2.0,
             ),
-            vs(
-                per_core[&cores.min(2)] * cores.min(2) as f64,
-                &format!("dali_cpu_roi_decode_t{}", cores.min(2)),
+            (
+                format!("{what} / DALI CPU ROI decode, {n} threads"),
+                vs(rates[&n] * n as f64, &format!("dali_cpu_roi_decode_t{n}")),
+                2.0,
             ),
-            2.0,
-        ),
-        (
-            "bench cpu / bare libjpeg-turbo full decode, 1 thread".into(),
-            vs(per_core[&1], "simplejpeg_decode_full_w1"),
-            1.2,
-        ),
-        (
-            "the same JPEGs with restart markers / DALI CPU ROI decode, 1 thread".into(),
-            vs(per_core_marked[&1], "dali_cpu_roi_decode_t1"),
-            2.0,
-        ),
-        (
-            format!(
-                "the same JPEGs with restart markers / DALI CPU ROI decode, {} threads",
-                cores.min(2)
+            (
+                format!("{what} / bare libjpeg-turbo full decode, 1 thread"),
+                vs(rates[&1], "simplejpeg_decode_full_w1"),
+                1.2,
             ),
-            vs(
-                per_core_marked[&cores.min(2)] * cores.min(2) as f64,
-                &format!("dali_cpu_roi_decode_t{}", cores.min(2)),
-            ),
-            2.0,
-        ),
-        (
-            "the same JPEGs with restart markers / bare libjpeg-turbo full decode, 1 thread".into(),
-            vs(per_core_marked[&1], "simplejpeg_decode_full_w1"),
-            1.2,
-        ),
+        ]
+    };
+    let mut rows: Vec<(String, Option<f64>, f64)> = Vec::new();
+    rows.extend(engine_rows("bench cpu per core", &per_core));
+    rows.extend(engine_rows(
+        "the same JPEGs with restart markers",
+        &per_core_marked,
+    ));
+    rows.extend([
         (
             "QUIC / TCP, one connection".into(),
             Some(t.quic / t.tcp),
@@ -222,7 +208,7 @@ pub fn run(args: AllArgs) -> Result<()> {
             of_cpu("same-host"),
             0.9,
         ),
-    ];
+    ]);
     println!("| figure | now | goal |");
     println!("|---|---|---|");
     for (figure, now, goal) in &rows {
