@@ -95,7 +95,14 @@ fn grow_send_buffer(socket: &std::net::UdpSocket) {
     match socket
         .set_send_buffer_size(wanted)
         .and_then(|()| socket.send_buffer_size())
-    {
+        // Linux reports twice what it granted (the other half is its bookkeeping).
+        .map(|got| {
+            if cfg!(target_os = "linux") {
+                got / 2
+            } else {
+                got
+            }
+        }) {
         Ok(got) if got >= wanted => {}
         Ok(got) => tracing::debug!(
             wanted,
