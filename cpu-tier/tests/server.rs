@@ -425,9 +425,11 @@ async fn tensors_travel_in_the_largest_datagrams_one_gso_send_carries() {
     )
     .await
     .unwrap();
-    // The first unit lets discovery finish; the second is measured.
-    let mut measured = None;
-    for unit in 0..2 {
+    // The first unit lets discovery finish; a later one must arrive in large datagrams. Up
+    // to four chances, so a loaded machine cannot fail the test; the old 65,527 ceiling
+    // never gets there.
+    let mut averages = Vec::new();
+    for unit in 0..5 {
         let mut a = assign.clone();
         a.unit = unit;
         c.1.send(&Message::Assign(a), &[]).await.unwrap();
@@ -443,12 +445,15 @@ async fn tensors_travel_in_the_largest_datagrams_one_gso_send_carries() {
             }
         }
         let after = c.0.stats().udp_rx;
-        measured = Some((after.bytes - before.bytes) / (after.datagrams - before.datagrams).max(1));
+        let average = (after.bytes - before.bytes) / (after.datagrams - before.datagrams).max(1);
+        averages.push(average);
+        if unit > 0 && average > 4_000 {
+            break;
+        }
     }
-    let average = measured.unwrap();
     assert!(
-        average > 4_000,
-        "datagrams of {average} bytes on average, not up to {MAX_UDP_PAYLOAD}"
+        averages[1..].iter().any(|&a| a > 4_000),
+        "datagrams of {averages:?} bytes on average per unit, not up to {MAX_UDP_PAYLOAD}"
     );
     r.stop.cancel();
 }
