@@ -111,9 +111,9 @@ fn image_folder_to_shards_index_and_inspect() {
 fn sharding_is_deterministic() {
     let dir = tempfile::tempdir().unwrap();
     let images = support::synth_images(dir.path(), 2, 3);
-    let run = |name: &str| {
+    let run = |name: &str, extra: &[&str]| {
         let pattern = format!("{}/{name}/s-%03d.tar", dir.path().display());
-        sluice_ok(&[
+        let mut args = vec![
             "shard",
             "--input",
             path_str(&images),
@@ -121,15 +121,24 @@ fn sharding_is_deterministic() {
             &pattern,
             "--max-size",
             "100000",
-        ]);
+        ];
+        args.extend(extra);
+        sluice_ok(&args);
         shard_files(&dir.path().join(name))
             .iter()
             .map(|p| std::fs::read(p).unwrap())
             .collect::<Vec<_>>()
     };
-    let (a, b) = (run("a"), run("b"));
+    let (a, b) = (run("a", &[]), run("b", &[]));
     assert!(a.len() > 1, "--max-size splits the shards");
     assert_eq!(a, b);
+    // Restart markers are added on every core, and the shards still come out the same.
+    let (c, d) = (
+        run("c", &["--restart-markers"]),
+        run("d", &["--restart-markers"]),
+    );
+    assert_eq!(c, d);
+    assert_ne!(a, c);
 }
 
 #[test]

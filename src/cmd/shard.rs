@@ -18,6 +18,8 @@
 //! same coefficients and pixels, about 0.1% more bytes): the CPU tier can then start decoding
 //! at the crop window's rows instead of Huffman-decoding every row above it
 //! (`sluice_cpu::restart`). A JPEG that cannot be transformed is written as it is and named.
+//! The transform runs on every core (about 300 ImageNet JPEGs/s each); the shards are the
+//! same bytes whatever the core count.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
