@@ -55,7 +55,7 @@ impl Default for Order {
 pub type Rewrite<'a> = &'a (dyn Fn(&str, &str, &[u8]) -> Option<Vec<u8>> + Sync);
 
 /// Samples read (and rewritten, on every core) at once before they are written in order: a
-/// lossless JPEG transform costs about 3 ms a sample, ten times the rest of sharding.
+/// lossless JPEG transform costs about 3 ms a sample, over ten times the rest of sharding.
 const CHUNK: usize = 256;
 
 /// `sample`'s fields through `rewrite`.
