@@ -87,32 +87,6 @@ fn transport(config: &CpuConfig) -> quinn::TransportConfig {
     t
 }
 
-/// Asks for a send buffer that holds GSO bursts while the client's ACKs catch up; a smaller
-/// one only costs speed, so a refusal is logged, not fatal.
-fn grow_send_buffer(socket: &std::net::UdpSocket) {
-    let socket = socket2::SockRef::from(socket);
-    let wanted = sluice_wire::quic::SOCKET_BUFFER_BYTES;
-    match socket
-        .set_send_buffer_size(wanted)
-        .and_then(|()| socket.send_buffer_size())
-        // Linux reports twice what it granted (the other half is its bookkeeping).
-        .map(|got| {
-            if cfg!(target_os = "linux") {
-                got / 2
-            } else {
-                got
-            }
-        }) {
-        Ok(got) if got >= wanted => {}
-        Ok(got) => tracing::debug!(
-            wanted,
-            got,
-            "UDP send buffer capped by net.core.wmem_max; raise it for full QUIC speed"
-        ),
-        Err(e) => tracing::debug!(error = %e, "UDP send buffer left at the kernel default"),
-    }
-}
-
 /// Serves clients on `socket` until `shutdown`, then drains. `metrics` (when given) serves
 /// `/metrics` and `/healthz`.
 pub async fn run(
@@ -133,7 +107,10 @@ pub async fn run(
     endpoint_config
         .max_udp_payload_size(sluice_wire::quic::MAX_UDP_PAYLOAD)
         .map_err(|e| ServerError::Endpoint(std::io::Error::other(e)))?;
-    grow_send_buffer(&socket);
+    // A send buffer that holds GSO bursts while the client's ACKs catch up.
+    if let Some(why) = sluice_wire::quic::grow_buffer(&socket, sluice_wire::quic::Buffer::Send) {
+        tracing::debug!("{why}");
+    }
     let endpoint = quinn::Endpoint::new(
         endpoint_config,
         Some(server_config),

@@ -386,9 +386,7 @@ async fn tensors_travel_in_the_largest_datagrams_one_gso_send_carries() {
     config.max_udp_payload_size(65_527).unwrap();
     let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     // As the loader does: a small buffer's drops would look like a black hole.
-    socket2::SockRef::from(&socket)
-        .set_recv_buffer_size(sluice_wire::quic::SOCKET_BUFFER_BYTES)
-        .unwrap();
+    let _capped = sluice_wire::quic::grow_buffer(&socket, sluice_wire::quic::Buffer::Receive);
     let mut endpoint =
         quinn::Endpoint::new(config, None, socket, Arc::new(quinn::TokioRuntime)).unwrap();
     let mut transport = quinn::TransportConfig::default();

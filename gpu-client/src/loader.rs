@@ -1323,35 +1323,14 @@ impl Drop for Epoch {
 /// [`sluice_wire::quic::SOCKET_BUFFER_BYTES`]). A smaller buffer than asked for only costs
 /// speed, so it is logged, not fatal.
 fn quic_endpoint(runtime: &tokio::runtime::Runtime) -> Result<quinn::Endpoint, ClientError> {
-    use socket2::{Domain, Protocol, Socket, Type};
     let failed = |what: &str, e: &dyn std::fmt::Display| {
         ClientError::Runtime(format!("QUIC endpoint: {what}: {e}"))
     };
-    let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))
-        .map_err(|e| failed("UDP socket", &e))?;
-    let wanted = sluice_wire::quic::SOCKET_BUFFER_BYTES;
-    match socket
-        .set_recv_buffer_size(wanted)
-        .and_then(|()| socket.recv_buffer_size())
-        // Linux reports twice what it granted (the other half is its bookkeeping).
-        .map(|got| {
-            if cfg!(target_os = "linux") {
-                got / 2
-            } else {
-                got
-            }
-        }) {
-        Ok(got) if got >= wanted => {}
-        Ok(got) => tracing::debug!(
-            wanted,
-            got,
-            "UDP receive buffer capped by net.core.rmem_max; raise it for full QUIC speed"
-        ),
-        Err(e) => tracing::debug!(error = %e, "UDP receive buffer left at the kernel default"),
-    }
-    socket
-        .bind(&SocketAddr::from(([0, 0, 0, 0], 0)).into())
+    let socket = std::net::UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))
         .map_err(|e| failed("bind 0.0.0.0:0", &e))?;
+    if let Some(why) = sluice_wire::quic::grow_buffer(&socket, sluice_wire::quic::Buffer::Receive) {
+        tracing::debug!("{why}");
+    }
     let mut config = quinn::EndpointConfig::default();
     config
         .max_udp_payload_size(sluice_wire::quic::MAX_UDP_PAYLOAD)
@@ -1361,7 +1340,7 @@ fn quic_endpoint(runtime: &tokio::runtime::Runtime) -> Result<quinn::Endpoint, C
     quinn::Endpoint::new(
         config,
         None,
-        socket.into(),
+        socket,
         std::sync::Arc::new(quinn::TokioRuntime),
     )
     .map_err(|e| failed("start", &e))

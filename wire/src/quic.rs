@@ -1,5 +1,6 @@
-//! Datagram sizes and socket buffers both QUIC endpoints use. Constants only: the tiers apply
-//! them to their own quinn endpoints and sockets.
+//! Datagram sizes and socket buffers both QUIC endpoints use: the tiers apply the sizes to
+//! their own quinn endpoints, and (feature `udp`) grow their sockets' buffers with
+//! [`grow_buffer`].
 
 /// The largest UDP payload a QUIC endpoint sends or accepts, and the ceiling of path MTU
 /// discovery.
@@ -26,3 +27,52 @@ const _: () = assert!(GSO_SEGMENTS * MAX_UDP_PAYLOAD as usize + 40 + 8 <= 65_535
 /// and the sender's congestion window halves. Linux caps the request at
 /// `net.core.rmem_max` / `wmem_max`; the tiers log what they got.
 pub const SOCKET_BUFFER_BYTES: usize = 8 << 20;
+
+/// Which buffer of a UDP socket: the worker grows its send buffer, the client its receive
+/// buffer.
+#[cfg(feature = "udp")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Buffer {
+    Send,
+    Receive,
+}
+
+/// Asks for [`SOCKET_BUFFER_BYTES`] of `which` on `socket`. A smaller buffer only costs
+/// speed, so this does not fail: it returns why the buffer is smaller, for the caller's log,
+/// or `None` when it was granted in full.
+#[cfg(feature = "udp")]
+pub fn grow_buffer(socket: impl std::os::fd::AsFd, which: Buffer) -> Option<String> {
+    use rustix::net::sockopt;
+    let (fd, wanted) = (socket.as_fd(), SOCKET_BUFFER_BYTES);
+    let (got, name, limit) = match which {
+        Buffer::Send => (
+            sockopt::set_socket_send_buffer_size(fd, wanted)
+                .and_then(|()| sockopt::socket_send_buffer_size(fd)),
+            "send",
+            "net.core.wmem_max",
+        ),
+        Buffer::Receive => (
+            sockopt::set_socket_recv_buffer_size(fd, wanted)
+                .and_then(|()| sockopt::socket_recv_buffer_size(fd)),
+            "receive",
+            "net.core.rmem_max",
+        ),
+    };
+    match got {
+        // Linux reports twice what it granted (the other half is its bookkeeping).
+        Ok(got) => {
+            let got = if cfg!(target_os = "linux") {
+                got / 2
+            } else {
+                got
+            };
+            (got < wanted).then(|| {
+                format!(
+                    "UDP {name} buffer of {got} bytes, not {wanted}: capped by {limit}; \
+                     raise it for full QUIC speed"
+                )
+            })
+        }
+        Err(e) => Some(format!("UDP {name} buffer left at the kernel default: {e}")),
+    }
+}
