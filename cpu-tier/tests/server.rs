@@ -91,6 +91,11 @@ async fn connect(r: &Running) -> Conn {
 async fn connect_to(addr: std::net::SocketAddr, client: quinn::ClientConfig) -> Conn {
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     endpoint.set_default_client_config(client);
+    connect_from(&endpoint, addr).await
+}
+
+/// A connection from `endpoint` (with its default client config) and its stream.
+async fn connect_from(endpoint: &quinn::Endpoint, addr: std::net::SocketAddr) -> Conn {
     let conn = endpoint.connect(addr, "localhost").unwrap().await.unwrap();
     let (send, recv) = conn.open_bi().await.unwrap();
     (
@@ -395,17 +400,7 @@ async fn tensors_travel_in_the_largest_datagrams_one_gso_send_carries() {
     let mut client = r.client.clone();
     client.transport_config(Arc::new(transport));
     endpoint.set_default_client_config(client);
-    let conn = endpoint
-        .connect(r.addr, "localhost")
-        .unwrap()
-        .await
-        .unwrap();
-    let (send, recv) = conn.open_bi().await.unwrap();
-    let mut c = (
-        conn,
-        FrameWriter::new(send, Limits::default()),
-        FrameReader::new(recv, Limits::default()),
-    );
+    let mut c = connect_from(&endpoint, r.addr).await;
     hello(&mut c).await;
     c.1.send(&job("decode | resize 224x224"), &[])
         .await
