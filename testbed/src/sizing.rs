@@ -558,24 +558,29 @@ pub fn run_chain(
     observer: &dyn crate::consumers::Observer,
 ) -> Result<ChainRun> {
     let started = Instant::now();
-    let done = std::sync::atomic::AtomicBool::new(false);
     let readings = std::sync::Mutex::new(vec![Reading::take(metrics, started)]);
-    let results = std::thread::scope(|s| {
-        s.spawn(|| {
-            while !done.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(250));
-                if let Ok(mut r) = readings.lock() {
+    // The sampler stops as soon as the consumers are done (the sender dropped), so it adds
+    // nothing to the time measured.
+    let (done, stop) = std::sync::mpsc::sync_channel::<()>(1);
+    let shared = &readings;
+    let (results, seconds) = std::thread::scope(|s| {
+        s.spawn(move || {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                stop.recv_timeout(Duration::from_millis(250))
+            {
+                if let Ok(mut r) = shared.lock() {
                     r.push(Reading::take(metrics, started));
                 }
             }
         });
         let r = crate::consumers::run_ranks(consumers, manifest, observer);
-        done.store(true, Ordering::Relaxed);
-        r
+        let seconds = started.elapsed().as_secs_f64();
+        drop(done);
+        r.map(|r| (r, seconds))
     })?;
     Ok(ChainRun {
         results,
-        seconds: started.elapsed().as_secs_f64(),
+        seconds,
         readings: readings.into_inner().unwrap_or_default(),
     })
 }
