@@ -23,6 +23,9 @@ pub struct Consumers {
     pub step_ms: f64,
     #[arg(long, default_value = "decode | random_resized_crop 224 | hflip 0.5")]
     pub pipeline: String,
+    /// Start each epoch only when the consumer asks for it, not while the one before drains.
+    #[arg(long)]
+    pub no_prefetch_next_epoch: bool,
 }
 
 impl Consumers {
@@ -40,6 +43,7 @@ impl Consumers {
             batch_size: self.batch_size,
             step_ms: self.step_ms,
             pipeline: self.pipeline.clone(),
+            prefetch_next_epoch: !self.no_prefetch_next_epoch,
             token,
             trust_cert,
             ..ConsumerConfig::new(dataset.display().to_string(), workers)

@@ -1,6 +1,6 @@
 //! Sample order as a contract, checked from outside with `--dump-ids`: class-sorted data
-//! comes out mixed; the same seed gives the same batches line for line in process, over QUIC
-//! and with a worker killed mid-epoch; and a checkpoint at 2 ranks resumes at 3 with exactly
+//! comes out mixed; the same seed gives the same batches line for line in process, over QUIC,
+//! with or without the next epoch started early and with a worker killed mid-epoch; and a checkpoint at 2 ranks resumes at 3 with exactly
 //! the rest of the epoch, split equally.
 
 mod support;
@@ -143,8 +143,10 @@ fn shard_order_is_seeded_and_reproducible_for_folders_and_streams() {
     assert_eq!(kept, sorted, "--no-shuffle re-shards a stream as it is");
 }
 
-/// Runs loadgen against `workers` with `connections` QUIC connections to each, and returns
-/// its `--dump-ids`, killing `victim` (SIGKILL) once the epoch is under way.
+/// Runs loadgen against `workers` with `connections` QUIC connections to each (and `extra`
+/// arguments), and returns its `--dump-ids`, killing `victim` (SIGKILL) once the epoch is
+/// under way.
+#[allow(clippy::too_many_arguments)]
 fn dump_with(
     dir: &Path,
     manifest: &Path,
@@ -153,6 +155,7 @@ fn dump_with(
     victim: Option<&mut system::Worker>,
     name: &str,
     connections: u32,
+    extra: &[&str],
 ) -> String {
     let ids = dir.join(format!("{name}.tsv"));
     let mut args: Vec<String> = [
@@ -177,6 +180,7 @@ fn dump_with(
         &connections.to_string(),
     ]
     .iter()
+    .chain(extra)
     .map(|s| s.to_string())
     .collect();
     if let Some(t) = trust {
@@ -225,6 +229,7 @@ fn dump_ids_match_line_for_line_in_process_over_quic_over_three_connections_and_
         None,
         "local",
         1,
+        &[],
     );
     assert!(local.lines().count() > 100, "{local}");
     let a = start_worker(dir.path(), "a");
@@ -239,6 +244,7 @@ fn dump_ids_match_line_for_line_in_process_over_quic_over_three_connections_and_
         None,
         "quic",
         1,
+        &[],
     );
     assert!(local == quic, "in-process and QUIC orders differ");
     let spread = dump_with(
@@ -249,10 +255,26 @@ fn dump_ids_match_line_for_line_in_process_over_quic_over_three_connections_and_
         None,
         "three-connections",
         3,
+        &[],
     );
     assert!(
         local == spread,
         "three connections per worker changed the order"
+    );
+    // Epoch 1 started while epoch 0 drained (the default), or only when asked for.
+    let unhurried = dump_with(
+        dir.path(),
+        &data.manifest_path,
+        &both,
+        Some(&trust),
+        None,
+        "no-prefetch",
+        1,
+        &["--no-prefetch-next-epoch"],
+    );
+    assert!(
+        local == unhurried,
+        "starting the next epoch early changed the order"
     );
     let mut victim = start_worker(dir.path(), "c");
     let d = start_worker(dir.path(), "d");
@@ -266,6 +288,7 @@ fn dump_ids_match_line_for_line_in_process_over_quic_over_three_connections_and_
         Some(&mut victim),
         "killed",
         1,
+        &[],
     );
     assert!(local == killed, "a killed worker changed the order");
     // A different seed is a different order (the check above is not vacuous).

@@ -8,6 +8,7 @@
 //! of its own samples, marked as padding. So a step never waits for a sample that will not
 //! come, and the count of batches depends only on the plan.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
@@ -149,6 +150,10 @@ pub struct SampleId {
 pub(crate) struct Ring {
     free: Mutex<Vec<Box<dyn HostMemory>>>,
     notify: tokio::sync::Notify,
+    buffers: usize,
+    bytes: usize,
+    /// Buffers made for this ring, [`Ring::grow`]'s included.
+    made: AtomicUsize,
 }
 
 impl Ring {
@@ -163,7 +168,29 @@ impl Ring {
         Ok(Arc::new(Ring {
             free: Mutex::new(free),
             notify: tokio::sync::Notify::new(),
+            buffers,
+            bytes,
+            made: AtomicUsize::new(buffers),
         }))
+    }
+
+    /// One more buffer for this ring, from `allocator` (it joins the ring when released), as
+    /// long as the ring has fewer than twice the buffers it was made with; `None` beyond.
+    pub(crate) fn grow(
+        &self,
+        allocator: &dyn HostAllocator,
+    ) -> Option<Result<Box<dyn HostMemory>, String>> {
+        let made = self
+            .made
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
+                (m < 2 * self.buffers).then_some(m + 1)
+            });
+        made.ok().map(|_| allocator.allocate(self.bytes))
+    }
+
+    /// Whether this ring has `buffers` buffers of `bytes`.
+    pub(crate) fn fits(&self, buffers: usize, bytes: usize) -> bool {
+        self.buffers == buffers && self.bytes == bytes
     }
 
     fn take(&self) -> Option<Box<dyn HostMemory>> {

@@ -15,7 +15,7 @@ use sluice_shard::Manifest;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::batch::{BatchPlan, Filling, HostAllocator, Ring, ShortBatch};
+use crate::batch::{BatchPlan, Filling, HostAllocator, HostMemory, Ring, ShortBatch};
 use crate::error::ClientError;
 use crate::ledger::Ledger;
 use crate::link::{Command, Event};
@@ -26,6 +26,77 @@ use crate::stats::{EpochCounters, Stats};
 use crate::Batch;
 
 pub(crate) use crate::protocol::credit_window;
+
+/// How long an epoch in a shared ring waits for a buffer while its consumer waits for it,
+/// before it grows the ring (see [`acquire_shared`]).
+const GROW_AFTER: Duration = Duration::from_millis(50);
+
+/// The link between an epoch and the next one, started early (`prefetch_next_epoch`): the
+/// next epoch assigns its first units only once this one has handed out all of its own, so
+/// it never takes a worker's unit slot from this one, and fills its first batch only once
+/// this one has taken the buffer of its last, in this one's ring: the two epochs share the
+/// ring's buffers, and the ring buffers this epoch still needs are never taken from it.
+/// Made by [`handoff`]; the earlier epoch's coordinator holds the [`Successor`] half.
+pub(crate) struct Successor {
+    dispatched: CancellationToken,
+    ended: CancellationToken,
+    ring: Option<tokio::sync::oneshot::Sender<Arc<Ring>>>,
+}
+
+/// The later epoch's half of [`handoff`].
+pub(crate) struct Predecessor {
+    dispatched: CancellationToken,
+    ended: CancellationToken,
+    ring: Option<tokio::sync::oneshot::Receiver<Arc<Ring>>>,
+}
+
+pub(crate) fn handoff() -> (Successor, Predecessor) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let dispatched = CancellationToken::new();
+    let ended = CancellationToken::new();
+    (
+        Successor {
+            dispatched: dispatched.clone(),
+            ended: ended.clone(),
+            ring: Some(tx),
+        },
+        Predecessor {
+            dispatched,
+            ended,
+            ring: Some(rx),
+        },
+    )
+}
+
+impl Successor {
+    /// This epoch has handed out all of its units: the next may assign its own.
+    fn dispatched(&self) {
+        self.dispatched.cancel();
+    }
+
+    /// This epoch has taken its last ring buffer: the next may fill from the same ring.
+    fn ring(&mut self, ring: &Arc<Ring>) {
+        if let Some(tx) = self.ring.take() {
+            let _ = tx.send(ring.clone());
+        }
+    }
+}
+
+impl Drop for Successor {
+    /// An epoch that ends (finished, failed or cancelled) lets the next one go; a ring not
+    /// handed over by then is not handed over (the next one makes its own).
+    fn drop(&mut self) {
+        self.dispatched.cancel();
+        self.ended.cancel();
+    }
+}
+
+impl Predecessor {
+    /// Cancelled when the earlier epoch's coordinator has ended.
+    pub(crate) fn ended_token(&self) -> CancellationToken {
+        self.ended.clone()
+    }
+}
 
 pub(crate) struct Settings {
     pub job: u64,
@@ -65,6 +136,14 @@ pub(crate) struct Coordinator {
     next_batch: u64,
     counters: Arc<EpochCounters>,
     stats: Arc<Stats>,
+    /// The ring of the epoch before, handed over once it has taken its last buffer (an epoch
+    /// started early); `None`: this epoch makes its ring when the first worker is ready.
+    earlier_ring: Option<tokio::sync::oneshot::Receiver<Arc<Ring>>>,
+    /// The ring is the earlier epoch's.
+    shared_ring: bool,
+    /// Cancelled when the earlier epoch has handed out all its units (this one's wait).
+    earlier_dispatched: Option<CancellationToken>,
+    successor: Option<Successor>,
 }
 
 impl Coordinator {
@@ -112,7 +191,27 @@ impl Coordinator {
             next_batch: settings.first_batch,
             counters,
             stats,
+            earlier_ring: None,
+            shared_ring: false,
+            earlier_dispatched: None,
+            successor: None,
         }
+    }
+
+    /// This epoch was started early: its links connect now, its units go out once `earlier`
+    /// has handed out all of its own, and it fills batches from `earlier`'s ring once that
+    /// epoch has taken its last buffer.
+    pub(crate) fn after(mut self, mut earlier: Predecessor) -> Self {
+        self.earlier_ring = earlier.ring.take();
+        self.protocol.hold();
+        self.earlier_dispatched = Some(earlier.dispatched.clone());
+        self
+    }
+
+    /// The next epoch is started early, behind this one.
+    pub(crate) fn before(mut self, next: Successor) -> Self {
+        self.successor = Some(next);
+        self
     }
 
     /// Runs the epoch: batches (or the error that ends it) go to `out`, in order.
@@ -132,6 +231,8 @@ impl Coordinator {
         }
         // Dropping the command senders ends every link (closing its connection).
         self.commands.clear();
+        // The next epoch may go before the consumer hears that this one ended.
+        self.successor = None;
     }
 
     async fn drive(
@@ -144,14 +245,25 @@ impl Coordinator {
             if self.protocol.finished() {
                 return Ok(());
             }
+            if self.protocol.all_dispatched() {
+                if let Some(next) = &self.successor {
+                    next.dispatched();
+                }
+            }
             let deadline = self
                 .protocol
                 .poll_timeout()
                 .map(tokio::time::Instant::from_std);
+            let earlier = self.earlier_dispatched.clone();
             let event = tokio::select! {
                 e = events.recv() => e,
                 _ = sleep_until(deadline) => {
                     self.protocol.timeout(now())?;
+                    continue;
+                }
+                _ = gate(earlier) => {
+                    self.earlier_dispatched = None;
+                    self.protocol.unhold(now());
                     continue;
                 }
             };
@@ -219,11 +331,11 @@ impl Coordinator {
                         .await;
                 }
                 Action::Ring(shape) => {
-                    let batch_bytes = shape.bytes() as usize * self.batch_plan.batch_size as usize;
-                    let ring = Ring::new(&*self.allocator, self.ring_batches, batch_bytes)
-                        .map_err(ClientError::Allocate)?;
-                    self.ring = Some(ring);
                     self.shape = Some(shape);
+                    // An epoch started early waits for the earlier one's ring instead.
+                    if self.earlier_ring.is_none() {
+                        self.ring = Some(self.new_ring()?);
+                    }
                 }
                 Action::Fill(Arrival::Sample {
                     label,
@@ -247,17 +359,57 @@ impl Coordinator {
         Ok(())
     }
 
+    fn batch_bytes(&self) -> usize {
+        self.shape.map_or(0, |s| s.bytes() as usize) * self.batch_plan.batch_size as usize
+    }
+
+    fn new_ring(&self) -> Result<Arc<Ring>, ClientError> {
+        Ring::new(&*self.allocator, self.ring_batches, self.batch_bytes())
+            .map_err(ClientError::Allocate)
+    }
+
+    /// The ring, in an epoch started early the earlier epoch's once it has taken its last
+    /// buffer (or a new one, if it ended without handing it over).
+    async fn ring(&mut self) -> Result<Arc<Ring>, ClientError> {
+        if let Some(earlier) = self.earlier_ring.take() {
+            if self.shape.is_none() {
+                return Err(ClientError::Runtime(
+                    "a sample before any worker was ready".into(),
+                ));
+            }
+            let ring = match earlier.await {
+                Ok(r) if r.fits(self.ring_batches, self.batch_bytes()) => {
+                    self.shared_ring = true;
+                    r
+                }
+                _ => self.new_ring()?,
+            };
+            self.ring = Some(ring);
+        }
+        self.ring
+            .clone()
+            .ok_or_else(|| ClientError::Runtime("a sample before any worker was ready".into()))
+    }
+
     /// The batch being filled, waiting for a free ring buffer if there is none.
     async fn filling(&mut self) -> Result<&mut Filling, ClientError> {
         if self.filling.is_none() {
-            let ring = self.ring.clone().ok_or_else(|| {
-                ClientError::Runtime("a sample before any worker was ready".into())
-            })?;
             let started = Instant::now();
+            let ring = self.ring().await?;
             self.counters.ring_full.store(true, Ordering::Relaxed);
-            let buf = ring.acquire().await;
+            let buf = match self.shared_ring {
+                false => ring.acquire().await,
+                true => acquire_shared(&ring, &self.counters, self.allocator.clone()).await?,
+            };
             self.counters.ring_full.store(false, Ordering::Relaxed);
             self.stats.ring_wait(started.elapsed());
+            // Time spent waiting for the consumer is not the workers' delay.
+            self.protocol.waited(now());
+            if self.next_batch + 1 >= self.batch_plan.batches {
+                if let Some(next) = &mut self.successor {
+                    next.ring(&ring);
+                }
+            }
             let shape = self.shape.unwrap_or(sluice_wire::SampleShape {
                 height: 0,
                 width: 0,
@@ -308,10 +460,42 @@ impl Coordinator {
     }
 }
 
+/// A free buffer of `ring`, a ring taken over from the epoch before. The consumer may still
+/// hold that epoch's batches while it waits for this one's: then, rather than wait for
+/// ever, the ring grows by a buffer, up to twice its size (what a ring of this epoch's own
+/// would have cost); beyond, the consumer's wait ends in `RingExhausted` as in any ring.
+async fn acquire_shared(
+    ring: &Ring,
+    counters: &EpochCounters,
+    allocator: Arc<dyn HostAllocator>,
+) -> Result<Box<dyn HostMemory>, ClientError> {
+    loop {
+        tokio::select! {
+            buf = ring.acquire() => return Ok(buf),
+            _ = tokio::time::sleep(GROW_AFTER) => {
+                if counters.consumer_waiting.load(Ordering::Relaxed) {
+                    if let Some(buf) = ring.grow(&*allocator) {
+                        tracing::debug!("the consumer holds the shared ring's buffers: one more");
+                        return buf.map_err(ClientError::Allocate);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The protocol's clock: tokio's (the same as the system's, except under a paused test
 /// clock, where deadlines must agree with the sleeps that wait for them).
 fn now() -> Instant {
     tokio::time::Instant::now().into_std()
+}
+
+/// Waits until `earlier` is cancelled; for ever when there is none.
+async fn gate(earlier: Option<CancellationToken>) {
+    match earlier {
+        Some(t) => t.cancelled().await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

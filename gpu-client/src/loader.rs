@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::batch::{
     Batch, BatchPlan, HeapAllocator, HostAllocator, LastBatch, Recycling, ShortBatch,
 };
-use crate::coordinator::{Coordinator, Settings};
+use crate::coordinator::{handoff, Coordinator, Predecessor, Settings};
 use crate::error::ClientError;
 use crate::ledger::{Ledger, LedgerRecord, Verdict};
 use crate::link::{run_local, RemoteLink, SameHostRoute};
@@ -119,6 +119,8 @@ pub struct LoaderBuilder {
     client_name: String,
     same_host: SameHost,
     same_host_dir: PathBuf,
+    prefetch_next_epoch: bool,
+    epochs: Option<u64>,
 }
 
 impl Default for LoaderBuilder {
@@ -160,6 +162,8 @@ impl Default for LoaderBuilder {
                 .unwrap_or_else(|_| "client".into()),
             same_host: SameHost::Auto,
             same_host_dir: crate::same_host::default_socket_dir(),
+            prefetch_next_epoch: true,
+            epochs: None,
         }
     }
 }
@@ -254,6 +258,20 @@ impl LoaderBuilder {
         same_host: SameHost);
     setter!(/// Where same-host workers' sockets are (`cpu-<port>.sock`).
         same_host_dir: PathBuf);
+    setter!(/// Start epoch `e + 1` while epoch `e` drains (default on): its first units go to
+        /// the workers once `e` has handed out all of its own, and it fills its first batch
+        /// from `e`'s ring once `e` has taken the buffer of its last. Off: each epoch starts
+        /// when `epoch()` is called. Without [`LoaderBuilder::epochs`], the epoch after the
+        /// last one the consumer reads is started too (up to a window of credits per worker
+        /// decoded for nothing), and cancelled when the loader is dropped.
+        prefetch_next_epoch: bool);
+
+    /// How many epochs the job reads (`0..epochs`), when known: the epoch after the last is
+    /// then not started early.
+    pub fn epochs(mut self, epochs: u64) -> Self {
+        self.epochs = Some(epochs);
+        self
+    }
 
     /// The cluster token the workers expect.
     pub fn token(mut self, token: impl Into<String>) -> Self {
@@ -413,6 +431,7 @@ impl LoaderBuilder {
             allocator: Arc::new(Recycling::new(self.allocator.clone(), self.ring_batches)),
             progress: Arc::new(Mutex::new(None)),
             resume: Mutex::new(None),
+            next: Mutex::new(None),
             stats: Arc::new(Stats::new()),
             settings: self,
         })
@@ -436,6 +455,8 @@ pub struct Loader {
     buffers: Arc<BufferPool>,
     progress: Arc<Mutex<Option<Progress>>>,
     resume: Mutex<Option<Pending>>,
+    /// The epoch after the current one, started early.
+    next: Mutex<Option<Early>>,
     stats: Arc<Stats>,
 }
 
@@ -446,6 +467,32 @@ struct Progress {
     resumed: Vec<Segment>,
     batches: u64,
     ledger: Ledger,
+}
+
+/// An epoch planned and started, not yet handed to the consumer.
+struct Started {
+    epoch: Epoch,
+    /// What the consumer will have been handed once it takes the epoch.
+    progress: Option<Progress>,
+    links: Vec<String>,
+    /// The gate of the epoch after this one, to start it early (`prefetch_next_epoch`).
+    next: Option<Predecessor>,
+}
+
+/// The next epoch, started early behind `earlier` (its `Epoch`'s cancel token and its
+/// coordinator's end).
+struct Early {
+    started: Started,
+    earlier: (CancellationToken, CancellationToken),
+}
+
+impl Early {
+    /// The consumer is done with the earlier epoch: it ran to its end or was dropped. (An
+    /// earlier epoch still being read keeps the ring buffers it needs, so a consumer that
+    /// reads two epochs at once gets this one started afresh, with a ring of its own.)
+    fn earlier_ended(&self) -> bool {
+        self.earlier.0.is_cancelled() || self.earlier.1.is_cancelled()
+    }
 }
 
 /// A loaded checkpoint, waiting for `epoch(e)`.
@@ -753,6 +800,10 @@ impl Loader {
         if let Ok(mut r) = self.resume.lock() {
             *r = Some(pending);
         }
+        // An epoch started early would not resume the checkpoint.
+        if let Ok(mut n) = self.next.lock() {
+            n.take();
+        }
         Ok(())
     }
 
@@ -885,14 +936,63 @@ impl Loader {
     }
 
     /// Starts epoch `epoch` (or resumes it from a loaded checkpoint) and returns its batches.
+    ///
+    /// With `prefetch_next_epoch` (the default), epoch `epoch + 1` is started behind it: its
+    /// first units go to the workers once this epoch has handed out all of its own, so the
+    /// workers do not idle while the last batches drain. A later `epoch(epoch + 1)` takes it
+    /// over when this epoch has ended or been dropped; any other call (another epoch, a loaded
+    /// checkpoint) cancels it.
     pub fn epoch(&self, epoch: u64) -> Result<Epoch, ClientError> {
+        let resume = self.resume.lock().ok().and_then(|mut r| r.take());
+        let resume = resume.filter(|p| p.epoch == epoch);
+        let early = self.next.lock().ok().and_then(|mut n| n.take());
+        let mut started = match early {
+            Some(early)
+                if early.started.epoch.epoch == epoch
+                    && resume.is_none()
+                    && early.earlier_ended() =>
+            {
+                tracing::debug!(epoch, "taking over the epoch started early");
+                early.started
+            }
+            // Dropping an epoch started early cancels it.
+            _ => self.start(epoch, resume, None)?,
+        };
+        if let Ok(mut p) = self.progress.lock() {
+            *p = started.progress.take();
+        }
+        self.stats.set_workers(&started.links);
+        if let Some(after) = started.next.take() {
+            let earlier = (started.epoch.cancel.clone(), after.ended_token());
+            match self.start(epoch + 1, None, Some(after)) {
+                Ok(next) => {
+                    if let Ok(mut n) = self.next.lock() {
+                        *n = Some(Early {
+                            started: next,
+                            earlier,
+                        });
+                    }
+                }
+                // The same error comes back if the consumer asks for that epoch.
+                Err(e) => tracing::debug!(epoch = epoch + 1, "not started early: {e}"),
+            }
+        }
+        Ok(started.epoch)
+    }
+
+    /// Plans epoch `epoch` (or the rest of it, `resume`) and starts its links and coordinator;
+    /// `after`: started early, behind the epoch before (see `Coordinator::after`).
+    fn start(
+        &self,
+        epoch: u64,
+        resume: Option<Pending>,
+        after: Option<Predecessor>,
+    ) -> Result<Started, ClientError> {
         let runtime = self
             .runtime
             .as_ref()
             .ok_or_else(|| ClientError::Runtime("the loader is shutting down".into()))?;
         let s = &self.settings;
-        let resume = self.resume.lock().ok().and_then(|mut r| r.take());
-        let resume = resume.filter(|p| p.epoch == epoch);
         let resumed = resume
             .as_ref()
             .map(|p| p.resumed.clone())
@@ -926,14 +1026,12 @@ impl Loader {
                 s.rank,
             )),
         };
-        if let Ok(mut p) = self.progress.lock() {
-            *p = Some(Progress {
-                epoch,
-                resumed,
-                batches: first_batch,
-                ledger: ledger.clone(),
-            });
-        }
+        let progress = Some(Progress {
+            epoch,
+            resumed,
+            batches: first_batch,
+            ledger: ledger.clone(),
+        });
         let job = (epoch << 32) ^ (u64::from(s.rank) << 16) ^ (self.fingerprint & 0xffff);
         let spec = JobSpec {
             job,
@@ -956,19 +1054,20 @@ impl Loader {
         let (event_tx, event_rx) = mpsc::channel(links_max * s.credits_per_worker as usize + 64);
         let (out_tx, out_rx) = mpsc::channel(s.ring_batches);
         let mut links = Vec::new();
-        let _guard = runtime.enter();
+        let mut tasks: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
+            Vec::new();
         match &self.workers {
             Workers::InProcess(runner) => {
                 let (tx, rx) = mpsc::channel(64);
                 links.push(("in-process".to_string(), tx));
-                runtime.spawn(run_local(
+                tasks.push(Box::pin(run_local(
                     0,
                     runner.clone(),
                     spec.clone(),
                     rx,
                     event_tx.clone(),
                     cancel.clone(),
-                ));
+                )));
             }
             Workers::Remote(names) => {
                 let (endpoint, config) = self
@@ -1034,14 +1133,13 @@ impl Loader {
                             buffers: self.buffers.clone(),
                         };
                         links.push((label, tx));
-                        runtime.spawn(link.run(rx, event_tx.clone(), cancel.clone()));
+                        tasks.push(Box::pin(link.run(rx, event_tx.clone(), cancel.clone())));
                     }
                 }
             }
         }
         drop(event_tx);
         let names: Vec<String> = links.iter().map(|l| l.0.clone()).collect();
-        self.stats.set_workers(&names);
         let settings = Settings {
             job,
             epoch,
@@ -1057,7 +1155,15 @@ impl Loader {
             lookahead: s.lookahead,
             hedge_after: s.hedge_after,
         };
-        let coordinator = Coordinator::new(
+        let early = s.prefetch_next_epoch && s.epochs.is_none_or(|n| epoch + 1 < n);
+        let (before, next) = match early {
+            true => {
+                let (successor, predecessor) = handoff();
+                (Some(successor), Some(predecessor))
+            }
+            false => (None, None),
+        };
+        let mut coordinator = Coordinator::new(
             settings,
             self.manifest.clone(),
             (ledger, reorder),
@@ -1066,8 +1172,18 @@ impl Loader {
             counters.clone(),
             self.stats.clone(),
         );
+        if let Some(earlier) = after {
+            coordinator = coordinator.after(earlier);
+        }
+        if let Some(successor) = before {
+            coordinator = coordinator.before(successor);
+        }
+        let _guard = runtime.enter();
+        for t in tasks {
+            runtime.spawn(t);
+        }
         runtime.spawn(coordinator.run(event_rx, out_tx, cancel.clone()));
-        Ok(Epoch {
+        let handle = Epoch {
             runtime: runtime.handle().clone(),
             epoch,
             planned: batch_plan
@@ -1082,6 +1198,12 @@ impl Loader {
             done: false,
             pending_wait: Duration::ZERO,
             ring_batches: s.ring_batches,
+        };
+        Ok(Started {
+            epoch: handle,
+            progress,
+            links: names,
+            next,
         })
     }
 
@@ -1250,9 +1372,12 @@ impl Epoch {
             return Ok(None);
         }
         let started = Instant::now();
+        let waiting = &self.counters.consumer_waiting;
+        waiting.store(true, std::sync::atomic::Ordering::Relaxed);
         let item = self
             .runtime
             .block_on(async { tokio::time::timeout(timeout, self.rx.recv()).await });
+        waiting.store(false, std::sync::atomic::Ordering::Relaxed);
         let waited = started.elapsed();
         match item {
             Err(_) => {
@@ -1351,6 +1476,207 @@ mod tests {
     use sluice_shard::{Checksum, Compression, ShardInfo};
 
     use super::*;
+
+    /// A worker in process whose tensors are one byte, the sample's index; it logs the epoch
+    /// of every unit it runs.
+    struct Tiny {
+        runs: Arc<Mutex<Vec<u64>>>,
+    }
+
+    struct TinyJob {
+        epoch: u64,
+        runs: Arc<Mutex<Vec<u64>>>,
+    }
+
+    const TINY: sluice_wire::SampleShape = sluice_wire::SampleShape {
+        height: 1,
+        width: 1,
+        channels: 1,
+        elem_bytes: 1,
+        chw: false,
+    };
+
+    impl UnitRunner for Tiny {
+        fn open_job(
+            &self,
+            spec: &JobSpec,
+        ) -> Result<Box<dyn sluice_wire::JobRunner>, sluice_wire::RunnerError> {
+            Ok(Box::new(TinyJob {
+                epoch: spec.epoch,
+                runs: self.runs.clone(),
+            }))
+        }
+        fn threads(&self) -> u32 {
+            1
+        }
+    }
+
+    impl sluice_wire::JobRunner for TinyJob {
+        fn shape(&self) -> sluice_wire::SampleShape {
+            TINY
+        }
+        fn run(
+            &self,
+            a: &sluice_wire::Assign,
+            emit: &mut dyn FnMut(sluice_wire::Output) -> bool,
+        ) -> Result<sluice_wire::Finished, sluice_wire::RunnerError> {
+            self.runs.lock().unwrap().push(self.epoch);
+            for index in a.start..a.end {
+                let header = sluice_wire::SampleHeader {
+                    job: a.job,
+                    unit: a.unit,
+                    attempt: a.attempt,
+                    shard: a.shard.index,
+                    index,
+                    key: format!("{index}"),
+                    label: Some(0),
+                    tensor_bytes: 1,
+                    fields: Vec::new(),
+                };
+                if !emit(sluice_wire::Output::Sample(header, vec![index as u8])) {
+                    return Err(sluice_wire::RunnerError::Cancelled);
+                }
+            }
+            Ok(sluice_wire::Finished {
+                sent: a.end - a.start,
+                skipped: 0,
+            })
+        }
+    }
+
+    /// Counts the buffers it makes.
+    struct Counting(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl HostAllocator for Counting {
+        fn allocate(&self, bytes: usize) -> Result<Box<dyn crate::batch::HostMemory>, String> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            HeapAllocator.allocate(bytes)
+        }
+    }
+
+    fn tiny_loader(
+        prefetch: bool,
+    ) -> (
+        Loader,
+        Arc<Mutex<Vec<u64>>>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        let manifest = Manifest::new(
+            (0..4)
+                .map(|i| ShardInfo {
+                    url: format!("file:///tiny-{i}.tar"),
+                    size: 1 << 20,
+                    samples: 100,
+                    checksum: Checksum(0),
+                    compression: Compression::None,
+                    replicas: Vec::new(),
+                })
+                .collect(),
+        );
+        let runs = Arc::new(Mutex::new(Vec::new()));
+        let made = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let loader = Loader::builder()
+            .dataset(manifest)
+            .in_process(Arc::new(Tiny { runs: runs.clone() }))
+            .batch_size(16)
+            .max_unit_samples(20)
+            .lookahead(64)
+            .ring_batches(2)
+            .seed(5)
+            .allocator(Arc::new(Counting(made.clone())))
+            .prefetch_next_epoch(prefetch)
+            .build()
+            .unwrap();
+        (loader, runs, made)
+    }
+
+    fn ids(epoch: Epoch) -> Vec<(u32, u64)> {
+        read(epoch, Vec::new()).0
+    }
+
+    /// The epoch's sample ids, read as a Python loop reads it: `before` (batches of the epoch
+    /// before) is let go once the first batch has come, and the last batch is still held at
+    /// the end.
+    fn read(epoch: Epoch, mut before: Vec<Batch>) -> (Vec<(u32, u64)>, Vec<Batch>) {
+        let mut ids = Vec::new();
+        let mut last = Vec::new();
+        let e = epoch.epoch();
+        for b in epoch {
+            let b = b.unwrap_or_else(|err| panic!("epoch {e} after {} samples: {err}", ids.len()));
+            before.clear();
+            ids.extend(b.ids().iter().map(|i| (i.shard, i.index)));
+            last = vec![b];
+        }
+        (ids, last)
+    }
+
+    #[test]
+    fn the_next_epoch_starts_early_in_the_same_ring_and_delivers_the_same_batches() {
+        let (plain, plain_runs, plain_made) = tiny_loader(false);
+        let (early, runs, made) = tiny_loader(true);
+        let mut held = Vec::new();
+        let mut expected = Vec::new();
+        for e in 0..3 {
+            let (ids, last) = read(plain.epoch(e).unwrap(), held);
+            expected.push(ids);
+            held = last;
+        }
+        assert!(!plain_runs.lock().unwrap().is_empty());
+        assert!(
+            plain_made.load(std::sync::atomic::Ordering::Relaxed) > 2,
+            "without an early start, each epoch makes its own ring"
+        );
+        let mut held = Vec::new();
+        for (e, want) in expected.iter().enumerate() {
+            let e = e as u64;
+            let (got, last) = read(early.epoch(e).unwrap(), held);
+            held = last;
+            assert_eq!(&got, want, "epoch {e} started early differs");
+            assert_eq!(got.len(), 400);
+            // The epoch after this one started without being asked for.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !runs.lock().unwrap().contains(&(e + 1)) {
+                assert!(
+                    Instant::now() < deadline,
+                    "epoch {} never started early",
+                    e + 1
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        assert_eq!(
+            made.load(std::sync::atomic::Ordering::Relaxed),
+            2,
+            "epochs started early share the ring (2 buffers)"
+        );
+        drop(held);
+        // A consumer that keeps every buffer of the ring from the epoch before still gets the
+        // next one: the shared ring grows (up to twice its size, what a ring of its own costs).
+        let mut kept = Vec::new();
+        for b in early.epoch(3).unwrap() {
+            kept.push(b.unwrap());
+            if kept.len() > 2 {
+                kept.remove(0);
+            }
+        }
+        let (got, _) = read(early.epoch(4).unwrap(), Vec::new());
+        drop(kept);
+        assert_eq!(got, ids(plain.epoch(4).unwrap()));
+        // Another epoch than the next one: the early one is dropped, this one is as planned.
+        assert_eq!(ids(early.epoch(7).unwrap()), ids(plain.epoch(7).unwrap()));
+        // A loaded checkpoint is resumed, not the epoch started early.
+        let mut partial = early.epoch(8).unwrap();
+        let first = partial.next().unwrap().unwrap();
+        let firsts: Vec<_> = first.ids().iter().map(|i| (i.shard, i.index)).collect();
+        drop(first);
+        let checkpoint = early.state_dict().unwrap();
+        drop(partial);
+        let (fresh, _, _) = tiny_loader(true);
+        fresh.load_state_dict(checkpoint).unwrap();
+        let rest = ids(fresh.epoch(8).unwrap());
+        let whole = ids(plain.epoch(8).unwrap());
+        assert_eq!([firsts, rest].concat(), whole);
+    }
 
     #[test]
     fn connections_per_worker_is_bounded_and_named_in_the_error() {

@@ -111,6 +111,9 @@ pub(crate) struct Protocol<P> {
     actions: VecDeque<Action<P>>,
     counters: Arc<EpochCounters>,
     stats: Arc<Stats>,
+    /// No unit is handed out yet (an epoch started early, behind one still handing out its
+    /// own).
+    held: bool,
 }
 
 impl<P: Tensor> Protocol<P> {
@@ -169,12 +172,37 @@ impl<P: Tensor> Protocol<P> {
             actions: VecDeque::new(),
             counters,
             stats,
+            held: false,
         }
+    }
+
+    /// Hands out no unit until [`Protocol::unhold`]: links connect, announce their shape and
+    /// get credits, and wait.
+    pub(crate) fn hold(&mut self) {
+        self.held = true;
+    }
+
+    /// Units may go out from `now`; the hedging clock starts then.
+    pub(crate) fn unhold(&mut self, now: Instant) {
+        self.held = false;
+        self.progressed = self.progressed.max(now);
     }
 
     /// Every batch of the epoch has been closed.
     pub(crate) fn finished(&self) -> bool {
         self.next_batch >= self.settings.batch_plan.batches
+    }
+
+    /// Every piece of the plan has been handed to a worker (a lost or failed one may still
+    /// come back to the queue).
+    pub(crate) fn all_dispatched(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// The shell waited until `now` for the consumer (a free ring buffer): the delivery order
+    /// could not move, so that time does not count towards hedging.
+    pub(crate) fn waited(&mut self, now: Instant) {
+        self.progressed = self.progressed.max(now);
     }
 
     /// The next action to carry out, after handing out whatever work fits.
@@ -409,6 +437,9 @@ impl<P: Tensor> Protocol<P> {
     /// Gives queued pieces to live links with room, least loaded first; in plan order only
     /// pieces the sequence needs within the lookahead.
     fn dispatch(&mut self) {
+        if self.held {
+            return;
+        }
         let horizon = self
             .reorder
             .next_position()
@@ -466,6 +497,9 @@ impl<P: Tensor> Protocol<P> {
     /// When to hedge: plan order, something is awaited, and the order has not moved for
     /// `hedge_after`.
     fn hedge_deadline(&self) -> Option<Instant> {
+        if self.held {
+            return None;
+        }
         let (unit, _) = self.reorder.awaited()?;
         if self.hedged.get(unit as usize).copied().unwrap_or(true) {
             return None;

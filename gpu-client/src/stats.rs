@@ -21,6 +21,8 @@ pub(crate) struct EpochCounters {
     pub reorder_peak: AtomicU64,
     /// The coordinator is waiting for the consumer to release a ring buffer.
     pub ring_full: std::sync::atomic::AtomicBool,
+    /// The consumer is waiting for this epoch's next batch.
+    pub consumer_waiting: std::sync::atomic::AtomicBool,
 }
 
 /// What an epoch delivered so far.

@@ -13,6 +13,10 @@
 //! made from them are gone; until then it is never overwritten. Holding more batches than
 //! `ring_batches` stalls the loader (it has nowhere to put the next one).
 //!
+//! Epoch `e + 1` starts while epoch `e` drains (`prefetch_next_epoch=True`), in the same
+//! ring; pass `epochs=N` (the job reads epochs `0..N`) so the epoch after the last is not
+//! started for nothing.
+//!
 //! With `device="cuda:N"` (a build with the `cuda` feature) the ring is page-locked and each
 //! batch is copied to a reused device buffer on the loader's own stream, one batch ahead;
 //! `torch.from_dlpack` makes the current stream wait for that copy, and the device buffer is
@@ -156,7 +160,7 @@ impl Loader {
         shuffle="global", pipeline="decode | random_resized_crop 224 | hflip 0.5",
         device="cpu", token_file=None, trust_cert=None, threads=0, drop_last=false,
         ring_batches=4, dtype="uint8", mean=None, std=None, order="plan", mix_units=None,
-        mix_buffer=None,
+        mix_buffer=None, prefetch_next_epoch=true, epochs=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -181,6 +185,8 @@ impl Loader {
         order: &str,
         mix_units: Option<u32>,
         mix_buffer: Option<u32>,
+        prefetch_next_epoch: bool,
+        epochs: Option<u64>,
     ) -> PyResult<Self> {
         let ordinal = parse_device(device)?;
         let order: sluice_client::Order = order
@@ -227,11 +233,15 @@ impl Loader {
                     .unwrap_or(sluice_client::Mixing::default().buffer_samples),
             })
             .ring_batches(ring_batches)
+            .prefetch_next_epoch(prefetch_next_epoch)
             .last_batch(if drop_last {
                 LastBatch::Drop
             } else {
                 LastBatch::Partial
             });
+        if let Some(n) = epochs {
+            b = b.epochs(n);
+        }
         if let Some(a) = allocator {
             b = b.allocator(a);
         }

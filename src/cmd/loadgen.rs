@@ -103,6 +103,9 @@ pub struct Args {
     /// Where same-host workers' sockets are (default $SLUICE_SAME_HOST_DIR or /run/sluice).
     #[arg(long)]
     same_host_dir: Option<PathBuf>,
+    /// Start each epoch only when the consumer asks for it, not while the one before drains.
+    #[arg(long)]
+    no_prefetch_next_epoch: bool,
     /// Where batches go: `cpu` (host memory), or `cuda:N` (page-locked ring, uploaded to GPU
     /// N one batch ahead; the starved figure then includes waiting for the copy).
     #[arg(long, default_value = "cpu")]
@@ -166,6 +169,7 @@ fn config(args: &Args) -> Result<ConsumerConfig> {
         },
         same_host: args.same_host,
         same_host_dir: args.same_host_dir.clone(),
+        prefetch_next_epoch: !args.no_prefetch_next_epoch,
         device: Device::parse(&args.device, &args.dtype)?,
         record_ids: args.dump_ids.is_some(),
         stop_after_batches: args.stop_after_batches,

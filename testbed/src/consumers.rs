@@ -121,6 +121,9 @@ pub struct ConsumerConfig {
     pub mixing: sluice_client::Mixing,
     pub same_host: SameHost,
     pub same_host_dir: Option<PathBuf>,
+    /// Start each next epoch while the current one drains (the loader's
+    /// `prefetch_next_epoch`; never past the run's last epoch).
+    pub prefetch_next_epoch: bool,
     pub device: Device,
     /// Keep each rank's delivery order (for [`write_dump`]).
     pub record_ids: bool,
@@ -159,6 +162,7 @@ impl ConsumerConfig {
             mixing: sluice_client::Mixing::default(),
             same_host: SameHost::Auto,
             same_host_dir: None,
+            prefetch_next_epoch: true,
             device: Device::Cpu,
             record_ids: false,
             stop_after_batches: None,
@@ -389,8 +393,17 @@ impl Batches {
     }
 }
 
-fn loader(cfg: &ConsumerConfig, manifest: &Manifest, rank: u32, sink: &Sink) -> Result<Loader> {
+/// The loader of `rank`, which reads epochs up to `epochs_end` (not included).
+fn loader(
+    cfg: &ConsumerConfig,
+    manifest: &Manifest,
+    rank: u32,
+    sink: &Sink,
+    epochs_end: u64,
+) -> Result<Loader> {
     let mut b = Loader::builder()
+        .epochs(epochs_end)
+        .prefetch_next_epoch(cfg.prefetch_next_epoch)
         .dataset(manifest.clone())
         .dataset_name(cfg.dataset_name.clone())
         .pipeline(cfg.pipeline.clone())
@@ -531,13 +544,15 @@ fn run_rank(
     observer: &dyn Observer,
 ) -> Result<RankResult> {
     let sink = sink(cfg.device)?;
-    let loader = loader(cfg, manifest, rank, &sink)?;
-    let mut first_epoch = cfg.first_epoch;
+    let first_epoch = match &cfg.resume {
+        Some(states) => states.first().map_or(cfg.first_epoch, |s| s.epoch),
+        None => cfg.first_epoch,
+    };
+    let loader = loader(cfg, manifest, rank, &sink, first_epoch + cfg.epochs)?;
     if let Some(states) = &cfg.resume {
         loader
             .load_state_dicts(states)
             .map_err(|e| TestbedError::Setup(format!("rank {rank}: --resume: {e}")))?;
-        first_epoch = states.first().map_or(first_epoch, |s| s.epoch);
     }
     let mut result = RankResult {
         rank,
