@@ -10,7 +10,8 @@
 # flips on a storage host; a sample rotten on both owners), worker churn (12 kills, one
 # mid-drain, memory sampled), floods (1,000 slowloris connections, 20,000 garbage QUIC
 # datagrams), lossy links (5% loss, 50 ms delay, 1% reordering; a 5 s blackhole; needs
-# iptables, skipped without it), and scaling (storage nodes with capped links; workers pinned
+# iptables, skipped without it), epoch boundaries over 50 ms links (each epoch started when
+# asked, or the next one started early), and scaling (storage nodes with capped links; workers pinned
 # to cores). CI runs the short version inside `cargo test --workspace`: node loss,
 # corruption and churn; the rest are `#[ignore]`d benchmarks that this script includes.
 set -euo pipefail

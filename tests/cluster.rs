@@ -684,6 +684,52 @@ fn quic_over_lossy_slow_links_and_a_blackhole_keeps_every_sample() {
     );
 }
 
+#[test]
+#[ignore = "a benchmark (about 30 s): bash bench/cluster.sh runs it"]
+fn the_next_epoch_started_early_hides_a_slow_links_epoch_boundaries() {
+    let (mut bed, temp) = cluster_or_skip!();
+    let dir = temp.path();
+    // Workers reached through relays that delay every datagram 50 ms each way: each epoch's
+    // start (handshake, job, first units and samples) costs round trips.
+    let relay = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/netbed/relay.py");
+    for (i, seed) in [(0, "1"), (1, "2")] {
+        let host = format!("c{i}");
+        let addr = bed.host(&host).addr.to_string();
+        bed.start_program(
+            &host,
+            &format!("relay{i}"),
+            Path::new("python3"),
+            &[
+                path_str(&relay),
+                &addr,
+                "7101",
+                &addr,
+                "7100",
+                "50",
+                "0",
+                seed,
+            ],
+            &dir.join(format!("relay{i}.log")),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    const MANY: usize = 8;
+    const PORT: u16 = 7101; // the relays'
+    let small = ["--pipeline", "decode | random_resized_crop 64"];
+    let late = [&small[..], &["--no-prefetch-next-epoch"]].concat();
+    let asked = run_epochs_via(&mut bed, dir, "epochs-asked", MANY, 0, PORT, &late, |_| {});
+    assert_whole("epochs-asked", &asked, MANY);
+    let early = run_epochs_via(&mut bed, dir, "epochs-early", MANY, 0, PORT, &small, |_| {});
+    assert_whole("epochs-early", &early, MANY);
+    let rate = |d: &Delivered| (MANY * SAMPLES) as f64 / d.secs;
+    println!(
+        "cluster epoch-boundaries: {MANY} epochs of {SAMPLES} samples over 50 ms links: each epoch started when asked {:.0} samples/s, the next started early {:.0} samples/s ({:.2}x); 0 lost, 0 repeated",
+        rate(&asked),
+        rate(&early),
+        rate(&early) / rate(&asked)
+    );
+}
+
 /// A bed of hosts `{prefix}0..{prefix}{n-1}` and `others`.
 fn bed_of(prefix: &str, n: usize, others: &[&str]) -> Option<Bed> {
     let mut names: Vec<String> = (0..n).map(|i| format!("{prefix}{i}")).collect();
