@@ -226,6 +226,7 @@ impl Coordinator {
             _ = cancel.cancelled() => Ok(()),
         };
         if let Err(e) = result {
+            self.counters.failed.store(true, Ordering::Relaxed);
             tracing::error!(epoch = self.epoch, "{e}");
             let _ = out.send(Err(e)).await;
         }

@@ -493,6 +493,15 @@ impl Early {
     fn earlier_ended(&self) -> bool {
         self.earlier.0.is_cancelled() || self.earlier.1.is_cancelled()
     }
+
+    /// It can be taken over: it is `epoch`, the earlier one is done, and it has not failed
+    /// (say, no worker answered it while the earlier one ran: asked for now, it tries anew).
+    fn takes_over(&self, epoch: u64) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.started.epoch.epoch == epoch
+            && self.earlier_ended()
+            && !self.started.epoch.counters.failed.load(Relaxed)
+    }
 }
 
 /// A loaded checkpoint, waiting for `epoch(e)`.
@@ -947,11 +956,7 @@ impl Loader {
         let resume = resume.filter(|p| p.epoch == epoch);
         let early = self.next.lock().ok().and_then(|mut n| n.take());
         let mut started = match early {
-            Some(early)
-                if early.started.epoch.epoch == epoch
-                    && resume.is_none()
-                    && early.earlier_ended() =>
-            {
+            Some(early) if resume.is_none() && early.takes_over(epoch) => {
                 tracing::debug!(epoch, "taking over the epoch started early");
                 early.started
             }
@@ -1473,6 +1478,8 @@ fn quic_endpoint(runtime: &tokio::runtime::Runtime) -> Result<quinn::Endpoint, C
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+
     use sluice_shard::{Checksum, Compression, ShardInfo};
 
     use super::*;
@@ -1481,6 +1488,8 @@ mod tests {
     /// of every unit it runs.
     struct Tiny {
         runs: Arc<Mutex<Vec<u64>>>,
+        /// An epoch whose first job is refused.
+        refuse: Mutex<Option<u64>>,
     }
 
     struct TinyJob {
@@ -1501,6 +1510,11 @@ mod tests {
             &self,
             spec: &JobSpec,
         ) -> Result<Box<dyn sluice_wire::JobRunner>, sluice_wire::RunnerError> {
+            let mut refuse = self.refuse.lock().unwrap();
+            if *refuse == Some(spec.epoch) {
+                *refuse = None;
+                return Err(sluice_wire::RunnerError::refused("not now"));
+            }
             Ok(Box::new(TinyJob {
                 epoch: spec.epoch,
                 runs: self.runs.clone(),
@@ -1554,13 +1568,19 @@ mod tests {
         }
     }
 
-    fn tiny_loader(
-        prefetch: bool,
-    ) -> (
+    type Tiniest = (
         Loader,
         Arc<Mutex<Vec<u64>>>,
         Arc<std::sync::atomic::AtomicUsize>,
-    ) {
+    );
+
+    fn tiny_loader(prefetch: bool) -> Tiniest {
+        tiny_loader_refusing(prefetch, None)
+    }
+
+    /// A loader of 400 one-byte samples decoded by [`Tiny`], the log of its runs, and the
+    /// count of ring buffers it made.
+    fn tiny_loader_refusing(prefetch: bool, refuse: Option<u64>) -> Tiniest {
         let manifest = Manifest::new(
             (0..4)
                 .map(|i| ShardInfo {
@@ -1577,7 +1597,10 @@ mod tests {
         let made = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let loader = Loader::builder()
             .dataset(manifest)
-            .in_process(Arc::new(Tiny { runs: runs.clone() }))
+            .in_process(Arc::new(Tiny {
+                runs: runs.clone(),
+                refuse: Mutex::new(refuse),
+            }))
             .batch_size(16)
             .max_unit_samples(20)
             .lookahead(64)
@@ -1676,6 +1699,25 @@ mod tests {
         let rest = ids(fresh.epoch(8).unwrap());
         let whole = ids(plain.epoch(8).unwrap());
         assert_eq!([firsts, rest].concat(), whole);
+    }
+
+    #[test]
+    fn an_early_epoch_that_failed_is_started_anew_when_asked_for() {
+        let (plain, _, _) = tiny_loader(false);
+        let (early, _, _) = tiny_loader_refusing(true, Some(1));
+        assert_eq!(ids(early.epoch(0).unwrap()), ids(plain.epoch(0).unwrap()));
+        // Epoch 1, started early, was refused; asked for, it starts again and succeeds.
+        let failed = || {
+            let next = early.next.lock().unwrap();
+            let e = next.as_ref().unwrap();
+            e.started.epoch.counters.failed.load(Ordering::Relaxed)
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !failed() {
+            assert!(Instant::now() < deadline, "the refusal never came");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(ids(early.epoch(1).unwrap()), ids(plain.epoch(1).unwrap()));
     }
 
     #[test]

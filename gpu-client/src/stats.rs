@@ -23,6 +23,8 @@ pub(crate) struct EpochCounters {
     pub ring_full: std::sync::atomic::AtomicBool,
     /// The consumer is waiting for this epoch's next batch.
     pub consumer_waiting: std::sync::atomic::AtomicBool,
+    /// The epoch ended in an error (sent to the consumer as its last item).
+    pub failed: std::sync::atomic::AtomicBool,
 }
 
 /// What an epoch delivered so far.
