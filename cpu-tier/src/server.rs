@@ -840,8 +840,11 @@ fn spawn_unit(assign: Assign, job: &Job, slots: Arc<Semaphore>, out: mpsc::Sende
         })
         .await;
         drop(permit);
-        if result.is_err() {
-            warn!(unit, "assignment thread panicked");
+        match result {
+            Err(e) if e.is_panic() => warn!(unit, "assignment thread panicked"),
+            // Never started: the runtime shut down first.
+            Err(_) => tracing::debug!(unit, "assignment dropped at shutdown"),
+            Ok(()) => {}
         }
         let _ = out_done.send(Produced::Finished).await;
     });

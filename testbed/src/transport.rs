@@ -171,6 +171,8 @@ pub fn loader_once(args: &TransportProbe, runner: Arc<Synthetic>, same_host: boo
         .token("bench-token")
         .trust_cert(dir.path().join("cert.pem"))
         .pipeline(format!("decode | center_crop {}", args.side))
+        // One epoch is measured: none is started behind it.
+        .epochs(1)
         .batch_size(256)
         .credits_per_worker(args.credits)
         .connections_per_worker(args.connections.max(1))

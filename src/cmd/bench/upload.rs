@@ -167,6 +167,8 @@ mod gpu {
             .in_process(runner)
             .pipeline(format!("decode | center_crop {}", args.side))
             .batch_size(args.batch_size)
+            // One epoch is measured: none is started behind it.
+            .epochs(1)
             .ring_batches(args.depth + 4)
             .allocator(Arc::new(PinnedAllocator::new(gpu.clone())))
             .build()?;
