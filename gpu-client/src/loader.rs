@@ -263,7 +263,8 @@ impl LoaderBuilder {
         /// from `e`'s ring once `e` has taken the buffer of its last. Off: each epoch starts
         /// when `epoch()` is called. Without [`LoaderBuilder::epochs`], the epoch after the
         /// last one the consumer reads is started too (up to a window of credits per worker
-        /// decoded for nothing), and cancelled when the loader is dropped.
+        /// decoded for nothing), and cancelled when the loader is dropped. A consumer that asks
+        /// for the same epoch again (an evaluation loop) gets nothing started behind it.
         prefetch_next_epoch: bool);
 
     /// How many epochs the job reads (`0..epochs`), when known: the epoch after the last is
@@ -432,6 +433,7 @@ impl LoaderBuilder {
             progress: Arc::new(Mutex::new(None)),
             resume: Mutex::new(None),
             next: Mutex::new(None),
+            last_epoch: Mutex::new(None),
             stats: Arc::new(Stats::new()),
             settings: self,
         })
@@ -457,6 +459,8 @@ pub struct Loader {
     resume: Mutex<Option<Pending>>,
     /// The epoch after the current one, started early.
     next: Mutex<Option<Early>>,
+    /// The epoch `epoch()` was last called for.
+    last_epoch: Mutex<Option<u64>>,
     stats: Arc<Stats>,
 }
 
@@ -950,7 +954,8 @@ impl Loader {
     /// first units go to the workers once this epoch has handed out all of its own, so the
     /// workers do not idle while the last batches drain. A later `epoch(epoch + 1)` takes it
     /// over when this epoch has ended or been dropped; any other call (another epoch, a loaded
-    /// checkpoint) cancels it.
+    /// checkpoint) cancels it. It is started on the first call and on a call for the epoch
+    /// after the one before, not when the same epoch is asked for again.
     pub fn epoch(&self, epoch: u64) -> Result<Epoch, ClientError> {
         let resume = self.resume.lock().ok().and_then(|mut r| r.take());
         let resume = resume.filter(|p| p.epoch == epoch);
@@ -967,7 +972,15 @@ impl Loader {
             *p = started.progress.take();
         }
         self.stats.set_workers(&started.links);
-        if let Some(after) = started.next.take() {
+        // Only a consumer that goes epoch after epoch gets the next one started early: one that
+        // reads the same epoch again and again (an evaluation loop) would waste it each time.
+        let previous = self
+            .last_epoch
+            .lock()
+            .ok()
+            .and_then(|mut l| l.replace(epoch));
+        let in_order = previous.is_none_or(|p| epoch == p + 1);
+        if let Some(after) = started.next.take().filter(|_| in_order) {
             let earlier = (started.epoch.cancel.clone(), after.ended_token());
             match self.start(epoch + 1, None, Some(after)) {
                 Ok(next) => {
@@ -1699,6 +1712,25 @@ mod tests {
         let rest = ids(fresh.epoch(8).unwrap());
         let whole = ids(plain.epoch(8).unwrap());
         assert_eq!([firsts, rest].concat(), whole);
+    }
+
+    #[test]
+    fn an_epoch_read_again_starts_nothing_early() {
+        let (l, _, _) = tiny_loader(true);
+        let first = ids(l.epoch(3).unwrap());
+        assert!(l.next.lock().unwrap().is_some(), "epoch 4 started early");
+        let again = l.epoch(3).unwrap();
+        assert!(
+            l.next.lock().unwrap().is_none(),
+            "epoch 3 again: epoch 4 is not started (an evaluation loop would waste it)"
+        );
+        assert_eq!(ids(again), first);
+        let next = l.epoch(4).unwrap();
+        assert!(
+            l.next.lock().unwrap().is_some(),
+            "in order again: epoch 5 is"
+        );
+        drop(next);
     }
 
     #[test]
