@@ -97,6 +97,17 @@ def test_the_same_seed_gives_the_same_batches_and_labels_are_mixed(dataset):
     assert sorted(i for b, _ in arrival for i in b) == sorted(i for b, _ in one for i in b)
 
 
+def test_epochs_started_early_deliver_the_same_batches(dataset):
+    early = sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE, seed=5, epochs=3)
+    asked = sluice.Loader(
+        dataset=dataset, batch_size=8, pipeline=PIPELINE, seed=5, prefetch_next_epoch=False
+    )
+    for e in range(3):
+        got = ids_of(early.epoch(e))
+        assert got == ids_of(asked.epoch(e)), f"epoch {e}"
+        assert len(got) == TOTAL
+
+
 def test_states_of_two_ranks_resume_at_three_with_exactly_the_rest(dataset):
     states, got = [], []
     for rank in range(2):
