@@ -138,6 +138,11 @@ impl RemoteLink {
                 }
                 e => e,
             };
+            // An epoch that ended (or a loader shutting down) takes its links with it: a
+            // connection that broke on the way is no news.
+            if cancel.is_cancelled() || events.is_closed() {
+                return;
+            }
             let (error, fatal) = match ended {
                 Ended::Cancelled => return,
                 Ended::Lost(e) => (e, None),
