@@ -592,6 +592,34 @@ fn iptables(bed: &Bed, host: &str, args: &[&str]) {
     }
 }
 
+/// A seeded UDP relay on each worker host, port 7101 to the worker's 7100, that delays every
+/// datagram 50 ms each way and holds `reorder_percent` of them longer.
+fn start_relays(bed: &mut Bed, dir: &Path, reorder_percent: u32) {
+    let relay = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/netbed/relay.py");
+    let reorder = reorder_percent.to_string();
+    for (i, seed) in [(0, "1"), (1, "2")] {
+        let host = format!("c{i}");
+        let addr = bed.host(&host).addr.to_string();
+        bed.start_program(
+            &host,
+            &format!("relay{i}"),
+            Path::new("python3"),
+            &[
+                path_str(&relay),
+                &addr,
+                "7101",
+                &addr,
+                "7100",
+                "50",
+                &reorder,
+                seed,
+            ],
+            &dir.join(format!("relay{i}.log")),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(500));
+}
+
 #[test]
 #[ignore = "a benchmark (about a minute): bash bench/cluster.sh runs it"]
 fn quic_over_lossy_slow_links_and_a_blackhole_keeps_every_sample() {
@@ -610,28 +638,7 @@ fn quic_over_lossy_slow_links_and_a_blackhole_keeps_every_sample() {
     let small = ["--pipeline", "decode | random_resized_crop 64"];
     let clean = run_epochs_via(&mut bed, dir, "quic-clean", EPOCHS, 0, 7100, &small, |_| {});
     assert_whole("quic-clean", &clean, EPOCHS);
-    let relay = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/netbed/relay.py");
-    for (i, seed) in [(0, "1"), (1, "2")] {
-        let host = format!("c{i}");
-        let addr = bed.host(&host).addr.to_string();
-        bed.start_program(
-            &host,
-            &format!("relay{i}"),
-            Path::new("python3"),
-            &[
-                path_str(&relay),
-                &addr,
-                "7101",
-                &addr,
-                "7100",
-                "50",
-                "1",
-                seed,
-            ],
-            &dir.join(format!("relay{i}.log")),
-        );
-    }
-    std::thread::sleep(Duration::from_millis(500));
+    start_relays(&mut bed, dir, 1);
     // 5% of UDP datagrams lost both ways on the client's host (iptables' statistic match).
     for chain in ["INPUT", "OUTPUT"] {
         iptables(
@@ -691,28 +698,7 @@ fn the_next_epoch_started_early_hides_a_slow_links_epoch_boundaries() {
     let dir = temp.path();
     // Workers reached through relays that delay every datagram 50 ms each way: each epoch's
     // start (handshake, job, first units and samples) costs round trips.
-    let relay = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/netbed/relay.py");
-    for (i, seed) in [(0, "1"), (1, "2")] {
-        let host = format!("c{i}");
-        let addr = bed.host(&host).addr.to_string();
-        bed.start_program(
-            &host,
-            &format!("relay{i}"),
-            Path::new("python3"),
-            &[
-                path_str(&relay),
-                &addr,
-                "7101",
-                &addr,
-                "7100",
-                "50",
-                "0",
-                seed,
-            ],
-            &dir.join(format!("relay{i}.log")),
-        );
-    }
-    std::thread::sleep(Duration::from_millis(500));
+    start_relays(&mut bed, dir, 0);
     const MANY: usize = 8;
     const PORT: u16 = 7101; // the relays'
     let small = ["--pipeline", "decode | random_resized_crop 64"];

@@ -46,6 +46,8 @@ mod protocol;
 mod reorder;
 pub mod same_host;
 pub mod stats;
+#[cfg(test)]
+mod testing;
 mod tls;
 
 pub use batch::{Batch, HeapAllocator, HostAllocator, HostMemory, LastBatch, SampleId, ShortBatch};

@@ -1548,26 +1548,7 @@ mod tests {
             emit: &mut dyn FnMut(sluice_wire::Output) -> bool,
         ) -> Result<sluice_wire::Finished, sluice_wire::RunnerError> {
             self.runs.lock().unwrap().push(self.epoch);
-            for index in a.start..a.end {
-                let header = sluice_wire::SampleHeader {
-                    job: a.job,
-                    unit: a.unit,
-                    attempt: a.attempt,
-                    shard: a.shard.index,
-                    index,
-                    key: format!("{index}"),
-                    label: Some(0),
-                    tensor_bytes: 1,
-                    fields: Vec::new(),
-                };
-                if !emit(sluice_wire::Output::Sample(header, vec![index as u8])) {
-                    return Err(sluice_wire::RunnerError::Cancelled);
-                }
-            }
-            Ok(sluice_wire::Finished {
-                sent: a.end - a.start,
-                skipped: 0,
-            })
+            crate::testing::emit_unit(a, emit, |index| (0, vec![index as u8]))
         }
     }
 

@@ -117,26 +117,7 @@ mod tests {
             a: &sluice_wire::Assign,
             emit: &mut dyn FnMut(sluice_wire::Output) -> bool,
         ) -> Result<sluice_wire::Finished, sluice_wire::RunnerError> {
-            for index in a.start..a.end {
-                let header = sluice_wire::SampleHeader {
-                    job: a.job,
-                    unit: a.unit,
-                    attempt: a.attempt,
-                    shard: a.shard.index,
-                    index,
-                    key: format!("{index}"),
-                    label: Some(index as i64),
-                    tensor_bytes: 48,
-                    fields: Vec::new(),
-                };
-                if !emit(sluice_wire::Output::Sample(header, vec![index as u8; 48])) {
-                    return Err(sluice_wire::RunnerError::Cancelled);
-                }
-            }
-            Ok(sluice_wire::Finished {
-                sent: a.end - a.start,
-                skipped: 0,
-            })
+            crate::testing::emit_unit(a, emit, |index| (index as i64, vec![index as u8; 48]))
         }
     }
 
