@@ -185,7 +185,7 @@ impl<P: Tensor> Protocol<P> {
     /// Units may go out from `now`; the hedging clock starts then.
     pub(crate) fn unhold(&mut self, now: Instant) {
         self.held = false;
-        self.progressed = self.progressed.max(now);
+        self.waited(now);
     }
 
     /// Every batch of the epoch has been closed.
@@ -199,8 +199,8 @@ impl<P: Tensor> Protocol<P> {
         self.queue.is_empty()
     }
 
-    /// The shell waited until `now` for the consumer (a free ring buffer): the delivery order
-    /// could not move, so that time does not count towards hedging.
+    /// The delivery order could not move until `now` (the shell waited for a free ring
+    /// buffer, or the epoch was held): that time does not count towards hedging.
     pub(crate) fn waited(&mut self, now: Instant) {
         self.progressed = self.progressed.max(now);
     }
