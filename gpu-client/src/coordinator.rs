@@ -372,12 +372,8 @@ impl Coordinator {
     /// The ring, in an epoch started early the earlier epoch's once it has taken its last
     /// buffer (or a new one, if it ended without handing it over).
     async fn ring(&mut self) -> Result<Arc<Ring>, ClientError> {
-        if let Some(earlier) = self.earlier_ring.take() {
-            if self.shape.is_none() {
-                return Err(ClientError::Runtime(
-                    "a sample before any worker was ready".into(),
-                ));
-            }
+        let earlier = self.earlier_ring.take_if(|_| self.shape.is_some());
+        if let Some(earlier) = earlier {
             let ring = match earlier.await {
                 Ok(r) if r.fits(self.ring_batches, self.batch_bytes()) => {
                     self.shared_ring = true;
