@@ -164,7 +164,7 @@ fn replicated_puts_redirects_and_failover() {
         .err()
         .expect("stale object refused")
         .to_string();
-    assert!(err.contains("stale object"), "{err}");
+    assert!(err.contains("changed since it was indexed"), "{err}");
     drop(cluster);
 }
 
@@ -263,4 +263,154 @@ fn a_lost_storage_node_costs_no_sample() {
             "round {round}: every sample of 3 epochs, once"
         );
     }
+}
+
+/// Waits until `addr` answers `GET /healthz` with 200.
+fn wait_healthy(addr: std::net::SocketAddr) {
+    use std::io::{Read, Write};
+    for _ in 0..200 {
+        if let Ok(mut c) = std::net::TcpStream::connect(addr) {
+            let _ = c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let mut head = [0u8; 12];
+            if c.read_exact(&mut head).is_ok() && head.ends_with(b"200") {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("storage node at {addr} never became healthy");
+}
+
+/// A storage node that hangs (SIGSTOP: its socket still accepts, nothing answers) with a
+/// healthy replica beside it costs the job one stall timeout, not the hang: the node is
+/// stopped in the first epoch and never resumed, and loadgen still delivers every sample of
+/// 5 epochs (each reads every shard again) once, the worker naming the replica it gave up on. Before the fix the job waited for as
+/// long as the node hung: here, forever.
+#[test]
+fn a_hung_storage_node_fails_over_to_its_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = support::synth_images(dir.path(), 4, 12);
+    let out = dir.path().join("out");
+    let local = dir.path().join("local.json");
+    support::shard_images(
+        &images,
+        &format!("{}/s-%02d.tar", out.display()),
+        4,
+        Some(&local),
+    );
+    for node in ["a", "b"] {
+        let bucket = dir.path().join(node).join("train");
+        std::fs::create_dir_all(&bucket).unwrap();
+        for f in std::fs::read_dir(&out).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, bucket.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    // Node a: the real binary, so it can be stopped; node b: in process.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let a_addr = port.local_addr().unwrap();
+    drop(port);
+    let mut a = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["storage", "--data"])
+        .arg(dir.path().join("a"))
+        .args(["--listen", &a_addr.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let b = system::start_storage(&dir.path().join("b"));
+    wait_healthy(a_addr);
+    let mut m = sluice_shard::Manifest::load(&local, 1 << 20).unwrap();
+    for s in &mut m.shards {
+        let name = s.name().to_string();
+        s.url = format!("http://{a_addr}/v1/train/{name}");
+        s.replicas = vec![format!("{}/v1/train/{name}", b.url)];
+    }
+    let manifest = dir.path().join("replicated.json");
+    m.save(&manifest).unwrap();
+
+    let dump = dir.path().join("ids.tsv");
+    let started = std::time::Instant::now();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "loadgen",
+            "--dataset",
+            path_str(&manifest),
+            "--workers",
+            "local",
+        ])
+        .args([
+            "--ranks",
+            "2",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "5",
+            "--step-ms",
+            "100",
+        ])
+        .args(["--dump-ids", path_str(&dump)])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    let stop = |signal: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([signal, &a.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {signal}");
+    };
+    stop("-STOP");
+    // A guard against the hang this test is about: loadgen is killed after 120 s.
+    let pid = child.id();
+    let guard = std::thread::spawn(move || {
+        for _ in 0..1200 {
+            std::thread::sleep(Duration::from_millis(100));
+            if std::fs::metadata(format!("/proc/{pid}")).is_err() {
+                return false;
+            }
+        }
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status();
+        true
+    });
+    let output = child.wait_with_output().unwrap();
+    let elapsed = started.elapsed();
+    let hung = guard.join().unwrap();
+    stop("-CONT");
+    let _ = a.kill();
+    let _ = a.wait();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !hung,
+        "loadgen still waiting on the stopped node after 120 s:\n{stdout}\n{stderr}"
+    );
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    eprintln!(
+        "5 epochs with one replica stopped mid-run: {:.1} s",
+        elapsed.as_secs_f64()
+    );
+    let lines = std::fs::read_to_string(&dump).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for l in lines.lines() {
+        let f: Vec<&str> = l.split('\t').collect();
+        assert!(
+            seen.insert((f[0].to_string(), f[2].to_string(), f[3].to_string())),
+            "twice: {l}"
+        );
+    }
+    assert_eq!(
+        seen.len(),
+        5 * 48,
+        "every sample of 5 epochs, once:\n{stdout}"
+    );
+    assert!(
+        stderr.contains(&a_addr.to_string()) && stderr.contains("other replicas"),
+        "the worker says which replica it gave up on:\n{stderr}"
+    );
 }

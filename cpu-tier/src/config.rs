@@ -116,6 +116,11 @@ pub struct Source {
     /// Check per-sample and whole-shard checksums.
     pub verify: bool,
     pub connect_timeout_secs: f64,
+    /// An HTTP read (response head or body) that makes no progress for this long fails over
+    /// to the shard's next replica: a hung storage node costs this much, not its whole hang.
+    pub stall_timeout_secs: f64,
+    /// How long a replica that failed or stalled is read from only after the others.
+    pub suspect_secs: f64,
     /// Shard indexes (`.idx`) kept in memory.
     pub index_cache: usize,
     /// S3 endpoint for `s3://` shards (unset: AWS, or `AWS_ENDPOINT_URL`).
@@ -187,6 +192,8 @@ impl Default for Source {
         Source {
             verify: true,
             connect_timeout_secs: 5.0,
+            stall_timeout_secs: 10.0,
+            suspect_secs: 60.0,
             index_cache: 1024,
             s3_endpoint: None,
             s3_region: None,
@@ -251,6 +258,8 @@ impl CpuConfig {
                 "source.connect_timeout_secs",
                 self.source.connect_timeout_secs,
             ),
+            ("source.stall_timeout_secs", self.source.stall_timeout_secs),
+            ("source.suspect_secs", self.source.suspect_secs),
         ] {
             if !(v.is_finite() && v > 0.0 && v < 1e6) {
                 return invalid(key, "must be a positive number of seconds");
@@ -327,6 +336,8 @@ impl CpuConfig {
             verify: self.source.verify,
             index_cache: self.source.index_cache,
             connect_timeout: secs(self.source.connect_timeout_secs),
+            stall_timeout: secs(self.source.stall_timeout_secs),
+            suspect_for: secs(self.source.suspect_secs),
             s3: S3Config {
                 endpoint: self.source.s3_endpoint.clone(),
                 region: self.source.s3_region.clone(),

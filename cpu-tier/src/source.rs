@@ -12,11 +12,20 @@
 //!   the index's checksum as they stream past; a whole shard is also checked against the
 //!   manifest's checksum when its last byte has arrived.
 //!
-//! A sample whose bytes fail their index checksum comes out as a `DamagedSample` error for
-//! that sample alone (the engine reports it skipped, named; `open_unit_with_repair` first
-//! tries the other replicas' copies) and reading goes on; a whole-shard
-//! checksum mismatch that such a sample explains is not an error again. A short body or any
-//! other read error ends the unit (the client reassigns it).
+//! A sample is delivered under an id only if the bytes parsed for it are exactly that id's
+//! indexed byte range and that range matched its checksum (which covers the tar headers, so
+//! the key too). Anything else comes out as a `DamagedSample` error for that sample alone
+//! (the engine reports it skipped, named; `open_unit_with_repair` first tries the other
+//! replicas' copies) and reading goes on; a whole-shard checksum mismatch that such a sample
+//! explains is not an error again. A shard whose size (or, from sluice storage, checksum
+//! header) differs from the manifest's on every replica changed since it was indexed: the
+//! unit's samples are skipped, named, with `ShardError::Changed`. A short body or any other
+//! read error ends the unit (the client reassigns it).
+//!
+//! A replica that stops answering (a hung node, not a dead one) is given up on after
+//! `stall_timeout` without a byte, and the read goes on from the next replica; a replica
+//! that failed or stalled is tried last for `suspect_for`, so later units do not wait on it
+//! again.
 
 use std::collections::HashMap;
 use std::io::{self, Read};
@@ -45,6 +54,8 @@ pub enum SourceError {
         #[source]
         source: io::Error,
     },
+    #[error("{url} changed since it was indexed: {detail}")]
+    Changed { url: String, detail: String },
     #[error("every replica of {shard} failed: {}", errors.join("; "))]
     AllReplicasFailed { shard: String, errors: Vec<String> },
     #[error("sample index of {shard}: {detail}")]
@@ -96,6 +107,11 @@ pub struct SourceConfig {
     pub read_options: ReadOptions,
     /// Connect timeout for HTTP.
     pub connect_timeout: std::time::Duration,
+    /// An HTTP read (the response head, or any read of the body) that makes no progress for
+    /// this long fails, and the unit goes on from the next replica.
+    pub stall_timeout: std::time::Duration,
+    /// How long a replica that failed or stalled is tried after the others.
+    pub suspect_for: std::time::Duration,
     pub s3: S3Config,
 }
 
@@ -107,6 +123,8 @@ impl Default for SourceConfig {
             index_cache: 1024,
             read_options: ReadOptions::default(),
             connect_timeout: std::time::Duration::from_secs(5),
+            stall_timeout: std::time::Duration::from_secs(10),
+            suspect_for: std::time::Duration::from_secs(60),
             s3: S3Config::default(),
         }
     }
@@ -121,7 +139,11 @@ pub type UnitSamples =
 pub struct ShardSource {
     config: SourceConfig,
     http: reqwest::blocking::Client,
-    indexes: Mutex<HashMap<String, Arc<SampleIndex>>>,
+    /// Sidecar indexes by (first URL, the manifest's checksum and size of the shard): a
+    /// shard updated in place and re-indexed is a new key, never a stale hit.
+    indexes: Mutex<HashMap<(String, Checksum, u64), Arc<SampleIndex>>>,
+    /// Replica origins that failed or stalled, and when.
+    suspects: Arc<Suspects>,
     /// Started on the first `s3://` request: drives object_store's async IO.
     runtime: OnceLock<tokio::runtime::Runtime>,
     buckets: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
@@ -131,13 +153,16 @@ impl ShardSource {
     pub fn new(config: SourceConfig) -> Result<Self, SourceError> {
         let http = reqwest::blocking::Client::builder()
             .connect_timeout(config.connect_timeout)
-            .timeout(None)
+            // reqwest's blocking timeout bounds each wait (the response head, then every
+            // body read), not the whole transfer: a stall timeout, not a deadline.
+            .timeout(config.stall_timeout)
             .build()
             .map_err(|e| SourceError::Request {
                 url: String::new(),
                 detail: e.to_string(),
             })?;
         Ok(ShardSource {
+            suspects: Arc::new(Suspects::new(config.suspect_for)),
             config,
             http,
             indexes: Mutex::new(HashMap::new()),
@@ -199,7 +224,14 @@ impl ShardSource {
                             shard: loc.name().into(),
                             detail: format!("has no samples {start}..{end}"),
                         })?;
-                let body = self.fetch(loc, Some((offset, len)), Some(loc.info.checksum))?;
+                let expect = Expect {
+                    size: None,
+                    checksum: Some(loc.info.checksum),
+                };
+                let body = match self.fetch(loc, Some((offset, len)), expect) {
+                    Err(SourceError::Changed { detail, .. }) => return Ok(changed(loc, detail)),
+                    other => other?,
+                };
                 let checks = &index.entries[start as usize..end as usize];
                 let body: Box<dyn Read + Send> = if self.config.verify {
                     Box::new(Verified::new(
@@ -225,7 +257,17 @@ impl ShardSource {
                 // A whole shard, a gzip shard, or no index: stream from the start, and skip
                 // to the range. The file checksum covers the stored (maybe compressed) bytes;
                 // sample checksums cover the tar stream.
-                let body = self.fetch(loc, None, Some(loc.info.checksum))?;
+                // Without an index no sample can be checked before it is delivered: a shard
+                // whose size is not the manifest's is refused whole. With one, each sample
+                // is admitted on its own (a shard cut short still yields its intact prefix).
+                let expect = Expect {
+                    size: index.is_none().then_some(loc.info.size),
+                    checksum: Some(loc.info.checksum),
+                };
+                let body = match self.fetch(loc, None, expect) {
+                    Err(SourceError::Changed { detail, .. }) => return Ok(changed(loc, detail)),
+                    other => other?,
+                };
                 let verify = self.config.verify;
                 let body: Box<dyn Read + Send> = if verify {
                     Box::new(Verified::new(
@@ -262,9 +304,10 @@ impl ShardSource {
             }
         };
         let reader = SampleReader::new(stream, name, &options);
+        let admission = Admission { index, damage };
         Ok(Box::new(
             reader
-                .map(move |s| report_damage(s, &damage))
+                .map(move |s| admission.admit(s))
                 .filter(move |s| match s {
                     Ok(s) => s.index >= start,
                     Err(sluice_shard::ShardError::DamagedSample { index, .. }) => *index >= start,
@@ -340,7 +383,11 @@ impl ShardSource {
 
     /// The shard's sidecar index (fetched once, then cached).
     pub fn index(&self, loc: &ShardLocation) -> Result<Arc<SampleIndex>, SourceError> {
-        let key = loc.urls.first().cloned().unwrap_or_default();
+        let key = (
+            loc.urls.first().cloned().unwrap_or_default(),
+            loc.info.checksum,
+            loc.info.size,
+        );
         if let Some(i) = self.indexes.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(i);
         }
@@ -352,7 +399,7 @@ impl ShardSource {
                 .collect(),
             info: loc.info.clone(),
         };
-        let body = self.fetch(&idx_loc, None, None)?;
+        let body = self.fetch(&idx_loc, None, Expect::default())?;
         let bytes =
             sluice_shard::index::read_bounded(body, self.config.max_index_bytes, &idx_loc.urls[0])
                 .map_err(|e| SourceError::Index {
@@ -388,25 +435,47 @@ impl ShardSource {
         Ok(index)
     }
 
-    /// Opens the bytes `range` (offset, len) of an object, trying each replica in turn. With
-    /// `expect`, a replica whose checksum header (sluice storage's `X-Sluice-Checksum`) names
-    /// another version of the object is skipped as stale before any byte is read.
+    /// Opens the bytes `range` (offset, len) of an object, trying each replica in turn, those
+    /// that failed or stalled lately last. A replica whose object is not what `expect` says
+    /// (another size, or a checksum header, sluice storage's `X-Sluice-Checksum`, naming
+    /// another version) is skipped as changed before any byte is read; when every replica
+    /// is, the error is `Changed`.
     fn fetch(
         &self,
         loc: &ShardLocation,
         range: Option<(u64, u64)>,
-        expect: Option<Checksum>,
+        expect: Expect,
     ) -> Result<Box<dyn Read + Send>, SourceError> {
         let mut errors = Vec::new();
-        for url in &loc.urls {
+        let mut changed = 0;
+        let urls = self.suspects.order(&loc.urls);
+        for (i, url) in urls.iter().enumerate() {
             match self.fetch_one(url, range, expect) {
-                Ok(r) => return Ok(Box::new(Timed { inner: r })),
+                Ok(r) => {
+                    return Ok(Box::new(Timed {
+                        inner: r,
+                        url: url.clone(),
+                        suspects: self.suspects.clone(),
+                    }))
+                }
                 Err(e) => {
                     metrics::counter!("sluice_cpu_source_failovers_total").increment(1);
-                    errors.push(e.to_string());
+                    if let SourceError::Changed { .. } = e {
+                        changed += 1;
+                    } else {
+                        self.suspects.failed(url, &e.to_string());
+                    }
+                    if i + 1 < urls.len() {
+                        tracing::warn!(shard = %loc.name(), %url, "{e}; trying the next replica");
+                    }
+                    errors.push(e);
                 }
             }
         }
+        if changed == errors.len() && changed > 0 {
+            return Err(errors.swap_remove(0));
+        }
+        let mut errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
         if errors.len() == 1 {
             return Err(SourceError::Request {
                 url: loc.urls[0].clone(),
@@ -423,8 +492,19 @@ impl ShardSource {
         &self,
         url: &str,
         range: Option<(u64, u64)>,
-        expect: Option<Checksum>,
+        expect: Expect,
     ) -> Result<Box<dyn Read + Send>, SourceError> {
+        let changed = |detail: String| SourceError::Changed {
+            url: url.into(),
+            detail,
+        };
+        // The object's total size as this replica has it, against the manifest's.
+        let check_size = |size: u64| match expect.size {
+            Some(want) if want != size => Err(changed(format!(
+                "it is {size} bytes, the manifest says {want}"
+            ))),
+            _ => Ok(()),
+        };
         if let Some(rest) = url.strip_prefix("s3://") {
             return self.fetch_s3(url, rest, range);
         }
@@ -438,7 +518,15 @@ impl ShardSource {
             }
             let resp = req.send().map_err(|e| SourceError::Request {
                 url: url.into(),
-                detail: e.to_string(),
+                detail: if e.is_timeout() {
+                    metrics::counter!("sluice_cpu_source_stalls_total").increment(1);
+                    format!(
+                        "no response in {:.1} s (source.stall_timeout_secs)",
+                        self.config.stall_timeout.as_secs_f64()
+                    )
+                } else {
+                    e.to_string()
+                },
             })?;
             let status = resp.status().as_u16();
             let stated = resp
@@ -446,15 +534,26 @@ impl ShardSource {
                 .get("x-sluice-checksum")
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse::<Checksum>().ok());
-            if let (Some(stated), Some(expect)) = (stated, expect) {
-                if stated != expect && (200..300).contains(&status) {
-                    return Err(SourceError::Request {
-                        url: url.into(),
-                        detail: format!(
-                            "stale object: the server has {stated}, the manifest says {expect}"
-                        ),
-                    });
+            if let (Some(stated), Some(want)) = (stated, expect.checksum) {
+                if stated != want && (200..300).contains(&status) {
+                    return Err(changed(format!(
+                        "the server has {stated}, the manifest says {want}"
+                    )));
                 }
+            }
+            // The whole object's size: a 200's length, or a 206's `Content-Range` total.
+            let total = match status {
+                200 => resp.content_length(),
+                206 => resp
+                    .headers()
+                    .get(reqwest::header::CONTENT_RANGE)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.rsplit_once('/'))
+                    .and_then(|(_, total)| total.parse().ok()),
+                _ => None,
+            };
+            if let Some(total) = total {
+                check_size(total)?;
             }
             match (range, status) {
                 (Some(_), 206) | (None, 200) => Ok(Box::new(resp)),
@@ -480,6 +579,11 @@ impl ShardSource {
                 url: url.into(),
                 source,
             })?;
+            let size = file.metadata().map_err(|source| SourceError::Io {
+                url: url.into(),
+                source,
+            })?;
+            check_size(size.len())?;
             match range {
                 Some((offset, len)) => {
                     use std::io::Seek;
@@ -603,6 +707,86 @@ impl Read for S3Body {
     }
 }
 
+/// What an object fetched must be, checked before its first byte is read.
+#[derive(Clone, Copy, Debug, Default)]
+struct Expect {
+    /// Its whole size.
+    size: Option<u64>,
+    /// Its checksum, where the server states one.
+    checksum: Option<Checksum>,
+}
+
+/// A unit of a shard that changed since it was indexed on every replica: one `Changed`
+/// error, so the worker reports each of the unit's samples skipped with it.
+fn changed(loc: &ShardLocation, detail: String) -> UnitSamples {
+    metrics::counter!("sluice_cpu_changed_shards_total").increment(1);
+    Box::new(std::iter::once(Err(sluice_shard::ShardError::Changed {
+        shard: loc.name().into(),
+        detail,
+    })))
+}
+
+/// Replica origins (`http://host:port`) that failed or stalled lately. A hung node answers
+/// nothing until the stall timeout; trying it last keeps every later unit from waiting on it
+/// again, and it is tried first again once `suspect_for` has passed.
+struct Suspects {
+    suspect_for: std::time::Duration,
+    failed: Mutex<HashMap<String, Instant>>,
+}
+
+impl Suspects {
+    fn new(suspect_for: std::time::Duration) -> Self {
+        Suspects {
+            suspect_for,
+            failed: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `http://host:port` of a URL; local paths have none.
+    fn origin(url: &str) -> Option<&str> {
+        let rest = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("https://"))?;
+        let end = rest
+            .find('/')
+            .map_or(url.len(), |i| url.len() - rest.len() + i);
+        Some(&url[..end])
+    }
+
+    fn failed(&self, url: &str, why: &str) {
+        let Some(origin) = Self::origin(url) else {
+            return;
+        };
+        if let Ok(mut m) = self.failed.lock() {
+            let fresh = m.insert(origin.to_string(), Instant::now()).is_none();
+            if fresh {
+                tracing::warn!(
+                    replica = origin,
+                    "{why}: reading from its other replicas \
+                    first for {:.0} s",
+                    self.suspect_for.as_secs_f64()
+                );
+            }
+        }
+    }
+
+    /// `urls`, those whose origin failed within `suspect_for` moved last (order kept).
+    fn order(&self, urls: &[String]) -> Vec<String> {
+        let Ok(mut m) = self.failed.lock() else {
+            return urls.to_vec();
+        };
+        m.retain(|_, at| at.elapsed() < self.suspect_for);
+        if m.is_empty() {
+            return urls.to_vec();
+        }
+        let suspect = |u: &String| Self::origin(u).is_some_and(|o| m.contains_key(o));
+        let (mut good, bad): (Vec<String>, Vec<String>) =
+            urls.iter().cloned().partition(|u| !suspect(u));
+        good.extend(bad);
+        good
+    }
+}
+
 /// Time spent blocked on source bytes, summed over all readers (the "fetch" stage; the
 /// engine's read time minus this is the tar parse).
 static FETCH_NS: AtomicU64 = AtomicU64::new(0);
@@ -665,15 +849,24 @@ pub fn fetch_nanos() -> u64 {
     FETCH_NS.load(Ordering::Relaxed)
 }
 
-/// Counts the time reads of a source body take.
+/// Counts the time reads of a source body take; a read that fails (a stall past the timeout,
+/// a cut) makes its replica a suspect.
 struct Timed<R> {
     inner: R,
+    url: String,
+    suspects: Arc<Suspects>,
 }
 
 impl<R: Read> Read for Timed<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let started = Instant::now();
-        let n = self.inner.read(buf)?;
+        let n = self.inner.read(buf).inspect_err(|e| {
+            if e.kind() == io::ErrorKind::TimedOut || e.to_string().contains("timed out") {
+                metrics::counter!("sluice_cpu_source_stalls_total").increment(1);
+            }
+            self.suspects
+                .failed(&self.url, &format!("reading {} failed ({e})", self.url));
+        })?;
         let ns = started.elapsed().as_nanos() as u64;
         FETCH_NS.fetch_add(ns, Ordering::Relaxed);
         metrics::counter!("sluice_cpu_fetch_nanoseconds_total").increment(ns);
@@ -767,21 +960,66 @@ impl Damage {
     }
 }
 
-/// Turns samples whose bytes failed their checksum into `DamagedSample` errors.
-fn report_damage(
-    sample: Result<sluice_shard::Sample, sluice_shard::ShardError>,
-    damage: &Damage,
-) -> Result<sluice_shard::Sample, sluice_shard::ShardError> {
-    let s = sample?;
-    match damage.take(s.index) {
-        None => Ok(s),
-        Some(detail) => Err(sluice_shard::ShardError::DamagedSample {
-            shard: s.shard.to_string(),
-            offset: s.start,
-            index: s.index,
-            key: s.key,
-            detail,
-        }),
+/// Decides whether a parsed sample may be delivered under its id.
+struct Admission {
+    index: Option<Arc<SampleIndex>>,
+    damage: Damage,
+}
+
+impl Admission {
+    /// A sample parsed as number `i` is sample `i` only if it lies exactly on index entry
+    /// `i`'s byte range (and, verifying, that range matched its checksum, recorded in
+    /// `damage` by the time the parser has read past the sample's end). A sample parsed
+    /// elsewhere is another sample (the shard was rewritten or shifted): it is reported
+    /// damaged under the id, never delivered as it.
+    fn admit(
+        &self,
+        sample: Result<sluice_shard::Sample, sluice_shard::ShardError>,
+    ) -> Result<sluice_shard::Sample, sluice_shard::ShardError> {
+        let s = sample?;
+        let damaged = |s: sluice_shard::Sample, detail: String| {
+            Err(sluice_shard::ShardError::DamagedSample {
+                shard: s.shard.to_string(),
+                offset: s.start,
+                index: s.index,
+                key: s.key,
+                detail,
+            })
+        };
+        if let Some(index) = &self.index {
+            let Some(e) = index.entries.get(s.index as usize) else {
+                let detail = format!(
+                    "the shard changed since it was indexed: it has a sample {:?} past the \
+                     index's {} (re-run sluice index)",
+                    s.key,
+                    index.entries.len()
+                );
+                metrics::counter!("sluice_cpu_damaged_samples_total").increment(1);
+                return damaged(s, detail);
+            };
+            if (s.start, s.end) != (e.offset, e.offset + e.len) {
+                let detail = format!(
+                    "the shard changed since it was indexed: {:?} was read at bytes {}..{}, \
+                     the index has sample {} at {}..{} (re-run sluice index)",
+                    s.key,
+                    s.start,
+                    s.end,
+                    s.index,
+                    e.offset,
+                    e.offset + e.len
+                );
+                // Its range's checksum mismatch, if one was recorded (and counted), is part
+                // of the same story.
+                if self.damage.take(s.index).is_none() {
+                    metrics::counter!("sluice_cpu_damaged_samples_total").increment(1);
+                }
+                return damaged(s, detail);
+            }
+        }
+        match self.damage.take(s.index) {
+            Some(detail) => damaged(s, detail),
+            None => Ok(s),
+        }
     }
 }
 

@@ -209,7 +209,8 @@ impl JobRunner for CpuJob {
                 let planned = assign.end - assign.start;
                 (stats.done + stats.skipped != planned).then(|| {
                     format!(
-                        "shard {} ended after {} of samples {}..{}",
+                        "shard {} ended after {} of samples {}..{}, which the manifest lists: \
+                         it was cut short or changed since it was indexed",
                         loc.name(),
                         stats.done + stats.skipped,
                         assign.start,

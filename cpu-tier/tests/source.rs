@@ -18,12 +18,17 @@ use sluice_shard::{scan_shard, ReadOptions, SampleIndex, ShardWriter, WriterConf
 
 /// Writes one shard of `n` JPEG samples; returns its location (a local path).
 fn make_shard(dir: &Path, n: u64) -> ShardLocation {
+    make_shard_as(dir, n, "k", 120)
+}
+
+/// [`make_shard`] with keys `{prefix}000…` and images `width + i` pixels wide.
+fn make_shard_as(dir: &Path, n: u64, prefix: &str, width: u32) -> ShardLocation {
     let mut w =
         ShardWriter::new(WriterConfig::new(format!("{}/s-%02d.tar", dir.display()))).unwrap();
     for i in 0..n {
-        let j = common::jpeg(120 + i as u32, 90, i as u32);
+        let j = common::jpeg(width + i as u32, 90, i as u32);
         w.write(
-            &format!("k{i:03}"),
+            &format!("{prefix}{i:03}"),
             &[("jpg", &j), ("cls", i.to_string().as_bytes())],
         )
         .unwrap();
@@ -206,6 +211,20 @@ fn serve(root: std::path::PathBuf) -> (String, Arc<AtomicUsize>) {
 /// [`serve`], but with `cut: Some(n)` every `.tar` body stops after `n` bytes and the
 /// connection closes (its `Content-Length` promised more): a node that dies mid-stream.
 fn serve_cutting(root: std::path::PathBuf, cut: Option<usize>) -> (String, Arc<AtomicUsize>) {
+    serve_with(root, cut, false)
+}
+
+/// [`serve_cutting`], but the connection stays open after the cut and nothing more comes: a
+/// node that hangs mid-stream (SIGSTOP, a stuck disk), not one that died.
+fn serve_hanging(root: std::path::PathBuf, cut: usize) -> (String, Arc<AtomicUsize>) {
+    serve_with(root, Some(cut), true)
+}
+
+fn serve_with(
+    root: std::path::PathBuf,
+    cut: Option<usize>,
+    hang: bool,
+) -> (String, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let count = Arc::new(AtomicUsize::new(0));
@@ -266,9 +285,83 @@ fn serve_cutting(root: std::path::PathBuf, cut: Option<usize>) -> (String, Arc<A
                 _ => resp,
             };
             let _ = conn.write_all(&resp);
+            if hang && path.ends_with(".tar") {
+                std::thread::spawn(move || {
+                    std::thread::sleep(std::time::Duration::from_secs(600));
+                    drop(conn);
+                });
+            }
         }
     });
     (base, count)
+}
+
+/// A replica that hangs (answers nothing more, its connection open) costs a unit one stall
+/// timeout, not the hang: the unit goes on from the next replica from where it stopped, and
+/// later units read from the healthy replica first. Both ways a hung node shows: a body that
+/// stops mid-unit, and a socket that accepts but never answers (a SIGSTOPped node's listen
+/// backlog).
+#[test]
+fn a_replica_that_hangs_is_given_up_after_the_stall_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = make_shard(dir.path(), 12);
+    let index = SampleIndex::read_file(
+        &SampleIndex::sidecar_path(Path::new(&local.urls[0])),
+        1 << 20,
+    )
+    .unwrap();
+    let config = SourceConfig {
+        stall_timeout: std::time::Duration::from_millis(300),
+        ..SourceConfig::default()
+    };
+    let every = |source: &Arc<ShardSource>, loc: &ShardLocation, start: u64, end: u64| {
+        source
+            .open_unit_with_repair(loc, start, end)
+            .unwrap()
+            .map(|s| s.map(|s| (s.index, s.key)).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let want = |start: u64, end: u64| {
+        (start..end)
+            .map(|i| (i, format!("k{i:03}")))
+            .collect::<Vec<_>>()
+    };
+
+    // Mid-body: about three and a half samples of the unit arrive, then nothing.
+    let cut = (index.entries[5].offset - index.entries[2].offset) as usize + 300;
+    let (hanging, hanging_requests) = serve_hanging(dir.path().to_path_buf(), cut);
+    let (healthy, _) = serve(dir.path().to_path_buf());
+    let loc = ShardLocation {
+        urls: vec![format!("{hanging}/s-00.tar"), format!("{healthy}/s-00.tar")],
+        info: local.info.clone(),
+    };
+    let source = Arc::new(ShardSource::new(config.clone()).unwrap());
+    assert_eq!(
+        every(&source, &loc, 2, 10),
+        want(2, 10),
+        "every sample once, in order"
+    );
+    let before = hanging_requests.load(Ordering::SeqCst);
+    assert_eq!(every(&source, &loc, 10, 12), want(10, 12));
+    assert_eq!(
+        hanging_requests.load(Ordering::SeqCst),
+        before,
+        "the next unit did not wait on the hung replica again"
+    );
+
+    // A socket that accepts (the kernel's backlog) and never answers: no response head.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let loc = ShardLocation {
+        urls: vec![
+            format!("http://{}/s-00.tar", silent.local_addr().unwrap()),
+            format!("{healthy}/s-00.tar"),
+        ],
+        info: local.info.clone(),
+    };
+    let source = Arc::new(ShardSource::new(config).unwrap());
+    assert_eq!(every(&source, &loc, 0, 12), want(0, 12));
+    assert_eq!(every(&source, &loc, 3, 7), want(3, 7));
+    drop(silent);
 }
 
 #[test]
@@ -451,4 +544,65 @@ fn the_engine_consumes_a_unit_as_it_streams() {
     labels.sort_unstable();
     assert_eq!(stats.done, 26);
     assert_eq!(labels, (4..30).collect::<Vec<_>>());
+}
+
+/// A shard updated in place and re-indexed (`sluice put` of a new version, then `sluice
+/// index`) reads as its new version from a source that cached the old version's `.idx`: the
+/// cache is keyed by the manifest's checksum and size too, not the URL alone. Both a new
+/// version with another sample count and one with the same count.
+#[test]
+fn a_reindexed_shard_is_read_with_its_new_index_not_a_cached_old_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = make_shard_as(dir.path(), 12, "old", 120);
+    let (base, _) = serve(dir.path().to_path_buf());
+    let url = format!("{base}/s-00.tar");
+    let at = |loc: &ShardLocation| ShardLocation {
+        urls: vec![url.clone()],
+        info: loc.info.clone(),
+    };
+    let source = ShardSource::new(SourceConfig::default()).unwrap();
+    let keys_of = |loc: &ShardLocation, start, end| {
+        keys(&source, &at(loc), start, end)
+            .unwrap()
+            .into_iter()
+            .map(|(_, k)| k)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(keys_of(&old, 2, 4), ["old002", "old003"]);
+    for (n, prefix) in [(9, "new"), (12, "two")] {
+        let new = make_shard_as(dir.path(), n, prefix, 150);
+        let got = keys_of(&new, 2, 4);
+        assert_eq!(
+            got,
+            [format!("{prefix}002"), format!("{prefix}003")],
+            "{n} samples"
+        );
+    }
+}
+
+/// Without an index nothing can be checked sample by sample before it is delivered, so a
+/// shard whose size is not the manifest's is refused whole, each sample of the unit named
+/// with why: it changed since it was indexed.
+#[test]
+fn without_an_index_a_shard_of_another_size_is_refused_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let indexed = make_shard(dir.path(), 6);
+    let path = Path::new(&indexed.urls[0]);
+    std::fs::remove_file(SampleIndex::sidecar_path(path)).unwrap();
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes.extend_from_slice(&[0u8; 1024]);
+    std::fs::write(path, bytes).unwrap();
+    let source = ShardSource::new(SourceConfig::default()).unwrap();
+    let items: Vec<_> = source.open_unit(&indexed, 0, 6).unwrap().collect();
+    assert_eq!(items.len(), 1, "one error for the unit, no sample");
+    let e = items[0].as_ref().err().unwrap();
+    assert!(
+        e.is_damage(),
+        "skipped by the worker, not retried elsewhere: {e}"
+    );
+    let e = e.to_string();
+    assert!(
+        e.contains("changed since it was indexed") && e.contains("manifest says"),
+        "{e}"
+    );
 }

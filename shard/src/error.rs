@@ -57,6 +57,11 @@ pub enum ShardError {
         detail: String,
     },
 
+    /// The bytes read are not the ones `sluice index` described (the file was rewritten,
+    /// replaced or resized in place since): nothing of it is delivered under the old ids.
+    #[error("shard {shard} changed since it was indexed: {detail}; re-run sluice index")]
+    Changed { shard: String, detail: String },
+
     #[error("I/O error on shard {shard} at byte {offset}: {source}")]
     Io {
         shard: String,
@@ -88,6 +93,7 @@ impl ShardError {
                 | ShardError::BadChecksum { .. }
                 | ShardError::Malformed { .. }
                 | ShardError::DamagedSample { .. }
+                | ShardError::Changed { .. }
         )
     }
 
