@@ -27,8 +27,10 @@ use rayon::iter::{ParallelBridge, ParallelIterator};
 use serde::{Deserialize, Serialize};
 use sluice_plan::rng::sample_stream;
 use sluice_shard::{Field, Sample, ShardError};
+use sluice_wire::SampleGeometry;
 
 use crate::error::{DecodeError, EngineError, SampleError};
+use crate::fields::FieldSpec;
 use crate::geometry::{compose, dct_scale, Geometry, RectF};
 use crate::jpeg::{exif_orientation, DecodeLimits, JpegDecoder, Rect};
 use crate::spec::{DType, PipelineSpec};
@@ -99,11 +101,13 @@ pub struct Processed {
     pub shard: u32,
     pub index: u64,
     pub key: String,
-    /// The `.cls` field, when present.
+    /// The label, from the field the job names (`None` for a job without labels).
     pub label: Option<i64>,
     pub tensor: Tensor,
-    /// Fields passed through untouched (everything but the image and `.cls`).
+    /// The fields the job asked for, untouched (never the image).
     pub fields: Vec<Field>,
+    /// The crop and flip that made the tensor from the source image.
+    pub geometry: SampleGeometry,
 }
 
 /// What became of one sample.
@@ -132,6 +136,22 @@ pub struct UnitStats {
 
 const IMAGE_FIELDS: [&str; 5] = ["jpg", "jpeg", "png", "webp", "img"];
 
+/// The geometry a sample reports: what [`compose`] chose, on a `w`×`h` source.
+fn reported(w: u32, h: u32, g: &Geometry) -> SampleGeometry {
+    let r = g.src;
+    SampleGeometry {
+        source: (h, w),
+        crop: (
+            r.x as f32,
+            r.y as f32,
+            (r.x + r.w) as f32,
+            (r.y + r.h) as f32,
+        ),
+        size: (g.out_h, g.out_w),
+        flip: g.flip,
+    }
+}
+
 /// Per-thread decoder and buffers, reused across samples.
 struct Workspace {
     limits: (u64, u32),
@@ -149,6 +169,8 @@ thread_local! {
 /// The decode/augment engine.
 pub struct Engine {
     spec: PipelineSpec,
+    /// The label's source and the fields sent beside each tensor.
+    fields: FieldSpec,
     config: EngineConfig,
     /// Shared by every job of a worker, so they divide the cores between them.
     pool: Arc<rayon::ThreadPool>,
@@ -186,11 +208,19 @@ impl Engine {
     ) -> Self {
         Engine {
             spec,
+            fields: FieldSpec::default(),
             config,
             pool,
             times: Arc::new(StageTimes::default()),
             outputs: Arc::new(sluice_wire::BufferPool::new(SPARE_OUTPUTS)),
         }
+    }
+
+    /// The same engine reading labels and fields as `fields` says (default: the `cls` label,
+    /// no fields).
+    pub fn with_fields(mut self, fields: FieldSpec) -> Self {
+        self.fields = fields;
+        self
     }
 
     /// Gives back an output tensor's memory once its bytes have been sent or copied, so
@@ -384,23 +414,12 @@ impl Engine {
         ctx: &SampleContext,
     ) -> Result<Processed, DecodeError> {
         let (image_field, data) = self.image_field(sample)?;
-        let label = match sample.field("cls") {
-            Some(raw) => Some(
-                std::str::from_utf8(raw)
-                    .ok()
-                    .and_then(|s| s.trim().parse::<i64>().ok())
-                    .ok_or_else(|| {
-                        DecodeError::Corrupt(format!(
-                            "cls field {:?} is not an integer",
-                            String::from_utf8_lossy(&raw[..raw.len().min(32)])
-                        ))
-                    })?,
-            ),
-            None => None,
-        };
+        // Before decoding: a sample that cannot carry its label or fields costs no decode.
+        let label = self.fields.label(sample)?;
+        let fields = self.fields.pick(sample, image_field)?;
         let mut rng = sample_stream(ctx.seed, ctx.epoch, ctx.shard, sample.index);
         let t0 = Instant::now();
-        let (tensor, decode_ns) = if data.starts_with(&[0xFF, 0xD8, 0xFF]) {
+        let (tensor, decode_ns, geometry) = if data.starts_with(&[0xFF, 0xD8, 0xFF]) {
             self.render_jpeg(ws, data, &mut rng, t0)?
         } else {
             let img = self.decode_other(data)?;
@@ -411,7 +430,7 @@ impl Engine {
             let buf = std::mem::take(&mut ws.oriented);
             let t = self.resample(ws, &buf, w, h, g.src, &g);
             ws.oriented = buf;
-            (t?, decode_ns)
+            (t?, decode_ns, reported(w, h, &g))
         };
         let total = t0.elapsed().as_nanos() as u64;
         self.times.decode_ns.fetch_add(decode_ns, Ordering::Relaxed);
@@ -421,12 +440,6 @@ impl Engine {
         metrics::histogram!("sluice_cpu_decode_seconds").record(decode_ns as f64 * 1e-9);
         metrics::histogram!("sluice_cpu_transform_seconds")
             .record((total - decode_ns) as f64 * 1e-9);
-        let fields = sample
-            .fields
-            .iter()
-            .filter(|f| f.name != image_field && f.name != "cls")
-            .cloned()
-            .collect();
         Ok(Processed {
             shard: ctx.shard,
             index: sample.index,
@@ -434,6 +447,7 @@ impl Engine {
             label,
             tensor,
             fields,
+            geometry,
         })
     }
 
@@ -467,7 +481,7 @@ impl Engine {
         data: &[u8],
         rng: &mut sluice_plan::rng::Stream,
         t0: Instant,
-    ) -> Result<(Tensor, u64), DecodeError> {
+    ) -> Result<(Tensor, u64, SampleGeometry), DecodeError> {
         let header = ws.jpeg.header(data)?;
         let orientation = exif_orientation(data);
         if orientation != 1 {
@@ -500,7 +514,7 @@ impl Engine {
             let buf = std::mem::take(&mut ws.oriented);
             let t = self.resample(ws, &buf, w, h, g.src, &g);
             ws.oriented = buf;
-            return Ok((t?, decode_ns));
+            return Ok((t?, decode_ns, reported(w, h, &g)));
         }
         let g = compose(&self.spec.ops, header.width, header.height, rng);
         let scale = if self.config.dct_scaling {
@@ -548,7 +562,11 @@ impl Engine {
             self.resample(ws, &region, d.rect.w, d.rect.h, crop, &g)
         });
         ws.region = region;
-        Ok((result?, decode_ns))
+        Ok((
+            result?,
+            decode_ns,
+            reported(header.width, header.height, &g),
+        ))
     }
 
     fn decode_other(&self, data: &[u8]) -> Result<image::RgbImage, DecodeError> {

@@ -20,6 +20,14 @@ pub enum DecodeError {
     Panic(String),
     #[error("damaged in storage: {0}")]
     Damaged(String),
+    #[error("label: {0}")]
+    Label(String),
+    #[error("field {field:?} is {bytes} bytes, over the limit of {limit} (max_field_bytes)")]
+    FieldTooLarge {
+        field: String,
+        bytes: u64,
+        limit: u64,
+    },
 }
 
 /// A sample the engine could not process: which one, and why.

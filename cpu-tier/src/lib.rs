@@ -6,6 +6,7 @@
 //! - [`geometry`]: torchvision's crop/resize/flip parameters, composed into one window.
 //! - [`jpeg`]: libjpeg-turbo region + DCT-scaled decoding, hardened.
 //! - [`engine`]: the per-sample hot path and the pipelined work-unit runner.
+//! - [`fields`]: a sample's label (from the field a job names) and the fields sent beside it.
 //!
 //! - [`worker`]: the engine as a wire-protocol worker (jobs sharing one pool).
 //! - [`server`]: the `sluice cpu` daemon: QUIC, TLS, tokens, credits, heartbeats, drain.
@@ -16,6 +17,7 @@
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod fields;
 pub mod geometry;
 pub mod jpeg;
 pub mod restart;
@@ -30,6 +32,7 @@ pub use engine::{
     BadSamplePolicy, Engine, EngineConfig, Outcome, Processed, SampleContext, Tensor, UnitStats,
 };
 pub use error::{DecodeError, EngineError, SampleError};
+pub use fields::FieldSpec;
 pub use source::{ShardLocation, ShardSource, SourceConfig, SourceError};
 pub use spec::{DType, PipelineSpec};
 pub use worker::CpuWorker;

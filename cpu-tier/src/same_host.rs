@@ -412,6 +412,7 @@ mod tests {
             label: None,
             tensor_bytes: 4,
             fields: vec![("txt".into(), 2)],
+            geometry: Default::default(),
         };
         assert!(slots.place(header("a"), &[1, 2, 3, 4, 9, 9]).is_err());
         assert_eq!(slots.grant(&[1]), Ok(1));

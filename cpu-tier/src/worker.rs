@@ -14,6 +14,7 @@ use sluice_wire::{
 };
 
 use crate::engine::{BadSamplePolicy, Engine, EngineConfig, Outcome, SampleContext};
+use crate::fields::FieldSpec;
 use crate::source::{ShardLocation, ShardSource};
 use crate::spec::PipelineSpec;
 use crate::EngineError;
@@ -64,8 +65,13 @@ impl UnitRunner for CpuWorker {
             },
             ..self.config.clone()
         };
+        let fields = FieldSpec {
+            fields: spec.fields.clone(),
+            label: spec.label.clone(),
+            max_field_bytes: spec.max_field_bytes,
+        };
         Ok(Box::new(CpuJob {
-            engine: Engine::with_pool(pipeline, config, self.pool.clone()),
+            engine: Engine::with_pool(pipeline, config, self.pool.clone()).with_fields(fields),
             source: self.source.clone(),
             spec: spec.clone(),
             shape,
@@ -169,6 +175,7 @@ impl JobRunner for CpuJob {
                                 .iter()
                                 .map(|f| (f.name.clone(), f.data.len() as u64))
                                 .collect(),
+                            geometry: p.geometry,
                         };
                         let mut payload = p.tensor.data;
                         for f in &p.fields {

@@ -191,7 +191,7 @@ fn bad_images_are_skipped_with_a_reason() {
             &e,
             &sample(5, vec![("jpg", good.clone()), ("cls", b"seven".to_vec())])
         ),
-        DecodeError::Corrupt(_)
+        DecodeError::Label(_)
     ));
     assert!(matches!(
         skip_reason(&e, &sample(6, vec![("jpg", vec![0xFF, 0xD8, 0xFF])])),

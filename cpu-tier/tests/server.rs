@@ -166,6 +166,10 @@ fn job_n(job: u64, pipeline: &str) -> Message {
         world_size: 1,
         batch_size: 4,
         fail_on_bad_sample: false,
+        fields: sluice_wire::FieldSelection::None,
+        // These shards carry images only.
+        label: sluice_wire::LabelSource::None,
+        max_field_bytes: 1 << 20,
     })
 }
 

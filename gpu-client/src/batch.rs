@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
-use sluice_wire::SampleShape;
+use sluice_wire::{SampleFields, SampleGeometry, SampleShape};
 
 /// Host memory for one batch.
 pub trait HostMemory: Send {
@@ -146,6 +146,15 @@ pub struct SampleId {
     pub index: u64,
 }
 
+/// What comes with a sample's tensor into its batch.
+#[derive(Debug, Default)]
+pub(crate) struct SampleMeta {
+    pub label: Option<i64>,
+    pub key: String,
+    pub fields: SampleFields,
+    pub geometry: SampleGeometry,
+}
+
 /// The free buffers of the ring. A batch returns its buffer when dropped.
 pub(crate) struct Ring {
     free: Mutex<Vec<Box<dyn HostMemory>>>,
@@ -227,6 +236,9 @@ pub struct Batch {
     pub(crate) labels: Vec<i64>,
     pub(crate) ids: Vec<SampleId>,
     pub(crate) keys: Vec<String>,
+    /// Each sample's requested fields (empty when the job asked for none).
+    pub(crate) fields: Vec<SampleFields>,
+    pub(crate) geometry: Vec<SampleGeometry>,
     pub(crate) padding: Vec<bool>,
     pub(crate) skipped: Vec<(SampleId, String)>,
     /// The (unit, index) of each real sample and skip, for the checkpoint.
@@ -268,9 +280,38 @@ impl Batch {
         self.ids.is_empty()
     }
 
-    /// Labels (`-1` for a sample without a `.cls` field).
+    /// Labels, from the field the loader names (`-1` for every sample of a loader with
+    /// `label(None)`; a sample whose label field is missing or not an integer is skipped).
     pub fn labels(&self) -> &[i64] {
         &self.labels
+    }
+
+    /// Each sample's requested fields, in batch order: the raw bytes by field name
+    /// (`fields()[i].get("txt")`); a field the sample lacks is absent.
+    pub fn fields(&self) -> &[SampleFields] {
+        &self.fields
+    }
+
+    /// Field `name` of sample `i`, if the sample has it.
+    pub fn field(&self, i: usize, name: &str) -> Option<&[u8]> {
+        self.fields.get(i).and_then(|f| f.get(name))
+    }
+
+    /// Every field name some sample of the batch has, in first-seen order.
+    pub fn field_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = Vec::new();
+        for (name, _) in self.fields.iter().flat_map(SampleFields::iter) {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        names
+    }
+
+    /// Each sample's geometry: the crop box in source pixels that became its tensor, the
+    /// source and output sizes, and whether it was flipped.
+    pub fn geometry(&self) -> &[SampleGeometry] {
+        &self.geometry
     }
 
     pub fn ids(&self) -> &[SampleId] {
@@ -365,6 +406,8 @@ impl Filling {
                 labels: Vec::with_capacity(target),
                 ids: Vec::with_capacity(target),
                 keys: Vec::with_capacity(target),
+                fields: Vec::with_capacity(target),
+                geometry: Vec::with_capacity(target),
                 padding: Vec::with_capacity(target),
                 skipped: Vec::new(),
                 accounted: Vec::with_capacity(target),
@@ -377,10 +420,9 @@ impl Filling {
     pub(crate) fn push(
         &mut self,
         fill: impl FnOnce(&mut [u8]),
-        label: Option<i64>,
         id: SampleId,
-        key: String,
         unit: u64,
+        meta: SampleMeta,
     ) {
         let b = &mut self.batch;
         let n = b.shape.bytes() as usize;
@@ -388,9 +430,11 @@ impl Filling {
         if let Some(buf) = b.buf.as_mut() {
             fill(&mut buf.as_mut_slice()[at..at + n]);
         }
-        b.labels.push(label.unwrap_or(-1));
+        b.labels.push(meta.label.unwrap_or(-1));
         b.ids.push(id);
-        b.keys.push(key);
+        b.keys.push(meta.key);
+        b.fields.push(meta.fields);
+        b.geometry.push(meta.geometry);
         b.padding.push(false);
         b.accounted.push((unit, id.shard, id.index));
     }
@@ -419,6 +463,8 @@ impl Filling {
                 b.labels.push(b.labels[src]);
                 b.ids.push(b.ids[src]);
                 b.keys.push(b.keys[src].clone());
+                b.fields.push(b.fields[src].clone());
+                b.geometry.push(b.geometry[src]);
                 b.padding.push(true);
             }
         }
@@ -514,9 +560,19 @@ mod tests {
         let buf = ring.take().unwrap();
         let mut f = Filling::new(buf, ring.clone(), shape(), 0, 0, 4);
         let put = |t: [u8; 2]| move |slot: &mut [u8]| slot.copy_from_slice(&t);
-        f.push(put([1, 2]), Some(7), id(0), "a".into(), 0);
+        let meta = |label, key: &str, txt: &[u8]| SampleMeta {
+            label,
+            key: key.into(),
+            fields: SampleFields::new(vec![("txt".into(), txt.len() as u64)], txt.to_vec())
+                .unwrap(),
+            geometry: SampleGeometry {
+                source: (txt.len() as u32, 1),
+                ..SampleGeometry::default()
+            },
+        };
+        f.push(put([1, 2]), id(0), 0, meta(Some(7), "a", b"one"));
         f.skip(id(1), "corrupt".into(), 0);
-        f.push(put([3, 4]), None, id(2), "c".into(), 0);
+        f.push(put([3, 4]), id(2), 0, meta(None, "c", b"three"));
         assert!(!f.is_full());
         f.skip(id(3), "truncated".into(), 0);
         assert!(f.is_full());
@@ -524,12 +580,21 @@ mod tests {
         assert_eq!(b.images(), &[1, 2, 3, 4, 1, 2, 3, 4]);
         assert_eq!(b.labels(), &[7, -1, 7, -1]);
         assert_eq!(b.padding(), &[false, false, true, true]);
+        let txt: Vec<_> = (0..4).map(|i| b.field(i, "txt").unwrap()).collect();
+        assert_eq!(
+            txt,
+            [&b"one"[..], b"three", b"one", b"three"],
+            "padding repeats fields"
+        );
+        let heights: Vec<u32> = b.geometry().iter().map(|g| g.source.0).collect();
+        assert_eq!(heights, [3, 5, 3, 5]);
+        assert_eq!(b.field_names(), ["txt"]);
         assert_eq!(b.dims(), [4, 1, 2, 1]);
         assert!(ring.take().is_none());
         drop(b);
         let buf = ring.take().expect("returned on drop");
         let mut f = Filling::new(buf, ring.clone(), shape(), 0, 1, 2);
-        f.push(put([5, 6]), Some(1), id(4), "e".into(), 1);
+        f.push(put([5, 6]), id(4), 1, SampleMeta::default());
         f.skip(id(5), "x".into(), 1);
         let b = f.finish(ShortBatch::Deliver);
         assert_eq!((b.len(), b.images()), (1, &[5u8, 6][..]));

@@ -288,7 +288,8 @@ impl Coordinator {
                 link,
                 header,
                 payload,
-            } => self.protocol.sample(link, header, payload, now),
+                fields,
+            } => self.protocol.sample(link, header, payload, fields, now),
             Event::Skipped { skipped } => self.protocol.skipped(skipped, now),
             Event::UnitDone { link, done } => {
                 self.protocol
@@ -339,18 +340,14 @@ impl Coordinator {
                     }
                 }
                 Action::Fill(Arrival::Sample {
-                    label,
                     id,
-                    key,
                     unit,
                     tensor,
-                }) => self.filling().await?.push(
-                    |slot| tensor.copy_tensor(slot),
-                    label,
-                    id,
-                    key,
-                    unit,
-                ),
+                    meta,
+                }) => self
+                    .filling()
+                    .await?
+                    .push(|slot| tensor.copy_tensor(slot), id, unit, meta),
                 Action::Fill(Arrival::Skip { id, reason, unit }) => {
                     self.filling().await?.skip(id, reason, unit)
                 }
@@ -535,8 +532,10 @@ mod tests {
                 label: Some(index as i64),
                 tensor_bytes: 3,
                 fields: Vec::new(),
+                geometry: Default::default(),
             },
             payload: crate::same_host::Payload::Bytes(vec![index as u8; 3].into()),
+            fields: Default::default(),
         }
     }
 

@@ -55,5 +55,5 @@ pub use error::ClientError;
 pub use loader::{Checkpoint, Epoch, Loader, LoaderBuilder, Order, Workers};
 pub use same_host::SameHost;
 pub use sluice_plan::{Mixing, Remainder, ShufflePolicy};
-pub use sluice_wire::SampleShape;
+pub use sluice_wire::{FieldSelection, LabelSource, SampleFields, SampleGeometry, SampleShape};
 pub use stats::{EpochReport, StatsSnapshot, WorkerStats};

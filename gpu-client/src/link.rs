@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use sluice_wire::io::{FrameReader, FrameWriter, IoError};
 use sluice_wire::{
     drive_unit, Assign, BufferPool, ErrorCode, Hello, JobRunner, JobSpec, Limits, Message, Output,
-    SampleHeader, SampleShape, SkippedSample, UnitDone, UnitEnd, UnitFailed, UnitRunner,
+    SampleFields, SampleHeader, SampleShape, SkippedSample, UnitDone, UnitEnd, UnitFailed,
+    UnitRunner,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, Semaphore};
@@ -40,6 +41,8 @@ pub(crate) enum Event {
         link: usize,
         header: SampleHeader,
         payload: Payload,
+        /// The fields the job asked for (the header's list moved into it).
+        fields: SampleFields,
     },
     Skipped {
         skipped: SkippedSample,
@@ -585,7 +588,7 @@ async fn read_frames<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, to: ReadT
         };
         let event = match message {
             Message::Heartbeat { .. } => continue,
-            Message::ShmSample { slot, header } => {
+            Message::ShmSample { slot, mut header } => {
                 let Some(pool) = &pool else {
                     break protocol("a shared-memory sample over QUIC".into());
                 };
@@ -602,20 +605,22 @@ async fn read_frames<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, to: ReadT
                     Ok(s) => s,
                     Err(e) => break protocol(e),
                 };
-                // Fields ride in the frame; the client keeps none of them today.
-                if let Err(e) = reader.skip_payload().await {
-                    break Ended::Lost(e.to_string());
-                }
+                // The tensor is in the slot; the fields ride in the frame.
+                let fields = match read_fields(&mut reader, &mut header).await {
+                    Ok(f) => f,
+                    Err(e) => break e,
+                };
                 Event::Sample {
                     link,
                     header,
                     payload: Payload::Slot(slot),
+                    fields,
                 }
             }
             Message::Sample(_) if pool.is_some() => {
                 break protocol("a sample in the frame over the same-host socket".into());
             }
-            Message::Sample(header) => {
+            Message::Sample(mut header) => {
                 if header.tensor_bytes != shape.bytes() {
                     break protocol(format!(
                         "sample {:?} has {} tensor bytes, the job's shape has {}",
@@ -630,15 +635,22 @@ async fn read_frames<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, to: ReadT
                     }
                     continue;
                 }
-                // Bounded by the frame limits before this allocation.
-                let mut payload = crate::buffers::take(&buffers, header.payload_len() as usize);
-                if let Err(e) = reader.payload_into(&mut payload).await {
+                // Bounded by the frame limits before these allocations: the tensor into a
+                // reused buffer, the fields (if any) into their own.
+                let tensor_bytes = header.tensor_bytes as usize;
+                let mut payload = crate::buffers::take(&buffers, tensor_bytes);
+                if let Err(e) = reader.payload_part_into(&mut payload).await {
                     break Ended::Lost(e.to_string());
                 }
+                let fields = match read_fields(&mut reader, &mut header).await {
+                    Ok(f) => f,
+                    Err(e) => break e,
+                };
                 Event::Sample {
                     link,
                     header,
                     payload: Payload::Bytes(payload),
+                    fields,
                 }
             }
             Message::Skipped(skipped) => Event::Skipped { skipped },
@@ -655,6 +667,34 @@ async fn read_frames<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, to: ReadT
         }
     };
     let _ = end.send(ended).await;
+}
+
+/// Reads the rest of a sample frame's payload, its fields, into a buffer of their own, the
+/// header's list of (name, length) moved into them. The lengths are checked against what the
+/// frame still holds (bounded by the frame limits) before anything is allocated.
+async fn read_fields<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    header: &mut SampleHeader,
+) -> Result<SampleFields, Ended> {
+    let names = std::mem::take(&mut header.fields);
+    let len = names.iter().fold(0u64, |n, (_, l)| n.saturating_add(*l));
+    let pending = reader.pending_payload();
+    if len != pending {
+        return Err(Ended::Lost(format!(
+            "sample {:?}: its fields add up to {len} bytes, its frame holds {pending} more",
+            header.key
+        )));
+    }
+    if len == 0 {
+        return Ok(SampleFields::new(names, Vec::new()).unwrap_or_default());
+    }
+    let mut bytes = vec![0u8; len as usize];
+    reader
+        .payload_into(&mut bytes)
+        .await
+        .map_err(|e| Ended::Lost(e.to_string()))?;
+    SampleFields::new(names, bytes)
+        .ok_or_else(|| Ended::Lost(format!("sample {:?}: bad field lengths", header.key)))
 }
 
 /// Resolves when the consumer gave slots back (never on a QUIC link).
@@ -765,11 +805,28 @@ fn run_local_unit(
     };
     let forward = |output: Output| -> bool {
         let event = match output {
-            Output::Sample(header, payload) => Event::Sample {
-                link,
-                header,
-                payload: Payload::Bytes(payload.into()),
-            },
+            Output::Sample(mut header, mut payload) => {
+                let names = std::mem::take(&mut header.fields);
+                let fields = if names.is_empty() {
+                    SampleFields::default()
+                } else {
+                    let bytes =
+                        payload.split_off((header.tensor_bytes as usize).min(payload.len()));
+                    match SampleFields::new(names, bytes) {
+                        Some(f) => f,
+                        None => {
+                            tracing::error!(key = %header.key, "in-process sample's field lengths do not add up");
+                            SampleFields::default()
+                        }
+                    }
+                };
+                Event::Sample {
+                    link,
+                    header,
+                    payload: Payload::Bytes(payload.into()),
+                    fields,
+                }
+            }
             Output::Skipped(skipped) => Event::Skipped { skipped },
         };
         !cancel.is_cancelled() && events.blocking_send(event).is_ok()

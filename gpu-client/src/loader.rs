@@ -17,7 +17,7 @@ use sluice_plan::{
     Mixing, PlanConfig, Remainder, Sequence, ShuffleBuffer, ShufflePolicy, WorkUnit,
 };
 use sluice_shard::Manifest;
-use sluice_wire::{BufferPool, JobSpec, Limits, UnitRunner};
+use sluice_wire::{BufferPool, FieldSelection, JobSpec, LabelSource, Limits, UnitRunner};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -103,6 +103,9 @@ pub struct LoaderBuilder {
     last_batch: LastBatch,
     short_batch: ShortBatch,
     fail_on_bad_sample: bool,
+    fields: FieldSelection,
+    label: LabelSource,
+    max_field_bytes: u64,
     token: Option<String>,
     trust_cert: Option<PathBuf>,
     credits_per_worker: u32,
@@ -139,11 +142,14 @@ impl Default for LoaderBuilder {
             max_unit_samples: 64,
             order: Order::Plan,
             mixing: Mixing::default(),
-            lookahead: 512,
+            lookahead: 0,
             hedge_after: Duration::from_secs(3),
             last_batch: LastBatch::Partial,
             short_batch: ShortBatch::Deliver,
             fail_on_bad_sample: false,
+            fields: FieldSelection::None,
+            label: LabelSource::default(),
+            max_field_bytes: 1 << 20,
             token: None,
             trust_cert: None,
             credits_per_worker: 128,
@@ -223,6 +229,7 @@ impl LoaderBuilder {
         mixing: Mixing);
     setter!(/// Plan order: how many positions ahead of the next one a unit may be started;
         /// bounds the samples held for their turn (see ARCHITECTURE.md for the memory).
+        /// 0 (the default): the larger of 512 and twice the batch size.
         lookahead: u64);
     setter!(/// Plan order: how long the next sample may be late before the rest of its unit is
         /// also given to another worker.
@@ -231,6 +238,16 @@ impl LoaderBuilder {
     setter!(short_batch: ShortBatch);
     setter!(/// Fail a unit (rather than skip the sample) when an image cannot be decoded.
         fail_on_bad_sample: bool);
+    setter!(/// The non-image fields each batch carries beside its tensors (default none, so a
+        /// classification job receives and pays for nothing more): only these travel.
+        fields: FieldSelection);
+    setter!(/// Where each sample's integer label comes from (default the `cls` field). A
+        /// sample whose label field is missing or not an integer is a named skip;
+        /// [`LabelSource::None`] is for unlabeled data (every label -1).
+        label: LabelSource);
+    setter!(/// A requested field (or the label's) longer than this makes its sample a named
+        /// skip (default 1 MiB).
+        max_field_bytes: u64);
     setter!(/// Samples each worker may have in flight to this client.
         credits_per_worker: u32);
     setter!(/// Units each worker works on at once for this client.
@@ -286,7 +303,7 @@ impl LoaderBuilder {
         self
     }
 
-    pub fn build(self) -> Result<Loader, ClientError> {
+    pub fn build(mut self) -> Result<Loader, ClientError> {
         let bad = |key, detail: &str| {
             Err(ClientError::Config {
                 key,
@@ -345,6 +362,12 @@ impl LoaderBuilder {
         }
         if self.mixing.window_units == 0 {
             return bad("mixing.window_units", "must be at least 1");
+        }
+        if self.lookahead == 0 {
+            self.lookahead = 512.max(2 * u64::from(self.batch_size));
+        }
+        if self.max_field_bytes == 0 {
+            return bad("max_field_bytes", "must be at least 1");
         }
         if self.order == Order::Plan && self.lookahead < u64::from(self.batch_size) {
             return bad(
@@ -1061,6 +1084,9 @@ impl Loader {
             world_size: s.world_size,
             batch_size: s.batch_size,
             fail_on_bad_sample: s.fail_on_bad_sample,
+            fields: s.fields.clone(),
+            label: s.label.clone(),
+            max_field_bytes: s.max_field_bytes,
         };
         let cancel = CancellationToken::new();
         let counters = Arc::new(EpochCounters::default());
@@ -1755,6 +1781,44 @@ mod tests {
                 Err(e) => panic!("{n}: {e}"),
                 Ok(_) => panic!("{n} connections were accepted"),
             }
+        }
+    }
+
+    /// Any batch size works in plan order with the default lookahead (it was a fixed 512, so
+    /// `--batch-size 513` failed); one set explicitly below the batch size is still refused.
+    #[test]
+    fn the_default_lookahead_follows_the_batch_size() {
+        let manifest = Manifest::new(vec![ShardInfo {
+            url: "file:///nowhere.tar".into(),
+            size: 1 << 30,
+            samples: 4096,
+            checksum: Checksum(0),
+            compression: Compression::None,
+            replicas: Vec::new(),
+        }]);
+        let tiny = Arc::new(Tiny {
+            runs: Arc::default(),
+            refuse: Mutex::new(None),
+        });
+        let build = |batch: u32, lookahead: Option<u64>| {
+            let b = Loader::builder()
+                .dataset(manifest.clone())
+                .in_process(tiny.clone())
+                .batch_size(batch);
+            match lookahead {
+                Some(l) => b.lookahead(l),
+                None => b,
+            }
+            .build()
+        };
+        for batch in [1, 256, 513, 2048] {
+            let loader = build(batch, None).unwrap_or_else(|e| panic!("batch {batch}: {e}"));
+            assert_eq!(loader.settings.lookahead, 512.max(2 * u64::from(batch)));
+        }
+        match build(513, Some(100)) {
+            Err(ClientError::Config { key, .. }) => assert_eq!(key, "lookahead"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a lookahead under the batch size was accepted"),
         }
     }
 }

@@ -17,9 +17,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_shard::Manifest;
-use sluice_wire::{Assign, SampleHeader, SampleShape, ShardRef, SkippedSample};
+use sluice_wire::{Assign, SampleFields, SampleHeader, SampleShape, ShardRef, SkippedSample};
 
-use crate::batch::{BatchPlan, SampleId};
+use crate::batch::{BatchPlan, SampleId, SampleMeta};
 use crate::error::ClientError;
 use crate::ledger::{Ledger, Verdict};
 use crate::reorder::{Arrival, Placement, Reorder};
@@ -284,7 +284,14 @@ impl<P: Tensor> Protocol<P> {
     }
 
     /// A sample frame from `link`.
-    pub(crate) fn sample(&mut self, link: usize, header: SampleHeader, payload: P, now: Instant) {
+    pub(crate) fn sample(
+        &mut self,
+        link: usize,
+        header: SampleHeader,
+        payload: P,
+        fields: SampleFields,
+        now: Instant,
+    ) {
         self.counters.received.fetch_add(1, Ordering::Relaxed);
         self.used_credit(link);
         match self.ledger.record(header.unit, header.shard, header.index) {
@@ -298,14 +305,18 @@ impl<P: Tensor> Protocol<P> {
                     payload.detach(self.shape.map_or(0, |s| s.bytes() as usize))
                 };
                 let arrival = Arrival::Sample {
-                    label: header.label,
                     id: SampleId {
                         shard: header.shard,
                         index,
                     },
-                    key: header.key,
                     unit,
                     tensor,
+                    meta: SampleMeta {
+                        label: header.label,
+                        key: header.key,
+                        fields,
+                        geometry: header.geometry,
+                    },
                 };
                 if due {
                     self.fill(arrival, now);

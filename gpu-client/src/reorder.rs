@@ -18,17 +18,16 @@ use std::sync::Arc;
 
 use sluice_plan::{Sequence, ShuffleBuffer};
 
-use crate::batch::SampleId;
+use crate::batch::{SampleId, SampleMeta};
 
 /// A sample (its tensor a `P`: the shell's payload) or skip on its way to its place.
 #[derive(Debug)]
 pub(crate) enum Arrival<P> {
     Sample {
-        label: Option<i64>,
         id: SampleId,
-        key: String,
         unit: u64,
         tensor: P,
+        meta: SampleMeta,
     },
     Skip {
         id: SampleId,

@@ -21,6 +21,7 @@ pub(crate) fn emit_unit(
             label: Some(label),
             tensor_bytes: tensor.len() as u64,
             fields: Vec::new(),
+            geometry: Default::default(),
         };
         if !emit(Output::Sample(header, tensor)) {
             return Err(RunnerError::Cancelled);

@@ -99,6 +99,7 @@ impl JobRunner for Synthetic {
                 label: Some(0),
                 tensor_bytes: self.shape.bytes(),
                 fields: Vec::new(),
+                geometry: Default::default(),
             };
             let mut payload = self.outputs.take(self.tensor.len());
             payload.copy_from_slice(&self.tensor);
@@ -228,6 +229,7 @@ pub fn tcp_once(args: &TransportProbe, tensor: Arc<Vec<u8>>) -> Result<f64> {
                     label: Some(0),
                     tensor_bytes: tensor.len() as u64,
                     fields: Vec::new(),
+                    geometry: Default::default(),
                 });
                 w.send(&header, &[&tensor]).await.map_err(wire)?;
             }

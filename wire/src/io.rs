@@ -91,6 +91,29 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
+    /// Reads the first `dst.len()` bytes of the current frame's payload into `dst`, leaving
+    /// the rest for later calls: a sample's tensor into its buffer, then its fields into
+    /// theirs, without a copy between.
+    pub async fn payload_part_into(&mut self, dst: &mut [u8]) -> Result<(), IoError> {
+        if dst.len() as u64 > self.pending_payload {
+            return Err(IoError::PayloadSize {
+                announced: self.pending_payload,
+                requested: dst.len() as u64,
+            });
+        }
+        self.pending_payload -= dst.len() as u64;
+        match self.inner.read_exact(dst).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(IoError::Truncated),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Payload bytes of the current frame not read yet (bounded by the frame limits).
+    pub fn pending_payload(&self) -> u64 {
+        self.pending_payload
+    }
+
     pub fn get_ref(&self) -> &R {
         &self.inner
     }

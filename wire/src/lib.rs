@@ -13,6 +13,7 @@
 
 pub mod buffers;
 pub mod codec;
+pub mod fields;
 #[cfg(feature = "io")]
 pub mod io;
 pub mod message;
@@ -23,6 +24,7 @@ pub mod shm;
 
 pub use buffers::BufferPool;
 pub use codec::{decode_frame, encode_frame, Frame, Limits, WireError, VERSION};
+pub use fields::{FieldSelection, LabelSource, SampleFields, SampleGeometry};
 pub use message::*;
 pub use runner::{
     drive_unit, error_chain, Cause, Finished, JobRunner, Output, RunnerError, UnitEnd, UnitRunner,

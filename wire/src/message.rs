@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::fields::{FieldSelection, LabelSource, SampleGeometry};
+
 /// A message header.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Message {
@@ -114,6 +116,13 @@ pub struct JobSpec {
     pub batch_size: u32,
     /// Skip (and report) undecodable samples, or fail their unit.
     pub fail_on_bad_sample: bool,
+    /// The non-image fields sent beside each tensor.
+    pub fields: FieldSelection,
+    /// Where each sample's label comes from; a sample whose label field is missing or not
+    /// an integer is a named skip.
+    pub label: LabelSource,
+    /// A sent field (or the label's field) longer than this makes its sample a named skip.
+    pub max_field_bytes: u64,
 }
 
 /// The shape of every sample tensor of a job; the pipeline must fix it.
@@ -164,7 +173,7 @@ pub struct Assign {
     pub end: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SampleHeader {
     pub job: u64,
     pub unit: u64,
@@ -176,6 +185,8 @@ pub struct SampleHeader {
     pub tensor_bytes: u64,
     /// Fields passed through (name, byte length), after the tensor in the payload.
     pub fields: Vec<(String, u64)>,
+    /// The crop and flip that made the tensor from the source image.
+    pub geometry: SampleGeometry,
 }
 
 impl SampleHeader {
@@ -251,5 +262,5 @@ impl std::fmt::Display for ErrorMessage {
     }
 }
 
-/// The TLS application protocol name of a Sluice QUIC connection (version 1 of the frames).
-pub const ALPN: &[u8] = b"sluice/1";
+/// The TLS application protocol name of a Sluice QUIC connection (version 2 of the frames).
+pub const ALPN: &[u8] = b"sluice/2";

@@ -186,6 +186,7 @@ mod tests {
                             label: None,
                             tensor_bytes: 1,
                             fields: Vec::new(),
+                            geometry: Default::default(),
                         },
                         vec![index as u8],
                     )

@@ -16,6 +16,7 @@ fn sample(payload: usize, fields: Vec<(String, u64)>) -> Message {
         label: Some(-4),
         tensor_bytes: tensor,
         fields,
+        geometry: Default::default(),
     })
 }
 
@@ -45,6 +46,13 @@ fn arb_message() -> impl Strategy<Value = Message> {
                     world_size: rank.saturating_add(1),
                     batch_size: 256,
                     fail_on_bad_sample: fail,
+                    fields: if fail {
+                        crate::FieldSelection::All
+                    } else {
+                        crate::FieldSelection::Named(vec!["txt".into()])
+                    },
+                    label: crate::LabelSource::default(),
+                    max_field_bytes: 1 << 20,
                 })
             ),
         (

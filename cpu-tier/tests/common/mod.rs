@@ -60,19 +60,28 @@ pub fn jpeg(w: u32, h: u32, seed: u32) -> Vec<u8> {
     out
 }
 
+/// A sample with these fields, and a `cls` label (its index) when they have none: the
+/// engine's default job reads labels from `cls` and skips a sample without one.
 pub fn sample(index: u64, fields: Vec<(&str, Vec<u8>)>) -> Sample {
+    let mut fields: Vec<Field> = fields
+        .into_iter()
+        .map(|(n, d)| Field {
+            name: n.into(),
+            data: d,
+        })
+        .collect();
+    if !fields.iter().any(|f| f.name == "cls") {
+        fields.push(Field {
+            name: "cls".into(),
+            data: index.to_string().into_bytes(),
+        });
+    }
     Sample {
         shard: "test.tar".into(),
         key: format!("s{index:04}"),
         index,
         start: 0,
         end: 0,
-        fields: fields
-            .into_iter()
-            .map(|(n, d)| Field {
-                name: n.into(),
-                data: d,
-            })
-            .collect(),
+        fields,
     }
 }

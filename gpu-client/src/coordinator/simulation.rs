@@ -268,8 +268,10 @@ fn sample_event(link: usize, a: &Assign, index: u64) -> Event {
             label: Some(i64::from(shard)),
             tensor_bytes: 4,
             fields: Vec::new(),
+            geometry: Default::default(),
         },
         payload: Payload::Bytes(tensor(shard, index).into()),
+        fields: Default::default(),
     }
 }
 
