@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
 
 #[repr(C)]
 struct DLDevice {
@@ -61,7 +62,7 @@ pub enum Held {
 
 /// The batch, shared by its Python objects and every DLPack export (read only to order a
 /// consumer's stream after a device batch's copy).
-struct Owner(#[cfg_attr(not(feature = "cuda"), allow(dead_code))] Mutex<Held>);
+struct Owner(Mutex<Held>);
 
 /// What a capsule keeps alive.
 struct Context {
@@ -240,10 +241,13 @@ pub struct Images {
     padding: Vec<bool>,
     skipped: Vec<((u32, u64), String)>,
     index: u64,
+    /// Fields the loader asked for by name (listed even where no row has one).
+    requested: Arc<Vec<String>>,
 }
 
-/// The labels of a batch: an int64 vector (-1 for a sample without a `.cls` field), beside
-/// the images (host memory or the same GPU).
+/// The labels of a batch: an int64 vector read from the loader's `label` field (`cls` by
+/// default; every label -1 with `label=None`), beside the images (host memory or the same
+/// GPU). A sample whose label is missing or not an integer is skipped, never given -1.
 #[pyclass(module = "sluice", frozen)]
 pub struct Labels {
     owner: Arc<Owner>,
@@ -305,7 +309,7 @@ impl Held {
 }
 
 /// Splits a batch into its two DLPack-exporting halves, which share it.
-pub fn split(held: Held) -> (Images, Labels) {
+pub fn split(held: Held, requested: Arc<Vec<String>>) -> (Images, Labels) {
     let view = held.view();
     let host = held.host();
     let rows = view.dims[0];
@@ -326,6 +330,7 @@ pub fn split(held: Held) -> (Images, Labels) {
                 .collect()
         }),
         index: host.map_or(0, |b| b.index()),
+        requested,
         owner: Arc::new(Owner(Mutex::new(held))),
     };
     let labels = Labels {
@@ -432,6 +437,71 @@ impl Images {
 
     fn __len__(&self) -> usize {
         self.ids.len()
+    }
+
+    /// The fields the loader asked for by name, then any other a row has (`fields="all"`),
+    /// in first-seen order.
+    #[getter]
+    fn field_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.requested.to_vec();
+        let present: Vec<String> = self
+            .with_batch(|b| b.field_names().into_iter().map(str::to_string).collect())
+            .unwrap_or_default();
+        for n in present {
+            if !names.contains(&n) {
+                names.push(n);
+            }
+        }
+        names
+    }
+
+    /// Field `name` of each row as raw bytes, `None` where the sample lacks it.
+    fn field_bytes<'py>(&self, py: Python<'py>, name: &str) -> Vec<Option<Bound<'py, PyBytes>>> {
+        self.with_batch(|b| {
+            (0..b.len())
+                .map(|i| b.field(i, name).map(|v| PyBytes::new(py, v)))
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+
+    /// `{field: [value of each row]}`, each field decoded by its extension the first time it
+    /// is read (`txt` → str, `json` → object, `cls` → int, `npy` → ndarray, else bytes;
+    /// `None` where a sample lacks the field). See `sluice.Fields`.
+    #[getter]
+    fn fields<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        py.import("sluice._fields")?
+            .getattr("Fields")?
+            .call1((slf.clone(),))
+    }
+
+    /// Per row: `{"source": (h, w), "box": (x0, y0, x1, y1), "size": (h, w), "flip": bool}`,
+    /// the crop box in source pixels (after EXIF orientation) that was resampled to `size`
+    /// and then mirrored if `flip`. `sluice.transform_boxes` maps annotations with it.
+    #[getter]
+    fn geometry<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let rows: Vec<sluice_client::SampleGeometry> = self
+            .with_batch(|b| b.geometry().to_vec())
+            .unwrap_or_default();
+        rows.iter()
+            .map(|g| {
+                let d = PyDict::new(py);
+                d.set_item("source", g.source)?;
+                d.set_item("box", g.crop)?;
+                d.set_item("size", g.size)?;
+                d.set_item("flip", g.flip)?;
+                Ok(d)
+            })
+            .collect()
+    }
+}
+
+impl Images {
+    /// Runs `f` on the host side of the batch (its metadata; a device batch keeps it too).
+    fn with_batch<T>(&self, f: impl FnOnce(&sluice_client::Batch) -> T) -> Option<T> {
+        let held = self.owner.0.lock().ok()?;
+        held.host().map(f)
     }
 }
 

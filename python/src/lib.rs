@@ -22,6 +22,11 @@
 //! `torch.from_dlpack` makes the current stream wait for that copy, and the device buffer is
 //! refilled only after the work queued on that stream before the tensor was freed.
 //!
+//! `fields=["txt", "json"]` (or `"all"`) makes each batch carry those fields beside its tensors
+//! (`images.fields`, decoded by extension in the pure-Python package around this module);
+//! `label` names where labels come from (`"cls"`, `"json:category_id"`, `None`);
+//! `images.geometry` gives each row's crop box and flip.
+//!
 //! Waiting for data releases the GIL and wakes every 100 ms to let Ctrl-C through. Errors from
 //! Rust raise `sluice.SluiceError` (a `RuntimeError`) with the same message; bad arguments
 //! raise `ValueError`.
@@ -67,6 +72,23 @@ fn env_u32(name: &str) -> PyResult<Option<u32>> {
         }),
         Err(_) => Ok(None),
     }
+}
+
+/// `fields=`: `None` or `[]` (none), `"all"`, one name, or a list of names.
+fn field_selection(fields: Option<&Bound<'_, PyAny>>) -> PyResult<sluice_client::FieldSelection> {
+    let names: Vec<String> = match fields {
+        None => Vec::new(),
+        Some(f) if f.is_none() => Vec::new(),
+        Some(f) => match f.extract::<String>() {
+            Ok(one) => vec![one],
+            Err(_) => f.extract::<Vec<String>>().map_err(|_| {
+                PyValueError::new_err(format!(
+                    "fields: expected \"all\", a field name or a list of names, got {f}"
+                ))
+            })?,
+        },
+    };
+    sluice_client::FieldSelection::from_names(&names).map_err(PyValueError::new_err)
 }
 
 /// Where batches go: host memory, or a GPU through the uploader.
@@ -150,6 +172,8 @@ struct Loader {
     inner: sluice_client::Loader,
     epoch: Mutex<u64>,
     device: Device,
+    /// The fields asked for by name: every batch lists them, even where no row has one.
+    requested: Arc<Vec<String>>,
 }
 
 #[pymethods]
@@ -160,7 +184,8 @@ impl Loader {
         shuffle="global", pipeline="decode | random_resized_crop 224 | hflip 0.5",
         device="cpu", token_file=None, trust_cert=None, threads=0, drop_last=false,
         ring_batches=4, dtype="uint8", mean=None, std=None, order="plan", mix_units=None,
-        mix_buffer=None, prefetch_next_epoch=true, epochs=None,
+        mix_buffer=None, prefetch_next_epoch=true, epochs=None, fields=None, label=Some("cls"),
+        max_field_bytes=1 << 20,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -187,7 +212,22 @@ impl Loader {
         mix_buffer: Option<u32>,
         prefetch_next_epoch: bool,
         epochs: Option<u64>,
+        fields: Option<&Bound<'_, PyAny>>,
+        label: Option<&str>,
+        max_field_bytes: u64,
     ) -> PyResult<Self> {
+        let fields = field_selection(fields)?;
+        let label = match label {
+            None => sluice_client::LabelSource::None,
+            Some(l) => sluice_client::LabelSource::parse(l).map_err(PyValueError::new_err)?,
+        };
+        if max_field_bytes == 0 {
+            return Err(PyValueError::new_err("max_field_bytes: must be at least 1"));
+        }
+        let requested = match &fields {
+            sluice_client::FieldSelection::Named(names) => names.clone(),
+            _ => Vec::new(),
+        };
         let ordinal = parse_device(device)?;
         let order: sluice_client::Order = order
             .parse()
@@ -233,6 +273,9 @@ impl Loader {
                     .unwrap_or(sluice_client::Mixing::default().buffer_samples),
             })
             .ring_batches(ring_batches)
+            .fields(fields)
+            .label(label)
+            .max_field_bytes(max_field_bytes)
             .prefetch_next_epoch(prefetch_next_epoch)
             .last_batch(if drop_last {
                 LastBatch::Drop
@@ -293,6 +336,7 @@ impl Loader {
             inner,
             epoch: Mutex::new(0),
             device: sink,
+            requested: Arc::new(requested),
         })
     }
 
@@ -311,6 +355,7 @@ impl Loader {
         };
         Ok(Epoch {
             inner: Mutex::new(inner),
+            requested: self.requested.clone(),
         })
     }
 
@@ -417,6 +462,7 @@ impl Batches {
 #[pyclass(module = "sluice")]
 struct Epoch {
     inner: Mutex<Batches>,
+    requested: Arc<Vec<String>>,
 }
 
 #[pymethods]
@@ -437,7 +483,9 @@ impl Epoch {
                 Err(()) => py.check_signals()?,
                 Ok(None) => return Ok(None),
                 Ok(Some(Err(e))) => return Err(client_error(e)),
-                Ok(Some(Ok(batch))) => return Ok(Some(dlpack::split(batch))),
+                Ok(Some(Ok(batch))) => {
+                    return Ok(Some(dlpack::split(batch, self.requested.clone())))
+                }
             }
         }
     }
@@ -468,7 +516,7 @@ impl Epoch {
 }
 
 #[pymodule]
-fn sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
+fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Loader>()?;
     m.add_class::<Epoch>()?;
     m.add_class::<dlpack::Images>()?;

@@ -1,0 +1,53 @@
+"""Annotations that follow their crops: boxes in source pixels mapped through a sample's
+geometry (``images.geometry[i]``) into the pixels of the tensor the loader delivered."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Tuple
+
+__all__ = ["transform_boxes"]
+
+
+def transform_boxes(
+    boxes_xyxy: Any, geometry: Mapping[str, Any], min_size: float = 1.0
+) -> Tuple[Any, Any]:
+    """Maps boxes ``(x0, y0, x1, y1)`` in source image pixels into the output tensor's pixels.
+
+    ``geometry`` is one row of ``images.geometry``: ``{"source": (h, w), "box": (x0, y0, x1,
+    y1), "size": (h, w), "flip": bool}``: the crop box (source pixels, after EXIF orientation)
+    was resampled to ``size`` and then mirrored left-right if ``flip``.
+
+    Each box is scaled and shifted like the crop, mirrored with it, and clipped to the output.
+    A box that leaves the crop, or keeps less than ``min_size`` pixels of width or height
+    once clipped, is dropped. Returns ``(boxes, keep)``: a float32 array of the kept boxes
+    (M×4) and a boolean array over the input boxes (N), so labels can follow
+    (``labels[keep]``).
+
+    Example, a detection batch::
+
+        for images, labels in loader.epoch(e):
+            for i, g in enumerate(images.geometry):
+                boxes, keep = sluice.transform_boxes(images.fields["json"][i]["boxes"], g)
+                classes = np.asarray(images.fields["json"][i]["classes"])[keep]
+    """
+    import numpy as np
+
+    b = np.asarray(boxes_xyxy, dtype=np.float64).reshape(-1, 4)
+    x0, y0, x1, y1 = (float(v) for v in geometry["box"])
+    out_h, out_w = (float(v) for v in geometry["size"])
+    if x1 <= x0 or y1 <= y0:
+        raise ValueError(f"geometry box {geometry['box']} is empty")
+    sx, sy = out_w / (x1 - x0), out_h / (y1 - y0)
+    out = np.empty_like(b)
+    out[:, 0] = (b[:, 0] - x0) * sx
+    out[:, 2] = (b[:, 2] - x0) * sx
+    out[:, 1] = (b[:, 1] - y0) * sy
+    out[:, 3] = (b[:, 3] - y0) * sy
+    if geometry.get("flip"):
+        left = out_w - out[:, 2]
+        right = out_w - out[:, 0]
+        out[:, 0], out[:, 2] = left, right
+    out[:, [0, 2]] = out[:, [0, 2]].clip(0.0, out_w)
+    out[:, [1, 3]] = out[:, [1, 3]].clip(0.0, out_h)
+    keep = ((out[:, 2] - out[:, 0]) >= min_size) & ((out[:, 3] - out[:, 1]) >= min_size)
+    return out[keep].astype(np.float32), keep
