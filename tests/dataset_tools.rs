@@ -101,7 +101,7 @@ fn image_folder_to_shards_index_and_inspect() {
     .unwrap()
     .unwrap();
     assert!(
-        listing.contains(&format!("0\t{}\tjpg:", first.key)),
+        listing.contains(&format!("0\t{}\tjpg: ", first.key)) && listing.contains(" B, cls: "),
         "{listing}"
     );
     assert!(listing.contains(": ok, 4 samples"), "{listing}");

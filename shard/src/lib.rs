@@ -26,6 +26,6 @@ pub use index::{scan_shard, IndexEntry, SampleIndex};
 pub use manifest::{resolve_url, Checksum, Compression, Manifest, ShardInfo};
 pub use pattern::expand;
 pub use read::{open_shard, Entry, ReadOptions, SampleReader, TarReader};
-pub use sample::{split_key, Field, Sample, SampleGrouper};
+pub use sample::{escaped_key, split_key, Field, Sample, SampleGrouper};
 pub use tar::Limits;
 pub use write::{encode_sample, format_pattern, ShardWriter, WriterConfig, WrittenShard};

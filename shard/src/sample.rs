@@ -33,6 +33,17 @@ pub struct Sample {
     pub fields: Vec<Field>,
 }
 
+/// A key (or field name) as one column of a text listing: tabs, newlines and other control
+/// characters escaped (`\t`, `\n`, `\u{7}`), so a key holding them cannot split a line or a
+/// column of `sluice inspect` or `--dump-ids`. Other keys are returned as they are.
+pub fn escaped_key(key: &str) -> std::borrow::Cow<'_, str> {
+    if key.chars().any(char::is_control) {
+        key.escape_debug().to_string().into()
+    } else {
+        key.into()
+    }
+}
+
 impl Sample {
     /// The bytes of a field, by name.
     pub fn field(&self, name: &str) -> Option<&[u8]> {

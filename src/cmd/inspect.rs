@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use anyhow::{bail, Context, Result};
-use sluice_shard::{scan_shard, ReadOptions, SampleIndex};
+use sluice_shard::{escaped_key, scan_shard, ReadOptions, SampleIndex};
 
 use sluice_dataset::locate::Location;
 
@@ -32,23 +32,32 @@ pub fn run(args: Args) -> Result<()> {
     };
     let mut listed = 0u64;
     let mut write_err = None;
+    if limit > 0 {
+        write_err = writeln!(out, "index\tkey\tfields (name: size)").err();
+    }
     let scanned = scan_shard(raw, &location.display(), &ReadOptions::default(), |s| {
         if listed < limit && write_err.is_none() {
             let fields: Vec<String> = s
                 .fields
                 .iter()
-                .map(|f| format!("{}:{}", f.name, f.data.len()))
+                .map(|f| format!("{}: {} B", escaped_key(&f.name), f.data.len()))
                 .collect();
-            if let Err(e) = writeln!(out, "{}\t{}\t{}", s.index, s.key, fields.join(" ")) {
+            let line = format!(
+                "{}\t{}\t{}",
+                s.index,
+                escaped_key(&s.key),
+                fields.join(", ")
+            );
+            if let Err(e) = writeln!(out, "{line}") {
                 write_err = Some(e);
             }
             listed += 1;
         }
     });
-    if let Some(e) = write_err {
-        if e.kind() != std::io::ErrorKind::BrokenPipe {
-            return Err(e.into());
-        }
+    // A reader that stopped early (`| head`) is not an error; the shard is still validated.
+    let piped = |e: &std::io::Error| e.kind() == std::io::ErrorKind::BrokenPipe;
+    if let Some(e) = write_err.filter(|e| !piped(e)) {
+        return Err(e.into());
     }
     let (info, index) = scanned.with_context(|| format!("{} is broken", location.display()))?;
     if let Location::File(path) = &location {
@@ -63,8 +72,8 @@ pub fn run(args: Args) -> Result<()> {
             }
         }
     }
-    let _ = out.flush();
-    println!(
+    let summary = writeln!(
+        out,
         "{}: ok, {} samples, {} bytes, {}{}",
         location.display(),
         info.samples,
@@ -75,6 +84,10 @@ pub fn run(args: Args) -> Result<()> {
         } else {
             ""
         }
-    );
-    Ok(())
+    )
+    .and_then(|()| out.flush());
+    match summary {
+        Err(e) if !piped(&e) => Err(e.into()),
+        _ => Ok(()),
+    }
 }

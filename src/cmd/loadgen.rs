@@ -40,6 +40,14 @@ pub struct Args {
     first_epoch: u64,
     #[arg(long, default_value = "decode | random_resized_crop 224 | hflip 0.5")]
     pipeline: String,
+    /// Non-image fields each batch carries, comma-separated (`txt,json`), or `all`; the
+    /// report says how many bytes per sample they add.
+    #[arg(long, value_delimiter = ',')]
+    fields: Vec<String>,
+    /// Where labels come from: a field (`cls`), a JSON key path (`json:category_id`), or
+    /// `none` for unlabeled data. A sample whose label is missing is skipped by name.
+    #[arg(long, default_value = "cls")]
+    label: String,
     /// global, local or partial:Q.
     #[arg(long, default_value = "global")]
     shuffle: String,
@@ -145,6 +153,10 @@ fn config(args: &Args) -> Result<ConsumerConfig> {
         first_epoch: args.first_epoch,
         seed: args.seed,
         pipeline: args.pipeline.clone(),
+        fields: sluice_client::FieldSelection::from_names(&args.fields)
+            .map_err(|e| anyhow::anyhow!("--{e}"))?,
+        label: sluice_client::LabelSource::parse(&args.label)
+            .map_err(|e| anyhow::anyhow!("--{e}"))?,
         shuffle,
         last_batch: if args.drop_last {
             LastBatch::Drop
@@ -256,6 +268,7 @@ fn report(args: &Args, results: &[RankResult]) -> Result<()> {
             "delivered": r.delivered,
             "duplicates_dropped": r.duplicates_dropped,
             "skipped": r.skipped,
+            "field_bytes": r.field_bytes,
             "missing": r.missing,
             "delivered_twice": r.repeated,
             "samples_per_s": rate,
@@ -268,6 +281,15 @@ fn report(args: &Args, results: &[RankResult]) -> Result<()> {
         .filter_map(|r| r["samples_per_s"].as_f64())
         .sum();
     println!("all ranks: {total:.1} samples/s");
+    let delivered: u64 = results.iter().map(|r| r.delivered).sum();
+    let field_bytes: u64 = results.iter().map(|r| r.field_bytes).sum();
+    let fields_per_sample = field_bytes as f64 / delivered.max(1) as f64;
+    if !args.fields.is_empty() {
+        println!(
+            "fields ({}): {fields_per_sample:.0} bytes per sample beside the tensor",
+            args.fields.join(",")
+        );
+    }
     let skipped: u64 = results.iter().map(|r| r.skipped).sum();
     if skipped > 0 {
         // What was skipped and why: the run went on, but no sample is dropped unsaid.
@@ -296,6 +318,7 @@ fn report(args: &Args, results: &[RankResult]) -> Result<()> {
             "ranks": ranks,
             "samples_per_s": total,
             "order": args.order.to_string(),
+            "field_bytes_per_sample": fields_per_sample,
             "mixing": mixing_json,
         });
         std::fs::write(path, serde_json::to_vec_pretty(&doc)?)

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_client::{
-    Checkpoint, EpochReport, LastBatch, Loader, Order, SameHost, ShortBatch, ShufflePolicy,
-    StatsSnapshot,
+    Checkpoint, EpochReport, FieldSelection, LabelSource, LastBatch, Loader, Order, SameHost,
+    ShortBatch, ShufflePolicy, StatsSnapshot,
 };
 use sluice_shard::Manifest;
 
@@ -106,6 +106,10 @@ pub struct ConsumerConfig {
     pub first_epoch: u64,
     pub seed: u64,
     pub pipeline: String,
+    /// The non-image fields each batch carries.
+    pub fields: FieldSelection,
+    /// Where labels come from.
+    pub label: LabelSource,
     pub shuffle: ShufflePolicy,
     pub last_batch: LastBatch,
     pub short_batch: ShortBatch,
@@ -149,6 +153,8 @@ impl ConsumerConfig {
             first_epoch: 0,
             seed: 0,
             pipeline: "decode | random_resized_crop 224 | hflip 0.5".into(),
+            fields: FieldSelection::None,
+            label: LabelSource::default(),
             shuffle: ShufflePolicy::Global,
             last_batch: LastBatch::Partial,
             short_batch: ShortBatch::Deliver,
@@ -222,6 +228,8 @@ pub struct RankResult {
     pub delivered: u64,
     pub skipped: u64,
     pub duplicates_dropped: u64,
+    /// Bytes of requested fields delivered (beside the tensors).
+    pub field_bytes: u64,
     /// Planned samples neither delivered nor skipped, and samples delivered too often.
     pub missing: u64,
     pub repeated: u64,
@@ -407,6 +415,8 @@ fn loader(
         .dataset(manifest.clone())
         .dataset_name(cfg.dataset_name.clone())
         .pipeline(cfg.pipeline.clone())
+        .fields(cfg.fields.clone())
+        .label(cfg.label.clone())
         .batch_size(cfg.batch_size)
         .seed(cfg.seed)
         .rank(rank)
@@ -602,10 +612,12 @@ fn run_rank(
                 .iter()
                 .zip(batch.keys())
                 .zip(batch.labels())
+                .zip(batch.fields())
                 .zip(batch.padding())
                 .filter(|(_, pad)| !**pad);
             let mut batch_labels = Vec::with_capacity(batch.len());
-            for (((id, key), label), _) in real {
+            for ((((id, key), label), fields), _) in real {
+                result.field_bytes += fields.byte_len() as u64;
                 *planned.entry((id.shard, id.index)).or_default() -= 1;
                 batch_labels.push(*label);
                 if cfg.record_ids {
@@ -613,6 +625,7 @@ fn run_rank(
                         .shards
                         .get(id.shard as usize)
                         .map_or("?", |s| s.name());
+                    let key = sluice_shard::escaped_key(key);
                     lines.push_str(&format!("{epoch}\t{rank}\t{shard}\t{key}\n"));
                 }
             }
