@@ -177,3 +177,49 @@ fn loadgen_reports_the_bytes_fields_add_per_sample() {
     );
     assert!(!run(None).contains("bytes per sample"));
 }
+
+/// A sample whose fields would make its frame larger than a worker sends is skipped by name
+/// (it was a frame the transport refused, and a client that reconnected forever); the rest of
+/// the epoch is delivered.
+#[test]
+fn a_sample_too_large_for_a_frame_is_skipped_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (manifest, expected) = dataset(dir.path());
+    let tensor = 48 * 48 * 3;
+    let limit = tensor + 40;
+    let source = sluice_cpu::ShardSource::new(sluice_cpu::SourceConfig::default()).unwrap();
+    let worker = sluice_cpu::CpuWorker::new(sluice_cpu::EngineConfig::default(), source)
+        .unwrap()
+        .with_max_sample_bytes(limit as u64);
+    let loader = builder(&manifest)
+        .in_process(Arc::new(worker))
+        .build()
+        .unwrap();
+    let (mut delivered, mut skipped) = (0, Vec::new());
+    for batch in loader.epoch(0).unwrap() {
+        let batch = batch.unwrap();
+        for i in 0..batch.len() {
+            let bytes: usize = ["txt", "json"]
+                .iter()
+                .filter_map(|f| batch.field(i, f))
+                .map(<[u8]>::len)
+                .sum();
+            assert!(tensor + bytes <= limit, "{} delivered", batch.keys()[i]);
+            delivered += 1;
+        }
+        skipped.extend(batch.skipped().iter().map(|(_, why)| why.clone()));
+    }
+    let too_large = expected
+        .values()
+        .filter(|(t, j)| {
+            t.as_ref().map_or(0, Vec::len) + j.as_ref().map_or(0, Vec::len) > limit - tensor
+        })
+        .count();
+    assert!(too_large > 0 && too_large < expected.len());
+    assert_eq!(skipped.len(), too_large, "{skipped:?}");
+    assert_eq!(delivered + too_large, expected.len());
+    assert!(
+        skipped.iter().all(|w| w.contains("over the largest frame")),
+        "{skipped:?}"
+    );
+}

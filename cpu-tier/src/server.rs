@@ -384,6 +384,19 @@ pub(crate) enum End {
     Error(ErrorCode, String),
 }
 
+/// A frame that could not be sent: the stream gone means the client left; a frame this side
+/// could not encode (over a limit) is this worker's error, said to the client and logged,
+/// never taken for a client leaving.
+fn send_failed(e: SendError) -> End {
+    match e {
+        SendError::Encode(w) | SendError::Stream(sluice_wire::io::IoError::Wire(w)) => End::Error(
+            ErrorCode::Internal,
+            format!("the worker could not send a frame: {w}"),
+        ),
+        SendError::Quic(_) | SendError::Stream(_) => End::ClientClosed,
+    }
+}
+
 /// What an assignment thread sends to its connection.
 enum Produced {
     Frame(Message, bytes::Bytes),
@@ -565,8 +578,8 @@ impl Session {
                                 metrics::counter!("sluice_cpu_bytes_sent_total")
                                     .increment(header.payload_len());
                             }
-                            if writer.frame(&m, payload).await.is_err() {
-                                return End::ClientClosed;
+                            if let Err(e) = writer.frame(&m, payload).await {
+                                return send_failed(e);
                             }
                         }
                         Produced::Finished => {

@@ -24,6 +24,8 @@ pub struct CpuWorker {
     pool: Arc<rayon::ThreadPool>,
     source: Arc<ShardSource>,
     config: EngineConfig,
+    /// The largest sample payload (tensor and fields) a frame carries.
+    max_sample_bytes: u64,
 }
 
 impl CpuWorker {
@@ -33,7 +35,17 @@ impl CpuWorker {
             pool: Engine::pool(config.threads)?,
             source: Arc::new(source),
             config,
+            max_sample_bytes: u64::from(sluice_wire::Limits::default().max_payload),
         })
+    }
+
+    /// The largest payload (tensor and fields) one frame may carry: the daemon's
+    /// `limits.max_payload_bytes` (256 MiB by default, what clients accept). A pipeline whose
+    /// tensor is larger is refused when its job opens; a sample whose fields make it larger
+    /// is skipped by name.
+    pub fn with_max_sample_bytes(mut self, bytes: u64) -> Self {
+        self.max_sample_bytes = bytes;
+        self
     }
 }
 
@@ -57,6 +69,16 @@ impl UnitRunner for CpuWorker {
             elem_bytes: pipeline.dtype().size() as u32,
             chw: pipeline.chw,
         };
+        if shape.bytes() > self.max_sample_bytes {
+            return Err(RunnerError::refused(format!(
+                "pipeline {:?} makes {width}x{height}x3 tensors of {} bytes, over the largest \
+                 frame a worker sends ({} bytes, limits.max_payload_bytes): choose a smaller \
+                 output size",
+                spec.pipeline,
+                shape.bytes(),
+                self.max_sample_bytes
+            )));
+        }
         let config = EngineConfig {
             policy: if spec.fail_on_bad_sample {
                 BadSamplePolicy::Fail
@@ -75,6 +97,7 @@ impl UnitRunner for CpuWorker {
             source: self.source.clone(),
             spec: spec.clone(),
             shape,
+            max_sample_bytes: self.max_sample_bytes,
         }))
     }
 
@@ -88,6 +111,7 @@ struct CpuJob {
     source: Arc<ShardSource>,
     spec: JobSpec,
     shape: SampleShape,
+    max_sample_bytes: u64,
 }
 
 impl JobRunner for CpuJob {
@@ -160,6 +184,35 @@ impl JobRunner for CpuJob {
                                 p.tensor.data.len(), self.shape.width, self.shape.height
                             ));
                             return false;
+                        }
+                        let with_fields = p
+                            .fields
+                            .iter()
+                            .fold(expected, |n, f| n.saturating_add(f.data.len() as u64));
+                        if with_fields > self.max_sample_bytes {
+                            // It could never be sent: skipped by name, not a frame that the
+                            // transport refuses and the client waits for forever.
+                            finished.skipped += 1;
+                            metrics::counter!("sluice_cpu_samples_skipped_total").increment(1);
+                            let reason = format!(
+                                "the sample is {with_fields} bytes with its fields, over the \
+                                 largest frame ({} bytes, limits.max_payload_bytes): ask for \
+                                 fewer fields",
+                                self.max_sample_bytes
+                            );
+                            let skipped = SkippedSample {
+                                job: assign.job,
+                                unit: assign.unit,
+                                attempt: assign.attempt,
+                                shard: shard.index,
+                                index: p.index,
+                                key: p.key,
+                                reason,
+                            };
+                            self.engine.recycle(p.tensor.data);
+                            let go = emit(Output::Skipped(skipped));
+                            cancelled |= !go;
+                            return go;
                         }
                         let header = SampleHeader {
                             job: assign.job,

@@ -238,6 +238,14 @@ async fn bad_frames_close_one_connection_and_the_server_goes_on() {
     hello(&mut c).await;
     c.1.send(&job("decode | sharpen 3"), &[]).await.unwrap();
     expect_error(&mut c, ErrorCode::BadRequest, "sharpen").await;
+    // A tensor no frame can carry (805 MB, over 256 MiB) is refused when the job opens, not
+    // sent until the transport refuses it and the client reconnects forever.
+    let mut c = connect(&r).await;
+    hello(&mut c).await;
+    c.1.send(&job("decode | resize 16384x16384"), &[])
+        .await
+        .unwrap();
+    expect_error(&mut c, ErrorCode::BadRequest, "over the largest frame").await;
     let mut c = connect(&r).await;
     hello(&mut c).await;
     c.1.send(&Message::Credit { job: 5, samples: 1 }, &[])

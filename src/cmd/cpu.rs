@@ -136,7 +136,8 @@ pub fn run(args: Args) -> Result<()> {
         }
     };
     let source = ShardSource::new(config.source())?;
-    let worker = CpuWorker::new(config.engine(), source)?;
+    let worker = CpuWorker::new(config.engine(), source)?
+        .with_max_sample_bytes(u64::from(config.limits.max_payload_bytes));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(2)
