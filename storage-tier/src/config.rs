@@ -66,6 +66,9 @@ pub struct Timeouts {
     pub idle_secs: f64,
     /// Seconds in-flight streams get to finish after SIGTERM.
     pub drain_secs: f64,
+    /// Seconds between checks that each mountpath is still the directory opened at start and
+    /// readable (a disk mounted over it, unmounted, removed, made unreadable).
+    pub mountpath_check_secs: f64,
 }
 
 impl Default for StorageConfig {
@@ -106,6 +109,7 @@ impl Default for Timeouts {
             header_read_secs: 10.0,
             idle_secs: 60.0,
             drain_secs: 30.0,
+            mountpath_check_secs: 2.0,
         }
     }
 }
@@ -119,6 +123,9 @@ impl Timeouts {
     }
     pub fn drain(&self) -> Duration {
         Duration::from_secs_f64(self.drain_secs)
+    }
+    pub fn mountpath_check(&self) -> Duration {
+        Duration::from_secs_f64(self.mountpath_check_secs)
     }
 }
 
@@ -175,6 +182,7 @@ impl StorageConfig {
             ("timeouts.header_read_secs", t.header_read_secs),
             ("timeouts.idle_secs", t.idle_secs),
             ("timeouts.drain_secs", t.drain_secs),
+            ("timeouts.mountpath_check_secs", t.mountpath_check_secs),
         ] {
             if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
                 return invalid(key, "must be a number of seconds in (0, 86400]");

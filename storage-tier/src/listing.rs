@@ -82,6 +82,13 @@ pub(crate) async fn collect_keys(
 pub(crate) async fn list(state: &Arc<State>, bucket: &str, query: &str) -> Response<Body> {
     let prefix = query_param(query, "prefix").unwrap_or_default();
     let max = state.config.limits.max_list_keys;
+    if !state.unavailable().is_empty() {
+        // A listing without that mountpath's objects would be wrong, not short.
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "a mountpath of this node is unavailable; the listing would be incomplete",
+        );
+    }
     let Some(found) = collect_keys(state, bucket, prefix, None, max + 1).await else {
         return error(StatusCode::NOT_FOUND, "no such bucket");
     };

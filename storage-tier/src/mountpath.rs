@@ -17,6 +17,10 @@ use tokio::sync::Semaphore;
 /// A disk's folder and its stream scheduler.
 pub struct Mountpath {
     pub path: PathBuf,
+    /// (device, inode) of the directory opened at start.
+    identity: (u64, u64),
+    /// Why the mountpath cannot serve now (`None`: it can), from the last [`Mountpath::check`].
+    trouble: std::sync::Mutex<Option<String>>,
     /// Metric label.
     pub label: String,
     pub rotational: bool,
@@ -42,6 +46,11 @@ impl Mountpath {
         }
         // SAFETY: fd is a fresh descriptor we own.
         let dir = unsafe { OwnedFd::from_raw_fd(fd) };
+        let identity = {
+            let f = File::from(dir.try_clone()?);
+            let m = f.metadata()?;
+            (m.dev(), m.ino())
+        };
         let rotational = is_rotational(path);
         let limit = if streams > 0 {
             streams
@@ -53,11 +62,47 @@ impl Mountpath {
         Ok(Mountpath {
             label: path.display().to_string(),
             path: path.to_path_buf(),
+            identity,
+            trouble: std::sync::Mutex::new(None),
             rotational,
             streams: Arc::new(Semaphore::new(limit)),
             stream_limit: limit,
             dir,
         })
+    }
+
+    /// Whether the path still names the directory opened at start and can be read: a disk
+    /// mounted over it (or unmounted from it), the folder removed or replaced, or made
+    /// unreadable all mean the objects it held are not what this node would serve. Blocking.
+    pub fn probe(&self) -> Result<(), String> {
+        let m = std::fs::metadata(&self.path).map_err(|e| format!("cannot stat it: {e}"))?;
+        if (m.dev(), m.ino()) != self.identity {
+            return Err(
+                "it is no longer the directory opened at start (a disk mounted over \
+                        it or unmounted, or the folder replaced)"
+                    .into(),
+            );
+        }
+        std::fs::read_dir(&self.path)
+            .and_then(|mut d| d.next().transpose())
+            .map(|_| ())
+            .map_err(|e| format!("cannot read it: {e}"))
+    }
+
+    /// Runs [`Mountpath::probe`] and records the result; returns a change of state, if any
+    /// (`Some(None)`: healthy again, `Some(Some(why))`: newly unavailable).
+    pub fn check(&self) -> Option<Option<String>> {
+        let now = self.probe().err();
+        let mut t = self.trouble.lock().ok()?;
+        (*t != now).then(|| {
+            *t = now.clone();
+            now
+        })
+    }
+
+    /// Why the mountpath cannot serve now, or `None`.
+    pub fn trouble(&self) -> Option<String> {
+        self.trouble.lock().ok().and_then(|t| t.clone())
     }
 
     /// Opens `rel` (already validated: no empty, `.` or `..` components, not absolute)

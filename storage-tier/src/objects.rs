@@ -35,7 +35,13 @@ pub(crate) fn open_object(
     key: &str,
 ) -> Result<(usize, std::fs::File), HttpError> {
     let rel = format!("{bucket}/{key}");
+    let mut unavailable = false;
     for (i, m) in state.mountpaths.iter().enumerate() {
+        if m.trouble().is_some() {
+            // What it holds now is not what this node indexed: neither served nor denied.
+            unavailable = true;
+            continue;
+        }
         match m.open_beneath(&rel, libc::O_RDONLY, 0) {
             Ok(f) => return Ok((i, f)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
@@ -51,6 +57,13 @@ pub(crate) fn open_object(
                 ));
             }
         }
+    }
+    if unavailable {
+        // It may be on the mountpath that cannot serve: a reader should try another replica.
+        return Err(HttpError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "a mountpath of this node is unavailable; try another replica",
+        ));
     }
     Err(HttpError(StatusCode::NOT_FOUND, "no such object"))
 }
@@ -410,6 +423,9 @@ pub(crate) async fn put(
     // Keep an existing object on its disk; place a new one by rendezvous hashing.
     let mi = match open_object(state, bucket, key) {
         Ok((i, _)) => i,
+        Err(HttpError(StatusCode::SERVICE_UNAVAILABLE, why)) => {
+            return error(StatusCode::SERVICE_UNAVAILABLE, why)
+        }
         Err(_) => crate::placement::preference(&rel, &state.labels)[0],
     };
     let mountpath = &state.mountpaths[mi];

@@ -40,6 +40,41 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// The mountpaths that cannot serve now, with why (see `Mountpath::probe`).
+    pub(crate) fn unavailable(&self) -> Vec<(String, String)> {
+        self.mountpaths
+            .iter()
+            .filter_map(|m| m.trouble().map(|t| (m.label.clone(), t)))
+            .collect()
+    }
+
+    /// `/healthz`: draining (503), ok, degraded (some mountpaths cannot serve; 200, so the
+    /// node keeps serving the others), or failed (none can; 503).
+    pub(crate) fn health(&self) -> (StatusCode, String) {
+        let bad = self.unavailable();
+        if self.shutdown.is_cancelled() || bad.is_empty() {
+            return sluice_daemon::admin_response(
+                "/healthz",
+                &self.metrics,
+                self.shutdown.is_cancelled(),
+            );
+        }
+        let all = bad.len() == self.mountpaths.len();
+        let body = serde_json::json!({
+            "status": if all { "failed" } else { "degraded" },
+            "unavailable_mountpaths": bad
+                .iter()
+                .map(|(m, why)| serde_json::json!({"mountpath": m, "why": why}))
+                .collect::<Vec<_>>(),
+        });
+        let status = if all {
+            StatusCode::SERVICE_UNAVAILABLE
+        } else {
+            StatusCode::OK
+        };
+        (status, format!("{body}\n"))
+    }
+
     /// Whether `bucket` is served (the config's `buckets`, or every bucket when that is empty).
     pub(crate) fn serves(&self, bucket: &str) -> bool {
         self.config.buckets.is_empty() || self.config.buckets.iter().any(|b| b == bucket)
@@ -119,12 +154,7 @@ pub(crate) async fn route(state: &Arc<State>, req: &Request<()>) -> Reply {
     let query = req.uri().query().unwrap_or("").to_string();
     match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => {
-            // The same answer as the admin listener's (sluice_daemon::admin_response).
-            let (status, body) = sluice_daemon::admin_response(
-                "/healthz",
-                &state.metrics,
-                state.shutdown.is_cancelled(),
-            );
+            let (status, body) = state.health();
             return Reply::Ready(text(status, &body));
         }
         (&Method::GET, "/metrics") => {

@@ -360,6 +360,13 @@ pub(crate) async fn s3_route(state: &Arc<State>, req: &Request<()>) -> Reply {
                 .clamp(1, 1000);
             let token = query_param(&query, "continuation-token");
             let after = token.clone().or_else(|| query_param(&query, "start-after"));
+            if !state.unavailable().is_empty() {
+                return Reply::Ready(s3_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "ServiceUnavailable",
+                    "a mountpath of this node is unavailable; the listing would be incomplete",
+                ));
+            }
             let Some(found) =
                 collect_keys(state, &bucket, prefix.clone(), after.clone(), max + 1).await
             else {

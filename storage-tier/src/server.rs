@@ -65,6 +65,8 @@ pub async fn run(
         .collect::<Result<Vec<_>, _>>()?;
     for m in &mountpaths {
         tracing::info!(mountpath = %m.label, rotational = m.rotational, streams = m.stream_limit, "mountpath ready");
+        metrics::gauge!("sluice_storage_mountpath_healthy", "mountpath" => m.label.clone())
+            .set(1.0);
     }
     let state = Arc::new(State {
         labels: mountpaths.iter().map(|m| m.label.clone()).collect(),
@@ -74,6 +76,7 @@ pub async fn run(
         shutdown: shutdown.clone(),
         config,
     });
+    tokio::spawn(check_mountpaths(state.clone(), admin_stop.clone()));
     if let Some(addr) = state.config.metrics_listen {
         let admin = TcpListener::bind(addr)
             .await
@@ -133,4 +136,47 @@ fn is_transient(e: &io::Error) -> bool {
                 | libc::ENOMEM
         )
     )
+}
+
+/// Checks every `timeouts.mountpath_check_secs` that each mountpath is still the directory
+/// opened at start and readable; a change is logged once each way, and exported as
+/// `sluice_storage_mountpath_healthy` (1 or 0, by mountpath).
+async fn check_mountpaths(state: Arc<State>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(state.config.timeouts.mountpath_check());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let checked = state.clone();
+        // stat and readdir block (a hung disk may block them for long): off the runtime.
+        let Ok(changes) = tokio::task::spawn_blocking(move || {
+            checked
+                .mountpaths
+                .iter()
+                .map(|m| (m.label.clone(), m.check()))
+                .collect::<Vec<_>>()
+        })
+        .await
+        else {
+            continue;
+        };
+        for (label, change) in changes {
+            match change {
+                Some(Some(why)) => {
+                    tracing::error!(mountpath = %label, "mountpath unavailable: {why}; its \
+                        objects answer 503 until it is back");
+                    metrics::gauge!("sluice_storage_mountpath_healthy", "mountpath" => label)
+                        .set(0.0);
+                }
+                Some(None) => {
+                    tracing::info!(mountpath = %label, "mountpath available again");
+                    metrics::gauge!("sluice_storage_mountpath_healthy", "mountpath" => label)
+                        .set(1.0);
+                }
+                None => {}
+            }
+        }
+    }
 }

@@ -484,3 +484,121 @@ fn only_listed_buckets_are_served_and_metrics_can_have_their_own_address() {
     );
     node.stop();
 }
+
+/// Unmounts what the test mounted, whatever happens.
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Polls `/healthz` until its body contains `needle`; returns (status, body).
+fn health_says(
+    http: &reqwest::blocking::Client,
+    node: &common::Node,
+    needle: &str,
+) -> (u16, String) {
+    let mut last = (0, String::new());
+    for _ in 0..100 {
+        let r = http.get(node.url("/healthz")).send().unwrap();
+        last = (r.status().as_u16(), r.text().unwrap());
+        if last.1.contains(needle) {
+            return last;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("/healthz never said {needle:?}: {last:?}");
+}
+
+/// A mountpath that changes under a running node (a disk mounted over it, the folder moved
+/// away) is reported, not half-seen: /healthz says which and why ("degraded" while another
+/// mountpath serves, 503 when none does), its objects and the listings answer 503 so readers
+/// fail over to a replica (they were 404 beside a listing that showed the object), uploads
+/// are refused, and everything serves again once it is back.
+#[test]
+fn a_mountpath_that_changes_under_the_node_is_reported_and_answered_503() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, _) = data(dir.path());
+    let spare = dir.path().join("spare");
+    std::fs::create_dir_all(&spare).unwrap();
+    let mut c = config(&root);
+    c.mountpaths.push(spare.clone());
+    c.timeouts.mountpath_check_secs = 0.05;
+    let node = start(c);
+    let http = client();
+    let get = |path: &str| http.get(node.url(path)).send().unwrap().status().as_u16();
+    let put = || {
+        http.put(node.url("/v1/b/new.bin"))
+            .bearer_auth("secret-token-0123456789")
+            .body(vec![1u8; 10])
+            .send()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(get("/v1/b/train-000000.tar"), 200);
+    health_says(&http, &node, "\"ok\"");
+
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&root)
+        .status()
+        .is_ok_and(|s| s.success());
+    if mounted {
+        let guard = Mounted(root.clone());
+        let (status, body) = health_says(&http, &node, "degraded");
+        assert_eq!(status, 200, "the other mountpath still serves: {body}");
+        assert!(
+            body.contains(&root.display().to_string()) && body.contains("mounted over"),
+            "{body}"
+        );
+        assert_eq!(
+            get("/v1/b/train-000000.tar"),
+            503,
+            "not a 404 its replica would not be asked for"
+        );
+        assert_eq!(
+            get("/v1/b?prefix="),
+            503,
+            "a listing without its objects would be wrong"
+        );
+        assert_eq!(put(), 503);
+        let metrics = http
+            .get(node.url("/metrics"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("sluice_storage_mountpath_healthy")
+                    && l.contains(&root.display().to_string())
+                    && l.ends_with(" 0")),
+            "{metrics}"
+        );
+        drop(guard);
+        health_says(&http, &node, "\"ok\"");
+        assert_eq!(get("/v1/b/train-000000.tar"), 200);
+    } else {
+        eprintln!("skipping the mount case: mounting a tmpfs needs root");
+    }
+
+    // The folder moved away, then every mountpath gone: the node fails /healthz.
+    let moved = dir.path().join("moved");
+    std::fs::rename(&root, &moved).unwrap();
+    let (status, body) = health_says(&http, &node, "degraded");
+    assert_eq!(status, 200);
+    assert!(body.contains("cannot stat it"), "{body}");
+    assert_eq!(get("/v1/b/train-000000.tar"), 503);
+    std::fs::rename(&spare, dir.path().join("spare-moved")).unwrap();
+    let (status, _) = health_says(&http, &node, "failed");
+    assert_eq!(status, 503);
+    std::fs::rename(&moved, &root).unwrap();
+    std::fs::rename(dir.path().join("spare-moved"), &spare).unwrap();
+    health_says(&http, &node, "\"ok\"");
+    assert_eq!(get("/v1/b/train-000000.tar"), 200);
+    assert_eq!(put(), 201);
+}
