@@ -34,11 +34,12 @@ def dataset(sluice_bin, tmp_path_factory):
 
 
 class Worker:
-    def __init__(self, sluice_bin, state, extra):
+    def __init__(self, sluice_bin, state, extra, same_host_dir=None):
         self.state = state
+        # QUIC only unless a socket folder is given: the machine's /run/sluice stays untouched.
+        same_host = ["--same-host-dir", str(same_host_dir)] if same_host_dir else ["--no-same-host"]
         self.proc = subprocess.Popen(
-            # QUIC only, as the Rust system tests: the machine's /run/sluice stays untouched.
-            [sluice_bin, "cpu", "--listen", "127.0.0.1:0", "--threads", "1", "--no-same-host",
+            [sluice_bin, "cpu", "--listen", "127.0.0.1:0", "--threads", "1", *same_host,
              "--state-dir", str(state), *extra],
             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
             env={**os.environ, "RUST_LOG": "info"})
@@ -54,8 +55,11 @@ class Worker:
         self.cert = str(state / "cert.pem")
 
     def stop(self):
+        """Stops the worker; returns what it logged after its address."""
         self.proc.kill()
+        rest = self.proc.stderr.read()
         self.proc.wait()
+        return rest
 
 
 @pytest.fixture

@@ -172,6 +172,28 @@ def test_through_a_storage_node_and_two_workers(captioned, sluice_bin, tmp_path)
         storage.wait()
 
 
+def test_over_same_host_shared_memory(captioned, sluice_bin, tmp_path, monkeypatch):
+    """A worker on this machine: tensors come through shared memory, fields in the frame."""
+    manifest, _, expected = captioned
+    sockets = tmp_path / "sockets"
+    token = tmp_path / "token"
+    token.write_text("python-test-token-1234\n")
+    w = Worker(sluice_bin, tmp_path / "w", ["--token-file", str(token)], same_host_dir=sockets)
+    try:
+        monkeypatch.setenv("SLUICE_SAME_HOST_DIR", str(sockets))
+        loader = sluice.Loader(dataset=str(manifest), workers=[w.addr], batch_size=8,
+                               pipeline=PIPELINE, seed=4, fields=["txt", "json", "npy"],
+                               token_file=str(token), trust_cert=w.cert)
+        seen = set()
+        for images, labels in loader.epoch(0):
+            check_batch(images, labels, expected, seen)
+        assert seen == set(expected)
+        del loader
+    finally:
+        log = w.stop()
+    assert "same-host client connected" in log, log
+
+
 def test_fields_survive_a_checkpoint_and_an_elastic_resume(captioned):
     manifest, _, expected = captioned
     kw = dict(dataset=str(manifest), batch_size=4, pipeline=PIPELINE, seed=9,
