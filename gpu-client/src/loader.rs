@@ -553,8 +553,13 @@ pub struct Segment {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpoint {
     pub version: u32,
-    /// A hash of the manifest's shards (URL, size, samples, checksum).
+    /// A hash of the manifest's shards' content (size, samples, checksum, in order; version 1
+    /// hashed their URLs too).
     pub dataset: u64,
+    /// Each shard's content digest (its low 32 bits), for datasets of up to 65,536 shards:
+    /// a mismatch then names the first shard that differs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<u32>,
     pub seed: u64,
     pub world_size: u32,
     pub rank: u32,
@@ -578,7 +583,7 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    pub const VERSION: u32 = 1;
+    pub const VERSION: u32 = 2;
 
     pub fn to_bytes(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_default()
@@ -593,7 +598,7 @@ impl Checkpoint {
         }
         let c: Checkpoint =
             serde_json::from_slice(bytes).map_err(|e| ClientError::Checkpoint(e.to_string()))?;
-        if c.version != Self::VERSION {
+        if !(1..=Self::VERSION).contains(&c.version) {
             return Err(ClientError::Checkpoint(format!(
                 "version {} (this build reads {})",
                 c.version,
@@ -604,7 +609,28 @@ impl Checkpoint {
     }
 }
 
+/// The dataset's identity for checkpoints: each shard's content (size, sample count,
+/// checksum) in manifest order, and not where it lives, so a checkpoint resumes after the
+/// shards moved to another directory, mount, cluster or storage node.
 fn fingerprint(manifest: &Manifest) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for s in &manifest.shards {
+        h.update(&shard_digest(s).to_le_bytes());
+    }
+    h.digest()
+}
+
+/// One shard's content, for naming the first shard that differs from a checkpoint's.
+fn shard_digest(s: &sluice_shard::ShardInfo) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(&s.size.to_le_bytes());
+    h.update(&s.samples.to_le_bytes());
+    h.update(&s.checksum.0.to_le_bytes());
+    h.digest()
+}
+
+/// Checkpoints of version 1 hashed each shard's URL too.
+fn fingerprint_v1(manifest: &Manifest) -> u64 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     for s in &manifest.shards {
         h.update(s.url.as_bytes());
@@ -614,6 +640,10 @@ fn fingerprint(manifest: &Manifest) -> u64 {
     }
     h.digest()
 }
+
+/// Shards up to which a checkpoint lists each shard's digest (4 bytes a shard: 256 KiB of
+/// JSON at most), so a mismatch can name the first shard that differs.
+const DIGESTS_LISTED: usize = 65_536;
 
 impl Loader {
     pub fn builder() -> LoaderBuilder {
@@ -653,6 +683,15 @@ impl Loader {
         Some(Checkpoint {
             version: Checkpoint::VERSION,
             dataset: self.fingerprint,
+            shards: if self.manifest.shards.len() <= DIGESTS_LISTED {
+                self.manifest
+                    .shards
+                    .iter()
+                    .map(|s| shard_digest(s) as u32)
+                    .collect()
+            } else {
+                Vec::new()
+            },
             seed: self.settings.seed,
             world_size: self.settings.world_size,
             rank: self.settings.rank,
@@ -665,6 +704,48 @@ impl Loader {
             batches: p.batches,
             ledger: p.ledger.to_record(),
         })
+    }
+
+    /// Why `checkpoint` was taken on another dataset than this loader's, as precisely as it
+    /// allows: the first shard that differs, or how many shards and samples each has.
+    fn dataset_mismatch(&self, checkpoint: &Checkpoint, ours: u64) -> String {
+        let m = &self.manifest;
+        let head = format!(
+            "it was taken on another dataset (fingerprint {:016x}; this loader's manifest gives \
+             {ours:016x})",
+            checkpoint.dataset
+        );
+        if checkpoint.version == 1 {
+            return format!(
+                "{head}: checkpoints of version 1 hash shard URLs too, so shards that moved \
+                 cannot resume them; a new checkpoint (version 2) can"
+            );
+        }
+        if checkpoint.shards.is_empty() {
+            return format!(
+                "{head}: some shard's size, sample count or checksum differs, or the shards \
+                 are in another order ({} shards, {} samples here)",
+                m.shards.len(),
+                m.total_samples()
+            );
+        }
+        let differs = checkpoint
+            .shards
+            .iter()
+            .zip(&m.shards)
+            .position(|(theirs, s)| *theirs != shard_digest(s) as u32);
+        match differs {
+            Some(i) => format!(
+                "{head}: shard #{i} ({}) is not the shard it had there (its size, sample count \
+                 or checksum differs: was it rewritten, or the list reordered?)",
+                m.shards[i].url
+            ),
+            None => format!(
+                "{head}: it had {} shards, this manifest has {}",
+                checkpoint.shards.len(),
+                m.shards.len()
+            ),
+        }
     }
 
     /// Restores a checkpoint; the next `epoch(checkpoint.epoch)` resumes it. Errors say what
@@ -748,12 +829,13 @@ impl Loader {
                 "it was taken with {what} {theirs}, this loader has {ours}"
             )))
         };
-        if first.dataset != self.fingerprint {
-            return mismatch(
-                "dataset",
-                format!("{:016x}", first.dataset),
-                format!("{:016x}", self.fingerprint),
-            );
+        let ours = if first.version == 1 {
+            fingerprint_v1(&self.manifest)
+        } else {
+            self.fingerprint
+        };
+        if first.dataset != ours {
+            return Err(ClientError::Checkpoint(self.dataset_mismatch(first, ours)));
         }
         if first.seed != s.seed {
             return mismatch("seed", first.seed.to_string(), s.seed.to_string());
@@ -1234,6 +1316,7 @@ impl Loader {
                 .samples
                 .saturating_sub(first_batch * u64::from(s.batch_size)),
             batches: batch_plan.batches,
+            first_batch,
             rx: out_rx,
             cancel,
             counters,
@@ -1353,6 +1436,8 @@ pub struct Epoch {
     epoch: u64,
     planned: u64,
     batches: u64,
+    /// The index of the first batch it yields (a resumed epoch starts past 0).
+    first_batch: u64,
     rx: mpsc::Receiver<Result<Batch, ClientError>>,
     cancel: CancellationToken,
     counters: Arc<EpochCounters>,
@@ -1370,9 +1455,14 @@ impl Epoch {
         self.counters.report(self.epoch, self.planned)
     }
 
-    /// Batches this epoch yields in all (the same on every rank).
+    /// Batches this epoch has in all (the same on every rank).
     pub fn batches(&self) -> u64 {
         self.batches
+    }
+
+    /// Batches this epoch yields: all of them, or after a resume the rest.
+    pub fn batches_left(&self) -> u64 {
+        self.batches.saturating_sub(self.first_batch)
     }
 
     pub fn epoch(&self) -> u64 {
@@ -1782,6 +1872,65 @@ mod tests {
                 Ok(_) => panic!("{n} connections were accepted"),
             }
         }
+    }
+
+    /// A checkpoint names the dataset by its shards' content, not their URLs: it resumes on
+    /// the same shards served from elsewhere (another directory, a storage node), and a
+    /// changed shard is named in the refusal.
+    #[test]
+    fn checkpoints_follow_the_shards_content_not_their_urls() {
+        let manifest = |base: &str, checksum_of_2: u64| {
+            Manifest::new(
+                (0..4)
+                    .map(|i| ShardInfo {
+                        url: format!("{base}/tiny-{i}.tar"),
+                        size: 1 << 20,
+                        samples: 100,
+                        checksum: Checksum(if i == 2 { checksum_of_2 } else { i }),
+                        compression: Compression::None,
+                        replicas: Vec::new(),
+                    })
+                    .collect(),
+            )
+        };
+        let loader = |m: Manifest| {
+            Loader::builder()
+                .dataset(m)
+                .in_process(Arc::new(Tiny {
+                    runs: Arc::default(),
+                    refuse: Mutex::new(None),
+                }))
+                .batch_size(16)
+                .seed(5)
+                .build()
+                .unwrap()
+        };
+        let first = loader(manifest("file:///data", 2));
+        let mut epoch = first.epoch(0).unwrap();
+        let mut before: Vec<(u32, u64)> = Vec::new();
+        for _ in 0..3 {
+            let b = epoch.next().unwrap().unwrap();
+            before.extend(b.ids().iter().map(|i| (i.shard, i.index)));
+        }
+        let state = first.state_dict().unwrap();
+        assert_eq!(state.shards.len(), 4);
+        drop(epoch);
+
+        let moved = loader(manifest("http://storage-7:7000/v1/train", 2));
+        moved.load_state_dict(state.clone()).unwrap();
+        let rest = ids(moved.epoch(0).unwrap());
+        let mut all: Vec<_> = before.iter().chain(&rest).copied().collect();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(
+            (before.len() + rest.len(), all.len()),
+            (400, 400),
+            "exactly the rest"
+        );
+
+        let changed = loader(manifest("file:///data", 99));
+        let err = changed.load_state_dict(state).unwrap_err().to_string();
+        assert!(err.contains("shard #2 (file:///data/tiny-2.tar)"), "{err}");
     }
 
     /// Any batch size works in plan order with the default lookahead (it was a fixed 512, so

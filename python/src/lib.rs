@@ -396,6 +396,12 @@ impl Loader {
         } else {
             vec![state.clone()]
         };
+        // `{}` is what state_dict() gives before the first batch: the start of an epoch,
+        // nothing to restore.
+        let empty = |s: &Bound<'_, PyAny>| s.downcast::<PyDict>().is_ok_and(|d| d.is_empty());
+        if states.iter().all(empty) {
+            return Ok(());
+        }
         let mut checkpoints = Vec::with_capacity(states.len());
         for s in &states {
             let text: String = json.call_method1("dumps", (s,))?.extract()?;
@@ -490,10 +496,11 @@ impl Epoch {
         }
     }
 
+    /// Batches this epoch yields: after a resume, the rest.
     fn __len__(&self) -> usize {
         self.inner
             .lock()
-            .map(|e| e.host().batches() as usize)
+            .map(|e| e.host().batches_left() as usize)
             .unwrap_or(0)
     }
 

@@ -197,3 +197,74 @@ def test_ctrl_c_interrupts_a_wait(dataset, worker):
     threading.Timer(0.5, _thread.interrupt_main).start()
     with pytest.raises(KeyboardInterrupt):
         next(iter(loader))
+
+
+def test_a_checkpoint_follows_the_shards_to_another_place(dataset, sluice_bin, tmp_path):
+    """Checkpoints name the dataset by its shards' content: one taken mid-epoch resumes after
+    the shards were copied to another directory and indexed there, and from a manifest a
+    storage node serves them by (its URLs are http://)."""
+    import pathlib
+    import re
+    import shutil
+    import subprocess
+
+    src = pathlib.Path(dataset).parent
+    loader = sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE, seed=6)
+    epoch = loader.epoch(0)
+    before = [i for _ in range(3) for i in next(epoch)[0].ids]
+    state = json.loads(json.dumps(loader.state_dict()))
+    del epoch, loader
+
+    moved = tmp_path / "store" / "train"
+    moved.mkdir(parents=True)
+    for shard in src.glob("s-*.tar"):
+        shutil.copy(shard, moved / shard.name)
+    shards = sorted(str(p) for p in moved.glob("*.tar"))
+    subprocess.run([sluice_bin, "index", *shards, "--output", str(moved / "m.json")],
+                   check=True, capture_output=True)
+    again = sluice.Loader(dataset=str(moved / "m.json"), batch_size=8, pipeline=PIPELINE, seed=6)
+    again.load_state_dict(state)
+    epoch = again.epoch(0)
+    assert len(epoch) == len(again) - 3, "len() of a resumed epoch is the batches left"
+    rest = [i for images, _ in epoch for i in images.ids]
+    assert len(before) + len(rest) == TOTAL and len(set(before + rest)) == TOTAL
+
+    storage = subprocess.Popen([sluice_bin, "storage", "--data", str(tmp_path / "store"),
+                                "--listen", "127.0.0.1:0"], stderr=subprocess.PIPE,
+                               stdout=subprocess.DEVNULL, text=True)
+    try:
+        addr = None
+        while addr is None:
+            m = re.search(r"listen=(\S+)", storage.stderr.readline())
+            addr = m and m.group(1)
+        served = json.loads((moved / "m.json").read_text())
+        for s in served["shards"]:
+            s["url"] = f"http://{addr}/v1/train/{pathlib.Path(s['url']).name}"
+        (tmp_path / "served.json").write_text(json.dumps(served))
+        remote = sluice.Loader(dataset=str(tmp_path / "served.json"), batch_size=8,
+                               pipeline=PIPELINE, seed=6)
+        remote.load_state_dict(state)
+        assert [i for images, _ in remote for i in images.ids] == rest
+    finally:
+        storage.kill()
+        storage.wait()
+
+    # A dataset whose shards differ is refused, naming the first shard that does.
+    first = sorted(moved.glob("*.tar"))[0]
+    first.write_bytes(first.read_bytes()[:-1024])
+    subprocess.run([sluice_bin, "index", *shards, "--output", str(moved / "m.json")],
+                   capture_output=True)
+    changed = sluice.Loader(dataset=str(moved / "m.json"), batch_size=8, pipeline=PIPELINE,
+                            seed=6)
+    with pytest.raises(sluice.SluiceError, match=r"shard #0 .*s-000000\.tar"):
+        changed.load_state_dict(state)
+
+
+def test_the_state_before_the_first_batch_loads_as_the_start_of_the_epoch(dataset):
+    loader = sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE, seed=2)
+    state = loader.state_dict()
+    assert state == {}
+    fresh = sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE, seed=2)
+    fresh.load_state_dict(state)
+    fresh.load_state_dict([{}, {}])
+    assert ids_of(fresh.epoch(0)) == ids_of(loader.epoch(0))
