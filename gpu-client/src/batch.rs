@@ -149,6 +149,8 @@ pub struct SampleId {
 /// What comes with a sample's tensor into its batch.
 #[derive(Debug, Default)]
 pub(crate) struct SampleMeta {
+    /// It repeats a sample to even out ranks (remainder `pad`): marked in `Batch::padding`.
+    pub padding: bool,
     pub label: Option<i64>,
     pub key: String,
     pub fields: SampleFields,
@@ -323,7 +325,9 @@ impl Batch {
         &self.keys
     }
 
-    /// True for slots that repeat another sample of the batch (top-up policy).
+    /// True for rows that repeat a sample: to even out ranks (remainder `pad`, so every
+    /// sample is scored once when these are left out) or to fill a batch that lost samples
+    /// (top-up policy).
     pub fn padding(&self) -> &[bool] {
         &self.padding
     }
@@ -435,7 +439,7 @@ impl Filling {
         b.keys.push(meta.key);
         b.fields.push(meta.fields);
         b.geometry.push(meta.geometry);
-        b.padding.push(false);
+        b.padding.push(meta.padding);
         b.accounted.push((unit, id.shard, id.index));
     }
 
@@ -561,6 +565,7 @@ mod tests {
         let mut f = Filling::new(buf, ring.clone(), shape(), 0, 0, 4);
         let put = |t: [u8; 2]| move |slot: &mut [u8]| slot.copy_from_slice(&t);
         let meta = |label, key: &str, txt: &[u8]| SampleMeta {
+            padding: false,
             label,
             key: key.into(),
             fields: SampleFields::new(vec![("txt".into(), txt.len() as u64)], txt.to_vec())

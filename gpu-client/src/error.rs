@@ -6,6 +6,15 @@ use std::time::Duration;
 pub enum ClientError {
     #[error("loader setting {key}: {detail}")]
     Config { key: &'static str, detail: String },
+    #[error(
+        "every sample of epoch {epoch} was skipped ({skipped} samples), so no batch held \
+             any; the first: {first}"
+    )]
+    AllSkipped {
+        epoch: u64,
+        skipped: u64,
+        first: String,
+    },
     #[error(transparent)]
     Plan(#[from] sluice_plan::PlanError),
     #[error("worker {worker}: {detail}")]

@@ -1325,6 +1325,7 @@ impl Loader {
             done: false,
             pending_wait: Duration::ZERO,
             ring_batches: s.ring_batches,
+            seen: (0, 0, None),
         };
         Ok(Started {
             epoch: handle,
@@ -1447,6 +1448,9 @@ pub struct Epoch {
     /// Waiting done by `next_timeout` calls that timed out, charged to the next batch.
     pending_wait: Duration,
     ring_batches: usize,
+    /// Samples delivered and skipped so far, and the first skip's reason: an epoch that
+    /// skipped every sample ends with an error, not quietly after empty batches.
+    seen: (u64, u64, Option<String>),
 }
 
 impl Epoch {
@@ -1544,6 +1548,12 @@ impl Epoch {
         match item {
             Some(Ok(batch)) => {
                 self.record(&batch, waited);
+                let real = batch.padding().iter().filter(|p| !**p).count() as u64;
+                self.seen.0 += real;
+                self.seen.1 += batch.skipped().len() as u64;
+                if self.seen.2.is_none() {
+                    self.seen.2 = batch.skipped().first().map(|(_, why)| why.clone());
+                }
                 Some(Ok(batch))
             }
             Some(Err(e)) => {
@@ -1552,7 +1562,16 @@ impl Epoch {
             }
             None => {
                 self.done = true;
-                None
+                match &self.seen {
+                    (0, skipped, Some(first)) if *skipped > 0 => {
+                        Some(Err(ClientError::AllSkipped {
+                            epoch: self.epoch,
+                            skipped: *skipped,
+                            first: first.clone(),
+                        }))
+                    }
+                    _ => None,
+                }
             }
         }
     }

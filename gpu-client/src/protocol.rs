@@ -25,6 +25,11 @@ use crate::ledger::{Ledger, Verdict};
 use crate::reorder::{Arrival, Placement, Reorder};
 use crate::stats::{EpochCounters, Stats};
 
+/// Skips logged by name in an epoch before the log only counts them.
+const SKIPS_NAMED: u64 = 10;
+/// After those, one skip in this many is logged.
+const SKIPS_SUMMARY_EVERY: u64 = 1000;
+
 /// A sample's tensor as the protocol passes it around: the shell's payload type.
 pub(crate) trait Tensor {
     /// The tensor alone, for a sample that must wait for its turn (a same-host slot only
@@ -111,6 +116,8 @@ pub(crate) struct Protocol<P> {
     actions: VecDeque<Action<P>>,
     counters: Arc<EpochCounters>,
     stats: Arc<Stats>,
+    /// Skips logged so far this epoch (see [`SKIPS_NAMED`]).
+    skips_logged: u64,
     /// No unit is handed out yet (an epoch started early, behind one still handing out its
     /// own).
     held: bool,
@@ -172,6 +179,7 @@ impl<P: Tensor> Protocol<P> {
             actions: VecDeque::new(),
             counters,
             stats,
+            skips_logged: 0,
             held: false,
         }
     }
@@ -312,6 +320,7 @@ impl<P: Tensor> Protocol<P> {
                     unit,
                     tensor,
                     meta: SampleMeta {
+                        padding: self.ledger.unit(unit).is_some_and(|u| u.padding),
                         label: header.label,
                         key: header.key,
                         fields,
@@ -343,8 +352,20 @@ impl<P: Tensor> Protocol<P> {
             .record(skipped.unit, skipped.shard, skipped.index)
         {
             Verdict::Accept => {
-                tracing::warn!(shard = skipped.shard, key = %skipped.key,
-                               "sample skipped: {}", skipped.reason);
+                // Named one by one at first, then counted: a large damaged dataset must not
+                // bury the rest of the log.
+                let n = self.skips_logged;
+                self.skips_logged += 1;
+                if n < SKIPS_NAMED || (n + 1) % SKIPS_SUMMARY_EVERY == 0 {
+                    tracing::warn!(shard = skipped.shard, key = %skipped.key,
+                                   "sample skipped ({} in this epoch so far): {}", n + 1,
+                                   skipped.reason);
+                } else if n == SKIPS_NAMED {
+                    tracing::warn!(
+                        "more samples skipped; from here every \
+                                    {SKIPS_SUMMARY_EVERY}th is logged (each batch lists its own)"
+                    );
+                }
                 metrics::counter!("sluice_client_skipped_total").increment(1);
                 let arrival = Arrival::Skip {
                     id: SampleId {

@@ -32,6 +32,7 @@
 //! raise `ValueError`.
 
 mod dlpack;
+mod logs;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -54,6 +55,12 @@ fn client_error(e: ClientError) -> PyErr {
 /// A manifest with its shard URLs made absolute (relative ones are beside the manifest).
 fn load_manifest(path: &str) -> PyResult<sluice_shard::Manifest> {
     let p = Path::new(path);
+    if !p.is_file() {
+        return Err(PyValueError::new_err(format!(
+            "dataset: no manifest at {path} (make one with sluice shard --manifest or sluice \
+             index)"
+        )));
+    }
     let mut manifest = sluice_shard::Manifest::load(p, 256 << 20)
         .map_err(|e| PyValueError::new_err(format!("dataset: {e}")))?;
     let abs = std::fs::canonicalize(p)
@@ -72,6 +79,89 @@ fn env_u32(name: &str) -> PyResult<Option<u32>> {
         }),
         Err(_) => Ok(None),
     }
+}
+
+/// In-process decode threads when `threads` is not given: this machine's cores shared by the
+/// ranks torchrun started on it (`LOCAL_WORLD_SIZE`), at least one each.
+fn threads_per_rank() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let local = std::env::var("LOCAL_WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(1);
+    (cores / local).max(1)
+}
+
+/// The pipeline, checked as a worker will check it, so a mistake is a `ValueError` here and
+/// not an error at the first batch.
+fn check_pipeline(pipeline: &str) -> PyResult<()> {
+    let spec: sluice_cpu::PipelineSpec = pipeline
+        .parse()
+        .map_err(|e| PyValueError::new_err(format!("pipeline: {e}")))?;
+    if spec.output_size().is_none() {
+        return Err(PyValueError::new_err(format!(
+            "pipeline {pipeline:?} has no fixed output size, so its samples cannot be batched: \
+             end it with random_resized_crop, center_crop or an exact resize"
+        )));
+    }
+    Ok(())
+}
+
+/// `shuffle=`: `"global"` (the default), `"local"`, `"partial:Q"`, or `True` (global).
+fn shuffle_policy(shuffle: Option<&Bound<'_, PyAny>>) -> PyResult<ShufflePolicy> {
+    let Some(s) = shuffle.filter(|s| !s.is_none()) else {
+        return Ok(ShufflePolicy::Global);
+    };
+    if let Ok(flag) = s.downcast::<pyo3::types::PyBool>() {
+        return if flag.is_true() {
+            Ok(ShufflePolicy::Global)
+        } else {
+            Err(PyValueError::new_err(
+                "shuffle=False: Sluice always reads shards in a planned order; for evaluation \
+                 the order does not change a metric, and remainder=\"pad\" makes every \
+                 sample scored exactly once on any number of ranks (padding marked in \
+                 images.padding)",
+            ))
+        };
+    }
+    let text: String = s.extract().map_err(|_| {
+        PyValueError::new_err(format!(
+            "shuffle: expected \"global\", \"local\" or \"partial:Q\", got {s}"
+        ))
+    })?;
+    text.parse()
+        .map_err(|e| PyValueError::new_err(format!("shuffle: {e}")))
+}
+
+/// A keyword `Loader` does not take: DataLoader habits get the Sluice way of saying them.
+fn unknown_keyword(key: &str) -> PyErr {
+    let hint = match key {
+        "num_workers" | "persistent_workers" | "prefetch_factor" | "worker_init_fn" => {
+            "decoding runs in sluice cpu workers (workers=[\"host:port\", ...]) or in this \
+             process (threads=N decode threads); there are no DataLoader worker processes"
+        }
+        "pin_memory" | "pin_memory_device" => {
+            "device=\"cuda:N\" keeps the batch ring page-locked and uploads each batch on its \
+             own stream; host batches (device=\"cpu\") are ordinary memory"
+        }
+        "sampler" | "batch_sampler" | "generator" => {
+            "Sluice plans each epoch itself: seed=, shuffle=, and rank/world_size (from RANK \
+             and WORLD_SIZE by default)"
+        }
+        "collate_fn" => {
+            "batches are already tensors (torch.from_dlpack(images)) with \
+             images.keys, images.fields and labels beside them"
+        }
+        "timeout" => "worker_wait= is how long to wait for a worker (seconds)",
+        _ => "",
+    };
+    let msg = if hint.is_empty() {
+        format!("Loader() got an unexpected keyword argument '{key}'")
+    } else {
+        format!("Loader() takes no '{key}': {hint}")
+    };
+    pyo3::exceptions::PyTypeError::new_err(msg)
 }
 
 /// `fields=`: `None` or `[]` (none), `"all"`, one name, or a list of names.
@@ -181,27 +271,29 @@ impl Loader {
     #[new]
     #[pyo3(signature = (
         dataset, workers=None, batch_size=256, seed=0, rank=None, world_size=None,
-        shuffle="global", pipeline="decode | random_resized_crop 224 | hflip 0.5",
-        device="cpu", token_file=None, trust_cert=None, threads=0, drop_last=false,
+        shuffle=None, pipeline="decode | random_resized_crop 224 | hflip 0.5",
+        device="cpu", token_file=None, trust_cert=None, threads=None, drop_last=false,
         ring_batches=4, dtype="uint8", mean=None, std=None, order="plan", mix_units=None,
         mix_buffer=None, prefetch_next_epoch=true, epochs=None, fields=None, label=Some("cls"),
-        max_field_bytes=1 << 20,
+        max_field_bytes=1 << 20, remainder="drop", same_host="auto", connections_per_worker=1,
+        fail_on_bad_sample=false, worker_wait=30.0, hedge_after=3.0, max_unit_samples=64,
+        lookahead=None, **kwargs,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        dataset: &str,
-        workers: Option<Vec<String>>,
+        dataset: PathBuf,
+        workers: Option<&Bound<'_, PyAny>>,
         batch_size: u32,
         seed: u64,
         rank: Option<u32>,
         world_size: Option<u32>,
-        shuffle: &str,
+        shuffle: Option<&Bound<'_, PyAny>>,
         pipeline: &str,
         device: &str,
         token_file: Option<PathBuf>,
         trust_cert: Option<PathBuf>,
-        threads: usize,
+        threads: Option<usize>,
         drop_last: bool,
         ring_batches: usize,
         dtype: &str,
@@ -215,7 +307,54 @@ impl Loader {
         fields: Option<&Bound<'_, PyAny>>,
         label: Option<&str>,
         max_field_bytes: u64,
+        remainder: &str,
+        same_host: &str,
+        connections_per_worker: u32,
+        fail_on_bad_sample: bool,
+        worker_wait: f64,
+        hedge_after: f64,
+        max_unit_samples: u64,
+        lookahead: Option<u64>,
+        kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        logs::install();
+        if let Some(kwargs) = kwargs {
+            if let Some((key, _)) = kwargs.iter().next() {
+                return Err(unknown_keyword(&key.to_string()));
+            }
+        }
+        check_pipeline(pipeline)?;
+        let remainder: sluice_client::Remainder = remainder
+            .parse()
+            .map_err(|e| PyValueError::new_err(format!("remainder: {e}")))?;
+        let same_host: sluice_client::SameHost = same_host
+            .parse()
+            .map_err(|e| PyValueError::new_err(format!("same_host: {e}")))?;
+        let seconds = |key: &str, v: f64| {
+            if v.is_finite() && v > 0.0 && v < 1e6 {
+                Ok(Duration::from_secs_f64(v))
+            } else {
+                Err(PyValueError::new_err(format!(
+                    "{key}: must be a positive number of seconds, got {v}"
+                )))
+            }
+        };
+        let worker_wait = seconds("worker_wait", worker_wait)?;
+        let hedge_after = seconds("hedge_after", hedge_after)?;
+        let workers: Option<Vec<String>> = match workers {
+            None => None,
+            Some(w) if w.is_none() => None,
+            Some(w) => Some(match w.extract::<String>() {
+                Ok(one) => vec![one],
+                Err(_) => w.extract::<Vec<String>>().map_err(|_| {
+                    PyValueError::new_err(format!(
+                        "workers: expected \"host:port\" or a list of them, got {w}"
+                    ))
+                })?,
+            }),
+        };
+        let shuffle = shuffle_policy(shuffle)?;
+        let dataset_text = dataset.to_string_lossy().into_owned();
         let fields = field_selection(fields)?;
         let label = match label {
             None => sluice_client::LabelSource::None,
@@ -245,9 +384,6 @@ impl Loader {
                 (Some(a), d)
             }
         };
-        let shuffle: ShufflePolicy = shuffle
-            .parse()
-            .map_err(|e| PyValueError::new_err(format!("shuffle: {e}")))?;
         let rank = match rank {
             Some(r) => r,
             None => env_u32("RANK")?.unwrap_or(0),
@@ -256,10 +392,10 @@ impl Loader {
             Some(w) => w,
             None => env_u32("WORLD_SIZE")?.unwrap_or(1),
         };
-        let manifest = load_manifest(dataset)?;
+        let manifest = load_manifest(&dataset_text)?;
         let mut b = sluice_client::Loader::builder()
             .dataset(manifest)
-            .dataset_name(dataset.to_string())
+            .dataset_name(dataset_text.clone())
             .pipeline(pipeline.to_string())
             .batch_size(batch_size)
             .seed(seed)
@@ -273,6 +409,13 @@ impl Loader {
                     .unwrap_or(sluice_client::Mixing::default().buffer_samples),
             })
             .ring_batches(ring_batches)
+            .remainder(remainder)
+            .same_host(same_host)
+            .connections_per_worker(connections_per_worker)
+            .fail_on_bad_sample(fail_on_bad_sample)
+            .worker_wait(worker_wait)
+            .hedge_after(hedge_after)
+            .max_unit_samples(max_unit_samples)
             .fields(fields)
             .label(label)
             .max_field_bytes(max_field_bytes)
@@ -285,13 +428,16 @@ impl Loader {
         if let Some(n) = epochs {
             b = b.epochs(n);
         }
+        if let Some(n) = lookahead {
+            b = b.lookahead(n);
+        }
         if let Some(a) = allocator {
             b = b.allocator(a);
         }
         b = match workers {
             None => {
                 let engine = sluice_cpu::EngineConfig {
-                    threads,
+                    threads: threads.unwrap_or_else(threads_per_rank),
                     ..Default::default()
                 };
                 // The blocking HTTP client inside the source is made off any event loop.
@@ -331,7 +477,9 @@ impl Loader {
                 b
             }
         };
-        let inner = py.allow_threads(|| b.build()).map_err(client_error)?;
+        let inner = py.allow_threads(|| b.build()).map_err(client_error);
+        logs::deliver(py);
+        let inner = inner?;
         Ok(Loader {
             inner,
             epoch: Mutex::new(0),
@@ -347,7 +495,9 @@ impl Loader {
         }
         let inner = py
             .allow_threads(|| self.inner.epoch(epoch))
-            .map_err(client_error)?;
+            .map_err(client_error);
+        logs::deliver(py);
+        let inner = inner?;
         let inner = match &self.device {
             Device::Cpu => Batches::Host(inner),
             #[cfg(feature = "cuda")]
@@ -485,6 +635,7 @@ impl Epoch {
                     .map_err(|_| "the epoch's lock is poisoned".to_string())
                     .map(|mut e| e.next_timeout(Duration::from_millis(100)))
             });
+            logs::deliver(py);
             match next.map_err(SluiceError::new_err)? {
                 Err(()) => py.check_signals()?,
                 Ok(None) => return Ok(None),

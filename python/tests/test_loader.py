@@ -268,3 +268,72 @@ def test_the_state_before_the_first_batch_loads_as_the_start_of_the_epoch(datase
     fresh.load_state_dict(state)
     fresh.load_state_dict([{}, {}])
     assert ids_of(fresh.epoch(0)) == ids_of(loader.epoch(0))
+
+
+@pytest.mark.parametrize("pipeline, message", [
+    ("decode | resize 32 | center_crop 32 | hflip 2.0", "hflip"),
+    ("RandomResizedCrop(224)", "pipeline"),
+    ("decode", "output size is not fixed"),
+])
+def test_a_bad_pipeline_is_a_value_error_at_construction(dataset, pipeline, message):
+    with pytest.raises(ValueError, match=message):
+        sluice.Loader(dataset=dataset, pipeline=pipeline)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"num_workers": 8}, TypeError, "sluice cpu workers"),
+    ({"pin_memory": True}, TypeError, "page-locked"),
+    ({"sampler": None}, TypeError, "plans each epoch"),
+    ({"collate_fn": list}, TypeError, "already tensors"),
+    ({"colour": 1}, TypeError, "unexpected keyword argument 'colour'"),
+    ({"shuffle": False}, ValueError, 'remainder="pad"'),
+    ({"workers": "127.0.0.1:7100"}, ValueError, "trust_cert"),
+    ({"remainder": "spread"}, ValueError, "remainder"),
+    ({"same_host": "maybe"}, ValueError, "same_host"),
+    ({"worker_wait": -1.0}, ValueError, "worker_wait"),
+    ({"lookahead": 1}, ValueError, "lookahead"),
+])
+def test_dataloader_habits_get_errors_that_say_the_sluice_way(dataset, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        sluice.Loader(dataset=dataset, pipeline=PIPELINE, batch_size=8, **kwargs)
+
+
+def test_paths_true_shuffle_and_one_worker_string_are_accepted(dataset, tmp_path):
+    import pathlib
+
+    loader = sluice.Loader(dataset=pathlib.Path(dataset), pipeline=PIPELINE, batch_size=8,
+                           shuffle=True, fail_on_bad_sample=False, max_unit_samples=16)
+    assert len(ids_of(loader.epoch(0))) == TOTAL
+    with pytest.raises(ValueError, match="no manifest at"):
+        sluice.Loader(dataset=tmp_path / "missing.json")
+
+
+def test_an_epoch_that_skips_every_sample_raises_and_skips_reach_python_logging(dataset, caplog):
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="sluice")
+    # These samples have no txt field to decode an image from: every one is skipped.
+    loader = sluice.Loader(dataset=dataset, batch_size=8, epochs=1,
+                           pipeline="decode field=txt | resize 40 | center_crop 32")
+    with pytest.raises(sluice.SluiceError, match="every sample of epoch 0 was skipped"):
+        for images, _ in loader.epoch(0):
+            assert len(images) == 0
+    skips = [r for r in caplog.records if r.name.startswith("sluice.")
+             and "sample skipped" in r.getMessage()]
+    assert 1 <= len(skips) <= 11, "named at first, then counted, not one line per sample"
+    assert "no image field" in skips[0].getMessage()
+
+
+@pytest.mark.parametrize("world_size", [1, 3, 8])
+def test_pad_scores_every_sample_exactly_once_at_any_world_size(dataset, world_size):
+    scored, batches = [], set()
+    for rank in range(world_size):
+        loader = sluice.Loader(dataset=dataset, batch_size=4, pipeline=PIPELINE, seed=1,
+                               rank=rank, world_size=world_size, remainder="pad")
+        n = 0
+        for images, _ in loader.epoch(0):
+            n += 1
+            scored.extend(i for i, pad in zip(images.ids, images.padding) if not pad)
+        batches.add(n)
+    assert len(batches) == 1, f"equal steps on every rank: {batches}"
+    assert len(scored) == TOTAL and len(set(scored)) == TOTAL

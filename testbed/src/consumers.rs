@@ -572,7 +572,9 @@ fn run_rank(
     let started = Instant::now();
     for epoch in first_epoch..first_epoch + cfg.epochs {
         let mut planned: HashMap<(u32, u64), i64> = HashMap::new();
-        for u in loader.pending(epoch)? {
+        // Padding units repeat samples to even out ranks: their rows are marked padding and
+        // are no sample of the plan's own.
+        for u in loader.pending(epoch)?.into_iter().filter(|u| !u.padding) {
             for i in u.start..u.end {
                 *planned.entry((u.shard, i)).or_default() += 1;
             }
