@@ -17,13 +17,25 @@ and devices. Beside the tensors each batch carries, in the same plan order: ``im
 (WebDataset's ``__key__``), ``images.ids``, ``images.padding``, ``images.skipped``,
 ``images.fields`` (the fields the loader asked for, decoded by extension as WebDataset does)
 and ``images.geometry`` (the crop box and flip that made each tensor).
+
+PyTorch code that wants tensors in dicts, epochs that advance on every ``iter()`` (and under
+Lightning's ``sampler.set_epoch``), ``len``, ``state_dict``/``load_state_dict`` and pickling,
+uses :mod:`sluice.torch` (it imports torch; this module does not).
 """
+
+from importlib.metadata import PackageNotFoundError, version
 
 from ._fields import FieldDecodeError, Fields, decode_field
 from ._geometry import transform_boxes
 from ._sluice import Epoch, Images, Labels, Loader, SluiceError
 
+try:
+    __version__ = version("sluice")
+except PackageNotFoundError:  # imported from a source tree, not installed
+    __version__ = "0+unknown"
+
 __all__ = [
+    "__version__",
     "Epoch",
     "FieldDecodeError",
     "Fields",
