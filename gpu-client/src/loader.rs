@@ -650,6 +650,17 @@ impl Loader {
         LoaderBuilder::default()
     }
 
+    /// The dataset's content fingerprint (each shard's size, sample count and checksum, in
+    /// manifest order): every rank of a job must have the same, or their plans disagree.
+    pub fn dataset_fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
+    /// (rank, world size) this loader plans for.
+    pub fn rank_and_world(&self) -> (u32, u32) {
+        (self.settings.rank, self.settings.world_size)
+    }
+
     /// Batches every rank yields per epoch.
     pub fn batches_per_epoch(&self) -> u64 {
         self.batch_plan.batches

@@ -26,6 +26,10 @@ How it differs from ``torch.utils.data.DataLoader``:
   far; resuming delivers exactly the rest, also at another world size.
 - Pickling (``copy.deepcopy``, a framework that copies dataloaders) rebuilds the loader from
   its arguments; the copy starts at the same epoch with nothing read.
+- When ``torch.distributed`` is initialized, the ranks compare their datasets at
+  construction (a collective call: every rank builds its loader at the same point): ranks
+  that loaded different manifests would repeat and lose samples and take different numbers
+  of steps, so they all raise ``ValueError`` naming what differs instead.
 
 Every other argument is ``sluice.Loader``'s (see ``help(sluice.Loader)``).
 """
@@ -53,6 +57,34 @@ class _EpochSetter:
 
     def set_epoch(self, epoch: int) -> None:
         self._loader.set_epoch(epoch)
+
+
+def _check_ranks_agree(mine: Dict[str, Any]) -> None:
+    """Raises on every rank if the ranks of this torch.distributed job see different datasets
+    or a world Sluice was not told about."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    world = dist.get_world_size()
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, mine)
+    if mine["world_size"] != world or mine["rank"] != dist.get_rank():
+        raise ValueError(
+            f"this loader plans rank {mine['rank']} of {mine['world_size']}, but "
+            f"torch.distributed says rank {dist.get_rank()} of {world}: pass rank= and "
+            "world_size= (or leave them to RANK and WORLD_SIZE)"
+        )
+    first = everyone[0]
+    for r, other in enumerate(everyone):
+        if other["fingerprint"] != first["fingerprint"]:
+            raise ValueError(
+                f"ranks 0 and {r} loaded different datasets: rank 0 has {first['shards']} "
+                f"shards, {first['samples']} samples (fingerprint {first['fingerprint']}), "
+                f"rank {r} has {other['shards']} shards, {other['samples']} samples "
+                f"(fingerprint {other['fingerprint']}); every rank must load the same "
+                "manifest, or samples are repeated and lost and the ranks take different "
+                "numbers of steps"
+            )
 
 
 class Loader(IterableDataset):
@@ -96,6 +128,7 @@ class Loader(IterableDataset):
         self._epoch = 0
         self.batch_size: int = kwargs.get("batch_size", 256)
         self.sampler = _EpochSetter(self)
+        _check_ranks_agree(self._inner.dataset_identity)
 
     # --- epochs -------------------------------------------------------------------------
 

@@ -521,6 +521,25 @@ impl Loader {
         self.epoch(py, epoch)
     }
 
+    /// The dataset as this rank sees it: `{"fingerprint": hex, "shards": n, "samples": n,
+    /// "rank": r, "world_size": w}`. Every rank of a job must agree on the fingerprint
+    /// (the shards' content in manifest order); `sluice.torch` checks it across ranks.
+    #[getter]
+    fn dataset_identity<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        let m = self.inner.manifest();
+        d.set_item(
+            "fingerprint",
+            format!("{:016x}", self.inner.dataset_fingerprint()),
+        )?;
+        d.set_item("shards", m.shards.len())?;
+        d.set_item("samples", m.total_samples())?;
+        let (rank, world) = self.inner.rank_and_world();
+        d.set_item("rank", rank)?;
+        d.set_item("world_size", world)?;
+        Ok(d)
+    }
+
     /// Batches per epoch (the same on every rank).
     fn __len__(&self) -> usize {
         self.inner.batches_per_epoch() as usize

@@ -103,3 +103,60 @@ def test_a_checkpoint_resumes_exactly_the_rest(dataset):
     rest = keys_of_epoch(again)
     assert sorted(first + rest) == sorted(set(first + rest)) and len(first + rest) == TOTAL
     assert again.epoch == 2
+
+
+RANK_SCRIPT = """
+import sys
+import torch.distributed as dist
+import sluice.torch as st
+dist.init_process_group("gloo")
+try:
+    st.Loader(sys.argv[1], batch_size=8, pipeline="decode | resize 40 | center_crop 32")
+except ValueError as e:
+    print("REFUSED", e)
+    sys.exit(3)
+print("OK")
+"""
+
+
+def run_ranks(manifests, tmp_path):
+    """Starts one process per manifest as torchrun would (RANK, WORLD_SIZE, MASTER_*);
+    returns [(exit code, output)]."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    procs = []
+    for rank, m in enumerate(manifests):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(len(manifests)),
+               "LOCAL_WORLD_SIZE": str(len(manifests)), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen([sys.executable, str(script), str(m)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    return [(p.wait(timeout=120), p.stdout.read()) for p in procs]
+
+
+def test_ranks_that_load_different_datasets_refuse_before_the_first_batch(dataset, tmp_path):
+    import json
+    import pathlib
+
+    src = pathlib.Path(dataset)
+    manifest = json.loads(src.read_text())
+    for s in manifest["shards"]:
+        s["url"] = str(src.parent / s["url"])
+    manifest["shards"] = manifest["shards"][:-1]
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps(manifest))
+
+    for code, out in run_ranks([src, src], tmp_path):
+        assert code == 0 and "OK" in out, out
+    for code, out in run_ranks([src, short], tmp_path):
+        assert code == 3, out
+        assert "loaded different datasets" in out and "9 shards" in out, out
