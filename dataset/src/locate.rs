@@ -162,24 +162,59 @@ pub fn dataset(spec: &str) -> Result<Manifest> {
     let mut infos = Vec::new();
     for name in expand(spec)? {
         let location = Location::parse(&name);
+        if let Some(mut info) = from_sidecar(&location)? {
+            info.url = absolute(&location)?;
+            infos.push(info);
+            continue;
+        }
         let (mut info, _) = scan_shard(
             location.open()?,
             &location.display(),
             &ReadOptions::default(),
             |_| {},
         )?;
-        info.url = match &location {
-            Location::File(p) => std::fs::canonicalize(p)
-                .map_err(DatasetError::io("resolving", p))?
-                .display()
-                .to_string(),
-            Location::Http(u) => u.clone(),
-        };
+        info.url = absolute(&location)?;
         infos.push(info);
     }
     let manifest = Manifest::new(infos);
     manifest.validate(spec)?;
     Ok(manifest)
+}
+
+/// A shard's URL or absolute path, as a worker on another host can open it.
+fn absolute(location: &Location) -> Result<String> {
+    Ok(match location {
+        Location::File(p) => std::fs::canonicalize(p)
+            .map_err(DatasetError::io("resolving", p))?
+            .display()
+            .to_string(),
+        Location::Http(u) => u.clone(),
+    })
+}
+
+/// What the manifest says of an uncompressed shard, from its `.idx` sidecar alone (two bytes of
+/// the shard tell it is not gzip): none of its samples is read. `None` when there is no
+/// sidecar or the shard is gzip (its sidecar describes the tar stream, not the file), so the
+/// caller scans it.
+fn from_sidecar(location: &Location) -> Result<Option<sluice_shard::ShardInfo>> {
+    let sidecar = Location::parse(&SampleIndex::sidecar_url(&location.display()));
+    let Ok(body) = sidecar.open() else {
+        return Ok(None);
+    };
+    let mut head = [0u8; 2];
+    if location.open()?.read_exact(&mut head).is_err() || head == [0x1f, 0x8b] {
+        return Ok(None);
+    }
+    let bytes = sluice_shard::index::read_bounded(body, MAX_MANIFEST, &sidecar.display())?;
+    let index = SampleIndex::decode(&bytes, &sidecar.display())?;
+    Ok(Some(sluice_shard::ShardInfo {
+        url: location.display(),
+        size: index.shard_size,
+        samples: index.entries.len() as u64,
+        checksum: index.shard_checksum,
+        compression: sluice_shard::Compression::None,
+        replicas: Vec::new(),
+    }))
 }
 
 /// How many `.tar` files `dir` holds.

@@ -52,6 +52,18 @@ fn client_error(e: ClientError) -> PyErr {
     }
 }
 
+/// The dataset `dataset=` names: a local manifest, the http(s) URL of one (a storage node
+/// serves it; its relative shard URLs resolve against that URL), or shards as paths, URLs or a
+/// brace pattern (described from their `.idx` sidecars where those exist).
+fn load_dataset(spec: &str) -> PyResult<sluice_shard::Manifest> {
+    let remote = spec.starts_with("http://") || spec.starts_with("https://");
+    if !remote && spec.ends_with(".json") {
+        return load_manifest(spec);
+    }
+    sluice_dataset::locate::dataset(spec)
+        .map_err(|e| PyValueError::new_err(format!("dataset: {e}")))
+}
+
 /// A manifest with its shard URLs made absolute (relative ones are beside the manifest).
 fn load_manifest(path: &str) -> PyResult<sluice_shard::Manifest> {
     let p = Path::new(path);
@@ -392,7 +404,7 @@ impl Loader {
             Some(w) => w,
             None => env_u32("WORLD_SIZE")?.unwrap_or(1),
         };
-        let manifest = load_manifest(&dataset_text)?;
+        let manifest = py.allow_threads(|| load_dataset(&dataset_text))?;
         let mut b = sluice_client::Loader::builder()
             .dataset(manifest)
             .dataset_name(dataset_text.clone())

@@ -337,3 +337,51 @@ def test_pad_scores_every_sample_exactly_once_at_any_world_size(dataset, world_s
         batches.add(n)
     assert len(batches) == 1, f"equal steps on every rank: {batches}"
     assert len(scored) == TOTAL and len(set(scored)) == TOTAL
+
+
+def test_dataset_may_be_a_served_manifest_url_or_a_pattern_of_indexed_shards(dataset, sluice_bin,
+                                                                           tmp_path):
+    import pathlib
+    import re
+    import shutil
+    import subprocess
+    import urllib.request
+
+    src = pathlib.Path(dataset).parent
+    bucket = tmp_path / "store" / "train"
+    bucket.mkdir(parents=True)
+    for f in src.glob("s-*"):
+        shutil.copy(f, bucket / f.name)
+    manifest = json.loads(pathlib.Path(dataset).read_text())
+    for s in manifest["shards"]:
+        s["url"] = pathlib.Path(s["url"]).name  # relative: beside the manifest
+    (bucket / "manifest.json").write_text(json.dumps(manifest))
+    reference = sluice.Loader(dataset=dataset, pipeline=PIPELINE)
+
+    # Shards named by a brace pattern, described from their .idx sidecars.
+    pattern = f"{bucket}/s-{{000000..000008}}.tar"
+    by_pattern = sluice.Loader(dataset=pattern, batch_size=8, pipeline=PIPELINE)
+    assert by_pattern.dataset_identity["fingerprint"] == reference.dataset_identity["fingerprint"]
+    assert len(ids_of(by_pattern.epoch(0))) == TOTAL
+
+    storage = subprocess.Popen([sluice_bin, "storage", "--data", str(tmp_path / "store"),
+                                "--listen", "127.0.0.1:0"], stderr=subprocess.PIPE,
+                               stdout=subprocess.DEVNULL, text=True)
+    try:
+        addr = None
+        while addr is None:
+            m = re.search(r"listen=(\S+)", storage.stderr.readline())
+            addr = m and m.group(1)
+        url = f"http://{addr}/v1/train/manifest.json"
+        served = sluice.Loader(dataset=url, batch_size=8, pipeline=PIPELINE)
+        assert served.dataset_identity["fingerprint"] == reference.dataset_identity["fingerprint"]
+        assert len(ids_of(served.epoch(0))) == TOTAL
+        metrics = urllib.request.urlopen(f"http://{addr}/metrics").read().decode()
+        sent = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                   if line.startswith("sluice_storage_bytes_sent_total"))
+        assert sent > 0, "the shards came from the storage node, resolved against the URL"
+        with pytest.raises(ValueError, match="dataset"):
+            sluice.Loader(dataset=f"http://{addr}/v1/train/missing.json")
+    finally:
+        storage.kill()
+        storage.wait()
