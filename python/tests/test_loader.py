@@ -385,3 +385,24 @@ def test_dataset_may_be_a_served_manifest_url_or_a_pattern_of_indexed_shards(dat
     finally:
         storage.kill()
         storage.wait()
+
+
+def test_the_type_stubs_name_every_argument_of_the_loader():
+    """python/sluice/_sluice.pyi documents Loader's arguments: it must not drift from the
+    Rust signature (the runtime's own, from PyO3)."""
+    import ast
+    import inspect
+    import pathlib
+
+    stub = pathlib.Path(sluice.__file__).with_name("_sluice.pyi")
+    tree = ast.parse(stub.read_text())
+    init = next(f for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "Loader"
+                for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+    stubbed = [a.arg for a in init.args.args[1:]]
+    runtime = [n for n, p in inspect.signature(sluice.Loader).parameters.items()
+               if p.kind is not p.VAR_KEYWORD]
+    assert stubbed == runtime
+    for name in runtime:
+        assert f"{name}:" in ast.get_docstring(init) or f", {name}:" in ast.get_docstring(init) \
+            or f"{name}," in ast.get_docstring(init), f"{name} undocumented"
+    assert sluice.__version__ != "0+unknown"
