@@ -118,6 +118,22 @@ pub async fn serve_admin(
     draining: CancellationToken,
     stop: CancellationToken,
 ) {
+    serve_admin_with_health(listener, metrics, draining, stop, None).await
+}
+
+/// A daemon's own answer to `/healthz` (status and JSON body), for health that is more than
+/// serving or draining: a storage node's unavailable mountpaths.
+pub type Health = std::sync::Arc<dyn Fn() -> (StatusCode, String) + Send + Sync>;
+
+/// [`serve_admin`], with `/healthz` answered by `health` when given, so the admin listener
+/// (where probes go) says what the daemon's main port says.
+pub async fn serve_admin_with_health(
+    listener: tokio::net::TcpListener,
+    metrics: PrometheusHandle,
+    draining: CancellationToken,
+    stop: CancellationToken,
+    health: Option<Health>,
+) {
     loop {
         let stream = tokio::select! {
             r = listener.accept() => match r {
@@ -129,10 +145,13 @@ pub async fn serve_admin(
         };
         let metrics = metrics.clone();
         let draining = draining.clone();
+        let health = health.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let (status, body) =
-                    admin_response(req.uri().path(), &metrics, draining.is_cancelled());
+                let (status, body) = match &health {
+                    Some(h) if req.uri().path() == "/healthz" => h(),
+                    _ => admin_response(req.uri().path(), &metrics, draining.is_cancelled()),
+                };
                 let mut response = Response::new(Full::new(Bytes::from(body)));
                 *response.status_mut() = status;
                 async move { Ok::<_, Infallible>(response) }

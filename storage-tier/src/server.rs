@@ -83,11 +83,14 @@ pub async fn run(
             .map_err(StorageError::Accept)?;
         tracing::info!(metrics_listen = %addr, "serving /metrics and /healthz");
         // /healthz turns 503 when the drain starts and answers until the node stops.
-        tokio::spawn(sluice_daemon::serve_admin(
+        // The same /healthz as the main port's: draining, or mountpaths unavailable.
+        let health_of = state.clone();
+        tokio::spawn(sluice_daemon::serve_admin_with_health(
             admin,
             state.metrics.clone(),
             shutdown.clone(),
             admin_stop.clone(),
+            Some(std::sync::Arc::new(move || health_of.health())),
         ));
     }
     let connections = Arc::new(Semaphore::new(state.config.limits.max_connections));

@@ -526,7 +526,20 @@ fn a_mountpath_that_changes_under_the_node_is_reported_and_answered_503() {
     let mut c = config(&root);
     c.mountpaths.push(spare.clone());
     c.timeouts.mountpath_check_secs = 0.05;
+    let admin = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    c.metrics_listen = Some(admin);
     let node = start(c);
+    // Probes go to the admin listener: it must say what the main port says.
+    let admin_health = || {
+        let r = client()
+            .get(format!("http://{admin}/healthz"))
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.text().unwrap())
+    };
     let http = client();
     let get = |path: &str| http.get(node.url(path)).send().unwrap().status().as_u16();
     let put = || {
@@ -592,10 +605,12 @@ fn a_mountpath_that_changes_under_the_node_is_reported_and_answered_503() {
     let (status, body) = health_says(&http, &node, "degraded");
     assert_eq!(status, 200);
     assert!(body.contains("cannot stat it"), "{body}");
+    assert_eq!(admin_health(), (status, body));
     assert_eq!(get("/v1/b/train-000000.tar"), 503);
     std::fs::rename(&spare, dir.path().join("spare-moved")).unwrap();
     let (status, _) = health_says(&http, &node, "failed");
     assert_eq!(status, 503);
+    assert_eq!(admin_health().0, 503);
     std::fs::rename(&moved, &root).unwrap();
     std::fs::rename(dir.path().join("spare-moved"), &spare).unwrap();
     health_says(&http, &node, "\"ok\"");
