@@ -460,10 +460,14 @@ impl ShardSource {
                 }
                 Err(e) => {
                     metrics::counter!("sluice_cpu_source_failovers_total").increment(1);
-                    if let SourceError::Changed { .. } = e {
-                        changed += 1;
-                    } else {
-                        self.suspects.failed(url, &e.to_string());
+                    match &e {
+                        SourceError::Changed { .. } => changed += 1,
+                        // The node answered: this object is missing there, the node is not
+                        // down or hung (a 503, an unavailable mountpath, does make it suspect).
+                        SourceError::Status {
+                            status: 404 | 416, ..
+                        } => {}
+                        _ => self.suspects.failed(url, &e.to_string()),
                     }
                     if i + 1 < urls.len() {
                         tracing::warn!(shard = %loc.name(), %url, "{e}; trying the next replica");
