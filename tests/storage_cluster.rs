@@ -248,21 +248,26 @@ fn a_lost_storage_node_costs_no_sample() {
             assert_eq!(r["skipped"], 0, "round {round}: {stdout}");
             assert_eq!(r["planned"], r["delivered"], "round {round}: {stdout}");
         }
-        let lines = std::fs::read_to_string(&dump).unwrap();
-        let mut seen = std::collections::HashSet::new();
-        for l in lines.lines() {
-            let f: Vec<&str> = l.split('\t').collect();
-            assert!(
-                seen.insert((f[0].to_string(), f[2].to_string(), f[3].to_string())),
-                "round {round}: twice: {l}"
-            );
-        }
         assert_eq!(
-            seen.len(),
+            distinct_samples(&dump, &format!("round {round}")),
             3 * 48,
             "round {round}: every sample of 3 epochs, once"
         );
     }
+}
+
+/// The (epoch, shard, key) samples a `--dump-ids` file holds, each asserted to come once.
+fn distinct_samples(dump: &std::path::Path, what: &str) -> usize {
+    let lines = std::fs::read_to_string(dump).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for l in lines.lines() {
+        let f: Vec<&str> = l.split('\t').collect();
+        assert!(
+            seen.insert((f[0].to_string(), f[2].to_string(), f[3].to_string())),
+            "{what}: twice: {l}"
+        );
+    }
+    seen.len()
 }
 
 /// Waits until `addr` answers `GET /healthz` with 200.
@@ -395,17 +400,8 @@ fn a_hung_storage_node_fails_over_to_its_replica() {
         "5 epochs with one replica stopped mid-run: {:.1} s",
         elapsed.as_secs_f64()
     );
-    let lines = std::fs::read_to_string(&dump).unwrap();
-    let mut seen = std::collections::HashSet::new();
-    for l in lines.lines() {
-        let f: Vec<&str> = l.split('\t').collect();
-        assert!(
-            seen.insert((f[0].to_string(), f[2].to_string(), f[3].to_string())),
-            "twice: {l}"
-        );
-    }
     assert_eq!(
-        seen.len(),
+        distinct_samples(&dump, "hung node"),
         5 * 48,
         "every sample of 5 epochs, once:\n{stdout}"
     );

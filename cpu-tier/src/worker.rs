@@ -200,17 +200,8 @@ impl JobRunner for CpuJob {
                                  fewer fields",
                                 self.max_sample_bytes
                             );
-                            let skipped = SkippedSample {
-                                job: assign.job,
-                                unit: assign.unit,
-                                attempt: assign.attempt,
-                                shard: shard.index,
-                                index: p.index,
-                                key: p.key,
-                                reason,
-                            };
                             self.engine.recycle(p.tensor.data);
-                            let go = emit(Output::Skipped(skipped));
+                            let go = emit(skip(assign, p.index, p.key, reason));
                             cancelled |= !go;
                             return go;
                         }
@@ -239,15 +230,7 @@ impl JobRunner for CpuJob {
                     }
                     Outcome::Skipped(e) => {
                         finished.skipped += 1;
-                        Output::Skipped(SkippedSample {
-                            job: assign.job,
-                            unit: assign.unit,
-                            attempt: assign.attempt,
-                            shard: shard.index,
-                            index: e.index,
-                            key: e.key.clone(),
-                            reason: e.reason.to_string(),
-                        })
+                        skip(assign, e.index, e.key.clone(), e.reason.to_string())
                     }
                 };
                 let go = emit(output);
@@ -294,20 +277,30 @@ impl JobRunner for CpuJob {
                 let index = assign.start + i as u64;
                 finished.skipped += 1;
                 metrics::counter!("sluice_cpu_samples_skipped_total").increment(1);
-                let skipped = SkippedSample {
-                    job: assign.job,
-                    unit: assign.unit,
-                    attempt: assign.attempt,
-                    shard: shard.index,
+                let skipped = skip(
+                    assign,
                     index,
-                    key: format!("#{index}"),
-                    reason: format!("unreadable: {why}"),
-                };
-                if !emit(Output::Skipped(skipped)) {
+                    format!("#{index}"),
+                    format!("unreadable: {why}"),
+                );
+                if !emit(skipped) {
                     return Err(RunnerError::Cancelled);
                 }
             }
         }
         Ok(finished)
     }
+}
+
+/// The frame that reports sample `index` of `assign` skipped, by key and reason.
+fn skip(assign: &Assign, index: u64, key: String, reason: String) -> Output {
+    Output::Skipped(SkippedSample {
+        job: assign.job,
+        unit: assign.unit,
+        attempt: assign.attempt,
+        shard: assign.shard.index,
+        index,
+        key,
+        reason,
+    })
 }

@@ -1,6 +1,7 @@
 """Fixtures: the `sluice` binary (SLUICE_BIN, else the workspace's target/debug/sluice), a small
 generated dataset, and `sluice cpu` daemons started for real on loopback."""
 
+import contextlib
 import os
 import pathlib
 import re
@@ -60,6 +61,26 @@ class Worker:
         rest = self.proc.stderr.read()
         self.proc.wait()
         return rest
+
+
+@contextlib.contextmanager
+def storage_node(sluice_bin, root):
+    """A `sluice storage` process serving `root` (one bucket per subfolder) on loopback;
+    yields its host:port."""
+    proc = subprocess.Popen([sluice_bin, "storage", "--data", str(root), "--listen",
+                             "127.0.0.1:0"], stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.time() + 60
+        addr = None
+        while addr is None and time.time() < deadline:
+            m = re.search(r"listen=(\S+)", proc.stderr.readline())
+            addr = m and m.group(1)
+        assert addr, "sluice storage did not log its address"
+        yield addr
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture

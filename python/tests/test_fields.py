@@ -8,16 +8,14 @@ field bytes, the size limit, and the geometry of each crop (checked against Pill
 import io
 import json
 import pathlib
-import re
 import subprocess
-import time
 
 import numpy as np
 import pytest
 
 import sluice
 
-from conftest import ROOT, Worker
+from conftest import ROOT, Worker, storage_node
 
 wds = pytest.importorskip("webdataset", reason="Python webdataset is not installed")
 Image = pytest.importorskip("PIL.Image", reason="Pillow is not installed")
@@ -126,50 +124,34 @@ def test_no_fields_asked_none_sent_and_all_means_every_non_image_field(captioned
         images.fields["jpg"]
 
 
-def read_log_address(proc, pattern, what):
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        line = proc.stderr.readline()
-        m = re.search(pattern, line)
-        if m:
-            return m.group(1)
-    raise AssertionError(f"{what} did not log its address")
-
-
 def test_through_a_storage_node_and_two_workers(captioned, sluice_bin, tmp_path):
     manifest, shards, expected = captioned
-    store = shards[0].parent.parent
-    storage = subprocess.Popen([sluice_bin, "storage", "--data", str(store), "--listen",
-                                "127.0.0.1:0"], stderr=subprocess.PIPE,
-                               stdout=subprocess.DEVNULL, text=True)
     token = tmp_path / "token"
     token.write_text("python-test-token-1234\n")
     workers = []
-    try:
-        addr = read_log_address(storage, r"listen=(\S+)", "sluice storage")
+    with storage_node(sluice_bin, shards[0].parent.parent) as addr:
         served = json.loads(manifest.read_text())
         for s in served["shards"]:
             s["url"] = f"http://{addr}/v1/cap/{pathlib.Path(s['url']).name}"
         remote = tmp_path / "served.json"
         remote.write_text(json.dumps(served))
-        workers = [Worker(sluice_bin, tmp_path / f"w{i}", ["--token-file", str(token)])
-                   for i in range(2)]
-        trust = tmp_path / "trust.pem"
-        trust.write_text("".join(pathlib.Path(w.cert).read_text() for w in workers))
-        loader = sluice.Loader(dataset=str(remote), workers=[w.addr for w in workers],
-                               batch_size=8, pipeline=PIPELINE, seed=4,
-                               fields=["txt", "json", "npy"], token_file=str(token),
-                               trust_cert=str(trust))
-        seen = set()
-        for images, labels in loader.epoch(0):
-            check_batch(images, labels, expected, seen)
-        assert seen == set(expected)
-        assert all(w[2] > 0 for w in loader.stats()["workers"]), "both workers served"
-    finally:
-        for w in workers:
-            w.stop()
-        storage.kill()
-        storage.wait()
+        try:
+            workers = [Worker(sluice_bin, tmp_path / f"w{i}", ["--token-file", str(token)])
+                       for i in range(2)]
+            trust = tmp_path / "trust.pem"
+            trust.write_text("".join(pathlib.Path(w.cert).read_text() for w in workers))
+            loader = sluice.Loader(dataset=str(remote), workers=[w.addr for w in workers],
+                                   batch_size=8, pipeline=PIPELINE, seed=4,
+                                   fields=["txt", "json", "npy"], token_file=str(token),
+                                   trust_cert=str(trust))
+            seen = set()
+            for images, labels in loader.epoch(0):
+                check_batch(images, labels, expected, seen)
+            assert seen == set(expected)
+            assert all(w[2] > 0 for w in loader.stats()["workers"]), "both workers served"
+        finally:
+            for w in workers:
+                w.stop()
 
 
 def test_over_same_host_shared_memory(captioned, sluice_bin, tmp_path, monkeypatch):

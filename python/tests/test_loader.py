@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import sluice
+from conftest import storage_node
 
 PIPELINE = "decode | resize 40 | center_crop 32"
 TOTAL = 90
@@ -204,7 +205,6 @@ def test_a_checkpoint_follows_the_shards_to_another_place(dataset, sluice_bin, t
     the shards were copied to another directory and indexed there, and from a manifest a
     storage node serves them by (its URLs are http://)."""
     import pathlib
-    import re
     import shutil
     import subprocess
 
@@ -229,14 +229,7 @@ def test_a_checkpoint_follows_the_shards_to_another_place(dataset, sluice_bin, t
     rest = [i for images, _ in epoch for i in images.ids]
     assert len(before) + len(rest) == TOTAL and len(set(before + rest)) == TOTAL
 
-    storage = subprocess.Popen([sluice_bin, "storage", "--data", str(tmp_path / "store"),
-                                "--listen", "127.0.0.1:0"], stderr=subprocess.PIPE,
-                               stdout=subprocess.DEVNULL, text=True)
-    try:
-        addr = None
-        while addr is None:
-            m = re.search(r"listen=(\S+)", storage.stderr.readline())
-            addr = m and m.group(1)
+    with storage_node(sluice_bin, tmp_path / "store") as addr:
         served = json.loads((moved / "m.json").read_text())
         for s in served["shards"]:
             s["url"] = f"http://{addr}/v1/train/{pathlib.Path(s['url']).name}"
@@ -245,9 +238,6 @@ def test_a_checkpoint_follows_the_shards_to_another_place(dataset, sluice_bin, t
                                pipeline=PIPELINE, seed=6)
         remote.load_state_dict(state)
         assert [i for images, _ in remote for i in images.ids] == rest
-    finally:
-        storage.kill()
-        storage.wait()
 
     # A dataset whose shards differ is refused, naming the first shard that does.
     first = sorted(moved.glob("*.tar"))[0]
@@ -342,9 +332,7 @@ def test_pad_scores_every_sample_exactly_once_at_any_world_size(dataset, world_s
 def test_dataset_may_be_a_served_manifest_url_or_a_pattern_of_indexed_shards(dataset, sluice_bin,
                                                                            tmp_path):
     import pathlib
-    import re
     import shutil
-    import subprocess
     import urllib.request
 
     src = pathlib.Path(dataset).parent
@@ -364,14 +352,7 @@ def test_dataset_may_be_a_served_manifest_url_or_a_pattern_of_indexed_shards(dat
     assert by_pattern.dataset_identity["fingerprint"] == reference.dataset_identity["fingerprint"]
     assert len(ids_of(by_pattern.epoch(0))) == TOTAL
 
-    storage = subprocess.Popen([sluice_bin, "storage", "--data", str(tmp_path / "store"),
-                                "--listen", "127.0.0.1:0"], stderr=subprocess.PIPE,
-                               stdout=subprocess.DEVNULL, text=True)
-    try:
-        addr = None
-        while addr is None:
-            m = re.search(r"listen=(\S+)", storage.stderr.readline())
-            addr = m and m.group(1)
+    with storage_node(sluice_bin, tmp_path / "store") as addr:
         url = f"http://{addr}/v1/train/manifest.json"
         served = sluice.Loader(dataset=url, batch_size=8, pipeline=PIPELINE)
         assert served.dataset_identity["fingerprint"] == reference.dataset_identity["fingerprint"]
@@ -382,9 +363,6 @@ def test_dataset_may_be_a_served_manifest_url_or_a_pattern_of_indexed_shards(dat
         assert sent > 0, "the shards came from the storage node, resolved against the URL"
         with pytest.raises(ValueError, match="dataset"):
             sluice.Loader(dataset=f"http://{addr}/v1/train/missing.json")
-    finally:
-        storage.kill()
-        storage.wait()
 
 
 def test_the_type_stubs_name_every_argument_of_the_loader():
