@@ -54,34 +54,18 @@ fn client_error(e: ClientError) -> PyErr {
 
 /// The dataset `dataset=` names: a local manifest, the http(s) URL of one (a storage node
 /// serves it; its relative shard URLs resolve against that URL), or shards as paths, URLs or a
-/// brace pattern (described from their `.idx` sidecars where those exist).
+/// brace pattern (described from their `.idx` sidecars where those exist). Shard and replica
+/// URLs come out absolute, as `sluice loadgen --dataset` makes them.
 fn load_dataset(spec: &str) -> PyResult<sluice_shard::Manifest> {
     let remote = spec.starts_with("http://") || spec.starts_with("https://");
-    if !remote && spec.ends_with(".json") {
-        return load_manifest(spec);
-    }
-    sluice_dataset::locate::dataset(spec)
-        .map_err(|e| PyValueError::new_err(format!("dataset: {e}")))
-}
-
-/// A manifest with its shard URLs made absolute (relative ones are beside the manifest).
-fn load_manifest(path: &str) -> PyResult<sluice_shard::Manifest> {
-    let p = Path::new(path);
-    if !p.is_file() {
+    if !remote && spec.ends_with(".json") && !Path::new(spec).is_file() {
         return Err(PyValueError::new_err(format!(
-            "dataset: no manifest at {path} (make one with sluice shard --manifest or sluice \
+            "dataset: no manifest at {spec} (make one with sluice shard --manifest or sluice \
              index)"
         )));
     }
-    let mut manifest = sluice_shard::Manifest::load(p, 256 << 20)
-        .map_err(|e| PyValueError::new_err(format!("dataset: {e}")))?;
-    let abs = std::fs::canonicalize(p)
-        .map_err(|e| PyValueError::new_err(format!("dataset {path}: {e}")))?;
-    let origin = abs.display().to_string();
-    for s in &mut manifest.shards {
-        s.url = sluice_shard::resolve_url(&origin, &s.url);
-    }
-    Ok(manifest)
+    sluice_dataset::locate::dataset(spec)
+        .map_err(|e| PyValueError::new_err(format!("dataset: {e}")))
 }
 
 fn env_u32(name: &str) -> PyResult<Option<u32>> {
