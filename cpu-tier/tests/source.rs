@@ -40,6 +40,17 @@ fn make_shard_as(dir: &Path, n: u64, prefix: &str, width: u32) -> ShardLocation 
     }
 }
 
+/// [`make_shard`] and the index `sluice index` wrote beside it.
+fn indexed_shard(dir: &Path, n: u64) -> (ShardLocation, SampleIndex) {
+    let local = make_shard(dir, n);
+    let index = SampleIndex::read_file(
+        &SampleIndex::sidecar_path(Path::new(&local.urls[0])),
+        1 << 20,
+    )
+    .unwrap();
+    (local, index)
+}
+
 fn keys(
     source: &ShardSource,
     loc: &ShardLocation,
@@ -304,12 +315,7 @@ fn serve_with(
 #[test]
 fn a_replica_that_hangs_is_given_up_after_the_stall_timeout() {
     let dir = tempfile::tempdir().unwrap();
-    let local = make_shard(dir.path(), 12);
-    let index = SampleIndex::read_file(
-        &SampleIndex::sidecar_path(Path::new(&local.urls[0])),
-        1 << 20,
-    )
-    .unwrap();
+    let (local, index) = indexed_shard(dir.path(), 12);
     let config = SourceConfig {
         stall_timeout: std::time::Duration::from_millis(300),
         ..SourceConfig::default()
@@ -411,12 +417,7 @@ fn http_ranges_fail_over_between_replicas() {
 #[test]
 fn a_replica_that_dies_mid_unit_is_resumed_on_the_next_from_the_sample_where_it_stopped() {
     let dir = tempfile::tempdir().unwrap();
-    let local = make_shard(dir.path(), 12);
-    let index = SampleIndex::read_file(
-        &SampleIndex::sidecar_path(Path::new(&local.urls[0])),
-        1 << 20,
-    )
-    .unwrap();
+    let (local, index) = indexed_shard(dir.path(), 12);
     // The first replica sends the .idx whole but cuts every shard body after about three
     // and a half samples of the unit; the second is healthy.
     let cut = (index.entries[5].offset - index.entries[2].offset) as usize + 300;
