@@ -100,6 +100,19 @@ impl Mountpath {
         })
     }
 
+    /// Bytes an unprivileged writer may still write on the mountpath's file system.
+    pub fn available_bytes(&self) -> io::Result<u64> {
+        // SAFETY: statvfs is plain data; all-zero is a valid value for the call to fill.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid descriptor (fstatfs works on O_PATH ones) and a statvfs to fill.
+        if unsafe { libc::fstatvfs(self.dir.as_raw_fd(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // fsblkcnt_t and c_ulong are u64 here, not on every target.
+        #[allow(clippy::useless_conversion)]
+        Ok(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+    }
+
     /// Why the mountpath cannot serve now, or `None`.
     pub fn trouble(&self) -> Option<String> {
         self.trouble.lock().ok().and_then(|t| t.clone())

@@ -6,7 +6,7 @@
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, StreamBody};
@@ -429,6 +429,17 @@ pub(crate) async fn put(
         Err(_) => crate::placement::preference(&rel, &state.labels)[0],
     };
     let mountpath = &state.mountpaths[mi];
+    // A disk that cannot hold the object says so before a byte is written.
+    if let (Some(n), Ok(free)) = (declared, mountpath.available_bytes()) {
+        if n > free {
+            tracing::warn!(object = %rel, bytes = n, free, "upload refused: the disk is full");
+            drain(&mut body, n).await;
+            return error(
+                StatusCode::INSUFFICIENT_STORAGE,
+                &format!("the object is {n} bytes and its disk has {free} bytes free"),
+            );
+        }
+    }
     let parent = std::path::Path::new(&rel)
         .parent()
         .map(|p| p.to_string_lossy().into_owned())
@@ -479,9 +490,9 @@ pub(crate) async fn put(
                     ));
                 }
                 hasher.update(&data);
-                out.write_all(&data)
-                    .await
-                    .map_err(|_| error(StatusCode::INSUFFICIENT_STORAGE, "write failed"))?;
+                if let Err(e) = out.write_all(&data).await {
+                    return Err(write_failed(&rel, &e, &mut body, max - written).await);
+                }
             }
         }
         if declared.is_some_and(|n| n != written) {
@@ -490,9 +501,9 @@ pub(crate) async fn put(
                 "body shorter than Content-Length",
             ));
         }
-        out.sync_all()
-            .await
-            .map_err(|_| error(StatusCode::INSUFFICIENT_STORAGE, "fsync failed"))?;
+        if let Err(e) = out.sync_all().await {
+            return Err(write_failed(&rel, &e, &mut body, 0).await);
+        }
         tokio::fs::rename(&tmp_path, &final_path)
             .await
             .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "rename failed"))?;
@@ -522,6 +533,44 @@ pub(crate) async fn put(
         r.headers_mut().insert(CHECKSUM_HEADER, v);
     }
     r
+}
+
+/// The answer to an upload whose bytes could not be written: 507 for a full disk or quota,
+/// 500 otherwise, with the system's reason. What is left of the body (up to `rest` bytes) is
+/// read first, so the client, still sending, reads the answer instead of a reset connection.
+async fn write_failed(rel: &str, e: &io::Error, body: &mut Incoming, rest: u64) -> Response<Body> {
+    tracing::warn!(object = %rel, error = %e, "upload failed");
+    drain(body, rest).await;
+    let full = matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT));
+    let status = if full {
+        StatusCode::INSUFFICIENT_STORAGE
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    error(status, &format!("writing the object failed: {e}"))
+}
+
+/// How long an upload that is refused mid-body may keep sending before the answer.
+const DRAIN_TIME: Duration = Duration::from_secs(60);
+
+/// Reads and discards up to `limit` more bytes of a request body, for at most [`DRAIN_TIME`].
+/// An HTTP/1 client sends its whole body before it reads the answer; closing on it mid-body
+/// resets the connection and the client sees "connection reset", not why.
+async fn drain(body: &mut Incoming, limit: u64) {
+    let mut read = 0u64;
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        while read <= limit {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        read += data.len() as u64;
+                    }
+                }
+                _ => break,
+            }
+        }
+    })
+    .await;
 }
 
 #[cfg(test)]

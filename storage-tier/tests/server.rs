@@ -617,3 +617,69 @@ fn a_mountpath_that_changes_under_the_node_is_reported_and_answered_503() {
     assert_eq!(get("/v1/b/train-000000.tar"), 200);
     assert_eq!(put(), 201);
 }
+
+/// A full disk is an answer the uploader reads, not a reset connection: an object larger
+/// than the disk's free space is refused with 507 before a byte is written, one that fills
+/// the disk while it is written (no Content-Length, as a stream is sent) gets 507 with the
+/// system's reason once the node has read the rest of the body; nothing half-written is
+/// left, and the node goes on serving and taking uploads that fit.
+#[test]
+fn a_full_disk_answers_507_to_the_uploader() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("small");
+    std::fs::create_dir_all(&root).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&root)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipping: mounting a 1 MiB tmpfs (the full disk) needs root");
+        return;
+    }
+    let _guard = Mounted(root.clone());
+    let node = start(config(&root));
+    let http = client();
+    let put = |key: &str, body: reqwest::blocking::Body| {
+        let r = http
+            .put(node.url(&format!("/v1/b/{key}")))
+            .bearer_auth("secret-token-0123456789")
+            .body(body)
+            .send()
+            .unwrap_or_else(|e| panic!("{key}: the upload saw no answer: {e:?}"));
+        (r.status().as_u16(), r.text().unwrap())
+    };
+    let big = vec![3u8; 64 << 20];
+    // As `sluice put` sends a file: a stream of known length.
+    let sized = reqwest::blocking::Body::sized(std::io::Cursor::new(big.clone()), big.len() as u64);
+    let (status, text) = put("sized.tar", sized);
+    assert_eq!(status, 507, "{text}");
+    assert!(
+        text.contains("67108864 bytes") && text.contains("free"),
+        "{text}"
+    );
+    // Streamed: the disk fills in the middle of the write.
+    let (status, text) = put(
+        "streamed.tar",
+        reqwest::blocking::Body::new(std::io::Cursor::new(big)),
+    );
+    assert_eq!(status, 507, "{text}");
+    assert!(text.contains("No space left on device"), "{text}");
+    let left: Vec<_> = std::fs::read_dir(root.join("b"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "half-written objects left: {left:?}");
+    let (status, text) = put("fits.tar", vec![1u8; 1000].into());
+    assert_eq!(status, 201, "{text}");
+    assert_eq!(
+        http.get(node.url("/v1/b/fits.tar"))
+            .send()
+            .unwrap()
+            .bytes()
+            .unwrap()
+            .len(),
+        1000
+    );
+    node.stop();
+}
