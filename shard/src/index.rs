@@ -21,7 +21,8 @@ use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use crate::error::{Result, ShardError};
 use crate::manifest::{Checksum, Compression, ShardInfo};
-use crate::read::{decompressed, ReadOptions, SampleReader};
+use crate::read::{decompressed, ReadOptions, TarReader};
+use crate::sample::split_key;
 
 const MAGIC: &[u8; 8] = b"SLUICEIX";
 const VERSION: u32 = 1;
@@ -242,41 +243,90 @@ impl<R: Read> Read for FileTap<R> {
     }
 }
 
-/// Keeps the tar bytes since the last sample boundary, so each sample's bytes can be hashed
-/// once its end is known. Holds at most one sample plus a read's worth of bytes.
-struct TarTap<R> {
-    inner: R,
-    base: u64,
-    kept: Vec<u8>,
+/// Where [`ScanTap`] sends the tar bytes passing through it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// Headers and padding, until the next entry says which sample they belong to.
+    Keep,
+    /// A sample's data: straight into its hash.
+    Hash,
+    /// Data of an entry that belongs to no sample.
+    Drop,
 }
 
-impl<R: Read> Read for TarTap<R> {
+/// Hashes each sample's tar bytes as they stream past, without holding them: only the bytes
+/// since the last entry's data (a header, pax or long-name records, padding: bounded by the
+/// reader's metadata limit) wait until the next entry's key says where they belong.
+struct ScanTap<R> {
+    inner: R,
+    route: Route,
+    /// Tar bytes `[kept_from, kept_from + kept.len())`, routed later.
+    kept: Vec<u8>,
+    kept_from: u64,
+    /// The open sample's hash.
+    hasher: Xxh3,
+    /// Tar bytes read so far.
+    offset: u64,
+}
+
+impl<R: Read> Read for ScanTap<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.kept.extend_from_slice(&buf[..n]);
+        match self.route {
+            Route::Keep => self.kept.extend_from_slice(&buf[..n]),
+            Route::Hash => self.hasher.update(&buf[..n]),
+            Route::Drop => {}
+        }
+        self.offset += n as u64;
+        if self.route != Route::Keep && self.kept.is_empty() {
+            self.kept_from = self.offset;
+        }
         Ok(n)
     }
 }
 
-impl<R> TarTap<R> {
-    /// Hashes `[start, end)` and forgets everything before `end`.
-    fn take_range(&mut self, start: u64, end: u64) -> u64 {
-        let lo = (start - self.base) as usize;
-        let hi = (end - self.base) as usize;
-        let sum = xxh3_64(&self.kept[lo..hi]);
-        self.kept.drain(..hi);
-        self.base = end;
-        sum
+impl<R> ScanTap<R> {
+    /// Routes the kept bytes before tar offset `to` into the open sample's hash (`hash`) or
+    /// nowhere.
+    fn settle(&mut self, to: u64, hash: bool) {
+        let n = (to.saturating_sub(self.kept_from) as usize).min(self.kept.len());
+        if hash {
+            self.hasher.update(&self.kept[..n]);
+        }
+        self.kept.drain(..n);
+        self.kept_from += n as u64;
+    }
+}
+
+/// A sample as [`scan_shard`] saw it: its place in the shard and its fields' names and sizes
+/// (its bytes were hashed as they passed, never held).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScannedSample {
+    pub index: u64,
+    pub key: String,
+    /// Tar offsets of the sample's first byte and one past its last.
+    pub start: u64,
+    pub end: u64,
+    /// (field name, bytes), in shard order.
+    pub fields: Vec<(String, u64)>,
+}
+
+impl ScannedSample {
+    /// Bytes of all its fields.
+    pub fn payload_bytes(&self) -> u64 {
+        self.fields.iter().map(|(_, n)| n).sum()
     }
 }
 
 /// Reads a whole shard (plain or gzip) from `raw` and describes it: the manifest entry (size,
 /// sample count and checksum of the raw bytes) and the sidecar index. `url` names the shard.
+/// Samples are grouped as [`crate::SampleReader`] groups them, and `on_sample` sees each; no
+/// field's data is held, so memory does not grow with the size of a sample.
 pub fn scan_shard<R: Read + Send + 'static>(
     raw: R,
     url: &str,
     options: &ReadOptions,
-    mut on_sample: impl FnMut(&crate::Sample),
+    mut on_sample: impl FnMut(&ScannedSample),
 ) -> Result<(ShardInfo, SampleIndex)> {
     let state = Arc::new(Mutex::new((Xxh3::new(), 0u64)));
     let tap = FileTap {
@@ -306,26 +356,93 @@ pub fn scan_shard<R: Read + Send + 'static>(
         Compression::None
     };
     let stream = decompressed(buffered).map_err(io_err)?;
-    let tar_tap = TarTap {
+    let tap = ScanTap {
         inner: stream,
-        base: 0,
+        route: Route::Keep,
         kept: Vec::new(),
+        kept_from: options.start_offset,
+        hasher: Xxh3::new(),
+        offset: options.start_offset,
     };
-    let mut reader = SampleReader::new(tar_tap, url, options);
+    let mut reader = TarReader::new(tap, url, options);
     let mut entries = Vec::new();
-    while let Some(sample) = reader.next_sample()? {
-        on_sample(&sample);
-        let checksum = reader.get_mut().take_range(sample.start, sample.end);
+    let mut open: Option<ScannedSample> = None;
+    let mut next_index = options.first_index;
+    let finish = |open: ScannedSample,
+                  tap: &mut ScanTap<_>,
+                  entries: &mut Vec<IndexEntry>,
+                  on_sample: &mut dyn FnMut(&ScannedSample)| {
+        tap.settle(open.end, true);
         entries.push(IndexEntry {
-            offset: sample.start,
-            len: sample.end - sample.start,
-            checksum,
+            offset: open.start,
+            len: open.end - open.start,
+            checksum: tap.hasher.digest(),
         });
+        tap.hasher.reset();
+        on_sample(&open);
+    };
+    // The open sample's hash as of its last entry, while the bytes after it (entries of no
+    // sample, directories) are hashed on the chance that an entry of the sample follows
+    // them: its range then covers them.
+    let mut committed: Option<Xxh3> = None;
+    while let Some(header) = reader.next_header()? {
+        let tap = reader.get_mut();
+        if let Some(o) = &open {
+            if committed.is_none() {
+                tap.settle(o.end, true);
+                committed = Some(tap.hasher.clone());
+            }
+        }
+        match split_key(&header.path) {
+            None if open.is_none() => {
+                tap.settle(header.data_offset, false);
+                tap.route = Route::Drop;
+            }
+            None => {
+                tap.settle(header.data_offset, true);
+                tap.route = Route::Hash;
+            }
+            Some((key, field)) => {
+                let continues = open
+                    .as_ref()
+                    .is_some_and(|o| o.key == key && o.fields.iter().all(|(f, _)| f != field));
+                if !continues {
+                    if let (Some(done), Some(at_end)) = (open.take(), committed.take()) {
+                        tap.hasher = at_end;
+                        finish(done, tap, &mut entries, &mut on_sample);
+                    }
+                    tap.settle(header.start, false);
+                    open = Some(ScannedSample {
+                        index: next_index,
+                        key: key.to_string(),
+                        start: header.start,
+                        end: header.end(),
+                        fields: Vec::new(),
+                    });
+                    next_index += 1;
+                }
+                committed = None;
+                if let Some(o) = open.as_mut() {
+                    o.end = header.end();
+                    o.fields.push((field.to_string(), header.size));
+                }
+                tap.settle(header.data_offset, true);
+                tap.route = Route::Hash;
+            }
+        }
+        reader.skip_data()?;
+        reader.get_mut().route = Route::Keep;
     }
     let tar_end = reader.offset();
+    let tap = reader.get_mut();
+    if let Some(done) = open.take() {
+        if let Some(at_end) = committed.take() {
+            tap.hasher = at_end;
+        }
+        finish(done, tap, &mut entries, &mut on_sample);
+    }
     // Read to the end of the file (record padding after the end-of-archive blocks), so the
     // checksum covers every byte.
-    let tap = reader.get_mut();
     let rest = io::copy(&mut tap.inner, &mut io::sink()).map_err(|source| ShardError::Io {
         shard: url.to_string(),
         offset: tar_end,
@@ -339,7 +456,7 @@ pub fn scan_shard<R: Read + Send + 'static>(
         (s.0.clone(), s.1)
     };
     let checksum = Checksum(hasher.digest());
-    let tar_size = tap.base + tap.kept.len() as u64 + rest;
+    let tar_size = tap.offset + rest;
     let info = ShardInfo {
         url: url.to_string(),
         size,
@@ -382,6 +499,65 @@ mod tests {
                 },
             ],
         }
+    }
+
+    /// The streamed hashes are the hashes of the samples' byte ranges, with samples grouped
+    /// as `SampleReader` groups them: across a directory entry and an entry of no sample
+    /// inside a sample, and not over one after it.
+    #[test]
+    fn scanning_hashes_each_samples_range_as_the_reader_groups_it() {
+        use crate::tar::header::ustar;
+        let mut tar = Vec::new();
+        for (name, size, kind) in [
+            ("a.jpg", 700u64, b'0'),
+            ("d/", 0, b'5'),
+            ("a.cls", 1, b'0'),
+            ("__meta__", 10, b'0'),
+            ("a.txt", 5, b'0'),
+            ("__x__", 3, b'0'),
+            ("b.jpg", 2000, b'0'),
+            ("b.jpg", 20, b'0'),
+            ("c.txt", 4, b'0'),
+            ("README", 9, b'0'),
+        ] {
+            tar.extend_from_slice(&ustar(name.as_bytes(), size, kind));
+            let data: Vec<u8> = (0..size)
+                .map(|i| (i * 7 + tar.len() as u64) as u8)
+                .collect();
+            tar.extend_from_slice(&data);
+            tar.resize(tar.len().div_ceil(512) * 512, 0);
+        }
+        tar.extend_from_slice(&[0u8; 1024]);
+        let mut seen = Vec::new();
+        let (info, index) = scan_shard(
+            io::Cursor::new(tar.clone()),
+            "odd.tar",
+            &ReadOptions::default(),
+            |s| seen.push(s.clone()),
+        )
+        .unwrap();
+        let read: Vec<crate::Sample> = crate::SampleReader::new(
+            io::Cursor::new(tar.clone()),
+            "odd.tar",
+            &ReadOptions::default(),
+        )
+        .collect::<Result<_>>()
+        .unwrap();
+        assert_eq!(info.samples, 4);
+        assert_eq!(read.len(), 4);
+        for ((e, s), r) in index.entries.iter().zip(&seen).zip(&read) {
+            assert_eq!((s.key.as_str(), s.index), (r.key.as_str(), r.index));
+            assert_eq!((e.offset, e.offset + e.len), (r.start, r.end), "{}", r.key);
+            let range = &tar[r.start as usize..r.end as usize];
+            assert_eq!(e.checksum, xxh3_64(range), "{}", r.key);
+            let fields: Vec<(String, u64)> = r
+                .fields
+                .iter()
+                .map(|f| (f.name.clone(), f.data.len() as u64))
+                .collect();
+            assert_eq!(s.fields, fields);
+        }
+        assert_eq!(index.shard_size, tar.len() as u64);
     }
 
     #[test]

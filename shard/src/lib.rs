@@ -22,7 +22,7 @@ pub mod tar;
 pub mod write;
 
 pub use error::{Result, ShardError};
-pub use index::{scan_shard, IndexEntry, SampleIndex};
+pub use index::{scan_shard, IndexEntry, SampleIndex, ScannedSample};
 pub use manifest::{resolve_url, Checksum, Compression, Manifest, ShardInfo};
 pub use pattern::expand;
 pub use read::{open_shard, Entry, ReadOptions, SampleReader, TarReader};

@@ -62,8 +62,31 @@ impl<R: Read> TarReader<R> {
         self.decoder.offset()
     }
 
+    /// The underlying stream.
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.inner
+    }
+
     /// The next regular file, or `None` at the end of the archive.
     pub fn next_entry(&mut self) -> Result<Option<Entry>> {
+        let Some(header) = self.next_header()? else {
+            return Ok(None);
+        };
+        let mut data = Vec::with_capacity(header.size.min(PREALLOC) as usize);
+        let got = (&mut self.inner)
+            .take(header.size)
+            .read_to_end(&mut data)
+            .map_err(|e| self.decoder.io_error(e))?;
+        if (got as u64) < header.size {
+            return Err(self.decoder.truncated("", header.size - got as u64));
+        }
+        self.decoder.on_data();
+        Ok(Some(Entry { header, data }))
+    }
+
+    /// The next regular file's header, its data not yet read (so nothing of it is held):
+    /// [`TarReader::skip_data`] reads past it. `None` at the end of the archive.
+    pub fn next_header(&mut self) -> Result<Option<EntryHeader>> {
         loop {
             match self.decoder.step() {
                 Step::Header => {
@@ -88,18 +111,7 @@ impl<R: Read> TarReader<R> {
                     }
                     self.decoder.on_meta(&self.scratch)?;
                 }
-                Step::Data(header) => {
-                    let mut data = Vec::with_capacity(header.size.min(PREALLOC) as usize);
-                    let got = (&mut self.inner)
-                        .take(header.size)
-                        .read_to_end(&mut data)
-                        .map_err(|e| self.decoder.io_error(e))?;
-                    if (got as u64) < header.size {
-                        return Err(self.decoder.truncated("", header.size - got as u64));
-                    }
-                    self.decoder.on_data();
-                    return Ok(Some(Entry { header, data }));
-                }
+                Step::Data(header) => return Ok(Some(header)),
                 Step::Skip(n) => {
                     let got = io::copy(&mut (&mut self.inner).take(n), &mut io::sink())
                         .map_err(|e| self.decoder.io_error(e))?;
@@ -111,6 +123,20 @@ impl<R: Read> TarReader<R> {
                 Step::End => return Ok(None),
             }
         }
+    }
+
+    /// Reads past the data of the entry [`TarReader::next_header`] returned, keeping none of
+    /// it (the stream still sees every byte).
+    pub fn skip_data(&mut self) -> Result<()> {
+        if let Step::Data(header) = self.decoder.step() {
+            let got = io::copy(&mut (&mut self.inner).take(header.size), &mut io::sink())
+                .map_err(|e| self.decoder.io_error(e))?;
+            if got < header.size {
+                return Err(self.decoder.truncated("", header.size - got));
+            }
+            self.decoder.on_data();
+        }
+        Ok(())
     }
 }
 

@@ -40,7 +40,7 @@ pub fn run(args: Args) -> Result<()> {
             let fields: Vec<String> = s
                 .fields
                 .iter()
-                .map(|f| format!("{}: {} B", escaped_key(&f.name), f.data.len()))
+                .map(|(name, size)| format!("{}: {size} B", escaped_key(name)))
                 .collect();
             let line = format!(
                 "{}\t{}\t{}",
