@@ -24,7 +24,6 @@ pub mod restart;
 pub mod same_host;
 pub mod server;
 pub mod source;
-pub mod spec;
 pub mod tls;
 pub mod worker;
 
@@ -33,6 +32,8 @@ pub use engine::{
 };
 pub use error::{DecodeError, EngineError, SampleError};
 pub use fields::FieldSpec;
+/// The pipeline spec's grammar lives in `sluice-wire`, where clients check it too.
+pub use sluice_wire::spec;
 pub use source::{ShardLocation, ShardSource, SourceConfig, SourceError};
 pub use spec::{DType, PipelineSpec};
 pub use worker::CpuWorker;

@@ -21,6 +21,7 @@ pub mod quic;
 pub mod runner;
 #[cfg(feature = "shm")]
 pub mod shm;
+pub mod spec;
 
 pub use buffers::BufferPool;
 pub use codec::{decode_frame, encode_frame, Frame, Limits, WireError, VERSION};

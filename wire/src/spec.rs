@@ -10,6 +10,9 @@
 //! [ratio=A,B]`, `center_crop SIZE`, `resize SIZE` (shorter side) or `resize HxW`, `hflip [P]`,
 //! `normalize mean=R,G,B std=R,G,B [dtype=f32|f16]`, `chw`. SIZE is `N` or `HxW`. The output
 //! must have a fixed size (end the geometry in a crop or an `HxW` resize), so batches stack.
+//!
+//! It lives here, beside the protocol it travels in, so a client checks a spec (in
+//! `Loader::build`) with the grammar workers use, without linking a decoder.
 
 use std::fmt;
 use std::str::FromStr;
