@@ -45,6 +45,7 @@ fn shard_order(counts: &[u64], config: &PlanConfig, epoch: u64) -> Vec<u32> {
     let key = match config.policy {
         ShufflePolicy::Global => epoch,
         ShufflePolicy::Local | ShufflePolicy::Partial(_) => FIXED,
+        ShufflePolicy::Sequential => return order,
     };
     stream(config.seed, Domain::ShardOrder, key, 0).shuffle(&mut order);
     order
@@ -217,6 +218,9 @@ pub fn settle_remainder(
     rank: u32,
 ) -> Vec<Piece> {
     let target = crate::samples_per_rank(counts.iter().sum(), config.world_size, config.remainder);
+    if !config.policy.shuffles() {
+        return settle_in_order(pieces, target, counts, config.remainder);
+    }
     let rng = stream(config.seed, Domain::Remainder, epoch, u64::from(rank));
     settle_to(pieces, target, counts, config.remainder, rng)
 }
@@ -277,15 +281,71 @@ pub fn settle_to(
     pieces
 }
 
+/// [`settle_to`] with nothing drawn, for `none`: `drop` removes the last samples, `pad`
+/// repeats the first ones (the dataset's first ones for a rank that has none), in order.
+pub fn settle_in_order(
+    pieces: Vec<Piece>,
+    target: u64,
+    counts: &[u64],
+    remainder: Remainder,
+) -> Vec<Piece> {
+    let real = total(&pieces);
+    if real >= target {
+        // `drop` (a `pad` rank is never longer than its target).
+        return split_off_samples(pieces, target).0;
+    }
+    let source = if real > 0 {
+        pieces.clone()
+    } else {
+        let everything: Vec<Piece> = counts
+            .iter()
+            .enumerate()
+            .filter(|(_, &n)| n > 0)
+            .map(|(s, &n)| Piece {
+                shard: s as u32,
+                start: 0,
+                end: n,
+                padding: false,
+            })
+            .collect();
+        everything
+    };
+    debug_assert_eq!(remainder, Remainder::Pad, "only pad lengthens a rank");
+    let mut out = pieces;
+    let mut missing = target - real;
+    // Whole rounds of the source while it is shorter than what is missing (a dataset smaller
+    // than the world), then its head.
+    while missing > 0 && total(&source) > 0 {
+        let (head, _) = split_off_samples(source.clone(), missing);
+        missing -= total(&head);
+        out.extend(head.into_iter().map(|p| Piece { padding: true, ..p }));
+    }
+    out
+}
+
 /// Cuts pieces into work units of at most `max_unit_samples` (near-equal parts) and puts
-/// them in the rank's seeded order for the epoch.
+/// them in the rank's seeded order for the epoch (in the pieces' order under `none`).
 pub fn into_units(pieces: Vec<Piece>, config: &PlanConfig, epoch: u64, rank: u32) -> Vec<WorkUnit> {
+    if !config.policy.shuffles() {
+        return cut_units(pieces, config.max_unit_samples);
+    }
     let rng = stream(config.seed, Domain::UnitOrder, epoch, u64::from(rank));
     into_units_with(pieces, config.max_unit_samples, rng)
 }
 
 /// [`into_units`] with the unit order drawn from `rng`.
 pub fn into_units_with(pieces: Vec<Piece>, max: u64, mut rng: Stream) -> Vec<WorkUnit> {
+    let mut units = cut_units(pieces, max);
+    rng.shuffle(&mut units);
+    for (i, u) in units.iter_mut().enumerate() {
+        u.id = i as u32;
+    }
+    units
+}
+
+/// Cuts pieces into work units of at most `max` samples (near-equal parts), in the pieces'
+/// order, with ids in that order.
+pub fn cut_units(pieces: Vec<Piece>, max: u64) -> Vec<WorkUnit> {
     let mut units = Vec::new();
     for p in pieces {
         let parts = p.len().div_ceil(max);
@@ -293,17 +353,13 @@ pub fn into_units_with(pieces: Vec<Piece>, max: u64, mut rng: Stream) -> Vec<Wor
             let start = p.start + p.len() * i / parts;
             let end = p.start + p.len() * (i + 1) / parts;
             units.push(WorkUnit {
-                id: 0,
+                id: units.len() as u32,
                 shard: p.shard,
                 start,
                 end,
                 padding: p.padding,
             });
         }
-    }
-    rng.shuffle(&mut units);
-    for (i, u) in units.iter_mut().enumerate() {
-        u.id = i as u32;
     }
     units
 }

@@ -4,16 +4,19 @@
 //!
 //! The planner works on sample counts only (it never opens a shard):
 //! 1. Shards are laid end to end in a seeded order (a new order every epoch for `global`; a
-//!    fixed one for `local` and `partial:Q`) and the line of samples is cut into `world_size`
+//!    fixed one for `local` and `partial:Q`; manifest order for `none`) and the line of
+//!    samples is cut into `world_size`
 //!    runs of equal length (±1). Shards that straddle a cut are split into sample ranges, so
 //!    uneven shard sizes still give balanced ranks.
 //! 2. `partial:Q` then exchanges a fraction Q of every rank's samples with other ranks (a new
 //!    seeded choice each epoch, always from the fixed assignment; see [`assign`]).
 //! 3. The ±1 remainder is settled by the [`Remainder`] policy: `drop` removes one seeded
 //!    sample from each longer rank, `pad` repeats one seeded sample on each shorter rank
-//!    (marked as padding). Every rank ends with exactly [`samples_per_rank`] samples.
+//!    (marked as padding). Every rank ends with exactly [`samples_per_rank`] samples. Under
+//!    `none` nothing is drawn: `drop` removes each longer rank's last sample, `pad` repeats
+//!    each shorter rank's first one.
 //! 4. Each rank's ranges are cut into work units of at most `max_unit_samples` and put in a
-//!    seeded order.
+//!    seeded order (in manifest order under `none`).
 //! 5. [`order::Sequence`] interleaves a window of those units and runs the result through a
 //!    seeded shuffle buffer: the order samples are delivered in, as a pure function.
 //!
@@ -45,6 +48,18 @@ pub enum ShufflePolicy {
     /// ranks (partial local shuffling; Q of 0.1–0.3 matches global shuffling accuracy): a
     /// new seeded Q of its home samples is exchanged every epoch.
     Partial(f64),
+    /// No shuffling, for evaluation: the shards in manifest order are cut into one contiguous
+    /// run per rank (as `DistributedSampler(shuffle=False)` shares a dataset, but in runs, so
+    /// reads stay sequential), and units and samples keep that order. The same plan for every
+    /// epoch and seed. Spelled `none`.
+    Sequential,
+}
+
+impl ShufflePolicy {
+    /// Whether the plan is drawn at all (everything but `none`).
+    pub fn shuffles(&self) -> bool {
+        !matches!(self, ShufflePolicy::Sequential)
+    }
 }
 
 impl fmt::Display for ShufflePolicy {
@@ -53,6 +68,7 @@ impl fmt::Display for ShufflePolicy {
             ShufflePolicy::Global => f.write_str("global"),
             ShufflePolicy::Local => f.write_str("local"),
             ShufflePolicy::Partial(q) => write!(f, "partial:{q}"),
+            ShufflePolicy::Sequential => f.write_str("none"),
         }
     }
 }
@@ -65,6 +81,7 @@ impl FromStr for ShufflePolicy {
         match s {
             "global" => Ok(ShufflePolicy::Global),
             "local" => Ok(ShufflePolicy::Local),
+            "none" => Ok(ShufflePolicy::Sequential),
             _ => {
                 let q: f64 = s
                     .strip_prefix("partial:")
@@ -166,7 +183,7 @@ pub enum PlanError {
     TooFewSamples { samples: u64, world_size: u32 },
     #[error("max_unit_samples must be at least 1")]
     NoUnitSize,
-    #[error("shuffle policy {0:?} is not \"global\", \"local\" or \"partial:Q\" with Q in [0, 1]")]
+    #[error("shuffle policy {0:?} is not \"global\", \"local\", \"partial:Q\" with Q in [0, 1] or \"none\"")]
     Policy(String),
     #[error("remainder policy {0:?} is not \"drop\" or \"pad\"")]
     Remainder(String),
@@ -233,6 +250,10 @@ pub fn resume_plan(
     let target = samples_per_rank(remaining, config.world_size, config.remainder);
     let mut runs = assign::cut_pieces(rest, config.world_size);
     let mine = std::mem::take(&mut runs[rank as usize]);
+    if !config.policy.shuffles() {
+        let pieces = assign::settle_in_order(mine, target, counts, config.remainder);
+        return Ok(assign::cut_units(pieces, config.max_unit_samples));
+    }
     let key = (u64::from(depth) << 32) | u64::from(rank);
     let settle = rng::stream(config.seed, rng::Domain::Resume, epoch, key);
     let pieces = assign::settle_to(mine, target, counts, config.remainder, settle);

@@ -29,6 +29,7 @@ fn arb_policy() -> impl Strategy<Value = ShufflePolicy> {
         Just(ShufflePolicy::Global),
         Just(ShufflePolicy::Local),
         (0.0f64..=1.0).prop_map(ShufflePolicy::Partial),
+        Just(ShufflePolicy::Sequential),
     ]
 }
 
@@ -54,6 +55,50 @@ fn config(
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// `none`: rank after rank, the ranks' samples are the manifest's in order (the last
+    /// ones of longer ranks dropped, or each short rank's first ones repeated as padding),
+    /// whatever the seed and epoch.
+    #[test]
+    fn none_reads_the_manifest_in_order_across_ranks(
+        counts in arb_counts(), world in 1u32..9, seed in any::<u64>(), epoch in 0u64..5,
+        unit in 1u64..100, pad in any::<bool>(),
+    ) {
+        let total: u64 = counts.iter().sum();
+        let remainder = if pad { Remainder::Pad } else { Remainder::Drop };
+        prop_assume!(total >= u64::from(world) || (pad && total > 0));
+        let cfg = config(seed, world, ShufflePolicy::Sequential, remainder, unit);
+        let other = config(seed ^ 1, world, ShufflePolicy::Sequential, remainder, unit);
+        let in_order: Vec<Id> = counts
+            .iter()
+            .enumerate()
+            .flat_map(|(s, &n)| (0..n).map(move |i| (s as u32, i)))
+            .collect();
+        let (base, rem) = (total / u64::from(world), total % u64::from(world));
+        let mut at = 0usize;
+        for rank in 0..world {
+            let units = plan_counts(&counts, &cfg, epoch, rank).unwrap();
+            prop_assert_eq!(&units, &plan_counts(&counts, &other, epoch + 1, rank).unwrap());
+            let s = samples(&units);
+            let real: Vec<Id> = s.iter().filter(|(_, p)| !p).map(|(id, _)| *id).collect();
+            let run = (base + u64::from(u64::from(rank) < rem)) as usize;
+            prop_assert_eq!(&real[..], &in_order[at..at + real.len()], "rank {} out of order", rank);
+            let padded: Vec<Id> = s.iter().filter(|(_, p)| *p).map(|(id, _)| *id).collect();
+            if pad {
+                // The repeats come after the real samples and are its first ones.
+                prop_assert!(s.iter().skip(real.len()).all(|(_, p)| *p));
+                let source = if real.is_empty() { &in_order[..] } else { &real[..] };
+                for (i, id) in padded.iter().enumerate() {
+                    prop_assert_eq!(*id, source[i % source.len()]);
+                }
+            } else {
+                prop_assert!(padded.is_empty());
+                prop_assert_eq!(real.len() as u64, base);
+            }
+            at += run;
+        }
+        prop_assert_eq!(at as u64, total);
+    }
 
     #[test]
     fn drop_covers_each_sample_at_most_once_with_equal_ranks(
@@ -276,6 +321,11 @@ fn policies_parse_from_their_names() {
         "partial:0.2".parse::<ShufflePolicy>().unwrap(),
         ShufflePolicy::Partial(0.2)
     );
+    assert_eq!(
+        "none".parse::<ShufflePolicy>().unwrap(),
+        ShufflePolicy::Sequential
+    );
+    assert_eq!(ShufflePolicy::Sequential.to_string(), "none");
     for bad in ["partial:1.5", "partial:", "partial:x", "random", ""] {
         assert!(bad.parse::<ShufflePolicy>().is_err(), "{bad}");
     }
