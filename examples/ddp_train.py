@@ -94,10 +94,11 @@ def main():
             print(f"epoch {epoch}: last loss {loss.item():.3f}")
 
     if a.eval_dataset:
-        # remainder="pad": every rank takes the same number of batches and every sample is
-        # scored once; the repeats that even out the ranks are marked padding.
+        # shuffle="none": the manifest in order, one contiguous run per rank, the same every
+        # time; remainder="pad": every rank takes the same number of batches and every sample
+        # is scored once; the repeats that even out the ranks are marked padding.
         held_back = Loader(a.eval_dataset, batch_size=a.batch_size, pipeline=EVAL_PIPELINE,
-                           remainder="pad", epochs=1, **remote)
+                           shuffle="none", remainder="pad", epochs=1, **remote)
         model.eval()
         correct = torch.zeros(2, device=device)
         with torch.no_grad():

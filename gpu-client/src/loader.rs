@@ -363,11 +363,43 @@ impl LoaderBuilder {
         if self.mixing.window_units == 0 {
             return bad("mixing.window_units", "must be at least 1");
         }
+        if !self.shuffle.shuffles() {
+            // Manifest order: one unit at a time, no shuffle buffer, batches in plan order.
+            if self.order == Order::Arrival {
+                return bad(
+                    "order",
+                    "shuffle \"none\" delivers in manifest order, which needs order \"plan\"",
+                );
+            }
+            self.mixing = Mixing {
+                window_units: 1,
+                buffer_samples: 0,
+            };
+        }
         if self.lookahead == 0 {
             self.lookahead = 512.max(2 * u64::from(self.batch_size));
         }
         if self.max_field_bytes == 0 {
             return bad("max_field_bytes", "must be at least 1");
+        }
+        // The pipeline, checked with the workers' grammar and frame limit, so a mistake is an
+        // error here and not a refusal by every worker at the first batch.
+        let pipeline: sluice_wire::spec::PipelineSpec = match self.pipeline.parse() {
+            Ok(p) => p,
+            Err(e) => return bad("pipeline", &format!("{:?}: {e}", self.pipeline)),
+        };
+        let tensor = pipeline.output_bytes() as u64;
+        let largest = u64::from(Limits::default().max_payload);
+        if tensor > largest {
+            return bad(
+                "pipeline",
+                &format!(
+                    "{:?} makes tensors of {tensor} bytes, over the largest frame a worker \
+                     sends ({largest} bytes, limits.max_payload_bytes): choose a smaller output \
+                     size",
+                    self.pipeline
+                ),
+            );
         }
         if self.order == Order::Plan && self.lookahead < u64::from(self.batch_size) {
             return bad(
@@ -457,6 +489,7 @@ impl LoaderBuilder {
             resume: Mutex::new(None),
             next: Mutex::new(None),
             last_epoch: Mutex::new(None),
+            passes: std::sync::atomic::AtomicU64::new(0),
             stats: Arc::new(Stats::new()),
             settings: self,
         })
@@ -484,16 +517,29 @@ pub struct Loader {
     next: Mutex<Option<Early>>,
     /// The epoch `epoch()` was last called for.
     last_epoch: Mutex<Option<u64>>,
+    /// The number of `Epoch`s handed out (each one's `pass`).
+    passes: std::sync::atomic::AtomicU64,
     stats: Arc<Stats>,
 }
 
 /// What the consumer has been handed in the current epoch.
+///
+/// It records one `Epoch` (its `pass`): the one the consumer trains on. A pass of the same
+/// epoch begun while that one is still being read (a peek, `next(iter(loader))` in the middle
+/// of an epoch) is read on its own and recorded nowhere, so a checkpoint always means the
+/// batches the training pass was handed. A pass of another epoch, a loaded checkpoint, or any
+/// pass once the recorded one has ended (run out, been dropped, or handed out every batch)
+/// becomes the recorded pass.
 struct Progress {
     epoch: u64,
     /// The earlier worlds of this epoch (elastic resumes), oldest first.
     resumed: Vec<Segment>,
     batches: u64,
     ledger: Ledger,
+    /// The `Epoch` whose batches this records.
+    pass: u64,
+    /// That `Epoch` can still hand out batches.
+    open: bool,
 }
 
 /// An epoch planned and started, not yet handed to the consumer.
@@ -1075,6 +1121,7 @@ impl Loader {
     pub fn epoch(&self, epoch: u64) -> Result<Epoch, ClientError> {
         let resume = self.resume.lock().ok().and_then(|mut r| r.take());
         let resume = resume.filter(|p| p.epoch == epoch);
+        let resuming = resume.is_some();
         let early = self.next.lock().ok().and_then(|mut n| n.take());
         let mut started = match early {
             Some(early) if resume.is_none() && early.takes_over(epoch) => {
@@ -1084,8 +1131,23 @@ impl Loader {
             // Dropping an epoch started early cancels it.
             _ => self.start(epoch, resume, None)?,
         };
+        let pass = 1 + self
+            .passes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        started.epoch.pass = pass;
         if let Ok(mut p) = self.progress.lock() {
-            *p = started.progress.take();
+            let peek = !resuming && p.as_ref().is_some_and(|p| p.open && p.epoch == epoch);
+            if peek {
+                tracing::debug!(
+                    epoch,
+                    "another pass of the epoch is being read: this one is not checkpointed"
+                );
+            } else {
+                *p = started.progress.take().map(|mut progress| {
+                    progress.pass = pass;
+                    progress
+                });
+            }
         }
         self.stats.set_workers(&started.links);
         // Only a consumer that goes epoch after epoch gets the next one started early: one that
@@ -1165,6 +1227,8 @@ impl Loader {
             resumed,
             batches: first_batch,
             ledger: ledger.clone(),
+            pass: 0,
+            open: first_batch < batch_plan.batches,
         });
         let job = (epoch << 32) ^ (u64::from(s.rank) << 16) ^ (self.fingerprint & 0xffff);
         let spec = JobSpec {
@@ -1332,6 +1396,7 @@ impl Loader {
             cancel,
             counters,
             progress: self.progress.clone(),
+            pass: 0,
             stats: self.stats.clone(),
             done: false,
             pending_wait: Duration::ZERO,
@@ -1454,6 +1519,9 @@ pub struct Epoch {
     cancel: CancellationToken,
     counters: Arc<EpochCounters>,
     progress: Arc<Mutex<Option<Progress>>>,
+    /// Which of the loader's passes this is: its batches are checkpointed while it is the
+    /// recorded one (see [`Progress`]).
+    pass: u64,
     stats: Arc<Stats>,
     done: bool,
     /// Waiting done by `next_timeout` calls that timed out, charged to the next batch.
@@ -1499,11 +1567,22 @@ impl Epoch {
             .fetch_add(waited.as_nanos() as u64, Relaxed);
         self.stats.batch(batch.len() as u64, waited);
         if let Ok(mut p) = self.progress.lock() {
-            if let Some(p) = p.as_mut().filter(|p| p.epoch == self.epoch) {
+            if let Some(p) = p.as_mut().filter(|p| p.pass == self.pass) {
                 p.batches += 1;
                 for &(unit, shard, index) in &batch.accounted {
                     p.ledger.record(unit, shard, index);
                 }
+                p.open = p.batches < self.batches;
+            }
+        }
+    }
+
+    /// This pass hands out nothing more: another may become the recorded one.
+    fn close(&mut self) {
+        self.done = true;
+        if let Ok(mut p) = self.progress.lock() {
+            if let Some(p) = p.as_mut().filter(|p| p.pass == self.pass) {
+                p.open = false;
             }
         }
     }
@@ -1538,7 +1617,7 @@ impl Epoch {
                     .ring_full
                     .load(std::sync::atomic::Ordering::Relaxed);
                 if ring_full && self.pending_wait >= RING_DEADLOCK_GRACE {
-                    self.done = true;
+                    self.close();
                     self.cancel.cancel();
                     return Ok(Some(Err(ClientError::RingExhausted {
                         ring_batches: self.ring_batches,
@@ -1568,11 +1647,11 @@ impl Epoch {
                 Some(Ok(batch))
             }
             Some(Err(e)) => {
-                self.done = true;
+                self.close();
                 Some(Err(e))
             }
             None => {
-                self.done = true;
+                self.close();
                 match &self.seen {
                     (0, skipped, Some(first)) if *skipped > 0 => {
                         Some(Err(ClientError::AllSkipped {
@@ -1604,6 +1683,7 @@ impl Iterator for Epoch {
 impl Drop for Epoch {
     fn drop(&mut self) {
         self.cancel.cancel();
+        self.close();
     }
 }
 
@@ -1900,6 +1980,147 @@ mod tests {
                 Err(ClientError::Config { key, .. }) => assert_eq!(key, "connections_per_worker"),
                 Err(e) => panic!("{n}: {e}"),
                 Ok(_) => panic!("{n} connections were accepted"),
+            }
+        }
+    }
+
+    /// A pass of the epoch begun while the training pass is read (a peek) is not
+    /// checkpointed: the checkpoint is still the training pass's batches, and it resumes to
+    /// exactly the rest of the epoch. A peek before the training pass starts leaves nothing.
+    #[test]
+    fn a_peek_does_not_spoil_the_checkpoint() {
+        let (loader, _, _) = tiny_loader(false);
+        let all = ids(loader.epoch(0).unwrap());
+        // Peeked before the pass, and dropped (as `next(iter(loader))` is).
+        let peeked = loader.epoch(0).unwrap().next().unwrap().unwrap();
+        drop(peeked);
+        let mut train = loader.epoch(0).unwrap();
+        let mut seen = Vec::new();
+        for i in 0..6 {
+            let b = train.next().unwrap().unwrap();
+            seen.extend(b.ids().iter().map(|i| (i.shard, i.index)));
+            drop(b);
+            if i == 2 {
+                // Peeked in the middle, and kept while the pass goes on.
+                let mut peek = loader.epoch(0).unwrap();
+                let first = peek.next().unwrap().unwrap();
+                assert_eq!(first.ids()[0], all_first(&all));
+                let state = loader.state_dict().unwrap();
+                assert_eq!(state.batches, 3, "the peek was checkpointed");
+                drop(first);
+                let b = train.next().unwrap().unwrap();
+                seen.extend(b.ids().iter().map(|i| (i.shard, i.index)));
+                drop(peek);
+            }
+        }
+        let state = loader.state_dict().unwrap();
+        assert_eq!(state.batches, 7);
+        drop(train);
+        let (resumed, _, _) = tiny_loader(false);
+        resumed.load_state_dict(state).unwrap();
+        let rest = ids(resumed.epoch(0).unwrap());
+        seen.extend(rest);
+        assert_eq!(seen, all, "the resumed epoch is not exactly the rest");
+    }
+
+    fn all_first(all: &[(u32, u64)]) -> crate::batch::SampleId {
+        crate::batch::SampleId {
+            shard: all[0].0,
+            index: all[0].1,
+        }
+    }
+
+    /// `none`: manifest order, whatever the mixing asked for; arrival order is refused.
+    #[test]
+    fn shuffle_none_delivers_the_manifest_in_order() {
+        let manifest = Manifest::new(
+            (0..4)
+                .map(|i| ShardInfo {
+                    url: format!("file:///tiny-{i}.tar"),
+                    size: 1 << 20,
+                    samples: 25 + i,
+                    checksum: Checksum(0),
+                    compression: Compression::None,
+                    replicas: Vec::new(),
+                })
+                .collect(),
+        );
+        let builder = |rank: u32| {
+            Loader::builder()
+                .dataset(manifest.clone())
+                .in_process(Arc::new(Tiny {
+                    runs: Arc::default(),
+                    refuse: Mutex::new(None),
+                }))
+                .batch_size(8)
+                .max_unit_samples(7)
+                .shuffle(ShufflePolicy::Sequential)
+                .remainder(Remainder::Pad)
+                .last_batch(LastBatch::Partial)
+                .world_size(3)
+                .rank(rank)
+        };
+        let in_order: Vec<(u32, u64)> = (0..4u32)
+            .flat_map(|s| (0..25 + u64::from(s)).map(move |i| (s, i)))
+            .collect();
+        let mut real = Vec::new();
+        for rank in 0..3 {
+            let loader = builder(rank).seed(u64::from(rank) + 9).build().unwrap();
+            for e in 0..2 {
+                let mut got = Vec::new();
+                for b in loader.epoch(e).unwrap() {
+                    let b = b.unwrap();
+                    for (id, pad) in b.ids().iter().zip(b.padding()) {
+                        if !pad {
+                            got.push((id.shard, id.index));
+                        }
+                    }
+                }
+                if e == 0 {
+                    real.extend(got.clone());
+                } else {
+                    assert_eq!(&real[real.len() - got.len()..], &got[..], "epoch 1 differs");
+                }
+            }
+        }
+        assert_eq!(real, in_order);
+        match builder(0).order(Order::Arrival).build() {
+            Err(ClientError::Config { key, .. }) => assert_eq!(key, "order"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("arrival order was accepted with shuffle none"),
+        }
+    }
+
+    /// A pipeline workers would refuse is refused when the loader is built, named.
+    #[test]
+    fn a_pipeline_workers_would_refuse_is_a_config_error() {
+        for (pipeline, says) in [
+            ("decode | hflip 2.0", "hflip"),
+            ("decode | resize 40", "output size is not fixed"),
+            ("decode | resize 16384x16384", "largest frame"),
+        ] {
+            let built = Loader::builder()
+                .dataset(Manifest::new(vec![ShardInfo {
+                    url: "file:///nowhere.tar".into(),
+                    size: 1 << 20,
+                    samples: 64,
+                    checksum: Checksum(0),
+                    compression: Compression::None,
+                    replicas: Vec::new(),
+                }]))
+                .in_process(Arc::new(Tiny {
+                    runs: Arc::default(),
+                    refuse: Mutex::new(None),
+                }))
+                .pipeline(pipeline.to_string())
+                .build();
+            match built {
+                Err(ClientError::Config { key, detail }) => {
+                    assert_eq!(key, "pipeline");
+                    assert!(detail.contains(says), "{pipeline}: {detail}");
+                }
+                Err(e) => panic!("{pipeline}: {e}"),
+                Ok(_) => panic!("{pipeline} was accepted"),
             }
         }
     }

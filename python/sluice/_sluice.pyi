@@ -67,7 +67,11 @@ class Loader:
             rank, world_size: this rank and the number of ranks (default ``RANK`` and
                 ``WORLD_SIZE``, as torchrun sets them).
             shuffle: ``"global"`` (default, or ``True``), ``"local"`` (each rank keeps its
-                shards, for node-local caches) or ``"partial:Q"``.
+                shards, for node-local caches), ``"partial:Q"``, or ``"none"`` (or
+                ``False``: evaluation; the manifest's samples in order, cut into one
+                contiguous run per rank, the same every epoch and seed; with
+                ``remainder="pad"`` every sample is delivered exactly once on any number of
+                ranks).
             pipeline: the CPU pipeline, e.g. ``"decode | random_resized_crop 224 | hflip
                 0.5"``; it must end at a fixed output size.
             device: ``"cpu"`` (host batches) or ``"cuda:N"`` (a build with CUDA: a

@@ -104,26 +104,22 @@ fn check_pipeline(pipeline: &str) -> PyResult<()> {
     Ok(())
 }
 
-/// `shuffle=`: `"global"` (the default), `"local"`, `"partial:Q"`, or `True` (global).
+/// `shuffle=`: `"global"` (the default), `"local"`, `"partial:Q"`, `"none"` (manifest order,
+/// for evaluation), `True` (global) or `False` (none).
 fn shuffle_policy(shuffle: Option<&Bound<'_, PyAny>>) -> PyResult<ShufflePolicy> {
     let Some(s) = shuffle.filter(|s| !s.is_none()) else {
         return Ok(ShufflePolicy::Global);
     };
     if let Ok(flag) = s.downcast::<pyo3::types::PyBool>() {
-        return if flag.is_true() {
-            Ok(ShufflePolicy::Global)
+        return Ok(if flag.is_true() {
+            ShufflePolicy::Global
         } else {
-            Err(PyValueError::new_err(
-                "shuffle=False: Sluice always reads shards in a planned order; for evaluation \
-                 the order does not change a metric, and remainder=\"pad\" makes every \
-                 sample scored exactly once on any number of ranks (padding marked in \
-                 images.padding)",
-            ))
-        };
+            ShufflePolicy::Sequential
+        });
     }
     let text: String = s.extract().map_err(|_| {
         PyValueError::new_err(format!(
-            "shuffle: expected \"global\", \"local\" or \"partial:Q\", got {s}"
+            "shuffle: expected \"global\", \"local\", \"partial:Q\" or \"none\", got {s}"
         ))
     })?;
     text.parse()

@@ -276,7 +276,7 @@ def test_a_bad_pipeline_is_a_value_error_at_construction(dataset, pipeline, mess
     ({"sampler": None}, TypeError, "plans each epoch"),
     ({"collate_fn": list}, TypeError, "already tensors"),
     ({"colour": 1}, TypeError, "unexpected keyword argument 'colour'"),
-    ({"shuffle": False}, ValueError, 'remainder="pad"'),
+    ({"shuffle": False, "order": "arrival"}, ValueError, "manifest order"),
     ({"workers": "127.0.0.1:7100"}, ValueError, "trust_cert"),
     ({"remainder": "spread"}, ValueError, "remainder"),
     ({"same_host": "maybe"}, ValueError, "same_host"),
@@ -314,19 +314,50 @@ def test_an_epoch_that_skips_every_sample_raises_and_skips_reach_python_logging(
     assert "no image field" in skips[0].getMessage()
 
 
+@pytest.mark.parametrize("shuffle", ["none", "global"])
 @pytest.mark.parametrize("world_size", [1, 3, 8])
-def test_pad_scores_every_sample_exactly_once_at_any_world_size(dataset, world_size):
+def test_pad_scores_every_sample_exactly_once_at_any_world_size(dataset, world_size, shuffle):
     scored, batches = [], set()
     for rank in range(world_size):
-        loader = sluice.Loader(dataset=dataset, batch_size=4, pipeline=PIPELINE, seed=1,
-                               rank=rank, world_size=world_size, remainder="pad")
-        n = 0
-        for images, _ in loader.epoch(0):
-            n += 1
-            scored.extend(i for i, pad in zip(images.ids, images.padding) if not pad)
-        batches.add(n)
+        # Ranks share a seed, except under "none", where the seed changes nothing.
+        seed = rank if shuffle == "none" else 1
+        loader = sluice.Loader(dataset=dataset, batch_size=4, pipeline=PIPELINE, seed=seed,
+                               rank=rank, world_size=world_size, remainder="pad",
+                               shuffle=shuffle)
+        mine = []
+        for e in range(2):
+            n, got = 0, []
+            for images, _ in loader.epoch(e):
+                n += 1
+                got.extend(i for i, pad in zip(images.ids, images.padding) if not pad)
+            batches.add(n)
+            if shuffle == "none" and e == 1:
+                assert got == mine, f"rank {rank}: epoch 1 is not epoch 0"
+            mine = mine or got
+        scored.extend(mine)
     assert len(batches) == 1, f"equal steps on every rank: {batches}"
     assert len(scored) == TOTAL and len(set(scored)) == TOTAL
+    if shuffle == "none":
+        # Rank after rank, the manifest in order, whatever the seed.
+        assert scored == sorted(scored)
+
+
+def test_a_peek_mid_epoch_does_not_spoil_the_checkpoint(dataset):
+    loader = sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE, seed=4)
+    epoch = loader.epoch(0)
+    got = []
+    for _ in range(3):
+        got.extend(next(epoch)[0].ids)
+    first, _ = next(loader.epoch(0))  # a look at a batch, mid-epoch
+    del first
+    got.extend(next(epoch)[0].ids)
+    state = loader.state_dict()
+    assert state["batches"] == 4
+    del epoch
+    again = sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE, seed=4)
+    again.load_state_dict(state)
+    rest = ids_of(again.epoch(0))
+    assert len(got + rest) == TOTAL and len(set(got + rest)) == TOTAL
 
 
 def test_dataset_may_be_a_served_manifest_url_or_a_pattern_of_indexed_shards(dataset, sluice_bin,

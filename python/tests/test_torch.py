@@ -90,6 +90,35 @@ def test_an_eval_loop_may_keep_every_batch_with_copy(dataset):
     assert len(targets) == TOTAL
 
 
+@pytest.mark.parametrize("world_size", [1, 3, 8])
+def test_an_unshuffled_padded_eval_scores_every_sample_once(dataset, world_size):
+    scored = []
+    for rank in range(world_size):
+        loader = st.Loader(dataset, batch_size=4, pipeline=PIPELINE, rank=rank,
+                           world_size=world_size, shuffle="none", remainder="pad", copy=True)
+        batches = list(loader)
+        assert len(batches) == len(loader)
+        scored.extend(k for b in batches for k, pad in zip(b["__key__"], b["padding"]) if not pad)
+        again = [k for b in loader for k, pad in zip(b["__key__"], b["padding"]) if not pad]
+        assert again == scored[len(scored) - len(again):], "the next epoch is the same"
+    assert len(scored) == TOTAL and len(set(scored)) == TOTAL
+
+
+def test_a_peek_mid_epoch_does_not_spoil_the_checkpoint(dataset):
+    loader = st.Loader(dataset, batch_size=8, pipeline=PIPELINE, seed=6)
+    it = iter(loader)
+    first = [k for _ in range(3) for k in next(it)["__key__"]]
+    peek = next(iter(loader))  # what a user does to look at a batch's shapes
+    assert len(peek["__key__"]) == 8
+    first += next(it)["__key__"]
+    state = loader.state_dict()
+    del it
+    again = st.Loader(dataset, batch_size=8, pipeline=PIPELINE, seed=6)
+    again.load_state_dict(state)
+    rest = keys_of_epoch(again)
+    assert len(first + rest) == TOTAL and len(set(first + rest)) == TOTAL
+
+
 def test_a_checkpoint_resumes_exactly_the_rest(dataset):
     loader = st.Loader(dataset, batch_size=8, pipeline=PIPELINE, seed=5)
     keys_of_epoch(loader)  # epoch 0
@@ -112,10 +141,14 @@ import sluice.torch as st
 dist.init_process_group("gloo")
 try:
     st.Loader(sys.argv[1], batch_size=8, pipeline="decode | resize 40 | center_crop 32")
+    print("OK")
 except ValueError as e:
     print("REFUSED", e)
     sys.exit(3)
-print("OK")
+finally:
+    # Without it torch's gloo threads may abort the process at exit ("terminate called
+    # without an active exception"), as torch's docs warn.
+    dist.destroy_process_group()
 """
 
 

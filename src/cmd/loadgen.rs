@@ -48,7 +48,7 @@ pub struct Args {
     /// `none` for unlabeled data. A sample whose label is missing is skipped by name.
     #[arg(long, default_value = "cls")]
     label: String,
-    /// global, local or partial:Q.
+    /// global, local, partial:Q, or none (manifest order, contiguous runs per rank: evaluation).
     #[arg(long, default_value = "global")]
     shuffle: String,
     /// Drop the last incomplete batch.
