@@ -240,10 +240,20 @@ pub struct RankResult {
     pub mixing: Mixing,
     /// The rank's checkpoint when it stopped (with --save-state).
     pub checkpoint: Option<Checkpoint>,
-    /// Delivered samples as dump lines, in delivery order, per epoch.
-    pub dump: Vec<(u64, String)>,
+    /// Delivered samples as dump lines, in delivery order, per epoch: spooled to a file as
+    /// each epoch ends, so a long run holds one epoch's lines, not all of them.
+    pub dump: Vec<DumpBlock>,
     /// The first skipped samples, as `epoch shard key: reason`.
     pub skips: Vec<String>,
+}
+
+/// One epoch of a rank's dump lines, in its rank's spool file.
+#[derive(Clone)]
+pub struct DumpBlock {
+    pub epoch: u64,
+    file: std::sync::Arc<std::fs::File>,
+    offset: u64,
+    len: usize,
 }
 
 /// Skipped samples a rank lists by name in the final summary (the rest are counted).
@@ -485,19 +495,22 @@ pub fn run_ranks(
 /// Writes the delivered samples as `epoch rank shard key` lines: epoch by epoch, rank by rank,
 /// each in delivery order, so the same run gives the same file whichever rank finished first.
 pub fn write_dump(results: &[RankResult], path: &Path) -> Result<()> {
-    let mut blocks: Vec<(u64, u32, &str)> = results
+    use std::os::unix::fs::FileExt;
+    let mut blocks: Vec<(u32, &DumpBlock)> = results
         .iter()
-        .flat_map(|r| {
-            r.dump
-                .iter()
-                .map(move |(e, lines)| (*e, r.rank, lines.as_str()))
-        })
+        .flat_map(|r| r.dump.iter().map(move |b| (r.rank, b)))
         .collect();
-    blocks.sort_by_key(|(e, r, _)| (*e, *r));
+    blocks.sort_by_key(|(r, b)| (b.epoch, *r));
     let io = || TestbedError::io(format!("writing {}", path.display()));
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io())?);
-    for (_, _, lines) in blocks {
-        f.write_all(lines.as_bytes()).map_err(io())?;
+    let mut lines = Vec::new();
+    for (_, block) in blocks {
+        lines.resize(block.len, 0);
+        block
+            .file
+            .read_exact_at(&mut lines, block.offset)
+            .map_err(TestbedError::io("reading back the spooled dump"))?;
+        f.write_all(&lines).map_err(io())?;
     }
     f.flush().map_err(io())
 }
@@ -554,6 +567,14 @@ fn run_rank(
     observer: &dyn Observer,
 ) -> Result<RankResult> {
     let sink = sink(cfg.device)?;
+    // Dump lines go to an unnamed file epoch by epoch (the run's memory stays flat).
+    let spool = match cfg.record_ids {
+        true => Some(std::sync::Arc::new(
+            tempfile::tempfile().map_err(TestbedError::io("creating the dump's spool file"))?,
+        )),
+        false => None,
+    };
+    let mut spooled = 0u64;
     let first_epoch = match &cfg.resume {
         Some(states) => states.first().map_or(cfg.first_epoch, |s| s.epoch),
         None => cfg.first_epoch,
@@ -650,7 +671,18 @@ fn run_rank(
             }
             observer.batch(rank, epoch, &loader.stats());
         }
-        result.dump.push((epoch, lines));
+        if let Some(file) = &spool {
+            use std::os::unix::fs::FileExt;
+            file.write_all_at(lines.as_bytes(), spooled)
+                .map_err(TestbedError::io("spooling the dump"))?;
+            result.dump.push(DumpBlock {
+                epoch,
+                file: file.clone(),
+                offset: spooled,
+                len: lines.len(),
+            });
+            spooled += lines.len() as u64;
+        }
         result.mixing.add_epoch(&labels);
         let mut r = batches.report();
         // With a GPU sink the consumer also waits for copies: count from its side.
