@@ -1,7 +1,7 @@
 //! Sample order as a contract, checked from outside with `--dump-ids`: class-sorted data
 //! comes out mixed; the same seed gives the same batches line for line in process, over QUIC,
-//! with or without the next epoch started early and with a worker killed mid-epoch; and a checkpoint at 2 ranks resumes at 3 with exactly
-//! the rest of the epoch, split equally.
+//! with or without the next epoch started early and with a worker killed mid-epoch; a checkpoint at 2 ranks resumes at 3 with exactly
+//! the rest of the epoch, split equally; and `--shuffle none` is the manifest in order.
 
 mod support;
 mod system;
@@ -94,6 +94,71 @@ fn class_sorted_data_comes_out_mixed_with_and_without_shuffled_shards() {
     ]);
     let (distinct, uniform) = mixing(&report);
     assert!(distinct < 0.5 * uniform, "{distinct:.2} vs {uniform:.2}");
+}
+
+/// `--shuffle none` (evaluation) from outside: at 3 ranks, rank after rank, the samples are
+/// the manifest's in order, as `sluice inspect` lists each shard, in every epoch and for any
+/// seed.
+#[test]
+fn shuffle_none_reads_the_manifest_in_order_for_any_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = class_sorted(dir.path(), true);
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut in_order = Vec::new();
+    for shard in parsed["shards"].as_array().unwrap() {
+        let url = shard["url"].as_str().unwrap();
+        let path = manifest.parent().unwrap().join(url);
+        for line in sluice_ok(&["inspect", path_str(&path)]).lines() {
+            let f: Vec<&str> = line.split('\t').collect();
+            if f.len() == 3 && f[0].parse::<u64>().is_ok() {
+                in_order.push(format!("{url}/{}", f[1]));
+            }
+        }
+    }
+    assert_eq!(in_order.len(), 240);
+    let dump = |seed: &str| {
+        let out = dir.path().join(format!("none-{seed}.tsv"));
+        sluice_ok(&[
+            "loadgen",
+            "--dataset",
+            path_str(&manifest),
+            "--workers",
+            "local",
+            "--ranks",
+            "3",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "16",
+            "--seed",
+            seed,
+            "--shuffle",
+            "none",
+            "--pipeline",
+            "decode | resize 32 | center_crop 32",
+            "--dump-ids",
+            path_str(&out),
+        ]);
+        std::fs::read_to_string(&out).unwrap()
+    };
+    let first = dump("3");
+    assert_eq!(first, dump("11"), "the seed changed a shuffle=none dump");
+    for epoch in ["0", "1"] {
+        let mut ranks = Vec::new();
+        let got: Vec<String> = first
+            .lines()
+            .map(|l| l.split('\t').collect::<Vec<_>>())
+            .filter(|f| f[0] == epoch)
+            .map(|f| {
+                ranks.push(f[1].to_string());
+                format!("{}/{}", f[2], f[3])
+            })
+            .collect();
+        assert_eq!(got, in_order, "epoch {epoch} is not the manifest in order");
+        assert!(ranks.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(ranks.iter().filter(|r| *r == "1").count(), 80);
+    }
 }
 
 #[test]
