@@ -71,6 +71,50 @@ def test_lightning_trains_three_epochs_that_differ(dataset, tmp_path):
     assert_epochs_advance(seen)
 
 
+def test_lightning_resumes_a_mid_epoch_checkpoint_with_exactly_the_rest(dataset, tmp_path):
+    """Lightning saves the loader's state_dict in its checkpoint and, on fit(ckpt_path=...),
+    loads it before the first iter(): the resumed run trains on exactly the batches the
+    checkpoint had not yet handed out."""
+    L = pytest.importorskip("lightning", reason="Lightning is not installed")
+
+    class Tiny(L.LightningModule):
+        def __init__(self, seen, stop_at=None):
+            super().__init__()
+            self.net = torch.nn.Linear(3 * 32 * 32, 3)
+            self.seen, self.stop_at = seen, stop_at
+
+        def training_step(self, batch, i):
+            self.seen.append(list(batch["__key__"]))
+            if self.stop_at is not None and len(self.seen) == self.stop_at:
+                self.trainer.should_stop = True
+            x = batch["image"].float().flatten(1) / 255
+            return torch.nn.functional.cross_entropy(self.net(x), batch["label"])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def trainer(**kw):
+        return L.Trainer(max_epochs=1, accelerator="cpu", logger=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path, **kw)
+
+    first = []
+    saved = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3,
+                                                save_top_k=-1, filename="{step}")
+    trainer(callbacks=[saved]).fit(Tiny(first, stop_at=5),
+                                   train_dataloaders=st.Loader(dataset, batch_size=8,
+                                                               pipeline=PIPELINE, seed=7))
+    assert len(first) == 5
+    rest = []
+    trainer(enable_checkpointing=False).fit(
+        Tiny(rest), train_dataloaders=st.Loader(dataset, batch_size=8, pipeline=PIPELINE,
+                                                seed=7),
+        ckpt_path=str(tmp_path / "step=3.ckpt"))
+    keys = [k for b in first[:3] + rest for k in b]
+    assert len(keys) == TOTAL and len(set(keys)) == TOTAL, "not exactly once"
+    assert rest[:2] == first[3:5], "the resumed run did not go on in the same order"
+
+
 def test_tuples_nhwc_dataloader_wrapping_and_copies(dataset):
     loader = st.Loader(dataset, batch_size=8, pipeline=PIPELINE, layout="nhwc",
                        to_tuple=("image", "label"))
