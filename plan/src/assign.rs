@@ -245,23 +245,7 @@ pub fn settle_to(
         }
         Remainder::Pad => {
             let real = total(&pieces);
-            // Repeat the rank's own samples (cache-friendly), or any sample when the dataset
-            // is smaller than the world and this rank has none.
-            let source = if real > 0 {
-                pieces.clone()
-            } else {
-                counts
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, &n)| n > 0)
-                    .map(|(s, &n)| Piece {
-                        shard: s as u32,
-                        start: 0,
-                        end: n,
-                        padding: false,
-                    })
-                    .collect()
-            };
+            let source = padding_source(&pieces, counts);
             let mut added = Vec::new();
             for _ in real..target {
                 let at = rng.below(total(&source));
@@ -281,6 +265,25 @@ pub fn settle_to(
     pieces
 }
 
+/// What `pad` repeats from: the rank's own samples (cache-friendly), or every sample when
+/// the dataset is smaller than the world and this rank has none.
+fn padding_source(pieces: &[Piece], counts: &[u64]) -> Vec<Piece> {
+    if total(pieces) > 0 {
+        return pieces.to_vec();
+    }
+    counts
+        .iter()
+        .enumerate()
+        .filter(|(_, &n)| n > 0)
+        .map(|(s, &n)| Piece {
+            shard: s as u32,
+            start: 0,
+            end: n,
+            padding: false,
+        })
+        .collect()
+}
+
 /// [`settle_to`] with nothing drawn, for `none`: `drop` removes the last samples, `pad`
 /// repeats the first ones (the dataset's first ones for a rank that has none), in order.
 pub fn settle_in_order(
@@ -294,22 +297,7 @@ pub fn settle_in_order(
         // `drop` (a `pad` rank is never longer than its target).
         return split_off_samples(pieces, target).0;
     }
-    let source = if real > 0 {
-        pieces.clone()
-    } else {
-        let everything: Vec<Piece> = counts
-            .iter()
-            .enumerate()
-            .filter(|(_, &n)| n > 0)
-            .map(|(s, &n)| Piece {
-                shard: s as u32,
-                start: 0,
-                end: n,
-                padding: false,
-            })
-            .collect();
-        everything
-    };
+    let source = padding_source(&pieces, counts);
     debug_assert_eq!(remainder, Remainder::Pad, "only pad lengthens a rank");
     let mut out = pieces;
     let mut missing = target - real;
