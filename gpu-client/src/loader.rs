@@ -382,25 +382,7 @@ impl LoaderBuilder {
         if self.max_field_bytes == 0 {
             return bad("max_field_bytes", "must be at least 1");
         }
-        // The pipeline, checked with the workers' grammar and frame limit, so a mistake is an
-        // error here and not a refusal by every worker at the first batch.
-        let pipeline: sluice_wire::spec::PipelineSpec = match self.pipeline.parse() {
-            Ok(p) => p,
-            Err(e) => return bad("pipeline", &format!("{:?}: {e}", self.pipeline)),
-        };
-        let tensor = pipeline.output_bytes() as u64;
-        let largest = u64::from(Limits::default().max_payload);
-        if tensor > largest {
-            return bad(
-                "pipeline",
-                &format!(
-                    "{:?} makes tensors of {tensor} bytes, over the largest frame a worker \
-                     sends ({largest} bytes, limits.max_payload_bytes): choose a smaller output \
-                     size",
-                    self.pipeline
-                ),
-            );
-        }
+        check_pipeline(&self.pipeline)?;
         if self.order == Order::Plan && self.lookahead < u64::from(self.batch_size) {
             return bad(
                 "lookahead",
@@ -494,6 +476,28 @@ impl LoaderBuilder {
             settings: self,
         })
     }
+}
+
+/// Parses `pipeline` with the workers' grammar and checks that its tensors fit the largest
+/// frame a worker sends: what every worker would refuse at job open, as an error here instead
+/// of at the first batch. `LoaderBuilder::build` calls it; a binding may call it earlier.
+pub fn check_pipeline(pipeline: &str) -> Result<sluice_wire::spec::PipelineSpec, ClientError> {
+    let bad = |detail: String| ClientError::Config {
+        key: "pipeline",
+        detail,
+    };
+    let spec: sluice_wire::spec::PipelineSpec = pipeline
+        .parse()
+        .map_err(|e: sluice_wire::spec::SpecError| bad(e.to_string()))?;
+    let tensor = spec.output_bytes() as u64;
+    let largest = u64::from(Limits::default().max_payload);
+    if tensor > largest {
+        return Err(bad(format!(
+            "{pipeline:?} makes tensors of {tensor} bytes, over the largest frame a worker \
+             sends ({largest} bytes, limits.max_payload_bytes): choose a smaller output size"
+        )));
+    }
+    Ok(spec)
 }
 
 /// The client: yields this rank's batches, epoch after epoch.

@@ -89,21 +89,6 @@ fn threads_per_rank() -> usize {
     (cores / local).max(1)
 }
 
-/// The pipeline, checked as a worker will check it, so a mistake is a `ValueError` here and
-/// not an error at the first batch.
-fn check_pipeline(pipeline: &str) -> PyResult<()> {
-    let spec: sluice_cpu::PipelineSpec = pipeline
-        .parse()
-        .map_err(|e| PyValueError::new_err(format!("pipeline: {e}")))?;
-    if spec.output_size().is_none() {
-        return Err(PyValueError::new_err(format!(
-            "pipeline {pipeline:?} has no fixed output size, so its samples cannot be batched: \
-             end it with random_resized_crop, center_crop or an exact resize"
-        )));
-    }
-    Ok(())
-}
-
 /// `shuffle=`: `"global"` (the default), `"local"`, `"partial:Q"`, `"none"` (manifest order,
 /// for evaluation), `True` (global) or `False` (none).
 fn shuffle_policy(shuffle: Option<&Bound<'_, PyAny>>) -> PyResult<ShufflePolicy> {
@@ -315,7 +300,8 @@ impl Loader {
                 return Err(unknown_keyword(&key.to_string()));
             }
         }
-        check_pipeline(pipeline)?;
+        // The pipeline first, as a worker will check it: a mistake is a ValueError here.
+        sluice_client::check_pipeline(pipeline).map_err(client_error)?;
         let remainder: sluice_client::Remainder = remainder
             .parse()
             .map_err(|e| PyValueError::new_err(format!("remainder: {e}")))?;
