@@ -1798,6 +1798,35 @@ mod tests {
         Arc<std::sync::atomic::AtomicUsize>,
     );
 
+    /// Shards `file:///tiny-{i}.tar` of these sample counts (never opened: [`Tiny`] makes the
+    /// samples).
+    fn tiny_manifest(samples: &[u64]) -> Manifest {
+        Manifest::new(
+            samples
+                .iter()
+                .enumerate()
+                .map(|(i, &samples)| ShardInfo {
+                    url: format!("file:///tiny-{i}.tar"),
+                    size: 1 << 20,
+                    samples,
+                    checksum: Checksum(0),
+                    compression: Compression::None,
+                    replicas: Vec::new(),
+                })
+                .collect(),
+        )
+    }
+
+    impl Tiny {
+        /// A worker whose runs nobody looks at and that refuses nothing.
+        fn idle() -> Arc<Self> {
+            Arc::new(Tiny {
+                runs: Arc::default(),
+                refuse: Mutex::new(None),
+            })
+        }
+    }
+
     fn tiny_loader(prefetch: bool) -> Tiniest {
         tiny_loader_refusing(prefetch, None)
     }
@@ -1805,18 +1834,7 @@ mod tests {
     /// A loader of 400 one-byte samples decoded by [`Tiny`], the log of its runs, and the
     /// count of ring buffers it made.
     fn tiny_loader_refusing(prefetch: bool, refuse: Option<u64>) -> Tiniest {
-        let manifest = Manifest::new(
-            (0..4)
-                .map(|i| ShardInfo {
-                    url: format!("file:///tiny-{i}.tar"),
-                    size: 1 << 20,
-                    samples: 100,
-                    checksum: Checksum(0),
-                    compression: Compression::None,
-                    replicas: Vec::new(),
-                })
-                .collect(),
-        );
+        let manifest = tiny_manifest(&[100; 4]);
         let runs = Arc::new(Mutex::new(Vec::new()));
         let made = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let loader = Loader::builder()
@@ -1965,14 +1983,7 @@ mod tests {
 
     #[test]
     fn connections_per_worker_is_bounded_and_named_in_the_error() {
-        let manifest = Manifest::new(vec![ShardInfo {
-            url: "file:///nowhere.tar".into(),
-            size: 1 << 20,
-            samples: 64,
-            checksum: Checksum(0),
-            compression: Compression::None,
-            replicas: Vec::new(),
-        }]);
+        let manifest = tiny_manifest(&[64]);
         for n in [0, 17] {
             let built = Loader::builder()
                 .dataset(manifest.clone())
@@ -2037,25 +2048,11 @@ mod tests {
     /// `none`: manifest order, whatever the mixing asked for; arrival order is refused.
     #[test]
     fn shuffle_none_delivers_the_manifest_in_order() {
-        let manifest = Manifest::new(
-            (0..4)
-                .map(|i| ShardInfo {
-                    url: format!("file:///tiny-{i}.tar"),
-                    size: 1 << 20,
-                    samples: 25 + i,
-                    checksum: Checksum(0),
-                    compression: Compression::None,
-                    replicas: Vec::new(),
-                })
-                .collect(),
-        );
+        let manifest = tiny_manifest(&[25, 26, 27, 28]);
         let builder = |rank: u32| {
             Loader::builder()
                 .dataset(manifest.clone())
-                .in_process(Arc::new(Tiny {
-                    runs: Arc::default(),
-                    refuse: Mutex::new(None),
-                }))
+                .in_process(Tiny::idle())
                 .batch_size(8)
                 .max_unit_samples(7)
                 .shuffle(ShufflePolicy::Sequential)
@@ -2104,18 +2101,8 @@ mod tests {
             ("decode | resize 16384x16384", "largest frame"),
         ] {
             let built = Loader::builder()
-                .dataset(Manifest::new(vec![ShardInfo {
-                    url: "file:///nowhere.tar".into(),
-                    size: 1 << 20,
-                    samples: 64,
-                    checksum: Checksum(0),
-                    compression: Compression::None,
-                    replicas: Vec::new(),
-                }]))
-                .in_process(Arc::new(Tiny {
-                    runs: Arc::default(),
-                    refuse: Mutex::new(None),
-                }))
+                .dataset(tiny_manifest(&[64]))
+                .in_process(Tiny::idle())
                 .pipeline(pipeline.to_string())
                 .build();
             match built {
@@ -2151,10 +2138,7 @@ mod tests {
         let loader = |m: Manifest| {
             Loader::builder()
                 .dataset(m)
-                .in_process(Arc::new(Tiny {
-                    runs: Arc::default(),
-                    refuse: Mutex::new(None),
-                }))
+                .in_process(Tiny::idle())
                 .batch_size(16)
                 .seed(5)
                 .build()
@@ -2200,10 +2184,7 @@ mod tests {
             compression: Compression::None,
             replicas: Vec::new(),
         }]);
-        let tiny = Arc::new(Tiny {
-            runs: Arc::default(),
-            refuse: Mutex::new(None),
-        });
+        let tiny = Tiny::idle();
         let build = |batch: u32, lookahead: Option<u64>| {
             let b = Loader::builder()
                 .dataset(manifest.clone())
