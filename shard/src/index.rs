@@ -22,7 +22,7 @@ use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 use crate::error::{Result, ShardError};
 use crate::manifest::{Checksum, Compression, ShardInfo};
 use crate::read::{decompressed, ReadOptions, TarReader};
-use crate::sample::split_key;
+use crate::sample::{continues_sample, split_key};
 
 const MAGIC: &[u8; 8] = b"SLUICEIX";
 const VERSION: u32 = 1;
@@ -403,9 +403,9 @@ pub fn scan_shard<R: Read + Send + 'static>(
                 tap.route = Route::Hash;
             }
             Some((key, field)) => {
-                let continues = open
-                    .as_ref()
-                    .is_some_and(|o| o.key == key && o.fields.iter().all(|(f, _)| f != field));
+                let continues = open.as_ref().is_some_and(|o| {
+                    continues_sample(&o.key, o.fields.iter().map(|(f, _)| f.as_str()), key, field)
+                });
                 if !continues {
                     if let (Some(done), Some(at_end)) = (open.take(), committed.take()) {
                         tap.hasher = at_end;

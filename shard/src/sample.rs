@@ -73,6 +73,18 @@ pub fn split_key(path: &str) -> Option<(&str, &str)> {
     Some((&path[..dot], &path[dot + 1..]))
 }
 
+/// Whether an entry `key.field` belongs to the sample `current` (whose fields are `fields`):
+/// the same key and a field it does not have yet. The one grouping rule, shared by
+/// [`SampleGrouper`] and the index's scan, so a sample's indexed range is the one read.
+pub fn continues_sample<'a>(
+    current: &str,
+    mut fields: impl Iterator<Item = &'a str>,
+    key: &str,
+    field: &str,
+) -> bool {
+    current == key && fields.all(|f| f != field)
+}
+
 /// Groups a stream of entries into samples. Pure: no IO.
 #[derive(Debug)]
 pub struct SampleGrouper {
@@ -94,10 +106,9 @@ impl SampleGrouper {
     /// Adds an entry; returns the previous sample when this entry starts a new one.
     pub fn push(&mut self, entry: Entry) -> Option<Sample> {
         let (key, field) = split_key(&entry.header.path)?;
-        let continues = self
-            .current
-            .as_ref()
-            .is_some_and(|s| s.key == key && s.fields.iter().all(|f| f.name != field));
+        let continues = self.current.as_ref().is_some_and(|s| {
+            continues_sample(&s.key, s.fields.iter().map(|f| f.name.as_str()), key, field)
+        });
         let field = Field {
             name: field.to_string(),
             data: entry.data,
