@@ -10,6 +10,7 @@
 //! [ratio=A,B]`, `center_crop SIZE`, `resize SIZE` (shorter side) or `resize HxW`, `hflip [P]`,
 //! `normalize mean=R,G,B std=R,G,B [dtype=f32|f16]`, `chw`. SIZE is `N` or `HxW`. The output
 //! must have a fixed size (end the geometry in a crop or an `HxW` resize), so batches stack.
+//! `docs/pipeline.md` is the reference for users: every op, its arguments and defaults.
 //!
 //! It lives here, beside the protocol it travels in, so a client checks a spec (in
 //! `Loader::build`) with the grammar workers use, without linking a decoder.
@@ -18,6 +19,17 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+
+/// Every op the grammar knows, in the order a pipeline may use them (docs/pipeline.md).
+pub const OPS: [&str; 7] = [
+    "decode",
+    "random_resized_crop",
+    "center_crop",
+    "resize",
+    "hflip",
+    "normalize",
+    "chw",
+];
 
 /// One geometric or flip op, in order.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -72,7 +84,7 @@ pub struct Normalize {
 /// A parsed, validated pipeline.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PipelineSpec {
-    /// The field holding the image; `None` picks the first of jpg, jpeg, png, webp.
+    /// The field holding the image; `None` picks the first of jpg, jpeg, png, webp, img.
     pub field: Option<String>,
     pub ops: Vec<Op>,
     pub normalize: Option<Normalize>,
@@ -282,7 +294,12 @@ impl FromStr for PipelineSpec {
                     allow(&[], 0)?;
                     spec.chw = true;
                 }
-                other => return Err(err(format!("unknown op {other:?}"))),
+                other => {
+                    return Err(err(format!(
+                        "unknown op {other:?}; the ops are {} (docs/pipeline.md)",
+                        OPS.join(", ")
+                    )))
+                }
             }
         }
         if spec.output_size().is_none() {
@@ -356,7 +373,10 @@ mod tests {
     fn invalid_specs_name_the_problem() {
         for (text, expect) in [
             ("random_resized_crop 224", "start with decode"),
-            ("decode | blur 3", "unknown op \"blur\""),
+            (
+                "decode | blur 3",
+                "unknown op \"blur\"; the ops are decode, random_resized_crop, center_crop",
+            ),
             ("decode | random_resized_crop", "needs a size"),
             ("decode | random_resized_crop 224 scale=0,1", "scale"),
             (
