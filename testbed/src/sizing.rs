@@ -468,20 +468,28 @@ pub struct EngineRun {
 }
 
 impl EngineRun {
+    /// Images turned into tensors per second: a skipped image is no work done, so a run that
+    /// skipped them all never reports a rate ([`engine_run`] fails instead).
     pub fn images_per_s(&self) -> f64 {
-        self.images as f64 / self.seconds.max(1e-9)
+        self.done as f64 / self.seconds.max(1e-9)
     }
 }
 
 /// Runs the engine over `samples` again and again for `seconds` after one warm-up pass, each
-/// pass a new epoch (new crops): the engine alone, as `sluice bench cpu` measures it.
+/// pass a new epoch (new crops): the engine alone, as `sluice bench cpu` measures it. The
+/// images are read unlabeled (a folder of JPEGs has no `.cls`); a corpus of which the
+/// warm-up pass decodes nothing is an error naming the first reason, never a rate.
 pub fn engine_run(
     samples: &[Sample],
     pipeline: PipelineSpec,
     config: EngineConfig,
     seconds: f64,
 ) -> Result<EngineRun> {
-    let engine = Engine::new(pipeline, config)?;
+    let unlabeled = sluice_cpu::FieldSpec {
+        label: sluice_wire::LabelSource::None,
+        ..Default::default()
+    };
+    let engine = Engine::new(pipeline, config)?.with_fields(unlabeled);
     let ctx = |epoch| SampleContext {
         seed: 0,
         epoch,
@@ -495,7 +503,14 @@ pub fn engine_run(
             Outcome::Skipped(e) => Some(e.to_string()),
             Outcome::Done(_) => None,
         })
-        .collect();
+        .collect::<Vec<String>>();
+    if skipped.len() == samples.len() {
+        return Err(TestbedError::Setup(format!(
+            "every one of the {} images was skipped, so there is no rate to report; the first: {}",
+            samples.len(),
+            skipped.first().map_or("(none)", String::as_str)
+        )));
+    }
     let t0 = engine.times();
     let (d0, x0) = (
         t0.decode_ns.load(Ordering::Relaxed),
