@@ -332,7 +332,8 @@ impl Batch {
         &self.padding
     }
 
-    /// Samples of this batch the decoder rejected, with the reason.
+    /// Samples of this batch the decoder rejected, with the reason; from an `Epoch`, also
+    /// those of the batches just before it that were not handed out (every sample skipped).
     pub fn skipped(&self) -> &[(SampleId, String)] {
         &self.skipped
     }

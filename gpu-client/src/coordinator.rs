@@ -225,10 +225,17 @@ impl Coordinator {
             r = self.drive(&mut events, &out) => r,
             _ = cancel.cancelled() => Ok(()),
         };
-        if let Err(e) = result {
-            self.counters.failed.store(true, Ordering::Relaxed);
-            tracing::error!(epoch = self.epoch, "{e}");
-            let _ = out.send(Err(e)).await;
+        match result {
+            // A loop that leaves an epoch early (`break`) drops it: nothing went wrong.
+            Err(ClientError::ConsumerGone) => {
+                tracing::debug!(epoch = self.epoch, "the consumer left the epoch early");
+            }
+            Err(e) => {
+                self.counters.failed.store(true, Ordering::Relaxed);
+                tracing::error!(epoch = self.epoch, "{e}");
+                let _ = out.send(Err(e)).await;
+            }
+            Ok(()) => {}
         }
         // Dropping the command senders ends every link (closing its connection).
         self.commands.clear();
@@ -448,7 +455,7 @@ impl Coordinator {
         let batch = f.finish(self.short_batch);
         self.next_batch += 1;
         if out.send(Ok(batch)).await.is_err() {
-            return Err(ClientError::Runtime("the consumer went away".into()));
+            return Err(ClientError::ConsumerGone);
         }
         Ok(())
     }

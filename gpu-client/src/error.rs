@@ -15,6 +15,16 @@ pub enum ClientError {
         skipped: u64,
         first: String,
     },
+    #[error(
+        "the first {skipped} samples of epoch {epoch} were all skipped, so no batch could hold \
+         any: {reasons} (does every sample have the label and fields asked for? label=None \
+         reads no label)"
+    )]
+    FirstSamplesSkipped {
+        epoch: u64,
+        skipped: u64,
+        reasons: String,
+    },
     #[error(transparent)]
     Plan(#[from] sluice_plan::PlanError),
     #[error("worker {worker}: {detail}")]
@@ -47,6 +57,8 @@ pub enum ClientError {
     RingExhausted { ring_batches: usize },
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    #[error("the consumer went away")]
+    ConsumerGone,
     #[error("the client's runtime: {0}")]
     Runtime(String),
     #[error("allocating batch buffers: {0}")]

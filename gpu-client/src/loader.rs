@@ -716,6 +716,39 @@ impl Loader {
         self.batch_plan.batches
     }
 
+    /// Batches of `epoch` as a training loop counts them. Usually [`Self::batches_per_epoch`];
+    /// for an epoch resumed at another world size, the batches each rank was handed before
+    /// (in every earlier world) plus this world's share of the rest, so a loop that restored
+    /// its step count from the same checkpoint (Lightning's) runs exactly to the epoch's end.
+    pub fn batches_in_epoch(&self, epoch: u64) -> u64 {
+        let resumed = self
+            .resume
+            .lock()
+            .ok()
+            .and_then(|r| {
+                r.as_ref()
+                    .filter(|p| p.epoch == epoch)
+                    .map(|p| p.resumed.clone())
+            })
+            .or_else(|| {
+                let progress = self.progress.lock().ok()?;
+                progress
+                    .as_ref()
+                    .filter(|p| p.epoch == epoch)
+                    .map(|p| p.resumed.clone())
+            })
+            .unwrap_or_default();
+        if resumed.is_empty() {
+            return self.batch_plan.batches;
+        }
+        let s = &self.settings;
+        let before: u64 = resumed.iter().map(|seg| seg.batches).sum();
+        match self.segment(epoch, &resumed, s.world_size, s.rank) {
+            Ok((_, plan)) => before + plan.batches,
+            Err(_) => self.batch_plan.batches,
+        }
+    }
+
     /// Samples every rank is planned per epoch (after the last-batch policy).
     pub fn samples_per_epoch(&self) -> u64 {
         self.batch_plan.samples
@@ -818,7 +851,9 @@ impl Loader {
     /// Restores the checkpoints of a job's ranks, taken at the same step; the next
     /// `epoch(e)` delivers exactly the rest of their epoch.
     ///
-    /// At the same world size this rank's own checkpoint is used. At another world size
+    /// At the same world size this rank's own checkpoint is used; without it (a framework
+    /// that saved rank 0's state only), in plan order any rank's checkpoint gives this rank's
+    /// place too, since DDP ranks are handed the same number of batches. At another world size
     /// (plan order only) the rest of the epoch, what every old rank had not yet delivered,
     /// is split equally across the new ranks; one checkpoint is enough, since in plan order
     /// an old rank's delivered samples are its sequence's first `batches × batch_size`. The
@@ -859,16 +894,20 @@ impl Loader {
                     format!("{:?}", first.resumed),
                     format!("{:?}", c.resumed),
                 ),
-                (
-                    "batches (the global step)",
-                    first.batches.to_string(),
-                    c.batches.to_string(),
-                ),
             ];
             for (field, a, b) in pairs {
                 if a != b {
                     return disagree(field, a, b);
                 }
+            }
+            if first.batches != c.batches {
+                return Err(ClientError::Checkpoint(format!(
+                    "ranks {} and {} were handed different numbers of batches ({} and {}; the \
+                     global step): \
+                     states must be taken at the same step on every rank (as DDP steps \
+                     together), or pass this rank's own state alone",
+                    first.rank, c.rank, first.batches, c.batches
+                )));
             }
         }
         let mut ranks: Vec<u32> = checkpoints.iter().map(|c| c.rank).collect();
@@ -926,27 +965,9 @@ impl Loader {
             )));
         }
         let pending = if first.world_size == s.world_size {
-            let Some(mine) = checkpoints.iter().find(|c| c.rank == s.rank) else {
-                return Err(ClientError::Checkpoint(format!(
-                    "no checkpoint of rank {} among ranks {ranks:?} of the same world size",
-                    s.rank
-                )));
-            };
-            let (units, _) = self.segment(mine.epoch, &mine.resumed, s.world_size, s.rank)?;
-            let mut ledger = Ledger::new(&units);
-            ledger
-                .apply(&mine.ledger)
-                .map_err(ClientError::Checkpoint)?;
-            if s.order == Order::Plan {
-                let depth = mine.resumed.len() as u32;
-                let at = (mine.epoch, depth, s.rank);
-                self.check_plan_prefix(&units, at, mine.batches, &ledger)?;
-            }
-            Pending {
-                epoch: mine.epoch,
-                resumed: mine.resumed.clone(),
-                batches: mine.batches,
-                ledger: Some(mine.ledger.clone()),
+            match checkpoints.iter().find(|c| c.rank == s.rank) {
+                Some(mine) => self.own_rank(mine)?,
+                None => self.another_rank(first, &ranks)?,
             }
         } else {
             if s.order != Order::Plan {
@@ -984,6 +1005,69 @@ impl Loader {
             n.take();
         }
         Ok(())
+    }
+
+    /// This rank's own checkpoint at the same world size: its ledger, checked against the plan.
+    fn own_rank(&self, mine: &Checkpoint) -> Result<Pending, ClientError> {
+        let s = &self.settings;
+        let (units, _) = self.segment(mine.epoch, &mine.resumed, s.world_size, s.rank)?;
+        let mut ledger = Ledger::new(&units);
+        ledger
+            .apply(&mine.ledger)
+            .map_err(ClientError::Checkpoint)?;
+        if s.order == Order::Plan {
+            let depth = mine.resumed.len() as u32;
+            let at = (mine.epoch, depth, s.rank);
+            self.check_plan_prefix(&units, at, mine.batches, &ledger)?;
+        }
+        Ok(Pending {
+            epoch: mine.epoch,
+            resumed: mine.resumed.clone(),
+            batches: mine.batches,
+            ledger: Some(mine.ledger.clone()),
+        })
+    }
+
+    /// Another rank's checkpoint at the same world size (a framework that saves rank 0's state
+    /// only, as Lightning and Accelerate do). In plan order every rank had been handed the
+    /// first `batches` batches of its own sequence (DDP ranks step together), so that rank's
+    /// checkpoint, checked against its own plan, gives this rank's ledger too: the first
+    /// `batches × batch_size` positions of this rank's sequence.
+    fn another_rank(&self, theirs: &Checkpoint, ranks: &[u32]) -> Result<Pending, ClientError> {
+        let s = &self.settings;
+        if s.order != Order::Plan {
+            return Err(ClientError::Checkpoint(format!(
+                "this is rank {}, and the checkpoint is rank {ranks:?}'s: in order \"arrival\" a \
+                 checkpoint names only its own rank's samples, so each rank must load its own \
+                 state (save every rank's state_dict, or use order=\"plan\", where any one \
+                 rank's state resumes every rank)",
+                s.rank
+            )));
+        }
+        let depth = theirs.resumed.len() as u32;
+        let (their_units, _) =
+            self.segment(theirs.epoch, &theirs.resumed, s.world_size, theirs.rank)?;
+        let mut their_ledger = Ledger::new(&their_units);
+        their_ledger
+            .apply(&theirs.ledger)
+            .map_err(ClientError::Checkpoint)?;
+        let at = (theirs.epoch, depth, theirs.rank);
+        self.check_plan_prefix(&their_units, at, theirs.batches, &their_ledger)?;
+        let (units, _) = self.segment(theirs.epoch, &theirs.resumed, s.world_size, s.rank)?;
+        let sequence = self.sequence(&units, theirs.epoch, depth, s.rank)?;
+        let prefix = (theirs.batches * u64::from(s.batch_size)).min(sequence.len());
+        let mut ledger = Ledger::new(&units);
+        for (u, i) in (0..prefix).filter_map(|p| sequence.at(p)) {
+            if let Some(w) = units.get(u as usize) {
+                ledger.record(u64::from(u), w.shard, i);
+            }
+        }
+        Ok(Pending {
+            epoch: theirs.epoch,
+            resumed: theirs.resumed.clone(),
+            batches: theirs.batches,
+            ledger: Some(ledger.to_record()),
+        })
     }
 
     /// The plan settings a checkpoint must share besides the named fields.
@@ -1283,24 +1367,20 @@ impl Loader {
                     let same_host = match s.same_host {
                         SameHost::Off => None,
                         mode => match crate::same_host::socket_for(&s.same_host_dir, addr) {
-                            Some(socket) => Some(SameHostRoute {
+                            Ok(socket) => Some(SameHostRoute {
                                 socket,
                                 required: mode == SameHost::Require,
                             }),
-                            None if mode == SameHost::Require => {
+                            Err(why) if mode == SameHost::Require => {
                                 return Err(ClientError::Config {
                                     key: "same_host",
-                                    detail: format!(
-                                        "required, but worker {name} has no socket {}",
-                                        sluice_wire::shm::socket_path(
-                                            &s.same_host_dir,
-                                            addr.port()
-                                        )
-                                        .display()
-                                    ),
+                                    detail: format!("required, but worker {name}: {why}"),
                                 });
                             }
-                            None => None,
+                            Err(why) => {
+                                tracing::info!(worker = %name, "QUIC, not same-host: {why}");
+                                None
+                            }
                         },
                     };
                     if let Some(r) = &same_host {
@@ -1406,6 +1486,7 @@ impl Loader {
             pending_wait: Duration::ZERO,
             ring_batches: s.ring_batches,
             seen: (0, 0, None),
+            carried: Vec::new(),
         };
         Ok(Started {
             epoch: handle,
@@ -1534,6 +1615,8 @@ pub struct Epoch {
     /// Samples delivered and skipped so far, and the first skip's reason: an epoch that
     /// skipped every sample ends with an error, not quietly after empty batches.
     seen: (u64, u64, Option<String>),
+    /// Skips of batches not handed out (every sample skipped), reported with the next one.
+    carried: Vec<(crate::batch::SampleId, String)>,
 }
 
 impl Epoch {
@@ -1629,17 +1712,23 @@ impl Epoch {
                 }
                 Err(())
             }
-            Ok(item) => Ok(self.finish_next(item, waited)),
+            Ok(item) => match self.finish_next(item, waited) {
+                Some(next) => Ok(next),
+                // A batch of skips only: not handed out, so the caller waits on.
+                None => Err(()),
+            },
         }
     }
 
+    /// What the consumer gets for `item`; `None` for a batch whose every sample was skipped,
+    /// which is recorded (its place in the epoch is taken) but never handed to a training loop.
     fn finish_next(
         &mut self,
         item: Option<Result<Batch, ClientError>>,
         waited: Duration,
-    ) -> Option<Result<Batch, ClientError>> {
+    ) -> Option<Option<Result<Batch, ClientError>>> {
         let waited = waited + std::mem::take(&mut self.pending_wait);
-        match item {
+        Some(match item {
             Some(Ok(batch)) => {
                 self.record(&batch, waited);
                 let real = batch.padding().iter().filter(|p| !**p).count() as u64;
@@ -1648,7 +1737,36 @@ impl Epoch {
                 if self.seen.2.is_none() {
                     self.seen.2 = batch.skipped().first().map(|(_, why)| why.clone());
                 }
-                Some(Ok(batch))
+                if !batch.is_empty() {
+                    let mut batch = batch;
+                    if !self.carried.is_empty() {
+                        // Skips of batches not handed out are reported with this one.
+                        let mut skipped = std::mem::take(&mut self.carried);
+                        skipped.append(&mut batch.skipped);
+                        batch.skipped = skipped;
+                    }
+                    return Some(Some(Ok(batch)));
+                }
+                if self.seen.0 == 0 && self.seen.1 >= FAIL_FAST_SKIPS.min(self.planned) {
+                    self.close();
+                    self.cancel.cancel();
+                    return Some(Some(Err(ClientError::FirstSamplesSkipped {
+                        epoch: self.epoch,
+                        skipped: self.seen.1,
+                        reasons: distinct_reasons(batch.skipped()),
+                    })));
+                }
+                tracing::warn!(
+                    epoch = self.epoch,
+                    batch = batch.index(),
+                    "every one of the batch's {} samples was skipped, so it is not handed out \
+                     (its skips come with the next batch); the first: {}",
+                    batch.skipped().len(),
+                    batch.skipped().first().map_or("", |(_, why)| why.as_str())
+                );
+                let mut batch = batch;
+                self.carried.append(&mut batch.skipped);
+                return None;
             }
             Some(Err(e)) => {
                 self.close();
@@ -1667,8 +1785,31 @@ impl Epoch {
                     _ => None,
                 }
             }
+        })
+    }
+}
+
+/// Skipped samples after which, with none delivered yet, an epoch stops: a label or field
+/// setting the data cannot satisfy (`label="cls"` on data without `.cls`) fails at once,
+/// not after an epoch of empty batches.
+const FAIL_FAST_SKIPS: u64 = 32;
+
+/// Up to three distinct reasons among `skipped` (a reason is "key: cause"), each with the
+/// first sample it was given for.
+fn distinct_reasons(skipped: &[(crate::batch::SampleId, String)]) -> String {
+    let cause = |why: &str| why.split_once(": ").map_or(why, |(_, c)| c).to_string();
+    let mut reasons: Vec<&str> = Vec::new();
+    let mut causes: Vec<String> = Vec::new();
+    for (_, why) in skipped {
+        if reasons.len() == 3 {
+            break;
+        }
+        if !causes.contains(&cause(why)) {
+            causes.push(cause(why));
+            reasons.push(why);
         }
     }
+    reasons.join("; ")
 }
 
 impl Iterator for Epoch {
@@ -2036,6 +2177,52 @@ mod tests {
         let rest = ids(resumed.epoch(0).unwrap());
         seen.extend(rest);
         assert_eq!(seen, all, "the resumed epoch is not exactly the rest");
+    }
+
+    /// Lightning and Accelerate save rank 0's state only: in plan order it resumes every rank
+    /// at its own place, exactly the rest of what that rank would have been handed; in arrival
+    /// order it is refused, naming the fix.
+    #[test]
+    fn one_ranks_checkpoint_resumes_every_rank() {
+        let manifest = tiny_manifest(&[37, 41, 29, 53]);
+        let builder = |rank: u32, order: Order| {
+            Loader::builder()
+                .dataset(manifest.clone())
+                .in_process(Tiny::idle())
+                .batch_size(8)
+                .max_unit_samples(9)
+                .seed(11)
+                .rank(rank)
+                .world_size(2)
+                .order(order)
+                .prefetch_next_epoch(false)
+        };
+        let mut state0 = None;
+        for rank in 0..2 {
+            let loader = builder(rank, Order::Plan).build().unwrap();
+            let all = ids(loader.epoch(1).unwrap());
+            let mut epoch = loader.epoch(1).unwrap();
+            let mut seen = Vec::new();
+            for _ in 0..4 {
+                let b = epoch.next().unwrap().unwrap();
+                seen.extend(b.ids().iter().map(|i| (i.shard, i.index)));
+            }
+            if rank == 0 {
+                state0 = loader.state_dict();
+            }
+            drop(epoch);
+            let resumed = builder(rank, Order::Plan).build().unwrap();
+            let state = state0.clone().unwrap();
+            assert_eq!(state.rank, 0);
+            resumed.load_state_dict(state).unwrap();
+            seen.extend(ids(resumed.epoch(1).unwrap()));
+            assert_eq!(seen, all, "rank {rank} did not resume exactly the rest");
+        }
+        let arrival = builder(1, Order::Arrival).build().unwrap();
+        let mut state = state0.unwrap();
+        state.order = Order::Arrival;
+        let err = arrival.load_state_dict(state).unwrap_err().to_string();
+        assert!(err.contains("save every rank's state_dict"), "{err}");
     }
 
     fn all_first(all: &[(u32, u64)]) -> crate::batch::SampleId {

@@ -58,13 +58,23 @@ pub fn default_socket_dir() -> PathBuf {
         .map_or_else(|| PathBuf::from("/run/sluice"), PathBuf::from)
 }
 
-/// The socket of the worker at `addr`, when that worker runs on this machine and serves one.
-pub(crate) fn socket_for(dir: &Path, addr: SocketAddr) -> Option<PathBuf> {
+/// The socket of the worker at `addr`, when that worker runs on this machine and serves one;
+/// else why not, in words for a log line.
+pub(crate) fn socket_for(dir: &Path, addr: SocketAddr) -> Result<PathBuf, String> {
     if !is_local(addr.ip()) {
-        return None;
+        return Err("it runs on another machine".into());
     }
     let path = sluice_wire::shm::socket_path(dir, addr.port());
-    path.exists().then_some(path)
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "it runs on this machine but serves no socket at {} (start it with \
+             --same-host-dir DIR and give the client the same DIR: same_host_dir= in Python, \
+             --same-host-dir on loadgen, or SLUICE_SAME_HOST_DIR)",
+            path.display()
+        ))
+    }
 }
 
 /// An address of this machine: loopback, or one a socket can be bound to here.
@@ -284,13 +294,17 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("sluice-sh-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let addr: SocketAddr = "127.0.0.1:7345".parse().unwrap();
-        assert_eq!(socket_for(&dir, addr), None, "no socket file");
+        let why = socket_for(&dir, addr).unwrap_err();
+        assert!(
+            why.contains("cpu-7345.sock") && why.contains("same_host_dir="),
+            "no socket file: {why}"
+        );
         std::fs::write(dir.join("cpu-7345.sock"), b"").unwrap();
-        assert_eq!(socket_for(&dir, addr), Some(dir.join("cpu-7345.sock")));
+        assert_eq!(socket_for(&dir, addr), Ok(dir.join("cpu-7345.sock")));
         let remote: SocketAddr = "192.0.2.1:7345".parse().unwrap();
         assert_eq!(
             socket_for(&dir, remote),
-            None,
+            Err("it runs on another machine".into()),
             "TEST-NET is not this machine"
         );
         std::fs::remove_dir_all(&dir).unwrap();
