@@ -978,13 +978,7 @@ impl Loader {
                     first.world_size, s.world_size
                 )));
             }
-            let depth = first.resumed.len() as u32;
-            let mut ledger = Ledger::new(&units);
-            ledger
-                .apply(&first.ledger)
-                .map_err(ClientError::Checkpoint)?;
-            let at = (first.epoch, depth, first.rank);
-            self.check_plan_prefix(&units, at, first.batches, &ledger)?;
+            self.checked_ledger(first, &units)?;
             let mut resumed = first.resumed.clone();
             resumed.push(Segment {
                 world_size: first.world_size,
@@ -1007,19 +1001,23 @@ impl Loader {
         Ok(())
     }
 
+    /// The ledger `c` records over `units` (its rank's plan), checked in plan order to be
+    /// the plan's first `c.batches` batches.
+    fn checked_ledger(&self, c: &Checkpoint, units: &[WorkUnit]) -> Result<Ledger, ClientError> {
+        let mut ledger = Ledger::new(units);
+        ledger.apply(&c.ledger).map_err(ClientError::Checkpoint)?;
+        if self.settings.order == Order::Plan {
+            let at = (c.epoch, c.resumed.len() as u32, c.rank);
+            self.check_plan_prefix(units, at, c.batches, &ledger)?;
+        }
+        Ok(ledger)
+    }
+
     /// This rank's own checkpoint at the same world size: its ledger, checked against the plan.
     fn own_rank(&self, mine: &Checkpoint) -> Result<Pending, ClientError> {
         let s = &self.settings;
         let (units, _) = self.segment(mine.epoch, &mine.resumed, s.world_size, s.rank)?;
-        let mut ledger = Ledger::new(&units);
-        ledger
-            .apply(&mine.ledger)
-            .map_err(ClientError::Checkpoint)?;
-        if s.order == Order::Plan {
-            let depth = mine.resumed.len() as u32;
-            let at = (mine.epoch, depth, s.rank);
-            self.check_plan_prefix(&units, at, mine.batches, &ledger)?;
-        }
+        self.checked_ledger(mine, &units)?;
         Ok(Pending {
             epoch: mine.epoch,
             resumed: mine.resumed.clone(),
@@ -1047,12 +1045,7 @@ impl Loader {
         let depth = theirs.resumed.len() as u32;
         let (their_units, _) =
             self.segment(theirs.epoch, &theirs.resumed, s.world_size, theirs.rank)?;
-        let mut their_ledger = Ledger::new(&their_units);
-        their_ledger
-            .apply(&theirs.ledger)
-            .map_err(ClientError::Checkpoint)?;
-        let at = (theirs.epoch, depth, theirs.rank);
-        self.check_plan_prefix(&their_units, at, theirs.batches, &their_ledger)?;
+        self.checked_ledger(theirs, &their_units)?;
         let (units, _) = self.segment(theirs.epoch, &theirs.resumed, s.world_size, s.rank)?;
         let sequence = self.sequence(&units, theirs.epoch, depth, s.rank)?;
         let prefix = (theirs.batches * u64::from(s.batch_size)).min(sequence.len());
