@@ -47,8 +47,8 @@ def main():
         remote = dict(workers=a.workers.split(","), token_file=a.token_file,
                       trust_cert=a.trust_cert)
 
-    # rank and world_size come from torchrun's RANK and WORLD_SIZE; the ranks check that they
-    # all loaded the same dataset before the first batch.
+    # rank and world_size come from torch.distributed; the ranks check that they all loaded
+    # the same dataset with the same settings before the first batch.
     loader = Loader(a.dataset, batch_size=a.batch_size, pipeline=PIPELINE, seed=0,
                     epochs=a.epochs, **remote)
     model = torch.nn.Sequential(
@@ -63,9 +63,9 @@ def main():
         state = torch.load(a.checkpoint, weights_only=False)
         model.module.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
-        # Every old rank's state: the rest of the epoch is split across this job's ranks,
-        # whatever their number.
-        loader.load_state_dict(state["loaders"])
+        # Rank 0's loader state resumes every rank: each at its own place at the same world
+        # size, or with the rest of the epoch split across this job's ranks at another.
+        loader.load_state_dict(state["loader"])
         if rank == 0:
             print(f"resumed epoch {loader.epoch} from {a.checkpoint}, {len(loader)} batches "
                   f"an epoch on {world} ranks")
@@ -80,11 +80,9 @@ def main():
             loss.backward()
             opt.step()
             if a.stop_after and epoch == 0 and step + 1 == a.stop_after:
-                states = [None] * world
-                dist.all_gather_object(states, loader.state_dict())
                 if rank == 0:
                     torch.save({"model": model.module.state_dict(),
-                                "optimizer": opt.state_dict(), "loaders": states},
+                                "optimizer": opt.state_dict(), "loader": loader.state_dict()},
                                a.checkpoint)
                     print(f"stopped after {step + 1} steps of epoch 0; saved {a.checkpoint}")
                 dist.barrier()

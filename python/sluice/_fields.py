@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 __all__ = ["Fields", "FieldDecodeError", "decode_field"]
+
+_log = logging.getLogger("sluice")
 
 TEXT = frozenset({"txt", "text", "transcript"})
 INTEGER = frozenset({"cls", "cls2", "class", "count", "index", "inx", "id"})
@@ -84,6 +87,7 @@ class Fields(Mapping):
         self._images = images
         self._names: List[str] = list(images.field_names)
         self._decoded: Dict[str, List[Any]] = {}
+        self._columns: Dict[str, List[Any]] = {}
 
     def __getitem__(self, name: str) -> List[Any]:
         if name not in self._decoded:
@@ -96,6 +100,26 @@ class Fields(Mapping):
             raw = self._images.field_bytes(name)
             self._decoded[name] = [decode_field(name, b, k) for b, k in zip(raw, keys)]
         return self._decoded[name]
+
+    def column(self, name: str) -> List[Any]:
+        """``fields[name]``, except that a value that cannot be decoded is ``None``, with a
+        warning on the ``sluice`` logger naming the sample and the field: one bad value costs
+        one row, never the batch. (``sluice.torch`` builds its batch dicts with it.)"""
+        if name in self._decoded:
+            return self._decoded[name]
+        if name not in self._names:
+            return self[name]  # the KeyError naming the fields there are
+        if name in self._columns:
+            return self._columns[name]
+        column = []
+        for data, key in zip(self._images.field_bytes(name), self._images.keys):
+            try:
+                column.append(decode_field(name, data, key))
+            except FieldDecodeError as e:
+                _log.warning("%s; it is None in the batch", e)
+                column.append(None)
+        self._columns[name] = column
+        return column
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)

@@ -44,8 +44,9 @@ class Loader:
         fields: Union[None, str, Sequence[str]] = None,
         label: Optional[str] = "cls",
         max_field_bytes: int = 1 << 20,
-        remainder: str = "drop",
+        remainder: Optional[str] = None,
         same_host: str = "auto",
+        same_host_dir: Union[None, str, PathLike] = None,
         connections_per_worker: int = 1,
         fail_on_bad_sample: bool = False,
         worker_wait: float = 30.0,
@@ -73,10 +74,12 @@ class Loader:
                 ``remainder="pad"`` every sample is delivered exactly once on any number of
                 ranks).
             pipeline: the CPU pipeline, e.g. ``"decode | random_resized_crop 224 | hflip
-                0.5"``; it must end at a fixed output size.
+                0.5"``; it must end at a fixed output size. Every op, its arguments and
+                defaults: ``docs/pipeline.md``.
             device: ``"cpu"`` (host batches) or ``"cuda:N"`` (a build with CUDA: a
                 page-locked ring, each batch uploaded one ahead on the loader's stream).
-            token_file: the cluster token for remote workers (else ``$SLUICE_TOKEN``).
+            token_file: the cluster token for remote workers, on the file's first line
+                (else ``$SLUICE_TOKEN``); an empty one is refused.
             trust_cert: a PEM with the workers' certificates or their CA.
             threads: decode threads when decoding in process (default: this machine's
                 cores divided by ``LOCAL_WORLD_SIZE``).
@@ -93,12 +96,22 @@ class Loader:
                 ``images.fields`` decodes them by extension.
             label: where labels come from (``"cls"``, any integer field,
                 ``"json:category_id"``), or ``None`` for unlabeled data (every label -1). A
-                sample whose label is missing or not an integer is skipped by name.
+                sample whose label is missing or not an integer is skipped by name; when the
+                first samples of an epoch are all skipped (a label the data does not have),
+                the epoch raises before handing out a batch. A batch whose every sample was
+                skipped is never handed out.
             max_field_bytes: a requested field longer than this skips its sample by name.
-            remainder: ``"drop"`` or ``"pad"`` (repeat a few samples, marked padding, so
-                every sample is scored exactly once: evaluation).
-            same_host: ``"auto"``, ``"off"`` or ``"require"`` shared memory with workers on
-                this machine.
+            remainder: ``"pad"`` for evaluation (repeat a few samples, marked padding, so
+                every sample is scored exactly once on any number of ranks), or ``"drop"``
+                (the default: each rank reads the same number of samples, and up to
+                ``world_size - 1`` are left out of the epoch). ``shuffle="none"`` without a
+                ``remainder`` warns when samples would be left unscored.
+            same_host: ``"auto"`` (shared memory with a worker on this machine that serves
+                a socket in ``same_host_dir``, else QUIC; the log says why per worker),
+                ``"off"`` or ``"require"``.
+            same_host_dir: the folder a same-host worker's ``--same-host-dir`` names
+                (default ``$SLUICE_SAME_HOST_DIR``, else ``/run/sluice``, the systemd
+                unit's runtime directory).
             connections_per_worker: QUIC connections to each worker (1 to 16).
             fail_on_bad_sample: fail the unit on a bad sample instead of skipping it.
             worker_wait: seconds to wait for any worker before the epoch fails.
@@ -114,7 +127,8 @@ class Loader:
         """The epoch plain iteration (``for images, labels in loader``) reads next."""
     def __iter__(self) -> Epoch: ...
     def __len__(self) -> int:
-        """Batches per epoch, the same on every rank."""
+        """Batches per epoch, the same on every rank; for an epoch resumed at another world
+        size, those handed out before the checkpoint plus this rank's share of the rest."""
     def state_dict(self) -> Dict[str, Any]:
         """The batches handed out so far in the current epoch (``{}`` before the first)."""
     def load_state_dict(self, state: Union[Dict[str, Any], List[Dict[str, Any]]]) -> None:

@@ -61,8 +61,9 @@ pub enum Held {
 }
 
 /// The batch, shared by its Python objects and every DLPack export (read only to order a
-/// consumer's stream after a device batch's copy).
-struct Owner(Mutex<Held>);
+/// consumer's stream after a device batch's copy). A batch let go in a forked child does not
+/// go back to the ring: the ring's threads are the parent's.
+struct Owner(crate::fork::ForkSafe<Mutex<Held>>);
 
 /// What a capsule keeps alive.
 struct Context {
@@ -331,7 +332,7 @@ pub fn split(held: Held, requested: Arc<Vec<String>>) -> (Images, Labels) {
         }),
         index: host.map_or(0, |b| b.index()),
         requested,
-        owner: Arc::new(Owner(Mutex::new(held))),
+        owner: Arc::new(Owner(crate::fork::ForkSafe::new(Mutex::new(held)))),
     };
     let labels = Labels {
         owner: images.owner.clone(),

@@ -32,6 +32,7 @@
 //! raise `ValueError`.
 
 mod dlpack;
+mod fork;
 mod logs;
 
 use std::path::{Path, PathBuf};
@@ -75,6 +76,45 @@ fn env_u32(name: &str) -> PyResult<Option<u32>> {
         }),
         Err(_) => Ok(None),
     }
+}
+
+/// The token in `path`: its first line, trimmed; an empty one is refused (a worker would
+/// refuse it with less to go on).
+fn read_token(path: &Path) -> PyResult<String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| PyValueError::new_err(format!("token_file {}: {e}", path.display())))?;
+    let token = text.lines().next().unwrap_or("").trim();
+    if token.is_empty() {
+        return Err(PyValueError::new_err(format!(
+            "token_file {}: the file's first line is empty (it holds the workers' token)",
+            path.display()
+        )));
+    }
+    Ok(token.to_string())
+}
+
+/// `shuffle="none"` is for evaluation, where the default `remainder="drop"` leaves samples
+/// unscored: say how many, and how to score them all.
+fn unscored_warning(py: Python<'_>, loader: &sluice_client::Loader) -> PyResult<()> {
+    let (_, world) = loader.rank_and_world();
+    let total = loader.manifest().total_samples();
+    let planned = loader.samples_per_epoch() * u64::from(world);
+    if planned >= total {
+        return Ok(());
+    }
+    let msg = std::ffi::CString::new(format!(
+        "shuffle=\"none\" with the default remainder=\"drop\": {} of the dataset's {total} \
+         samples are not read at world_size {world}; pass remainder=\"pad\" to score every \
+         sample once (padding rows are marked), or remainder=\"drop\" to keep this",
+        total - planned
+    ))
+    .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    PyErr::warn(
+        py,
+        &py.get_type::<pyo3::exceptions::PyUserWarning>(),
+        &msg,
+        1,
+    )
 }
 
 /// In-process decode threads when `threads` is not given: this machine's cores shared by the
@@ -233,12 +273,23 @@ fn open_cuda(
     )))
 }
 
+/// A loader (or its epoch) used in a child forked from the process that made it.
+fn forked(made_in: u32) -> PyErr {
+    SluiceError::new_err(format!(
+        "this loader was made in process {made_in}, and this is a child forked from it: its \
+         threads did not survive the fork. Build the loader in the process that reads it \
+         (inside a DataLoader, use DataLoader(loader, batch_size=None) with num_workers=0, or \
+         no DataLoader at all: the loader decodes in its own threads or sluice cpu workers)"
+    ))
+}
+
 /// The Sluice loader. See the module documentation.
 #[pyclass(module = "sluice")]
 struct Loader {
-    inner: sluice_client::Loader,
+    /// Torn down only in the process that made it (see [`fork`]).
+    inner: fork::ForkSafe<sluice_client::Loader>,
     epoch: Mutex<u64>,
-    device: Device,
+    device: fork::ForkSafe<Device>,
     /// The fields asked for by name: every batch lists them, even where no row has one.
     requested: Arc<Vec<String>>,
 }
@@ -252,9 +303,9 @@ impl Loader {
         device="cpu", token_file=None, trust_cert=None, threads=None, drop_last=false,
         ring_batches=4, dtype="uint8", mean=None, std=None, order="plan", mix_units=None,
         mix_buffer=None, prefetch_next_epoch=true, epochs=None, fields=None, label=Some("cls"),
-        max_field_bytes=1 << 20, remainder="drop", same_host="auto", connections_per_worker=1,
-        fail_on_bad_sample=false, worker_wait=30.0, hedge_after=3.0, max_unit_samples=64,
-        lookahead=None, **kwargs,
+        max_field_bytes=1 << 20, remainder=None, same_host="auto", same_host_dir=None,
+        connections_per_worker=1, fail_on_bad_sample=false, worker_wait=30.0, hedge_after=3.0,
+        max_unit_samples=64, lookahead=None, **kwargs,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -284,8 +335,9 @@ impl Loader {
         fields: Option<&Bound<'_, PyAny>>,
         label: Option<&str>,
         max_field_bytes: u64,
-        remainder: &str,
+        remainder: Option<&str>,
         same_host: &str,
+        same_host_dir: Option<PathBuf>,
         connections_per_worker: u32,
         fail_on_bad_sample: bool,
         worker_wait: f64,
@@ -302,7 +354,9 @@ impl Loader {
         }
         // The pipeline first, as a worker will check it: a mistake is a ValueError here.
         sluice_client::check_pipeline(pipeline).map_err(client_error)?;
+        let remainder_given = remainder.is_some();
         let remainder: sluice_client::Remainder = remainder
+            .unwrap_or("drop")
             .parse()
             .map_err(|e| PyValueError::new_err(format!("remainder: {e}")))?;
         let same_host: sluice_client::SameHost = same_host
@@ -412,6 +466,9 @@ impl Loader {
         if let Some(a) = allocator {
             b = b.allocator(a);
         }
+        if let Some(d) = same_host_dir {
+            b = b.same_host_dir(d);
+        }
         b = match workers {
             None => {
                 let engine = sluice_cpu::EngineConfig {
@@ -433,17 +490,7 @@ impl Loader {
             Some(list) => {
                 let mut b = b.workers(list);
                 let token = match token_file {
-                    Some(p) => Some(
-                        std::fs::read_to_string(&p)
-                            .map_err(|e| {
-                                PyValueError::new_err(format!("token_file {}: {e}", p.display()))
-                            })?
-                            .lines()
-                            .next()
-                            .unwrap_or("")
-                            .trim()
-                            .to_string(),
-                    ),
+                    Some(p) => Some(read_token(&p)?),
                     None => std::env::var("SLUICE_TOKEN").ok(),
                 };
                 if let Some(t) = token {
@@ -458,16 +505,22 @@ impl Loader {
         let inner = py.allow_threads(|| b.build()).map_err(client_error);
         logs::deliver(py);
         let inner = inner?;
+        if shuffle == ShufflePolicy::Sequential && !remainder_given {
+            unscored_warning(py, &inner)?;
+        }
         Ok(Loader {
-            inner,
+            inner: fork::ForkSafe::new(inner),
             epoch: Mutex::new(0),
-            device: sink,
+            device: fork::ForkSafe::new(sink),
             requested: Arc::new(requested),
         })
     }
 
     /// The batches of epoch `epoch` (resuming it when a checkpoint for it was loaded).
     fn epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<Epoch> {
+        if let Some(pid) = self.inner.forked_from() {
+            return Err(forked(pid));
+        }
         if let Ok(mut e) = self.epoch.lock() {
             *e = epoch;
         }
@@ -476,13 +529,13 @@ impl Loader {
             .map_err(client_error);
         logs::deliver(py);
         let inner = inner?;
-        let inner = match &self.device {
+        let inner = match &*self.device {
             Device::Cpu => Batches::Host(inner),
             #[cfg(feature = "cuda")]
             Device::Cuda(u) => Batches::Device(u.epoch(inner)),
         };
         Ok(Epoch {
-            inner: Mutex::new(inner),
+            inner: fork::ForkSafe::new(Mutex::new(inner)),
             requested: self.requested.clone(),
         })
     }
@@ -518,9 +571,12 @@ impl Loader {
         Ok(d)
     }
 
-    /// Batches per epoch (the same on every rank).
+    /// Batches per epoch (the same on every rank). For an epoch resumed at another world
+    /// size: the batches handed out before the checkpoint plus this rank's share of the rest,
+    /// as a training loop that restored its step count counts them.
     fn __len__(&self) -> usize {
-        self.inner.batches_per_epoch() as usize
+        let epoch = self.epoch.lock().map(|e| *e).unwrap_or(0);
+        self.inner.batches_in_epoch(epoch) as usize
     }
 
     /// A checkpoint of the current epoch as a plain dict (save it with the model's).
@@ -614,7 +670,7 @@ impl Batches {
 /// One epoch's batches: iterate for `(images, labels)`.
 #[pyclass(module = "sluice")]
 struct Epoch {
-    inner: Mutex<Batches>,
+    inner: fork::ForkSafe<Mutex<Batches>>,
     requested: Arc<Vec<String>>,
 }
 
@@ -625,6 +681,9 @@ impl Epoch {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<(dlpack::Images, dlpack::Labels)>> {
+        if let Some(pid) = self.inner.forked_from() {
+            return Err(forked(pid));
+        }
         loop {
             let next = py.allow_threads(|| {
                 self.inner

@@ -165,15 +165,37 @@ def test_over_same_host_shared_memory(captioned, sluice_bin, tmp_path, monkeypat
         monkeypatch.setenv("SLUICE_SAME_HOST_DIR", str(sockets))
         loader = sluice.Loader(dataset=str(manifest), workers=[w.addr], batch_size=8,
                                pipeline=PIPELINE, seed=4, fields=["txt", "json", "npy"],
-                               token_file=str(token), trust_cert=w.cert)
+                               token_file=str(token), trust_cert=w.cert, epochs=1)
         seen = set()
         for images, labels in loader.epoch(0):
             check_batch(images, labels, expected, seen)
         assert seen == set(expected)
         del loader
+        # The same folder as an argument, with nothing in the environment.
+        monkeypatch.delenv("SLUICE_SAME_HOST_DIR")
+        loader = sluice.Loader(dataset=str(manifest), workers=[w.addr], batch_size=8,
+                               pipeline=PIPELINE, fields=["txt"], token_file=str(token),
+                               trust_cert=w.cert, same_host="require", same_host_dir=sockets,
+                               epochs=1)
+        assert sum(len(images) for images, _ in loader.epoch(0)) == len(expected)
+        del loader
     finally:
         log = w.stop()
-    assert "same-host client connected" in log, log
+    assert log.count("same-host client connected") == 2, log
+
+
+def test_same_host_auto_says_why_it_falls_back_to_quic(captioned, worker, tmp_path, caplog):
+    """A worker on this machine with no socket in the folder the client looks in."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="sluice")
+    manifest, _, expected = captioned
+    loader = sluice.Loader(dataset=str(manifest), workers=[worker.addr], batch_size=8,
+                           pipeline=PIPELINE, token_file=worker.token_file,
+                           trust_cert=worker.cert, same_host_dir=tmp_path / "nothing-here")
+    assert sum(len(images) for images, _ in loader.epoch(0)) == len(expected)
+    why = [r.getMessage() for r in caplog.records if "QUIC, not same-host" in r.getMessage()]
+    assert why and "nothing-here" in why[0] and "same_host_dir=" in why[0], why
 
 
 def test_fields_survive_a_checkpoint_and_an_elastic_resume(captioned):

@@ -4,6 +4,8 @@ zero copy through DLPack, the buffer lifetime rule, checkpoints, and clear error
 import _thread
 import json
 import math
+import pathlib
+import subprocess
 import threading
 
 import numpy as np
@@ -189,6 +191,11 @@ def test_rust_errors_become_sluice_errors(dataset, worker, tmp_path):
                            token_file=str(bad), trust_cert=worker.cert)
     with pytest.raises(sluice.SluiceError, match="wrong cluster token"):
         next(iter(loader))
+    empty = tmp_path / "empty-token"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="empty-token: the file's first line is empty"):
+        sluice.Loader(dataset=dataset, workers=[worker.addr], pipeline=PIPELINE,
+                      token_file=str(empty), trust_cert=worker.cert)
 
 
 def test_ctrl_c_interrupts_a_wait(dataset, worker):
@@ -298,20 +305,51 @@ def test_paths_true_shuffle_and_one_worker_string_are_accepted(dataset, tmp_path
         sluice.Loader(dataset=tmp_path / "missing.json")
 
 
-def test_an_epoch_that_skips_every_sample_raises_and_skips_reach_python_logging(dataset, caplog):
+def test_an_epoch_whose_first_samples_are_all_skipped_raises_before_any_batch(dataset, caplog):
     import logging
 
     caplog.set_level(logging.WARNING, logger="sluice")
-    # These samples have no txt field to decode an image from: every one is skipped.
+    # These samples have no txt field to decode an image from: every one is skipped. The
+    # loop never sees an empty batch: the epoch raises once 32 samples were skipped, none
+    # delivered, with the reason.
     loader = sluice.Loader(dataset=dataset, batch_size=8, epochs=1,
                            pipeline="decode field=txt | resize 40 | center_crop 32")
-    with pytest.raises(sluice.SluiceError, match="every sample of epoch 0 was skipped"):
+    handed = []
+    with pytest.raises(sluice.SluiceError, match="the first 32 samples of epoch 0 were all "
+                       "skipped.*no image field"):
         for images, _ in loader.epoch(0):
-            assert len(images) == 0
+            handed.append(len(images))
+    assert handed == [], "an empty batch reached the loop"
     skips = [r for r in caplog.records if r.name.startswith("sluice.")
              and "sample skipped" in r.getMessage()]
     assert 1 <= len(skips) <= 11, "named at first, then counted, not one line per sample"
     assert "no image field" in skips[0].getMessage()
+
+
+def test_a_label_the_data_does_not_have_raises_before_any_batch(dataset, sluice_bin, tmp_path):
+    """A detection dataset (boxes in JSON, no .cls) read with the default label="cls"."""
+    import io
+    import json
+    import tarfile
+
+    jpeg = next((pathlib.Path(dataset).parent.parent / "images").rglob("*.jpg")).read_bytes()
+    shard = tmp_path / "det-000000.tar"
+    with tarfile.open(shard, "w") as tar:
+        for i in range(40):
+            boxes = json.dumps({"boxes": [[1, 2, 3, 4]]}).encode()
+            for ext, data in (("jpg", jpeg), ("json", boxes)):
+                info = tarfile.TarInfo(f"d{i:03d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    subprocess.run([sluice_bin, "index", str(shard), "--output", str(tmp_path / "det.json")],
+                   check=True, capture_output=True)
+    loader = sluice.Loader(dataset=str(tmp_path / "det.json"), batch_size=8, pipeline=PIPELINE)
+    with pytest.raises(sluice.SluiceError, match=r"were all skipped.*cls"):
+        for _ in loader.epoch(0):
+            raise AssertionError("a batch reached the loop")
+    unlabeled = sluice.Loader(dataset=str(tmp_path / "det.json"), batch_size=8,
+                              pipeline=PIPELINE, label=None, fields=["json"])
+    assert sum(len(i) for i, _ in unlabeled.epoch(0)) == 40
 
 
 @pytest.mark.parametrize("shuffle", ["none", "global"])

@@ -237,3 +237,199 @@ def test_ranks_that_load_different_datasets_refuse_before_the_first_batch(datase
     for code, out in run_ranks([src, short], tmp_path):
         assert code == 3, out
         assert "loaded different datasets" in out and "9 shards" in out, out
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_a_dataloader_with_workers_raises_at_once_naming_the_fix(dataset, method):
+    """Each DataLoader worker would read the whole epoch (spawn), or hang on threads it does
+    not have (fork): the loader refuses to run in one, and the error reaches the loop."""
+    import time
+
+    loader = st.Loader(dataset, batch_size=8, pipeline=PIPELINE)
+    wrapped = torch.utils.data.DataLoader(loader, batch_size=None, num_workers=2,
+                                          multiprocessing_context=method)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"DataLoader worker.*num_workers=0"):
+        for _ in wrapped:
+            raise AssertionError("a batch came out of a DataLoader worker")
+    print(f"{method}: raised after {time.monotonic() - started:.2f} s")
+    # The loader itself is untouched, and num_workers=0 reads the epoch once.
+    assert sum(len(b["label"]) for b in torch.utils.data.DataLoader(loader, batch_size=None)) \
+        == TOTAL
+
+
+def test_a_dropped_loader_is_freed_at_once(dataset):
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        loader = st.Loader(dataset, batch_size=8, pipeline=PIPELINE)
+        it = iter(loader)
+        next(it)
+        gone = weakref.ref(loader)
+        del it, loader
+        assert gone() is None, "the loader outlived its last reference (a reference cycle)"
+    finally:
+        gc.enable()
+
+
+class Squares(torch.utils.data.Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        import gc
+
+        gc.collect()  # what the cycle collector may do in any worker, at any time
+        return torch.tensor([i * i])
+
+
+def test_forked_dataloaders_beside_a_loader_run_clean_ten_times(dataset):
+    """A torchvision-style val loader (fork) in a process that made, read and dropped Sluice
+    loaders: the workers never tear down the parent's threads."""
+    kept = st.Loader(dataset, batch_size=8, pipeline=PIPELINE)
+    kept_epoch = iter(kept)
+    next(kept_epoch)  # a loader mid-epoch in the parent, copied into every child
+    for _ in range(10):
+        loader = st.Loader(dataset, batch_size=8, pipeline=PIPELINE)
+        next(iter(loader))
+        del loader
+        val = torch.utils.data.DataLoader(Squares(), batch_size=4, num_workers=2,
+                                          multiprocessing_context="fork")
+        assert torch.cat(list(val)).flatten().tolist() == [i * i for i in range(16)]
+    assert sum(len(b["label"]) for b in kept_epoch) == TOTAL - 8, "the parent's loader went on"
+
+
+def test_a_forked_child_neither_reads_nor_tears_down_the_parents_loader(dataset):
+    import gc
+    import os
+
+    loader = st.Loader(dataset, batch_size=8, pipeline=PIPELINE)
+    it = iter(loader)
+    batch = next(it)
+    pid = os.fork()
+    if pid == 0:  # the child: any exception is a non-zero exit
+        code = 1
+        try:
+            try:
+                next(iter(loader))
+            except RuntimeError as e:
+                code = 0 if "forked from it" in str(e) else 2
+            del it, loader, batch
+            gc.collect()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert sum(len(b["label"]) for b in it) == TOTAL - 8, "the parent's loader went on"
+
+
+def fielded(sluice_bin, tmp_path, dataset, bad_caption_at=None, extra=None):
+    """40 samples with a caption each (one not UTF-8 if asked) and `extra` fields."""
+    import io
+    import pathlib
+    import subprocess
+    import tarfile
+
+    jpeg = next((pathlib.Path(dataset).parent.parent / "images").rglob("*.jpg")).read_bytes()
+    shard = tmp_path / "f-000000.tar"
+    with tarfile.open(shard, "w") as tar:
+        for i in range(40):
+            txt = b"\xff\xfe not utf-8" if i == bad_caption_at else f"caption {i}".encode()
+            members = [("jpg", jpeg), ("cls", str(i % 3).encode()), ("txt", txt)]
+            members += list((extra or {}).items())
+            for ext, data in members:
+                info = tarfile.TarInfo(f"s{i:03d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    subprocess.run([sluice_bin, "index", str(shard), "--output", str(tmp_path / "f.json")],
+                   check=True, capture_output=True)
+    return str(tmp_path / "f.json")
+
+
+def test_one_bad_caption_costs_one_row_not_the_epoch(dataset, sluice_bin, tmp_path, caplog):
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="sluice")
+    manifest = fielded(sluice_bin, tmp_path, dataset, bad_caption_at=7)
+    loader = st.Loader(manifest, batch_size=8, pipeline=PIPELINE, fields=["txt"])
+    rows = {}
+    for batch in loader:
+        rows.update(zip(batch["__key__"], batch["txt"]))
+    assert len(rows) == 40 and rows["s007"] is None
+    assert all(rows[f"s{i:03d}"] == f"caption {i}" for i in range(40) if i != 7)
+    warned = [r.getMessage() for r in caplog.records if "s007" in r.getMessage()]
+    assert warned and "'txt'" in warned[0], warned
+
+
+def test_a_field_cannot_replace_the_batchs_own_keys(dataset, sluice_bin, tmp_path):
+    manifest = fielded(sluice_bin, tmp_path, dataset, extra={"label": b"not a label"})
+    with pytest.raises(ValueError, match=r"'label' is one of the batch's own keys"):
+        st.Loader(manifest, batch_size=8, pipeline=PIPELINE, fields=["txt", "label"])
+    loader = st.Loader(manifest, batch_size=8, pipeline=PIPELINE, fields="all")
+    batch = next(iter(loader))
+    assert batch["label"].dtype == torch.int64
+    assert batch["field:label"] == [b"not a label"] * 8
+
+
+def test_shuffle_none_without_a_remainder_warns_that_samples_go_unscored(dataset):
+    with pytest.warns(UserWarning, match=r'6 of the dataset.s 90 samples are not read.*"pad"'):
+        st.Loader(dataset, batch_size=8, pipeline=PIPELINE, shuffle="none", rank=0,
+                  world_size=7)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        st.Loader(dataset, batch_size=8, pipeline=PIPELINE, shuffle="none", rank=0,
+                  world_size=7, remainder="pad")
+        st.Loader(dataset, batch_size=8, pipeline=PIPELINE, shuffle="none", rank=0,
+                  world_size=3)
+
+
+def test_a_break_out_of_an_epoch_logs_no_error(dataset, caplog):
+    import logging
+    import time
+
+    caplog.set_level(logging.DEBUG, logger="sluice")
+    loader = st.Loader(dataset, batch_size=8, pipeline=PIPELINE)
+    for i, _ in enumerate(loader):
+        if i == 1:
+            break
+    time.sleep(0.5)
+    next(iter(loader))  # logs reach Python on the loader's next call
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], errors
+
+
+def test_one_ranks_state_resumes_every_rank_and_len_counts_the_resumed_epoch(dataset):
+    """Rank 0's state (all a Lightning or Accelerate checkpoint holds) resumes rank 1 at its
+    own place, and at 3 ranks the rest is split; len() of a resumed epoch counts the batches
+    before the checkpoint too, and a len() read before the load that is now short warns."""
+    ranks = [st.Loader(dataset, batch_size=8, pipeline=PIPELINE, seed=4, rank=r, world_size=2)
+             for r in range(2)]
+    whole = [[k for b in loader for k in b["__key__"]] for loader in ranks]
+    for loader in ranks:
+        loader.set_epoch(0)
+    its = [iter(loader) for loader in ranks]
+    before = [[k for _ in range(3) for k in next(it)["__key__"]] for it in its]
+    state = ranks[0].state_dict()
+    del its
+    for r in range(2):
+        again = st.Loader(dataset, batch_size=8, pipeline=PIPELINE, seed=4, rank=r,
+                          world_size=2)
+        again.load_state_dict(state)
+        assert len(again) == 6
+        assert before[r] + [k for b in again for k in b["__key__"]] == whole[r]
+    rest = []
+    for r in range(3):
+        three = st.Loader(dataset, batch_size=8, pipeline=PIPELINE, seed=4, rank=r,
+                          world_size=3)
+        assert len(three) == 4
+        with pytest.warns(UserWarning, match="has 5 batches as the loop counts them, but "
+                          "len.. said 4"):
+            three.load_state_dict(state)
+        assert len(three) == 5
+        rest += [k for b in three for k in b["__key__"]]
+    every = before[0] + before[1] + rest
+    assert len(every) == TOTAL and len(set(every)) == TOTAL
