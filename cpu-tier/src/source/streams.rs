@@ -1,0 +1,144 @@
+//! The streams a unit is read through: timed (and given up on when it stalls), resumed on the
+//! next replica when a read fails part way, and ended after the unit's last sample.
+
+use std::io::{self, Read};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::replicas::Suspects;
+use super::{ShardLocation, ShardSource, UnitSamples};
+
+/// Time spent blocked on source bytes, summed over all readers (the "fetch" stage; the
+/// engine's read time minus this is the tar parse).
+static FETCH_NS: AtomicU64 = AtomicU64::new(0);
+
+/// A unit's samples that go on from the next replica when a read fails part way: the
+/// stream's error is a read error (not damage in the shard, which every replica would have
+/// alike), so the unit is opened again from the sample after the last one it yielded.
+pub(super) struct Resuming {
+    pub(super) source: Arc<ShardSource>,
+    pub(super) loc: ShardLocation,
+    /// The first sample not yet yielded.
+    pub(super) next: u64,
+    pub(super) end: u64,
+    pub(super) inner: UnitSamples,
+    pub(super) resumes_left: usize,
+}
+
+impl Iterator for Resuming {
+    type Item = Result<sluice_shard::Sample, sluice_shard::ShardError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let item = self.inner.next()?;
+            let failed_read = match &item {
+                Ok(s) => {
+                    self.next = s.index + 1;
+                    false
+                }
+                Err(sluice_shard::ShardError::DamagedSample { index, .. }) => {
+                    self.next = index + 1;
+                    false
+                }
+                Err(sluice_shard::ShardError::Io { .. }) => true,
+                Err(_) => false,
+            };
+            if !failed_read || self.next >= self.end || self.resumes_left == 0 {
+                return Some(item);
+            }
+            self.resumes_left -= 1;
+            let failed = self.loc.urls.first().cloned().unwrap_or_default();
+            match self.source.reopen(&mut self.loc, self.next, self.end) {
+                Ok(rest) => {
+                    metrics::counter!("sluice_cpu_source_resumes_total").increment(1);
+                    if let Err(e) = &item {
+                        tracing::warn!(shard = %self.loc.name(), sample = self.next, %failed,
+                            "reading failed mid-unit ({e}); resuming on the next replica");
+                    }
+                    self.inner = rest;
+                }
+                // No replica can serve the rest: the read error stands, and the client
+                // reassigns the unit.
+                Err(_) => return Some(item),
+            }
+        }
+    }
+}
+
+/// Nanoseconds spent waiting for source bytes since the process started.
+pub fn fetch_nanos() -> u64 {
+    FETCH_NS.load(Ordering::Relaxed)
+}
+
+/// Counts the time reads of a source body take; a read that fails (a stall past the timeout,
+/// a cut) makes its replica a suspect.
+pub(super) struct Timed<R> {
+    pub(super) inner: R,
+    pub(super) url: String,
+    pub(super) suspects: Arc<Suspects>,
+}
+
+impl<R: Read> Read for Timed<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let started = Instant::now();
+        let n = self.inner.read(buf).inspect_err(|e| {
+            if e.kind() == io::ErrorKind::TimedOut || e.to_string().contains("timed out") {
+                metrics::counter!("sluice_cpu_source_stalls_total").increment(1);
+            }
+            self.suspects
+                .failed(&self.url, &format!("reading {} failed ({e})", self.url));
+        })?;
+        let ns = started.elapsed().as_nanos() as u64;
+        FETCH_NS.fetch_add(ns, Ordering::Relaxed);
+        metrics::counter!("sluice_cpu_fetch_nanoseconds_total").increment(ns);
+        metrics::counter!("sluice_cpu_fetched_bytes_total").increment(n as u64);
+        Ok(n)
+    }
+}
+
+/// Ends a sample stream after the sample with index `end - 1`, without reading further.
+pub(super) trait TakeUntilEnd:
+    Iterator<Item = Result<sluice_shard::Sample, sluice_shard::ShardError>> + Sized
+{
+    fn take_while_inclusive_end(self, end: u64) -> UntilEnd<Self> {
+        UntilEnd {
+            inner: self,
+            end,
+            done: false,
+        }
+    }
+}
+
+impl<I: Iterator<Item = Result<sluice_shard::Sample, sluice_shard::ShardError>>> TakeUntilEnd
+    for I
+{
+}
+
+pub(super) struct UntilEnd<I> {
+    inner: I,
+    end: u64,
+    done: bool,
+}
+
+impl<I: Iterator<Item = Result<sluice_shard::Sample, sluice_shard::ShardError>>> Iterator
+    for UntilEnd<I>
+{
+    type Item = I::Item;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let item = self.inner.next()?;
+        match &item {
+            Ok(s) if s.index + 1 >= self.end => self.done = true,
+            Err(sluice_shard::ShardError::DamagedSample { index, .. }) => {
+                self.done = *index + 1 >= self.end;
+            }
+            Err(_) => self.done = true,
+            _ => {}
+        }
+        Some(item)
+    }
+}
