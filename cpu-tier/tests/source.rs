@@ -607,3 +607,134 @@ fn without_an_index_a_shard_of_another_size_is_refused_whole() {
         "{e}"
     );
 }
+
+/// No sample of a shard without a usable index is delivered before the whole shard matched
+/// the manifest's checksum: bit rot in a shard whose `.idx` was deleted skips the unit's
+/// samples as changed, by name, and delivers none; the intact shard is read whole, each unit.
+#[test]
+fn without_an_index_bit_rot_is_never_delivered() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = make_shard(dir.path(), 8);
+    let path = Path::new(&loc.urls[0]).to_path_buf();
+    std::fs::remove_file(SampleIndex::sidecar_path(&path)).unwrap();
+    let source = ShardSource::new(SourceConfig::default()).unwrap();
+    let got = keys(&source, &loc, 2, 5).unwrap();
+    assert_eq!(
+        got,
+        [(2, "k002".into()), (3, "k003".into()), (4, "k004".into())]
+    );
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x55;
+    std::fs::write(&path, bytes).unwrap();
+    for (start, end) in [(0, 8), (6, 8)] {
+        let items: Vec<_> = source.open_unit(&loc, start, end).unwrap().collect();
+        assert_eq!(items.len(), 1, "one error for the unit, no sample");
+        let e = items[0].as_ref().err().unwrap();
+        assert!(e.is_damage(), "skipped, named: {e}");
+        let e = e.to_string();
+        assert!(
+            e.contains("no replica has a usable .idx")
+                && e.contains("does not match the manifest's checksum"),
+            "{e}"
+        );
+    }
+}
+
+/// A shard and its `.idx` rewritten in place (re-running `sluice shard` into the same folder),
+/// read through a plain HTTP server by a worker that never cached the old index: the new
+/// `.idx` describes another shard, so the unit is read without one, and the new bytes fail the
+/// manifest's checksum: nothing is delivered under the old ids.
+#[test]
+fn a_shard_and_index_rewritten_in_place_deliver_no_foreign_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = make_shard_as(dir.path(), 10, "old", 120);
+    let (base, _) = serve(dir.path().to_path_buf());
+    make_shard_as(dir.path(), 10, "new", 150);
+    let source = ShardSource::new(SourceConfig::default()).unwrap();
+    for urls in [vec![format!("{base}/s-00.tar")], old.urls.clone()] {
+        let at = ShardLocation {
+            urls,
+            info: old.info.clone(),
+        };
+        for (start, end) in [(0, 10), (3, 7)] {
+            let items: Vec<_> = source.open_unit(&at, start, end).unwrap().collect();
+            assert!(items.iter().all(Result::is_err), "a sample was delivered");
+            let e = items[0].as_ref().err().unwrap().to_string();
+            assert!(e.contains("describes a different shard"), "{e}");
+        }
+    }
+}
+
+/// A stale replica listed first on a plain HTTP server, with its own consistent `.idx`: its
+/// index is refused, it is demoted, and every sample comes from the good replica; later
+/// units do not ask the stale replica for shard bytes at all.
+#[test]
+fn a_stale_replica_listed_first_is_demoted_and_the_good_one_read() {
+    let stale_dir = tempfile::tempdir().unwrap();
+    let good_dir = tempfile::tempdir().unwrap();
+    make_shard_as(stale_dir.path(), 10, "old", 120);
+    let good = make_shard_as(good_dir.path(), 10, "new", 150);
+    let (stale, stale_requests) = serve(stale_dir.path().to_path_buf());
+    let (fresh, _) = serve(good_dir.path().to_path_buf());
+    let loc = ShardLocation {
+        urls: vec![format!("{stale}/s-00.tar"), format!("{fresh}/s-00.tar")],
+        info: good.info.clone(),
+    };
+    let source = ShardSource::new(SourceConfig::default()).unwrap();
+    let mut all = Vec::new();
+    for (start, end) in [(0, 4), (4, 7), (7, 10)] {
+        all.extend(keys(&source, &loc, start, end).unwrap());
+    }
+    let expected: Vec<_> = (0..10).map(|i| (i, format!("new{i:03}"))).collect();
+    assert_eq!(all, expected);
+    assert_eq!(
+        stale_requests.load(Ordering::SeqCst),
+        1,
+        "only the stale .idx was asked for"
+    );
+}
+
+/// A replica that serves wrong bytes under a right index (rot on one copy) is repaired from
+/// the good one, and then demoted: later units read the good replica first.
+#[test]
+fn a_replica_serving_wrong_bytes_is_demoted_after_a_repair() {
+    let bad_dir = tempfile::tempdir().unwrap();
+    let good_dir = tempfile::tempdir().unwrap();
+    let good = make_shard(good_dir.path(), 10);
+    let bad = make_shard(bad_dir.path(), 10);
+    let path = Path::new(&bad.urls[0]);
+    let index = SampleIndex::read_file(&SampleIndex::sidecar_path(path), 1 << 20).unwrap();
+    let mut bytes = std::fs::read(path).unwrap();
+    let e = index.entries[1];
+    bytes[(e.offset + e.len / 2) as usize] ^= 0x55;
+    std::fs::write(path, bytes).unwrap();
+    let (bad_url, bad_requests) = serve(bad_dir.path().to_path_buf());
+    let (good_url, _) = serve(good_dir.path().to_path_buf());
+    let loc = ShardLocation {
+        urls: vec![
+            format!("{bad_url}/s-00.tar"),
+            format!("{good_url}/s-00.tar"),
+        ],
+        info: good.info.clone(),
+    };
+    let source = Arc::new(ShardSource::new(SourceConfig::default()).unwrap());
+    let first: Vec<_> = source
+        .open_unit_with_repair(&loc, 0, 5)
+        .unwrap()
+        .map(|s| s.unwrap().key)
+        .collect();
+    assert_eq!(first, ["k000", "k001", "k002", "k003", "k004"]);
+    let before = bad_requests.load(Ordering::SeqCst);
+    let rest: Vec<_> = source
+        .open_unit_with_repair(&loc, 5, 10)
+        .unwrap()
+        .map(|s| s.unwrap().key)
+        .collect();
+    assert_eq!(rest.len(), 5);
+    assert_eq!(
+        bad_requests.load(Ordering::SeqCst),
+        before,
+        "the demoted replica was read again"
+    );
+}

@@ -8,13 +8,19 @@
 //!   AIStore, Ceph), with endpoint, region and credentials from [`S3Config`] or the usual
 //!   `AWS_*` environment variables;
 //! - a sample range is fetched with one `Range` request, located through the shard's `.idx`
-//!   sidecar (fetched once per shard and cached), and every sample's bytes are checked against
-//!   the index's checksum as they stream past; a whole shard is also checked against the
-//!   manifest's checksum when its last byte has arrived.
+//!   sidecar (the first replica's whose checksum is the manifest's, fetched once per shard and
+//!   cached), and every sample's bytes are checked against the index's checksum as they
+//!   stream past.
 //!
-//! A sample is delivered under an id only if the bytes parsed for it are exactly that id's
-//! indexed byte range and that range matched its checksum (which covers the tar headers, so
-//! the key too). Anything else comes out as a `DamagedSample` error for that sample alone
+//! No sample is delivered unverified (`verify.rs` says the rule). With an index, a sample is
+//! delivered under an id only if the bytes parsed for it are exactly that id's indexed byte
+//! range and that range matched its checksum (which covers the tar headers, so the key too).
+//! Without a usable index on any replica, the whole shard is read and the unit's samples are
+//! held until its last byte has matched the manifest's checksum; a replica whose bytes do not
+//! is demoted, and when none does the unit's samples are skipped as changed, by name
+//! (`source.verify = false` is the explicit opt-out). A replica whose `.idx` or bytes
+//! disagree with the manifest where another's agree is demoted: tried last, logged once with
+//! its URL, counted per replica. Anything else comes out as a `DamagedSample` error for that sample alone
 //! (the engine reports it skipped, named; `open_unit_with_repair` first tries the other
 //! replicas' copies) and reading goes on; a whole-shard checksum mismatch that such a sample
 //! explains is not an error again. A shard whose size (or, from sluice storage, checksum
@@ -147,6 +153,8 @@ pub struct ShardSource {
     /// Sidecar indexes by (first URL, the manifest's checksum and size of the shard): a
     /// shard updated in place and re-indexed is a new key, never a stale hit.
     indexes: Mutex<HashMap<(String, Checksum, u64), Arc<SampleIndex>>>,
+    /// Shards said to have no usable index (each said once).
+    unindexed: Mutex<std::collections::HashSet<String>>,
     /// Replica origins that failed or stalled, and when.
     suspects: Arc<Suspects>,
     /// Started on the first `s3://` request: drives object_store's async IO.
@@ -171,6 +179,7 @@ impl ShardSource {
             config,
             http,
             indexes: Mutex::new(HashMap::new()),
+            unindexed: Mutex::new(Default::default()),
             runtime: OnceLock::new(),
             buckets: Mutex::new(HashMap::new()),
         })
@@ -193,12 +202,21 @@ impl ShardSource {
         }
         let whole = start == 0 && end == loc.info.samples;
         let ranged = !whole && loc.info.compression == Compression::None;
-        // Without a usable index the unit still reads, from the start of the shard, checked
-        // against the manifest's whole-shard checksum; the counter tells an operator.
+        // Without a usable index no sample can be checked on its own: the unit is read whole
+        // and held until the shard has matched the manifest's checksum (`verify = false`, an
+        // explicit opt-out, reads it unchecked).
         let index = if self.config.verify || ranged {
-            self.index(loc)
-                .map_err(|_| metrics::counter!("sluice_cpu_index_unavailable_total").increment(1))
-                .ok()
+            match self.index(loc) {
+                Ok(index) => Some(index),
+                Err(e) => {
+                    metrics::counter!("sluice_cpu_index_unavailable_total").increment(1);
+                    self.warn_unindexed(loc, &e);
+                    if self.config.verify {
+                        return self.open_unindexed(loc, start, end, &e);
+                    }
+                    None
+                }
+            }
         } else {
             None
         };
@@ -373,20 +391,38 @@ impl ShardSource {
         self.open_unit(loc, next, end)
     }
 
-    /// Sample `index` of `loc` from the first replica whose copy passes its checksum.
+    /// Sample `index` of `loc` from the first replica whose copy passes its checksum; the
+    /// replicas whose copies failed it before that one are demoted (they serve wrong bytes
+    /// where another serves right ones).
     fn repair(&self, loc: &ShardLocation, index: u64) -> Option<sluice_shard::Sample> {
-        loc.urls.iter().find_map(|url| {
+        let mut bad: Vec<(String, String)> = Vec::new();
+        for url in self.suspects.order(&loc.urls) {
             let one = ShardLocation {
                 urls: vec![url.clone()],
                 info: loc.info.clone(),
             };
-            let sample = self.open_unit(&one, index, index + 1).ok()?.next()?.ok()?;
-            metrics::counter!("sluice_cpu_repaired_samples_total").increment(1);
-            Some(sample)
-        })
+            match self.open_unit(&one, index, index + 1).map(|mut s| s.next()) {
+                Ok(Some(Ok(sample))) => {
+                    metrics::counter!("sluice_cpu_repaired_samples_total").increment(1);
+                    for (url, detail) in bad {
+                        self.suspects.demote(
+                            &url,
+                            &format!("its copy of sample {index} of {} {detail}", loc.name()),
+                        );
+                    }
+                    return Some(sample);
+                }
+                Ok(Some(Err(e))) if e.is_damage() => bad.push((url, e.to_string())),
+                _ => {}
+            }
+        }
+        None
     }
 
-    /// The shard's sidecar index (fetched once, then cached).
+    /// The shard's sidecar index (fetched once, then cached): the first replica's `.idx`, in
+    /// replica order, that describes the manifest's shard. A replica whose `.idx` describes
+    /// another version of the shard (or is not an index) is demoted; one that has no `.idx`
+    /// is not.
     pub fn index(&self, loc: &ShardLocation) -> Result<Arc<SampleIndex>, SourceError> {
         let key = (
             loc.urls.first().cloned().unwrap_or_default(),
@@ -396,48 +432,147 @@ impl ShardSource {
         if let Some(i) = self.indexes.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(i);
         }
-        let idx_loc = ShardLocation {
-            urls: loc
-                .urls
-                .iter()
-                .map(|u| SampleIndex::sidecar_url(u))
-                .collect(),
+        let mut errors = Vec::new();
+        for url in self.suspects.order(&loc.urls) {
+            match self.index_from(loc, &url) {
+                Ok(index) => {
+                    let index = Arc::new(index);
+                    if let Ok(mut m) = self.indexes.lock() {
+                        if m.len() >= self.config.index_cache {
+                            m.clear();
+                        }
+                        m.insert(key, index.clone());
+                    }
+                    return Ok(index);
+                }
+                Err((e, stale)) => {
+                    if stale && loc.urls.len() > 1 {
+                        self.suspects.demote(&url, &format!("its index {e}"));
+                    }
+                    errors.push(e);
+                }
+            }
+        }
+        Err(SourceError::Index {
+            shard: loc.name().into(),
+            detail: format!("no replica has a usable .idx: {}", errors.join("; ")),
+        })
+    }
+
+    /// The `.idx` beside replica `url`, if it describes the manifest's shard; else why not,
+    /// and whether it is another version's (`true`) rather than missing or unreachable.
+    fn index_from(&self, loc: &ShardLocation, url: &str) -> Result<SampleIndex, (String, bool)> {
+        let idx_url = SampleIndex::sidecar_url(url);
+        let one = ShardLocation {
+            urls: vec![idx_url.clone()],
             info: loc.info.clone(),
         };
-        let body = self.fetch(&idx_loc, None, Expect::default())?;
-        let bytes =
-            sluice_shard::index::read_bounded(body, self.config.max_index_bytes, &idx_loc.urls[0])
-                .map_err(|e| SourceError::Index {
-                    shard: loc.name().into(),
-                    detail: e.to_string(),
-                })?;
-        let index =
-            SampleIndex::decode(&bytes, &idx_loc.urls[0]).map_err(|e| SourceError::Index {
-                shard: loc.name().into(),
-                detail: e.to_string(),
-            })?;
+        let body = self
+            .fetch(&one, None, Expect::default())
+            .map_err(|e| (e.to_string(), false))?;
+        let bytes = sluice_shard::index::read_bounded(body, self.config.max_index_bytes, &idx_url)
+            .map_err(|e| (e.to_string(), false))?;
+        let index = SampleIndex::decode(&bytes, &idx_url).map_err(|e| (e.to_string(), true))?;
         // A stale index (another version of the shard) is unusable; one of these very bytes
         // whose count disagrees with the manifest is checked by `open_unit`, which refuses.
         if index.shard_checksum != loc.info.checksum {
-            return Err(SourceError::Index {
-                shard: loc.name().into(),
-                detail: format!(
-                    "describes a different shard ({} samples, {}) than the manifest ({} samples, {})",
+            return Err((
+                format!(
+                    "{idx_url} describes a different shard ({} samples, {}) than the manifest \
+                     ({} samples, {})",
                     index.entries.len(),
                     index.shard_checksum,
                     loc.info.samples,
                     loc.info.checksum
                 ),
-            });
-        }
-        let index = Arc::new(index);
-        if let Ok(mut m) = self.indexes.lock() {
-            if m.len() >= self.config.index_cache {
-                m.clear();
-            }
-            m.insert(key, index.clone());
+                true,
+            ));
         }
         Ok(index)
+    }
+
+    /// Says once per shard (while the index cache holds it) that it is read without an index.
+    fn warn_unindexed(&self, loc: &ShardLocation, why: &SourceError) {
+        let Ok(mut warned) = self.unindexed.lock() else {
+            return;
+        };
+        if warned.len() >= self.config.index_cache {
+            warned.clear();
+        }
+        if warned.insert(loc.name().to_string()) {
+            tracing::warn!(shard = %loc.name(), "{why}: each unit is read with the whole shard \
+                and delivered only once the shard matches the manifest's checksum");
+        }
+    }
+
+    /// A unit of a shard with no usable index. No sample can be checked on its own, so the
+    /// whole shard is read from one replica, the unit's samples held, and they are delivered
+    /// only once the shard's last byte has matched the manifest's checksum. A replica whose
+    /// bytes do not is demoted and the next one read; when every replica answered with other
+    /// bytes, the unit's samples are skipped as changed, by name. A read that fails is an
+    /// error (the unit is read again, here or on another worker).
+    fn open_unindexed(
+        &self,
+        loc: &ShardLocation,
+        start: u64,
+        end: u64,
+        why: &SourceError,
+    ) -> Result<UnitSamples, SourceError> {
+        let name: Arc<str> = loc.name().into();
+        let (mut mismatched, mut failed) = (Vec::new(), Vec::new());
+        for url in self.suspects.order(&loc.urls) {
+            let one = ShardLocation {
+                urls: vec![url.clone()],
+                info: loc.info.clone(),
+            };
+            let expect = Expect {
+                size: Some(loc.info.size),
+                checksum: Some(loc.info.checksum),
+            };
+            let outcome = self.fetch(&one, None, expect).map_err(|e| match e {
+                SourceError::Changed { detail, .. } => verify::Whole::Mismatch(detail),
+                other => verify::Whole::Read(other.to_string()),
+            });
+            let outcome = outcome.and_then(|body| {
+                verify::read_whole_checked(
+                    body,
+                    name.clone(),
+                    loc.info.checksum,
+                    (start, end),
+                    &self.config.read_options,
+                )
+            });
+            match outcome {
+                Ok(samples) => return Ok(Box::new(samples.into_iter())),
+                Err(verify::Whole::Mismatch(detail)) => {
+                    if loc.urls.len() > 1 {
+                        self.suspects
+                            .demote(&url, &format!("its copy of {} {detail}", loc.name()));
+                    }
+                    mismatched.push(format!("{url}: {detail}"));
+                }
+                Err(verify::Whole::Read(detail)) => failed.push(detail),
+            }
+        }
+        if failed.is_empty() && !mismatched.is_empty() {
+            return Ok(changed(
+                loc,
+                format!(
+                    "{why}; and no replica's bytes match the manifest's checksum ({})",
+                    mismatched.join("; ")
+                ),
+            ));
+        }
+        Err(match failed.len() {
+            0 | 1 => SourceError::Request {
+                url: loc.urls.first().cloned().unwrap_or_default(),
+                detail: failed.pop().unwrap_or_else(|| "no replica".into()),
+            },
+            _ => SourceError::AllReplicasFailed {
+                shard: loc.name().into(),
+                errors: failed,
+            },
+        })
     }
 
     /// Opens the bytes `range` (offset, len) of an object, trying each replica in turn, those

@@ -1,11 +1,110 @@
 //! The verification rule: what may be delivered under a sample's id.
+//!
+//! No sample is delivered unverified. With an index whose checksum is the manifest's, a
+//! sample is delivered under id `i` only if its bytes are exactly index entry `i`'s range and
+//! that range matched its checksum ([`Verified`], [`Admission`]). Without a usable index, the
+//! unit's samples are held until the whole shard has matched the manifest's checksum
+//! ([`read_whole_checked`]). Reading without either is `source.verify = false`, an explicit
+//! opt-out.
 
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::sync::{Arc, Mutex};
 
-use sluice_shard::{Checksum, SampleIndex};
+use sluice_shard::read::decompressed;
+use sluice_shard::{Checksum, ReadOptions, Sample, SampleIndex, SampleReader, ShardError};
 use xxhash_rust::xxh3::Xxh3;
+
+/// Why a whole-shard read did not give its samples.
+#[derive(Debug)]
+pub(super) enum Whole {
+    /// The stored bytes are not the manifest's (another version, or rot).
+    Mismatch(String),
+    /// The read failed before the last byte.
+    Read(String),
+}
+
+/// A reader shared by the tar parser and the drain that follows it, on one thread.
+struct Shared<R>(Arc<Mutex<R>>);
+
+impl<R> Clone for Shared<R> {
+    fn clone(&self) -> Self {
+        Shared(self.0.clone())
+    }
+}
+
+impl<R: Read> Read for Shared<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0
+            .lock()
+            .map_err(|_| io::Error::other("shard reader poisoned"))?
+            .read(buf)
+    }
+}
+
+/// Hashes every byte that passes.
+struct Hashing<R> {
+    inner: R,
+    hash: Xxh3,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// Reads a whole shard (its stored bytes, gzip or not) keeping the samples `start..end` and
+/// their errors, and gives them only if the stored bytes, read to the last, hash to
+/// `checksum`. Memory: the unit's samples; time: the whole shard, whatever the unit.
+pub(super) fn read_whole_checked(
+    body: Box<dyn Read + Send>,
+    shard: Arc<str>,
+    checksum: Checksum,
+    (start, end): (u64, u64),
+    options: &ReadOptions,
+) -> Result<Vec<Result<Sample, ShardError>>, Whole> {
+    let raw = Shared(Arc::new(Mutex::new(Hashing {
+        inner: body,
+        hash: Xxh3::new(),
+    })));
+    let tar = decompressed(io::BufReader::with_capacity(1 << 20, raw.clone()))
+        .map_err(|e| Whole::Read(e.to_string()))?;
+    let mut kept = Vec::new();
+    for item in SampleReader::new(tar, shard, options) {
+        let index = match &item {
+            Ok(s) => Some(s.index),
+            Err(ShardError::DamagedSample { index, .. }) => Some(*index),
+            Err(ShardError::Io { .. }) => {
+                return Err(Whole::Read(
+                    item.err().map(|e| e.to_string()).unwrap_or_default(),
+                ))
+            }
+            Err(_) => None,
+        };
+        match index {
+            Some(i) if i < start => {}
+            Some(i) if i >= end => break,
+            _ => kept.push(item),
+        }
+    }
+    // The parser stops at the unit's end or the archive's: the rest still counts.
+    io::copy(&mut raw.clone(), &mut io::sink()).map_err(|e| Whole::Read(e.to_string()))?;
+    let got = raw
+        .0
+        .lock()
+        .map(|h| Checksum(h.hash.digest()))
+        .map_err(|_| Whole::Read("shard reader poisoned".into()))?;
+    if got != checksum {
+        metrics::counter!("sluice_cpu_shard_checksum_mismatches_total").increment(1);
+        return Err(Whole::Mismatch(format!(
+            "does not match the manifest's checksum (manifest {checksum}, read {got})"
+        )));
+    }
+    Ok(kept)
+}
 
 /// Checks bytes as they stream past: each sample's range against its index checksum, and
 /// optionally the whole file against the manifest's checksum at the end.
