@@ -121,6 +121,14 @@ pub struct Source {
     pub stall_timeout_secs: f64,
     /// How long a replica that failed or stalled is read from only after the others.
     pub suspect_secs: f64,
+    /// The least progress a shard read must make, in bytes a second of waiting over
+    /// `slow_window_secs` of waiting; a replica that drips fails over like one that stalls
+    /// (0 turns the check off).
+    pub min_bytes_per_sec: u64,
+    pub slow_window_secs: f64,
+    /// How long a unit whose every replica is unavailable (503, connection refused: a storage
+    /// node restarting) is tried again, with exponential backoff, before it fails.
+    pub unavailable_secs: f64,
     /// Shard indexes (`.idx`) kept in memory.
     pub index_cache: usize,
     /// S3 endpoint for `s3://` shards (unset: AWS, or `AWS_ENDPOINT_URL`).
@@ -194,6 +202,9 @@ impl Default for Source {
             connect_timeout_secs: 5.0,
             stall_timeout_secs: 10.0,
             suspect_secs: 60.0,
+            min_bytes_per_sec: 64 << 10,
+            slow_window_secs: 10.0,
+            unavailable_secs: 30.0,
             index_cache: 1024,
             s3_endpoint: None,
             s3_region: None,
@@ -260,6 +271,8 @@ impl CpuConfig {
             ),
             ("source.stall_timeout_secs", self.source.stall_timeout_secs),
             ("source.suspect_secs", self.source.suspect_secs),
+            ("source.slow_window_secs", self.source.slow_window_secs),
+            ("source.unavailable_secs", self.source.unavailable_secs),
         ] {
             if !(v.is_finite() && v > 0.0 && v < 1e6) {
                 return invalid(key, "must be a positive number of seconds");
@@ -338,6 +351,9 @@ impl CpuConfig {
             connect_timeout: secs(self.source.connect_timeout_secs),
             stall_timeout: secs(self.source.stall_timeout_secs),
             suspect_for: secs(self.source.suspect_secs),
+            min_bytes_per_sec: self.source.min_bytes_per_sec,
+            slow_window: secs(self.source.slow_window_secs),
+            unavailable_for: secs(self.source.unavailable_secs),
             s3: S3Config {
                 endpoint: self.source.s3_endpoint.clone(),
                 region: self.source.s3_region.clone(),

@@ -131,8 +131,15 @@ impl JobRunner for CpuJob {
         emit: &mut dyn FnMut(Output) -> bool,
     ) -> Result<Finished, RunnerError> {
         let shard = &assign.shard;
+        // A later attempt (a hedge beside a slow first one, or a retry) starts from another
+        // replica, so a slow replica does not hold up every copy of the unit.
+        let mut urls = shard.urls.clone();
+        if !urls.is_empty() {
+            let turn = assign.attempt as usize % urls.len();
+            urls.rotate_left(turn);
+        }
         let loc = ShardLocation {
-            urls: shard.urls.clone(),
+            urls,
             info: ShardInfo {
                 url: shard.urls.first().cloned().unwrap_or_default(),
                 size: shard.size,

@@ -222,19 +222,39 @@ fn serve(root: std::path::PathBuf) -> (String, Arc<AtomicUsize>) {
 /// [`serve`], but with `cut: Some(n)` every `.tar` body stops after `n` bytes and the
 /// connection closes (its `Content-Length` promised more): a node that dies mid-stream.
 fn serve_cutting(root: std::path::PathBuf, cut: Option<usize>) -> (String, Arc<AtomicUsize>) {
-    serve_with(root, cut, false)
+    serve_with(root, cut, false, Misbehave::default())
+}
+
+/// How a test server misbehaves besides cutting or hanging.
+#[derive(Clone, Copy, Default)]
+struct Misbehave {
+    /// `.tar` bodies after the cut come one byte at a time, this far apart (a dying disk, a
+    /// throttled proxy), for at most a minute.
+    drip: Option<std::time::Duration>,
+    /// The first this many requests get a 503 (a node restarting).
+    unavailable_first: usize,
+}
+
+/// [`serve`] with a misbehaviour.
+fn serve_misbehaving(
+    root: std::path::PathBuf,
+    cut: Option<usize>,
+    how: Misbehave,
+) -> (String, Arc<AtomicUsize>) {
+    serve_with(root, cut, false, how)
 }
 
 /// [`serve_cutting`], but the connection stays open after the cut and nothing more comes: a
 /// node that hangs mid-stream (SIGSTOP, a stuck disk), not one that died.
 fn serve_hanging(root: std::path::PathBuf, cut: usize) -> (String, Arc<AtomicUsize>) {
-    serve_with(root, Some(cut), true)
+    serve_with(root, Some(cut), true, Misbehave::default())
 }
 
 fn serve_with(
     root: std::path::PathBuf,
     cut: Option<usize>,
     hang: bool,
+    how: Misbehave,
 ) -> (String, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -243,7 +263,7 @@ fn serve_with(
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
-            counter.fetch_add(1, Ordering::SeqCst);
+            let nth = counter.fetch_add(1, Ordering::SeqCst);
             let mut reader = BufReader::new(conn.try_clone().unwrap());
             let mut request = String::new();
             let _ = reader.read_line(&mut request);
@@ -265,6 +285,10 @@ fn serve_with(
                 .trim_start_matches('/')
                 .to_string();
             let resp = match std::fs::read(root.join(&path)) {
+                _ if nth < how.unavailable_first => {
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        .to_vec()
+                }
                 Ok(body) => {
                     match range {
                         Some((a, b)) => {
@@ -285,6 +309,7 @@ fn serve_with(
                         .to_vec()
                 }
             };
+            let full = resp.clone();
             let resp = match cut {
                 Some(n) if path.ends_with(".tar") => {
                     let head = resp
@@ -296,6 +321,19 @@ fn serve_with(
                 _ => resp,
             };
             let _ = conn.write_all(&resp);
+            if let (Some(every), true) = (how.drip, path.ends_with(".tar")) {
+                let rest = full[resp.len()..].to_vec();
+                std::thread::spawn(move || {
+                    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+                    for b in rest {
+                        if std::time::Instant::now() > deadline || conn.write_all(&[b]).is_err() {
+                            break;
+                        }
+                        std::thread::sleep(every);
+                    }
+                });
+                continue;
+            }
             if hang && path.ends_with(".tar") {
                 std::thread::spawn(move || {
                     std::thread::sleep(std::time::Duration::from_secs(600));
@@ -737,4 +775,98 @@ fn a_replica_serving_wrong_bytes_is_demoted_after_a_repair() {
         before,
         "the demoted replica was read again"
     );
+}
+
+/// A replica that drips (a byte a second: never a stall, since each read gets a byte) is
+/// given up on once its reads have waited a slow window with too little to show, and the
+/// unit goes on from the healthy replica beside it.
+#[test]
+fn a_dripping_replica_costs_a_slow_window_not_the_unit() {
+    let slow_dir = tempfile::tempdir().unwrap();
+    let good_dir = tempfile::tempdir().unwrap();
+    let loc = make_shard(slow_dir.path(), 10);
+    make_shard(good_dir.path(), 10);
+    let drip = Misbehave {
+        drip: Some(std::time::Duration::from_millis(500)),
+        ..Misbehave::default()
+    };
+    let (slow, _) = serve_misbehaving(slow_dir.path().to_path_buf(), Some(2000), drip);
+    let (good, _) = serve(good_dir.path().to_path_buf());
+    let config = SourceConfig {
+        slow_window: std::time::Duration::from_secs(2),
+        ..SourceConfig::default()
+    };
+    let source = Arc::new(ShardSource::new(config).unwrap());
+    let alone = ShardLocation {
+        urls: vec![format!("{slow}/s-00.tar")],
+        info: loc.info.clone(),
+    };
+    let items: Vec<_> = source.open_unit(&alone, 0, 10).unwrap().collect();
+    let e = items
+        .last()
+        .unwrap()
+        .as_ref()
+        .err()
+        .expect("the drip was read to its end");
+    assert!(e.to_string().contains("too slow"), "{e}");
+    let both = ShardLocation {
+        urls: vec![format!("{slow}/s-00.tar"), format!("{good}/s-00.tar")],
+        info: loc.info.clone(),
+    };
+    let source = Arc::new(
+        ShardSource::new(SourceConfig {
+            slow_window: std::time::Duration::from_secs(2),
+            ..SourceConfig::default()
+        })
+        .unwrap(),
+    );
+    let keys: Vec<_> = source
+        .open_unit_with_repair(&both, 0, 10)
+        .unwrap()
+        .map(|s| s.unwrap().key)
+        .collect();
+    assert_eq!(keys.len(), 10);
+}
+
+/// Every replica answering 503 for a while (a node restarting) is waited out with backoff;
+/// past `unavailable_for` the error names the outage.
+#[test]
+fn a_replica_unavailable_for_a_while_costs_a_pause_not_the_unit() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = make_shard(dir.path(), 6);
+    let blip = Misbehave {
+        unavailable_first: 4,
+        ..Misbehave::default()
+    };
+    let (base, _) = serve_misbehaving(dir.path().to_path_buf(), None, blip);
+    let loc = ShardLocation {
+        urls: vec![format!("{base}/s-00.tar")],
+        info: local.info.clone(),
+    };
+    let source = Arc::new(ShardSource::new(SourceConfig::default()).unwrap());
+    let keys: Vec<_> = source
+        .open_unit_with_repair(&loc, 0, 6)
+        .unwrap()
+        .map(|s| s.unwrap().key)
+        .collect();
+    assert_eq!(keys.len(), 6);
+    let down = Misbehave {
+        unavailable_first: usize::MAX,
+        ..Misbehave::default()
+    };
+    let (base, _) = serve_misbehaving(dir.path().to_path_buf(), None, down);
+    let loc = ShardLocation {
+        urls: vec![format!("{base}/s-00.tar")],
+        info: local.info.clone(),
+    };
+    let source = Arc::new(
+        ShardSource::new(SourceConfig {
+            unavailable_for: std::time::Duration::from_secs(1),
+            ..SourceConfig::default()
+        })
+        .unwrap(),
+    );
+    let err = source.open_unit_with_repair(&loc, 0, 6).err().unwrap();
+    assert!(err.is_unavailable(), "{err}");
+    assert!(err.to_string().contains("503"), "{err}");
 }

@@ -49,7 +49,7 @@ use sluice_shard::{Checksum, Compression, ReadOptions, SampleIndex, SampleReader
 
 use replicas::Suspects;
 pub use streams::fetch_nanos;
-use streams::{Resuming, TakeUntilEnd, Timed};
+use streams::{Progress, Resuming, TakeUntilEnd, Timed};
 use verify::{Admission, Damage, Verified};
 
 /// Why a source could not deliver.
@@ -69,6 +69,12 @@ pub enum SourceError {
     Changed { url: String, detail: String },
     #[error("every replica of {shard} failed: {}", errors.join("; "))]
     AllReplicasFailed { shard: String, errors: Vec<String> },
+    /// The connection was refused or could not be made: the node is down or restarting.
+    #[error("{url}: unreachable: {detail}")]
+    Unreachable { url: String, detail: String },
+    /// Every replica is down or restarting (503, refused connections): worth waiting for.
+    #[error("every replica of {shard} is unavailable: {}", errors.join("; "))]
+    Unavailable { shard: String, errors: Vec<String> },
     #[error("sample index of {shard}: {detail}")]
     Index { shard: String, detail: String },
     #[error("samples {start}..{end} are outside shard {shard} ({samples} samples)")]
@@ -78,6 +84,21 @@ pub enum SourceError {
         end: u64,
         samples: u64,
     },
+}
+
+impl SourceError {
+    /// The node is down or restarting rather than the object missing or wrong: a 502, 503
+    /// or 504, or a connection that could not be made. Worth waiting for.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            SourceError::Status {
+                status: 502..=504,
+                ..
+            } | SourceError::Unreachable { .. }
+                | SourceError::Unavailable { .. }
+        )
+    }
 }
 
 /// A shard as a source sees it: its replicas and what the manifest says of it.
@@ -123,6 +144,13 @@ pub struct SourceConfig {
     pub stall_timeout: std::time::Duration,
     /// How long a replica that failed or stalled is tried after the others.
     pub suspect_for: std::time::Duration,
+    /// The least progress a read must make: bytes a second of waiting, over `slow_window` of
+    /// waiting (0 turns it off). A replica that drips fails over like one that stalls.
+    pub min_bytes_per_sec: u64,
+    pub slow_window: std::time::Duration,
+    /// How long a unit whose every replica is unavailable (503, refused connections: a node
+    /// restarting) is tried again, with exponential backoff, before it fails.
+    pub unavailable_for: std::time::Duration,
     pub s3: S3Config,
 }
 
@@ -136,6 +164,9 @@ impl Default for SourceConfig {
             connect_timeout: std::time::Duration::from_secs(5),
             stall_timeout: std::time::Duration::from_secs(10),
             suspect_for: std::time::Duration::from_secs(60),
+            min_bytes_per_sec: 64 << 10,
+            slow_window: std::time::Duration::from_secs(10),
+            unavailable_for: std::time::Duration::from_secs(30),
             s3: S3Config::default(),
         }
     }
@@ -354,7 +385,7 @@ impl ShardSource {
         start: u64,
         end: u64,
     ) -> Result<UnitSamples, SourceError> {
-        let first = self.open_unit(loc, start, end)?;
+        let first = self.open_waiting(loc, start, end)?;
         if loc.urls.len() < 2 {
             return Ok(first);
         }
@@ -377,6 +408,34 @@ impl ShardSource {
             }
             item
         })))
+    }
+
+    /// [`ShardSource::open_unit`], tried again while every replica is unavailable (a storage
+    /// node restarting, a mountpath swapped), with exponential backoff from 100 ms to 5 s, for
+    /// up to `unavailable_for`: a blip costs a pause, not the unit.
+    fn open_waiting(
+        &self,
+        loc: &ShardLocation,
+        start: u64,
+        end: u64,
+    ) -> Result<UnitSamples, SourceError> {
+        let started = std::time::Instant::now();
+        let mut wait = std::time::Duration::from_millis(100);
+        loop {
+            match self.open_unit(loc, start, end) {
+                Err(e)
+                    if e.is_unavailable()
+                        && started.elapsed() + wait < self.config.unavailable_for =>
+                {
+                    metrics::counter!("sluice_cpu_source_unavailable_waits_total").increment(1);
+                    tracing::warn!(shard = %loc.name(), "{e}; trying again in {wait:?} (for up \
+                        to {:?} in all, source.unavailable_secs)", self.config.unavailable_for);
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(std::time::Duration::from_secs(5));
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Opens `next..end` again for [`Resuming`], the replica list turned by one so that the
@@ -519,7 +578,7 @@ impl ShardSource {
         why: &SourceError,
     ) -> Result<UnitSamples, SourceError> {
         let name: Arc<str> = loc.name().into();
-        let (mut mismatched, mut failed) = (Vec::new(), Vec::new());
+        let (mut mismatched, mut failed, mut unavailable) = (Vec::new(), Vec::new(), Vec::new());
         for url in self.suspects.order(&loc.urls) {
             let one = ShardLocation {
                 urls: vec![url.clone()],
@@ -531,6 +590,7 @@ impl ShardSource {
             };
             let outcome = self.fetch(&one, None, expect).map_err(|e| match e {
                 SourceError::Changed { detail, .. } => verify::Whole::Mismatch(detail),
+                other if other.is_unavailable() => verify::Whole::Unavailable(other.to_string()),
                 other => verify::Whole::Read(other.to_string()),
             });
             let outcome = outcome.and_then(|body| {
@@ -552,8 +612,16 @@ impl ShardSource {
                     mismatched.push(format!("{url}: {detail}"));
                 }
                 Err(verify::Whole::Read(detail)) => failed.push(detail),
+                Err(verify::Whole::Unavailable(detail)) => unavailable.push(detail),
             }
         }
+        if failed.is_empty() && mismatched.is_empty() && !unavailable.is_empty() {
+            return Err(SourceError::Unavailable {
+                shard: loc.name().into(),
+                errors: unavailable,
+            });
+        }
+        failed.extend(unavailable);
         if failed.is_empty() && !mismatched.is_empty() {
             return Ok(changed(
                 loc,
@@ -596,6 +664,7 @@ impl ShardSource {
                         inner: r,
                         url: url.clone(),
                         suspects: self.suspects.clone(),
+                        slow: Progress::new(self.config.min_bytes_per_sec, self.config.slow_window),
                     }))
                 }
                 Err(e) => {
@@ -618,6 +687,12 @@ impl ShardSource {
         }
         if changed == errors.len() && changed > 0 {
             return Err(errors.swap_remove(0));
+        }
+        if !errors.is_empty() && errors.iter().all(SourceError::is_unavailable) {
+            return Err(SourceError::Unavailable {
+                shard: loc.name().into(),
+                errors: errors.iter().map(ToString::to_string).collect(),
+            });
         }
         let mut errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
         if errors.len() == 1 {
@@ -660,17 +735,25 @@ impl ShardSource {
                     format!("bytes={}-{}", offset, offset + len - 1),
                 );
             }
-            let resp = req.send().map_err(|e| SourceError::Request {
-                url: url.into(),
-                detail: if e.is_timeout() {
-                    metrics::counter!("sluice_cpu_source_stalls_total").increment(1);
-                    format!(
-                        "no response in {:.1} s (source.stall_timeout_secs)",
-                        self.config.stall_timeout.as_secs_f64()
-                    )
-                } else {
-                    e.to_string()
-                },
+            let resp = req.send().map_err(|e| {
+                if e.is_connect() {
+                    return SourceError::Unreachable {
+                        url: url.into(),
+                        detail: e.to_string(),
+                    };
+                }
+                SourceError::Request {
+                    url: url.into(),
+                    detail: if e.is_timeout() {
+                        metrics::counter!("sluice_cpu_source_stalls_total").increment(1);
+                        format!(
+                            "no response in {:.1} s (source.stall_timeout_secs)",
+                            self.config.stall_timeout.as_secs_f64()
+                        )
+                    } else {
+                        e.to_string()
+                    },
+                }
             })?;
             let status = resp.status().as_u16();
             let stated = resp

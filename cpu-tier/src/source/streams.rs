@@ -4,7 +4,7 @@
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::replicas::Suspects;
 use super::{ShardLocation, ShardSource, UnitSamples};
@@ -72,11 +72,62 @@ pub fn fetch_nanos() -> u64 {
 }
 
 /// Counts the time reads of a source body take; a read that fails (a stall past the timeout,
-/// a cut) makes its replica a suspect.
+/// a cut) makes its replica a suspect. So does a body that makes too little progress: once
+/// reads have waited `slow.window` in all, they must have brought `slow.min_rate` bytes a
+/// second of that waiting, or the read fails as a stall would (a replica that drips a byte
+/// every few seconds never trips the stall timeout). Only time spent waiting inside `read`
+/// counts, so a slow consumer never makes a source look slow.
 pub(super) struct Timed<R> {
     pub(super) inner: R,
     pub(super) url: String,
     pub(super) suspects: Arc<Suspects>,
+    pub(super) slow: Progress,
+}
+
+/// The least progress a source body must make (see [`Timed`]), and what it made so far in
+/// the current window.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Progress {
+    /// Bytes a second of waiting; 0 turns the check off.
+    pub(super) min_rate: u64,
+    pub(super) window: Duration,
+    waited: Duration,
+    bytes: u64,
+}
+
+impl Progress {
+    pub(super) fn new(min_rate: u64, window: Duration) -> Self {
+        Progress {
+            min_rate,
+            window,
+            waited: Duration::ZERO,
+            bytes: 0,
+        }
+    }
+
+    /// Counts a read; `Err` with the figures once a window's waiting brought too little.
+    fn record(&mut self, waited: Duration, bytes: usize) -> Result<(), String> {
+        if self.min_rate == 0 {
+            return Ok(());
+        }
+        self.waited += waited;
+        self.bytes += bytes as u64;
+        if self.waited < self.window {
+            return Ok(());
+        }
+        let secs = self.waited.as_secs_f64();
+        let (got, waited) = (self.bytes, self.waited);
+        self.waited = Duration::ZERO;
+        self.bytes = 0;
+        if (got as f64) < self.min_rate as f64 * secs {
+            return Err(format!(
+                "{got} bytes in {:.1} s of waiting, under source.min_bytes_per_sec = {}",
+                waited.as_secs_f64(),
+                self.min_rate
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl<R: Read> Read for Timed<R> {
@@ -89,10 +140,17 @@ impl<R: Read> Read for Timed<R> {
             self.suspects
                 .failed(&self.url, &format!("reading {} failed ({e})", self.url));
         })?;
-        let ns = started.elapsed().as_nanos() as u64;
+        let waited = started.elapsed();
+        let ns = waited.as_nanos() as u64;
         FETCH_NS.fetch_add(ns, Ordering::Relaxed);
         metrics::counter!("sluice_cpu_fetch_nanoseconds_total").increment(ns);
         metrics::counter!("sluice_cpu_fetched_bytes_total").increment(n as u64);
+        if let Err(why) = self.slow.record(waited, n) {
+            metrics::counter!("sluice_cpu_source_stalls_total").increment(1);
+            let why = format!("reading {} is too slow: {why}", self.url);
+            self.suspects.failed(&self.url, &why);
+            return Err(io::Error::new(io::ErrorKind::TimedOut, why));
+        }
         Ok(n)
     }
 }

@@ -22,6 +22,8 @@ pub(super) enum Whole {
     Mismatch(String),
     /// The read failed before the last byte.
     Read(String),
+    /// The replica is down or restarting.
+    Unavailable(String),
 }
 
 /// A reader shared by the tar parser and the drain that follows it, on one thread.
