@@ -806,8 +806,7 @@ fn a_dripping_replica_costs_a_slow_window_not_the_unit() {
         .last()
         .unwrap()
         .as_ref()
-        .err()
-        .expect("the drip was read to its end");
+        .expect_err("the drip was read to its end");
     assert!(e.to_string().contains("too slow"), "{e}");
     let both = ShardLocation {
         urls: vec![format!("{slow}/s-00.tar"), format!("{good}/s-00.tar")],
