@@ -27,6 +27,12 @@ impl Default for FieldSpec {
     }
 }
 
+/// Digits only, with an optional sign: an integer, whatever its size.
+fn is_long_integer(text: &str) -> bool {
+    let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
 impl FieldSpec {
     /// The sample's label: `None` for a job without one.
     pub fn label(&self, sample: &Sample) -> Result<Option<i64>, DecodeError> {
@@ -57,13 +63,22 @@ impl FieldSpec {
         let shown = || String::from_utf8_lossy(&raw[..raw.len().min(40)]).into_owned();
         match &self.label {
             LabelSource::None => Ok(None),
-            LabelSource::Field(_) => std::str::from_utf8(raw)
-                .ok()
-                .and_then(|s| s.trim().parse::<i64>().ok())
-                .map(Some)
-                .ok_or_else(|| {
-                    DecodeError::Label(format!("{name} field {:?} is not an integer", shown()))
-                }),
+            LabelSource::Field(_) => {
+                let text = std::str::from_utf8(raw).map(str::trim).unwrap_or("");
+                match text.parse::<i64>() {
+                    Ok(v) => Ok(Some(v)),
+                    Err(_) if text.parse::<i128>().is_ok() || is_long_integer(text) => {
+                        Err(DecodeError::Label(format!(
+                            "{name} field {:?} is an integer too large for a 64-bit label",
+                            shown()
+                        )))
+                    }
+                    Err(_) => Err(DecodeError::Label(format!(
+                        "{name} field {:?} is not an integer",
+                        shown()
+                    ))),
+                }
+            }
             LabelSource::Json { path, .. } => {
                 let value: serde_json::Value = serde_json::from_slice(raw).map_err(|e| {
                     DecodeError::Label(format!("{name} field is not valid JSON ({e})"))
@@ -84,15 +99,22 @@ impl FieldSpec {
                         ))
                     })?;
                 }
-                at.as_i64()
-                    .or_else(|| at.as_str().and_then(|s| s.trim().parse().ok()))
-                    .map(Some)
-                    .ok_or_else(|| {
-                        DecodeError::Label(format!(
-                            "{name}:{} is {at}, not an integer",
-                            path.join(".")
-                        ))
-                    })
+                let at_path = format!("{name}:{}", path.join("."));
+                if let Some(v) = at.as_i64() {
+                    return Ok(Some(v));
+                }
+                let why = match at {
+                    serde_json::Value::Number(n)
+                        if n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0) =>
+                    {
+                        format!("is {n}, an integer too large for a 64-bit label")
+                    }
+                    serde_json::Value::String(text) => {
+                        format!("is the string {text:?}, not an integer (labels are JSON numbers)")
+                    }
+                    other => format!("is {other}, not an integer"),
+                };
+                Err(DecodeError::Label(format!("{at_path} {why}")))
             }
         }
     }
@@ -156,7 +178,7 @@ mod tests {
         let s = sample(&[
             ("jpg", b"x"),
             ("cls", b" 7\n"),
-            ("json", br#"{"category_id": 12, "a": [{"b": "5"}]}"#),
+            ("json", br#"{"category_id": 12, "a": [{"b": 5}]}"#),
         ]);
         assert_eq!(spec("cls").label(&s), Ok(Some(7)));
         assert_eq!(spec("json:category_id").label(&s), Ok(Some(12)));
@@ -179,6 +201,35 @@ mod tests {
             e("json:a").contains("1.5, not an integer"),
             "{}",
             e("json:a")
+        );
+        let huge = sample(&[
+            ("cls", b"1180591620717411303424"),
+            (
+                "json",
+                br#"{"a": 1180591620717411303424, "s": "3", "n": -5}"#,
+            ),
+        ]);
+        let e = |l: &str| spec(l).label(&huge).unwrap_err().to_string();
+        assert!(
+            e("cls").contains("too large for a 64-bit label"),
+            "{}",
+            e("cls")
+        );
+        assert!(
+            e("json:a").contains("too large for a 64-bit label"),
+            "{}",
+            e("json:a")
+        );
+        assert!(
+            e("json:s").contains("the string \"3\", not an integer"),
+            "{}",
+            e("json:s")
+        );
+        // Negative labels are the client's to refuse (LabelRange), so they travel.
+        assert_eq!(spec("json:n").label(&huge), Ok(Some(-5)));
+        assert!(
+            LabelSource::parse("").is_err(),
+            "an empty label is not \"no label\""
         );
         let bad = sample(&[("json", b"{")]);
         assert!(spec("json:a")

@@ -114,6 +114,7 @@ pub(crate) struct Settings {
     pub lookahead: u64,
     /// Plan order: how long the next position may wait before its unit is hedged.
     pub hedge_after: Duration,
+    pub labels: protocol::LabelRange,
 }
 
 impl Tensor for Payload {
@@ -169,6 +170,7 @@ impl Coordinator {
             max_unit_attempts: settings.max_unit_attempts,
             lookahead: settings.lookahead,
             hedge_after: settings.hedge_after,
+            labels: settings.labels,
         };
         Coordinator {
             protocol: Protocol::new(
@@ -586,6 +588,7 @@ mod tests {
                 max_unit_attempts: 3,
                 lookahead: 8,
                 hedge_after: Duration::from_secs(60),
+                labels: Default::default(),
             },
             manifest,
             (Ledger::new(&units), Reorder::plan(sequence.clone(), 0)),

@@ -53,6 +53,7 @@ mod tls;
 pub use batch::{Batch, HeapAllocator, HostAllocator, HostMemory, LastBatch, SampleId, ShortBatch};
 pub use error::ClientError;
 pub use loader::{check_pipeline, Checkpoint, Epoch, Loader, LoaderBuilder, Order, Workers};
+pub use protocol::LabelRange;
 pub use same_host::SameHost;
 pub use sluice_plan::{Mixing, Remainder, ShufflePolicy};
 pub use sluice_wire::{FieldSelection, LabelSource, SampleFields, SampleGeometry, SampleShape};

@@ -100,6 +100,7 @@ pub struct LoaderBuilder {
     mixing: Mixing,
     lookahead: u64,
     hedge_after: Duration,
+    labels: crate::protocol::LabelRange,
     last_batch: LastBatch,
     short_batch: ShortBatch,
     fail_on_bad_sample: bool,
@@ -144,6 +145,7 @@ impl Default for LoaderBuilder {
             mixing: Mixing::default(),
             lookahead: 0,
             hedge_after: Duration::from_secs(3),
+            labels: Default::default(),
             last_batch: LastBatch::Partial,
             short_batch: ShortBatch::Deliver,
             fail_on_bad_sample: false,
@@ -234,6 +236,9 @@ impl LoaderBuilder {
     setter!(/// Plan order: how long the next sample may be late before the rest of its unit is
         /// also given to another worker.
         hedge_after: Duration);
+    setter!(/// Which labels may reach a batch (default: non-negative ones, any size); a
+        /// sample whose label is outside is a named skip, never a loss that crashes.
+        labels: crate::protocol::LabelRange);
     setter!(last_batch: LastBatch);
     setter!(short_batch: ShortBatch);
     setter!(/// Fail a unit (rather than skip the sample) when an image cannot be decoded.
@@ -1432,6 +1437,7 @@ impl Loader {
             max_unit_attempts: s.max_unit_attempts,
             lookahead: s.lookahead,
             hedge_after: s.hedge_after,
+            labels: s.labels,
         };
         let early = s.prefetch_next_epoch && s.epochs.is_none_or(|n| epoch + 1 < n);
         let (before, next) = match early {

@@ -90,6 +90,36 @@ pub(crate) struct Settings {
     pub lookahead: u64,
     /// Plan order: how long the next position may wait before its unit is hedged.
     pub hedge_after: Duration,
+    /// The labels a loss can take; others are named skips.
+    pub labels: LabelRange,
+}
+
+/// The labels a sample may carry into a batch (see [`LabelRange::check`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LabelRange {
+    /// Negative labels are delivered (by default they are skipped: `cross_entropy` raises on
+    /// them, and silently ignores -100).
+    pub allow_negative: bool,
+    /// Labels must be below this (`num_classes`), when given.
+    pub num_classes: Option<u64>,
+}
+
+impl LabelRange {
+    /// Why `label` cannot go into a batch, if it cannot.
+    pub fn check(&self, label: i64) -> Option<String> {
+        if label < 0 && !self.allow_negative {
+            return Some(format!(
+                "label {label} is negative (a loss would crash on it or silently ignore it; \
+                 allow_negative_labels=True delivers such labels)"
+            ));
+        }
+        match self.num_classes {
+            Some(n) if label >= 0 && label as u64 >= n => {
+                Some(format!("label {label} is out of range for num_classes={n}"))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// One rank's epoch, as the protocol tracks it.
@@ -302,6 +332,18 @@ impl<P: Tensor> Protocol<P> {
     ) {
         self.counters.received.fetch_add(1, Ordering::Relaxed);
         self.used_credit(link);
+        if let Some(reason) = header.label.and_then(|l| self.settings.labels.check(l)) {
+            let skipped = SkippedSample {
+                job: header.job,
+                unit: header.unit,
+                attempt: header.attempt,
+                shard: header.shard,
+                index: header.index,
+                key: header.key,
+                reason,
+            };
+            return self.skipped(skipped, now);
+        }
         match self.ledger.record(header.unit, header.shard, header.index) {
             Verdict::Accept => {
                 self.stats.sample_from(link);

@@ -53,6 +53,8 @@ class Loader:
         hedge_after: float = 3.0,
         max_unit_samples: int = 64,
         lookahead: Optional[int] = None,
+        num_classes: Optional[int] = None,
+        allow_negative_labels: bool = False,
     ) -> None:
         """
         Args:
@@ -96,7 +98,8 @@ class Loader:
                 ``images.fields`` decodes them by extension.
             label: where labels come from (``"cls"``, any integer field,
                 ``"json:category_id"``), or ``None`` for unlabeled data (every label -1). A
-                sample whose label is missing or not an integer is skipped by name; when the
+                sample whose label is missing, not an integer, negative or (with
+                ``num_classes``) out of range is skipped by name; when the
                 first samples of an epoch are all skipped (a label the data does not have),
                 the epoch raises before handing out a batch. A batch whose every sample was
                 skipped is never handed out.
@@ -120,6 +123,10 @@ class Loader:
             max_unit_samples: largest work unit, in samples.
             lookahead: plan order: how far ahead units start (default max(512, 2 x
                 batch_size)).
+            num_classes: labels must be below this; a sample whose label is not is skipped
+                by name (default: any size).
+            allow_negative_labels: deliver negative labels (by default a sample with one is
+                skipped by name: ``cross_entropy`` raises on -3 and silently ignores -100).
         """
     def epoch(self, epoch: int) -> Epoch:
         """The batches of ``epoch`` (resuming it when a checkpoint for it was loaded)."""

@@ -305,7 +305,8 @@ impl Loader {
         mix_buffer=None, prefetch_next_epoch=true, epochs=None, fields=None, label=Some("cls"),
         max_field_bytes=1 << 20, remainder=None, same_host="auto", same_host_dir=None,
         connections_per_worker=1, fail_on_bad_sample=false, worker_wait=30.0, hedge_after=3.0,
-        max_unit_samples=64, lookahead=None, **kwargs,
+        max_unit_samples=64, lookahead=None, num_classes=None, allow_negative_labels=false,
+        **kwargs,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -344,6 +345,8 @@ impl Loader {
         hedge_after: f64,
         max_unit_samples: u64,
         lookahead: Option<u64>,
+        num_classes: Option<u64>,
+        allow_negative_labels: bool,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         logs::install();
@@ -394,6 +397,9 @@ impl Loader {
         };
         if max_field_bytes == 0 {
             return Err(PyValueError::new_err("max_field_bytes: must be at least 1"));
+        }
+        if num_classes == Some(0) {
+            return Err(PyValueError::new_err("num_classes: must be at least 1"));
         }
         let requested = match &fields {
             sluice_client::FieldSelection::Named(names) => names.clone(),
@@ -451,6 +457,10 @@ impl Loader {
             .fields(fields)
             .label(label)
             .max_field_bytes(max_field_bytes)
+            .labels(sluice_client::LabelRange {
+                allow_negative: allow_negative_labels,
+                num_classes,
+            })
             .prefetch_next_epoch(prefetch_next_epoch)
             .last_batch(if drop_last {
                 LastBatch::Drop

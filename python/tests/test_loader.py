@@ -453,3 +453,47 @@ def test_the_type_stubs_name_every_argument_of_the_loader():
         assert f"{name}:" in ast.get_docstring(init) or f", {name}:" in ast.get_docstring(init) \
             or f"{name}," in ast.get_docstring(init), f"{name} undocumented"
     assert sluice.__version__ != "0+unknown"
+
+
+def labelled_shard(dataset, sluice_bin, tmp_path, labels):
+    """One shard of the dataset's first JPEG under each of `labels` (cls bytes)."""
+    import io
+    import tarfile
+
+    jpeg = next((pathlib.Path(dataset).parent.parent / "images").rglob("*.jpg")).read_bytes()
+    shard = tmp_path / "lab-000000.tar"
+    with tarfile.open(shard, "w") as tar:
+        for i, label in enumerate(labels):
+            for ext, data in (("jpg", jpeg), ("cls", label)):
+                info = tarfile.TarInfo(f"l{i:03d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    subprocess.run([sluice_bin, "index", str(shard), "--output", str(tmp_path / "lab.json")],
+                   check=True, capture_output=True)
+    return str(tmp_path / "lab.json")
+
+
+def test_labels_that_would_crash_the_loss_are_named_skips(dataset, sluice_bin, tmp_path):
+    labels = [b"-3", b"0", b"1", b"2", b"-100", b"7", b"99999999999999999999999", b"1"]
+    manifest = labelled_shard(dataset, sluice_bin, tmp_path, labels)
+
+    def read(**kwargs):
+        loader = sluice.Loader(dataset=manifest, batch_size=4, pipeline=PIPELINE,
+                               shuffle="none", **kwargs)
+        got, skipped = [], []
+        for images, labels_ in loader.epoch(0):
+            got += np.from_dlpack(labels_).tolist()
+            skipped += [why for _, why in images.skipped]
+        return sorted(got), skipped
+
+    got, skipped = read()
+    assert got == [0, 1, 1, 2, 7]
+    assert sum("is negative" in why for why in skipped) == 2, skipped
+    assert any("too large for a 64-bit label" in why for why in skipped), skipped
+    got, skipped = read(num_classes=3)
+    assert got == [0, 1, 1, 2]
+    assert any("label 7 is out of range for num_classes=3" in why for why in skipped), skipped
+    got, _ = read(allow_negative_labels=True)
+    assert got == [-100, -3, 0, 1, 1, 2, 7]
+    with pytest.raises(ValueError, match="is empty"):
+        sluice.Loader(dataset=manifest, label="")

@@ -96,7 +96,12 @@ impl LabelSource {
                  \"json:category_id\", or None for unlabeled data)"
             )
         };
-        if s.is_empty() || s.eq_ignore_ascii_case("none") {
+        if s.is_empty() {
+            return Err(bad(
+                "is empty (an empty label would silently read no label at all)",
+            ));
+        }
+        if s.eq_ignore_ascii_case("none") {
             return Ok(LabelSource::None);
         }
         let valid_field = |f: &str| !f.is_empty() && !f.starts_with('.') && !f.contains('/');
@@ -233,7 +238,7 @@ mod tests {
         ] {
             assert_eq!(LabelSource::parse(s).unwrap().to_string(), s);
         }
-        assert_eq!(LabelSource::parse("").unwrap(), LabelSource::None);
+        assert!(LabelSource::parse("").unwrap_err().contains("is empty"));
         assert_eq!(
             LabelSource::parse("json:a.b").unwrap(),
             LabelSource::Json {
