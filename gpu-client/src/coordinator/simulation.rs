@@ -101,6 +101,7 @@ async fn simulate(seed: u64, world: &World) -> (Vec<Vec<(u32, u64)>>, crate::Epo
         max_unit_attempts: 1000,
         lookahead: world.lookahead,
         hedge_after: Duration::from_secs(3),
+        labels: Default::default(),
     };
     let coordinator = Coordinator::new(
         settings,
