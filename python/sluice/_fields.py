@@ -27,21 +27,63 @@ class FieldDecodeError(ValueError):
     """A field's bytes are not valid for its extension; names the sample and the field."""
 
 
-def _npy(data: bytes) -> Any:
+#: The most bytes a value may decode to when no loader says otherwise (8 x the 1 MiB stored
+#: limit): room for compressed arrays, not for a 1 MB ``.npz`` that is 1 GB of zeros.
+DEFAULT_MAX_DECODED = 8 << 20
+
+
+class _TooLarge(ValueError):
+    pass
+
+
+def _npy_size(f: Any) -> int:
+    """Bytes the array whose ``.npy`` header ``f`` starts with would take, from the header
+    alone."""
     import numpy as np
 
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+    else:
+        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n * dtype.itemsize
+
+
+def _check(size: int, limit: int, what: str) -> None:
+    if size > limit:
+        raise _TooLarge(f"{what} would decode to {size} bytes, over the limit of {limit} "
+                        "(max_decoded_bytes)")
+
+
+def _npy(data: bytes, limit: int = DEFAULT_MAX_DECODED) -> Any:
+    import numpy as np
+
+    _check(_npy_size(io.BytesIO(data)), limit, "the array")
     # Never unpickle: the bytes come from a dataset, and pickles run code.
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
-def _npz(data: bytes) -> Any:
+def _npz(data: bytes, limit: int = DEFAULT_MAX_DECODED) -> Any:
+    import zipfile
+
     import numpy as np
 
+    # Every member's size from its header, before a byte of it is inflated.
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        total = 0
+        for member in z.infolist():
+            _check(member.file_size, limit, f"member {member.filename!r}")
+            with z.open(member) as f:
+                total += _npy_size(f)
+            _check(total, limit, "the arrays")
     with np.load(io.BytesIO(data), allow_pickle=False) as z:
         return {name: z[name] for name in z.files}
 
 
-def _decoder(name: str) -> Optional[Callable[[bytes], Any]]:
+def _decoder(name: str, limit: int = DEFAULT_MAX_DECODED) -> Optional[Callable[[bytes], Any]]:
     """How a field is decoded, by the extension after its last dot (``seg.json`` → json)."""
     ext = name.rsplit(".", 1)[-1].lower()
     if ext in TEXT:
@@ -51,25 +93,29 @@ def _decoder(name: str) -> Optional[Callable[[bytes], Any]]:
     if ext in JSON:
         return json.loads
     if ext == "npy":
-        return _npy
+        return lambda b: _npy(b, limit)
     if ext == "npz":
-        return _npz
+        return lambda b: _npz(b, limit)
     return None
 
 
-def decode_field(name: str, data: Optional[bytes], key: str = "?") -> Any:
+def decode_field(name: str, data: Optional[bytes], key: str = "?",
+                 max_decoded_bytes: int = DEFAULT_MAX_DECODED) -> Any:
     """One field's value: ``txt``/``text`` → ``str``, ``json`` → the parsed object,
     ``cls``/``cls2``/``index``/``id`` → ``int``, ``npy`` → ``numpy.ndarray``, ``npz`` → a dict
     of arrays, anything else → ``bytes``; ``None`` stays ``None`` (the sample lacks the
     field). Unlike WebDataset, pickles (``pyd``, ``pth``) stay bytes: unpickling data runs
-    code."""
+    code. An ``npy`` or ``npz`` whose arrays would take more than ``max_decoded_bytes`` is
+    refused from its headers, before anything is allocated."""
     if data is None:
         return None
-    decode = _decoder(name)
+    decode = _decoder(name, max_decoded_bytes)
     if decode is None:
         return data
     try:
         return decode(data)
+    except _TooLarge as e:
+        raise FieldDecodeError(f"sample {key!r}: field {name!r}: {e}") from None
     except Exception as e:  # the decoder's own error, named
         shown = data[:40]
         raise FieldDecodeError(
@@ -88,6 +134,7 @@ class Fields(Mapping):
         self._names: List[str] = list(images.field_names)
         self._decoded: Dict[str, List[Any]] = {}
         self._columns: Dict[str, List[Any]] = {}
+        self._limit: int = getattr(images, "max_decoded_bytes", DEFAULT_MAX_DECODED)
 
     def __getitem__(self, name: str) -> List[Any]:
         if name not in self._decoded:
@@ -98,7 +145,8 @@ class Fields(Mapping):
                 )
             keys = self._images.keys
             raw = self._images.field_bytes(name)
-            self._decoded[name] = [decode_field(name, b, k) for b, k in zip(raw, keys)]
+            limit = self._limit
+            self._decoded[name] = [decode_field(name, b, k, limit) for b, k in zip(raw, keys)]
         return self._decoded[name]
 
     def column(self, name: str) -> List[Any]:
@@ -114,7 +162,7 @@ class Fields(Mapping):
         column = []
         for data, key in zip(self._images.field_bytes(name), self._images.keys):
             try:
-                column.append(decode_field(name, data, key))
+                column.append(decode_field(name, data, key, self._limit))
             except FieldDecodeError as e:
                 _log.warning("%s; it is None in the batch", e)
                 column.append(None)

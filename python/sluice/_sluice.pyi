@@ -55,6 +55,7 @@ class Loader:
         lookahead: Optional[int] = None,
         num_classes: Optional[int] = None,
         allow_negative_labels: bool = False,
+        max_decoded_bytes: Optional[int] = None,
     ) -> None:
         """
         Args:
@@ -125,6 +126,9 @@ class Loader:
                 batch_size)).
             num_classes: labels must be below this; a sample whose label is not is skipped
                 by name (default: any size).
+            max_decoded_bytes: the most bytes one field's value may decode to (``npy``,
+                ``npz``; default 8 x ``max_field_bytes``): a value that would expand past it
+                raises ``FieldDecodeError`` naming the sample and field, never allocating it.
             allow_negative_labels: deliver negative labels (by default a sample with one is
                 skipped by name: ``cross_entropy`` raises on -3 and silently ignores -100).
         """
@@ -191,6 +195,9 @@ class Images:
         """The batch's position in its epoch."""
     @property
     def field_names(self) -> List[str]: ...
+    @property
+    def max_decoded_bytes(self) -> int:
+        """The most bytes one field's value may decode to (the loader's setting)."""
     def field_bytes(self, name: str) -> List[Optional[bytes]]:
         """Field ``name`` of each row, raw; ``None`` where the sample lacks it."""
     @property

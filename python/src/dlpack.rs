@@ -242,8 +242,9 @@ pub struct Images {
     padding: Vec<bool>,
     skipped: Vec<((u32, u64), String)>,
     index: u64,
-    /// Fields the loader asked for by name (listed even where no row has one).
-    requested: Arc<Vec<String>>,
+    /// Fields the loader asked for by name (listed even where no row has one), and how
+    /// large a decoded value may be.
+    requested: Arc<Asked>,
 }
 
 /// The labels of a batch: an int64 vector read from the loader's `label` field (`cls` by
@@ -309,8 +310,16 @@ impl Held {
     }
 }
 
+/// What a loader asked of each batch's fields.
+pub struct Asked {
+    /// Fields asked for by name (listed even where no row has one).
+    pub names: Vec<String>,
+    /// The most bytes a field's value may decode to (`npy`, `npz`).
+    pub max_decoded_bytes: u64,
+}
+
 /// Splits a batch into its two DLPack-exporting halves, which share it.
-pub fn split(held: Held, requested: Arc<Vec<String>>) -> (Images, Labels) {
+pub fn split(held: Held, requested: Arc<Asked>) -> (Images, Labels) {
     let view = held.view();
     let host = held.host();
     let rows = view.dims[0];
@@ -444,7 +453,7 @@ impl Images {
     /// in first-seen order.
     #[getter]
     fn field_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.requested.to_vec();
+        let mut names: Vec<String> = self.requested.names.clone();
         let present: Vec<String> = self
             .with_batch(|b| b.field_names().into_iter().map(str::to_string).collect())
             .unwrap_or_default();
@@ -464,6 +473,13 @@ impl Images {
                 .collect()
         })
         .unwrap_or_default()
+    }
+
+    /// The most bytes a field's value may decode to (`max_decoded_bytes`): an `npy` or `npz`
+    /// that would expand past it is refused by name, never allocated.
+    #[getter]
+    fn max_decoded_bytes(&self) -> u64 {
+        self.requested.max_decoded_bytes
     }
 
     /// `{field: [value of each row]}`, each field decoded by its extension the first time it

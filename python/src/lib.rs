@@ -283,6 +283,11 @@ fn forked(made_in: u32) -> PyErr {
     ))
 }
 
+/// A field's decoded value may be this many times its stored limit (`max_field_bytes`) unless
+/// `max_decoded_bytes` says otherwise: room for compressed arrays, not for a 1 MB `.npz` that
+/// is 1 GB of zeros.
+const DECODED_PER_STORED: u64 = 8;
+
 /// The Sluice loader. See the module documentation.
 #[pyclass(module = "sluice")]
 struct Loader {
@@ -290,8 +295,9 @@ struct Loader {
     inner: fork::ForkSafe<sluice_client::Loader>,
     epoch: Mutex<u64>,
     device: fork::ForkSafe<Device>,
-    /// The fields asked for by name: every batch lists them, even where no row has one.
-    requested: Arc<Vec<String>>,
+    /// The fields asked for by name (every batch lists them, even where no row has one), and
+    /// the decoded size limit.
+    requested: Arc<dlpack::Asked>,
 }
 
 #[pymethods]
@@ -306,7 +312,7 @@ impl Loader {
         max_field_bytes=1 << 20, remainder=None, same_host="auto", same_host_dir=None,
         connections_per_worker=1, fail_on_bad_sample=false, worker_wait=30.0, hedge_after=3.0,
         max_unit_samples=64, lookahead=None, num_classes=None, allow_negative_labels=false,
-        **kwargs,
+        max_decoded_bytes=None, **kwargs,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -347,6 +353,7 @@ impl Loader {
         lookahead: Option<u64>,
         num_classes: Option<u64>,
         allow_negative_labels: bool,
+        max_decoded_bytes: Option<u64>,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         logs::install();
@@ -522,7 +529,11 @@ impl Loader {
             inner: fork::ForkSafe::new(inner),
             epoch: Mutex::new(0),
             device: fork::ForkSafe::new(sink),
-            requested: Arc::new(requested),
+            requested: Arc::new(dlpack::Asked {
+                names: requested,
+                max_decoded_bytes: max_decoded_bytes
+                    .unwrap_or(max_field_bytes.saturating_mul(DECODED_PER_STORED)),
+            }),
         })
     }
 
@@ -681,7 +692,7 @@ impl Batches {
 #[pyclass(module = "sluice")]
 struct Epoch {
     inner: fork::ForkSafe<Mutex<Batches>>,
-    requested: Arc<Vec<String>>,
+    requested: Arc<dlpack::Asked>,
 }
 
 #[pymethods]

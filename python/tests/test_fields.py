@@ -353,3 +353,31 @@ def test_random_crops_and_flips_are_what_their_geometry_says(sluice_bin, tmp_pat
                 assert diff <= bound, (size, key, g, diff)
         assert 0 < flips < len(jpegs), "some rows flipped, some not"
         print(f"{size}: worst mean difference {worst:.2f} grey levels")
+
+
+def test_an_npz_bomb_is_refused_by_name_from_its_headers():
+    """A 64 MiB array compresses to a few dozen KB: decoding it under the default 8 MiB limit
+    raises FieldDecodeError naming the sample and field, and allocates nothing like it."""
+    import tracemalloc
+
+    buf = io.BytesIO()
+    np.savez_compressed(buf, a=np.zeros(64 << 20, np.uint8))
+    bomb = buf.getvalue()
+    assert len(bomb) < 1 << 20, "stored under max_field_bytes"
+    one = io.BytesIO()
+    np.save(one, np.zeros((4096, 4096), np.float32))
+    big_npy = one.getvalue()
+    tracemalloc.start()
+    try:
+        with pytest.raises(sluice.FieldDecodeError,
+                           match=r"'s1'.*'npz'.*6710[0-9]+ bytes, over the limit of 8388608"):
+            sluice.decode_field("npz", bomb, "s1")
+        with pytest.raises(sluice.FieldDecodeError, match=r"'s2'.*'npy'.*over the limit"):
+            sluice.decode_field("npy", big_npy, "s2", max_decoded_bytes=1 << 20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"{peak} bytes allocated while refusing"
+    small = io.BytesIO()
+    np.savez_compressed(small, a=np.arange(6))
+    assert sluice.decode_field("npz", small.getvalue(), "s3")["a"].tolist() == list(range(6))
