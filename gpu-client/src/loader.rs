@@ -1486,6 +1486,7 @@ impl Loader {
             ring_batches: s.ring_batches,
             seen: (0, 0, None),
             carried: Vec::new(),
+            settings_only: true,
         };
         Ok(Started {
             epoch: handle,
@@ -1616,6 +1617,8 @@ pub struct Epoch {
     seen: (u64, u64, Option<String>),
     /// Skips of batches not handed out (every sample skipped), reported with the next one.
     carried: Vec<(crate::batch::SampleId, String)>,
+    /// Every skip so far was a setting the data cannot satisfy (see [`a_setting`]).
+    settings_only: bool,
 }
 
 impl Epoch {
@@ -1636,6 +1639,13 @@ impl Epoch {
 
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// Skips of the epoch's last batches, which were not handed out because every sample of
+    /// them was skipped (earlier ones ride with the next batch handed out): with the batches'
+    /// own `skipped`, every skip of the epoch, once.
+    pub fn unbatched_skips(&self) -> &[(crate::batch::SampleId, String)] {
+        &self.carried
     }
 
     fn record(&self, batch: &Batch, waited: Duration) {
@@ -1736,6 +1746,7 @@ impl Epoch {
                 if self.seen.2.is_none() {
                     self.seen.2 = batch.skipped().first().map(|(_, why)| why.clone());
                 }
+                self.settings_only &= batch.skipped().iter().all(|(_, why)| a_setting(why));
                 if !batch.is_empty() {
                     let mut batch = batch;
                     if !self.carried.is_empty() {
@@ -1746,7 +1757,8 @@ impl Epoch {
                     }
                     return Some(Some(Ok(batch)));
                 }
-                if self.seen.0 == 0 && self.seen.1 >= FAIL_FAST_SKIPS.min(self.planned) {
+                let early = self.seen.0 == 0 && self.seen.1 >= FAIL_FAST_SKIPS.min(self.planned);
+                if early && self.settings_only {
                     self.close();
                     self.cancel.cancel();
                     return Some(Some(Err(ClientError::FirstSamplesSkipped {
@@ -1788,10 +1800,18 @@ impl Epoch {
     }
 }
 
-/// Skipped samples after which, with none delivered yet, an epoch stops: a label or field
-/// setting the data cannot satisfy (`label="cls"` on data without `.cls`) fails at once,
-/// not after an epoch of empty batches.
+/// Skipped samples after which, with none delivered yet and every one skipped for a setting
+/// (see [`a_setting`]), an epoch stops: a label or image field the data does not have
+/// (`label="cls"` on data without `.cls`) fails at once, not after an epoch of empty
+/// batches. Damaged data never stops an epoch early: a rewritten first shard is skipped.
 const FAIL_FAST_SKIPS: u64 = 32;
+
+/// Whether a skip's reason ("key: cause") is one of the loader's settings meeting data that
+/// cannot satisfy it (the label, the image field), not damage in the data.
+fn a_setting(why: &str) -> bool {
+    let cause = why.split_once(": ").map_or(why, |(_, c)| c);
+    cause.starts_with("label: ") || cause.starts_with("no image field")
+}
 
 /// Up to three distinct reasons among `skipped` (a reason is "key: cause"), each with the
 /// first sample it was given for.

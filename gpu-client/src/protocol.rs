@@ -109,7 +109,7 @@ impl LabelRange {
     pub fn check(&self, label: i64) -> Option<String> {
         if label < 0 && !self.allow_negative {
             return Some(format!(
-                "label {label} is negative (a loss would crash on it or silently ignore it; \
+                "label: {label} is negative (a loss would crash on it or silently ignore it; \
                  allow_negative_labels=True delivers such labels)"
             ));
         }

@@ -492,7 +492,7 @@ def test_labels_that_would_crash_the_loss_are_named_skips(dataset, sluice_bin, t
     assert any("too large for a 64-bit label" in why for why in skipped), skipped
     got, skipped = read(num_classes=3)
     assert got == [0, 1, 1, 2]
-    assert any("label 7 is out of range for num_classes=3" in why for why in skipped), skipped
+    assert any("label: 7 is out of range for num_classes=3" in why for why in skipped), skipped
     got, _ = read(allow_negative_labels=True)
     assert got == [-100, -3, 0, 1, 1, 2, 7]
     with pytest.raises(ValueError, match="is empty"):

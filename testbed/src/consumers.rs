@@ -409,6 +409,14 @@ impl Batches {
             Batches::Cuda(e) => e.host().report(),
         }
     }
+
+    fn unbatched_skips(&self) -> Vec<(sluice_client::SampleId, String)> {
+        match self {
+            Batches::Host(e) => e.unbatched_skips().to_vec(),
+            #[cfg(feature = "cuda")]
+            Batches::Cuda(e) => e.host().unbatched_skips().to_vec(),
+        }
+    }
 }
 
 /// The loader of `rank`, which reads epochs up to `epochs_end` (not included).
@@ -682,6 +690,10 @@ fn run_rank(
                 len: lines.len(),
             });
             spooled += lines.len() as u64;
+        }
+        // The epoch's last batches, if every sample of them was skipped, were not handed out.
+        for (id, _) in batches.unbatched_skips() {
+            *planned.entry((id.shard, id.index)).or_default() -= 1;
         }
         result.mixing.add_epoch(&labels);
         let mut r = batches.report();
