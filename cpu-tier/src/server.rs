@@ -280,7 +280,15 @@ async fn serve_connection(incoming: quinn::Incoming, state: Arc<State>) {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
             metrics::counter!("sluice_cpu_handshake_failures_total").increment(1);
-            warn!("TLS handshake failed: {e}");
+            if e.to_string().contains("error 120") {
+                warn!(
+                    "TLS handshake failed: the client offered no protocol version this worker \
+                     speaks ({}, as TLS ALPN): upgrade workers and clients together ({e})",
+                    String::from_utf8_lossy(sluice_wire::message::ALPN)
+                );
+            } else {
+                warn!("TLS handshake failed: {e}");
+            }
             return;
         }
         Err(_) => {

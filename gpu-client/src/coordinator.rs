@@ -314,10 +314,20 @@ impl Coordinator {
                 error,
                 fatal,
             } => {
-                if let Some(f) = fatal {
-                    return Err(f);
-                }
                 self.protocol.lost(link, generation, error, now);
+                if let Some(f) = fatal {
+                    // A worker that refuses the handshake (another certificate, token or
+                    // protocol version) is left out; the epoch goes on with the others.
+                    let left = self.protocol.exclude(link);
+                    if left == 0 {
+                        return Err(f);
+                    }
+                    tracing::error!(
+                        epoch = self.epoch,
+                        "{f}; left out of this epoch, which \
+                        goes on with {left} other worker connection(s)"
+                    );
+                }
             }
         }
         Ok(())

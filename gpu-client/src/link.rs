@@ -474,6 +474,17 @@ fn refusal(worker: &str, code: ErrorCode, message: String) -> Ended {
 fn classify_connection_error(worker: &str, e: quinn::ConnectionError) -> Ended {
     use quinn::ConnectionError as C;
     match &e {
+        // TLS alert 120, no_application_protocol: the worker speaks another protocol version.
+        C::TransportError(_) | C::ConnectionClosed(_) if e.to_string().contains("error 120") => {
+            Ended::Fatal(crate::ClientError::Refused {
+                worker: worker.to_string(),
+                message: format!(
+                    "it does not speak this client's protocol version ({}, offered as TLS \
+                     ALPN): upgrade workers and clients together ({e})",
+                    String::from_utf8_lossy(sluice_wire::message::ALPN)
+                ),
+            })
+        }
         C::TransportError(_)
             if e.to_string().contains("cryptographic handshake")
                 || e.to_string().contains("certificate") =>

@@ -451,6 +451,22 @@ impl LoaderBuilder {
             u64::from(self.batch_size),
             self.last_batch,
         );
+        if batch_plan.batches == 0 && manifest.total_samples() > 0 {
+            let detail = format!(
+                "each of the {} ranks gets {samples_per_rank} of the dataset's {} samples, so \
+                 an epoch would have no batch at all (batch_size {}, drop_last {}, remainder \
+                 {:?}): use fewer ranks, a smaller batch_size, or drop_last=False",
+                self.world_size,
+                manifest.total_samples(),
+                self.batch_size,
+                self.last_batch == LastBatch::Drop,
+                self.remainder,
+            );
+            return Err(ClientError::Config {
+                key: "drop_last",
+                detail,
+            });
+        }
         // Samples the client may hold between arrival and batch: the plan order's reorder
         // bound (see ARCHITECTURE.md, "Sample order") and every worker's credits.
         let links = match &workers {
@@ -651,8 +667,16 @@ impl Checkpoint {
                 bytes.len()
             )));
         }
-        let c: Checkpoint =
-            serde_json::from_slice(bytes).map_err(|e| ClientError::Checkpoint(e.to_string()))?;
+        let c: Checkpoint = serde_json::from_slice(bytes).map_err(|e| {
+            // serde's "at line 1 column 299" means nothing to whoever saved the state.
+            let text = e.to_string();
+            let what = text
+                .rsplit_once(" at line ")
+                .map_or(text.as_str(), |(w, _)| w);
+            ClientError::Checkpoint(format!(
+                "this is not a Sluice loader's state_dict() ({what})"
+            ))
+        })?;
         if !(1..=Self::VERSION).contains(&c.version) {
             return Err(ClientError::Checkpoint(format!(
                 "version {} (this build reads {})",
@@ -907,10 +931,9 @@ impl Loader {
             }
             if first.batches != c.batches {
                 return Err(ClientError::Checkpoint(format!(
-                    "ranks {} and {} were handed different numbers of batches ({} and {}; the \
-                     global step): \
-                     states must be taken at the same step on every rank (as DDP steps \
-                     together), or pass this rank's own state alone",
+                    "ranks {} and {} disagree on batches (the global step): {} and {}; states \
+                     given together must be taken at the same step on every rank (as DDP \
+                     steps together), or pass this rank's own state alone",
                     first.rank, c.rank, first.batches, c.batches
                 )));
             }
@@ -1189,7 +1212,9 @@ impl Loader {
         });
         if !in_prefix || ledger.accounted() != prefix {
             return Err(ClientError::Checkpoint(format!(
-                "its ledger ({} samples) is not the plan's first {batches} batches ({prefix} samples)",
+                "the {} samples it records are not the first {batches} batches of this \
+                 loader's plan: it was taken with other settings (mixing, unit size, pipeline \
+                 order) or by another version of sluice",
                 ledger.accounted()
             )));
         }

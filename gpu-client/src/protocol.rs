@@ -74,6 +74,8 @@ struct LinkState {
     /// Samples taken since the last credit grant.
     owed: u32,
     last_error: Option<String>,
+    /// It refused the handshake: left out for the rest of the epoch.
+    excluded: bool,
 }
 
 /// The protocol's settings for one epoch.
@@ -114,9 +116,9 @@ impl LabelRange {
             ));
         }
         match self.num_classes {
-            Some(n) if label >= 0 && label as u64 >= n => {
-                Some(format!("label {label} is out of range for num_classes={n}"))
-            }
+            Some(n) if label >= 0 && label as u64 >= n => Some(format!(
+                "label: {label} is out of range for num_classes={n}"
+            )),
             _ => None,
         }
     }
@@ -201,6 +203,7 @@ impl<P: Tensor> Protocol<P> {
                     outstanding: 0,
                     owed: 0,
                     last_error: None,
+                    excluded: false,
                 })
                 .collect(),
             shape: None,
@@ -487,6 +490,15 @@ impl<P: Tensor> Protocol<P> {
         if self.alive() == 0 && self.down_since.is_none() {
             self.down_since = Some(now);
         }
+    }
+
+    /// Leaves `link` out for the rest of the epoch (it refused the handshake); how many
+    /// links are still in.
+    pub(crate) fn exclude(&mut self, link: usize) -> usize {
+        if let Some(l) = self.links.get_mut(link) {
+            l.excluded = true;
+        }
+        self.links.iter().filter(|l| !l.excluded).count()
     }
 
     fn last_errors(&self) -> String {

@@ -13,6 +13,11 @@ def transform_boxes(
 ) -> Tuple[Any, Any]:
     """Maps boxes ``(x0, y0, x1, y1)`` in source image pixels into the output tensor's pixels.
 
+    The format is corner coordinates, ``x0 <= x1`` and ``y0 <= y1`` (Pascal VOC's, and
+    torchvision's ``"xyxy"``). COCO's ``(x, y, width, height)`` must be converted first
+    (``x1 = x + width``): a box whose corners are out of order raises ``ValueError`` naming
+    it rather than being mapped wrong.
+
     ``geometry`` is one row of ``images.geometry``: ``{"source": (h, w), "box": (x0, y0, x1,
     y1), "size": (h, w), "flip": bool}``: the crop box (source pixels, after EXIF orientation)
     was resampled to ``size`` and then mirrored left-right if ``flip``.
@@ -32,7 +37,22 @@ def transform_boxes(
     """
     import numpy as np
 
-    b = np.asarray(boxes_xyxy, dtype=np.float64).reshape(-1, 4)
+    b = np.asarray(boxes_xyxy, dtype=np.float64)
+    if b.size == 0:
+        b = b.reshape(0, 4)
+    if b.ndim != 2 or b.shape[1] != 4:
+        raise ValueError(
+            f"transform_boxes: boxes must be N x 4 (x0, y0, x1, y1), got shape {b.shape}"
+        )
+    if not np.isfinite(b).all():
+        raise ValueError("transform_boxes: a box has a coordinate that is not finite")
+    wrong = np.flatnonzero((b[:, 2] < b[:, 0]) | (b[:, 3] < b[:, 1]))
+    if wrong.size:
+        i = int(wrong[0])
+        raise ValueError(
+            f"transform_boxes: box {i} {b[i].tolist()} has x1 < x0 or y1 < y0: boxes are "
+            "(x0, y0, x1, y1) corners; convert COCO's (x, y, width, height) first"
+        )
     x0, y0, x1, y1 = (float(v) for v in geometry["box"])
     out_h, out_w = (float(v) for v in geometry["size"])
     if x1 <= x0 or y1 <= y0:

@@ -56,6 +56,7 @@ class Loader:
         num_classes: Optional[int] = None,
         allow_negative_labels: bool = False,
         max_decoded_bytes: Optional[int] = None,
+        top_up: bool = False,
     ) -> None:
         """
         Args:
@@ -129,6 +130,10 @@ class Loader:
             max_decoded_bytes: the most bytes one field's value may decode to (``npy``,
                 ``npz``; default 8 x ``max_field_bytes``): a value that would expand past it
                 raises ``FieldDecodeError`` naming the sample and field, never allocating it.
+            top_up: keep batches full despite skipped samples: their places are filled
+                with copies of the batch's own samples, marked in ``padding`` (as loadgen's
+                ``--top-up``). Without it a batch with skips is shorter (never empty: a batch
+                whose every sample was skipped is not handed out).
             allow_negative_labels: deliver negative labels (by default a sample with one is
                 skipped by name: ``cross_entropy`` raises on -3 and silently ignores -100).
         """

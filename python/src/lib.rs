@@ -48,7 +48,9 @@ pyo3::create_exception!(sluice, SluiceError, PyRuntimeError);
 
 fn client_error(e: ClientError) -> PyErr {
     match e {
-        ClientError::Config { .. } => PyValueError::new_err(e.to_string()),
+        ClientError::Config { .. } | ClientError::Checkpoint(_) => {
+            PyValueError::new_err(e.to_string())
+        }
         other => SluiceError::new_err(other.to_string()),
     }
 }
@@ -312,7 +314,7 @@ impl Loader {
         max_field_bytes=1 << 20, remainder=None, same_host="auto", same_host_dir=None,
         connections_per_worker=1, fail_on_bad_sample=false, worker_wait=30.0, hedge_after=3.0,
         max_unit_samples=64, lookahead=None, num_classes=None, allow_negative_labels=false,
-        max_decoded_bytes=None, **kwargs,
+        max_decoded_bytes=None, top_up=false, **kwargs,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -354,6 +356,7 @@ impl Loader {
         num_classes: Option<u64>,
         allow_negative_labels: bool,
         max_decoded_bytes: Option<u64>,
+        top_up: bool,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         logs::install();
@@ -469,6 +472,11 @@ impl Loader {
                 num_classes,
             })
             .prefetch_next_epoch(prefetch_next_epoch)
+            .short_batch(if top_up {
+                sluice_client::ShortBatch::TopUp
+            } else {
+                sluice_client::ShortBatch::Deliver
+            })
             .last_batch(if drop_last {
                 LastBatch::Drop
             } else {

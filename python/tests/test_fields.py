@@ -381,3 +381,13 @@ def test_an_npz_bomb_is_refused_by_name_from_its_headers():
     small = io.BytesIO()
     np.savez_compressed(small, a=np.arange(6))
     assert sluice.decode_field("npz", small.getvalue(), "s3")["a"].tolist() == list(range(6))
+
+
+def test_transform_boxes_refuses_what_it_would_map_wrong():
+    g = {"box": (0, 0, 100, 100), "size": (50, 50), "flip": False}
+    with pytest.raises(ValueError, match=r"box 1 \[10.0, 10.0, 5.0, 30.0\] has x1 < x0.*COCO"):
+        sluice.transform_boxes([[0, 0, 10, 10], [10, 10, 5, 30]], g)
+    with pytest.raises(ValueError, match=r"N x 4.*shape \(2, 3\)"):
+        sluice.transform_boxes([[0, 0, 10], [1, 2, 3]], g)
+    boxes, keep = sluice.transform_boxes([], g)
+    assert boxes.shape == (0, 4) and keep.shape == (0,)

@@ -135,7 +135,7 @@ def test_states_of_two_ranks_resume_at_three_with_exactly_the_rest(dataset):
     states[1]["batches"] = 2
     loader = sluice.Loader(dataset=dataset, batch_size=5, pipeline=PIPELINE, seed=3,
                            rank=0, world_size=3)
-    with pytest.raises(sluice.SluiceError, match="global step"):
+    with pytest.raises(ValueError, match="global step"):
         loader.load_state_dict(states)
 
 
@@ -253,7 +253,7 @@ def test_a_checkpoint_follows_the_shards_to_another_place(dataset, sluice_bin, t
                    capture_output=True)
     changed = sluice.Loader(dataset=str(moved / "m.json"), batch_size=8, pipeline=PIPELINE,
                             seed=6)
-    with pytest.raises(sluice.SluiceError, match=r"shard #0 .*s-000000\.tar"):
+    with pytest.raises(ValueError, match=r"shard #0 .*s-000000\.tar"):
         changed.load_state_dict(state)
 
 
@@ -497,3 +497,63 @@ def test_labels_that_would_crash_the_loss_are_named_skips(dataset, sluice_bin, t
     assert got == [-100, -3, 0, 1, 1, 2, 7]
     with pytest.raises(ValueError, match="is empty"):
         sluice.Loader(dataset=manifest, label="")
+
+
+def test_checkpoint_errors_are_value_errors_in_plain_words(dataset):
+    loader = sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE)
+    with pytest.raises(ValueError, match=r"not a Sluice loader's state_dict\(\) \(missing field"):
+        loader.load_state_dict({"version": 2})
+    with pytest.raises(ValueError) as e:
+        loader.load_state_dict({"version": 2, "seed": "x"})
+    assert "line 1 column" not in str(e.value)
+
+
+def test_top_up_keeps_every_batch_full_despite_skips(dataset, sluice_bin, tmp_path):
+    labels = [b"-1", b"0", b"1", b"-2", b"2", b"0", b"-3", b"1"]
+    manifest = labelled_shard(dataset, sluice_bin, tmp_path, labels)
+    loader = sluice.Loader(dataset=manifest, batch_size=4, pipeline=PIPELINE, shuffle="none",
+                           top_up=True)
+    sizes, real = [], []
+    for images, labels_ in loader.epoch(0):
+        sizes.append(len(images))
+        real += [y for y, pad in zip(np.from_dlpack(labels_).tolist(), images.padding)
+                 if not pad]
+    assert sizes == [4, 4] and sorted(real) == [0, 0, 1, 1, 2]
+
+
+def test_settings_that_leave_no_batch_are_refused(dataset):
+    with pytest.raises(ValueError, match=r"each of the 100 ranks gets 1 .*no batch at all"):
+        sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE, shuffle="none",
+                      remainder="pad", drop_last=True, rank=0, world_size=100)
+
+
+def test_a_worker_that_refuses_the_handshake_is_left_out(dataset, sluice_bin, tmp_path, caplog):
+    """A worker restarted with a new certificate (the client does not trust it) leaves the
+    epoch on the other worker, with an error naming it and the fix."""
+    import logging
+
+    from conftest import Worker
+
+    caplog.set_level(logging.ERROR, logger="sluice")
+    token = tmp_path / "token"
+    token.write_text("python-test-token-1234\n")
+    a = Worker(sluice_bin, tmp_path / "a", ["--token-file", str(token)])
+    b = Worker(sluice_bin, tmp_path / "b", ["--token-file", str(token)])
+    try:
+        loader = sluice.Loader(dataset=dataset, workers=[a.addr, b.addr], batch_size=8,
+                               pipeline=PIPELINE, token_file=str(token), trust_cert=a.cert,
+                               epochs=1)
+        assert len(ids_of(loader.epoch(0))) == TOTAL
+        del loader
+        left = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+        assert left and b.addr in left[0] and "trust-cert" in left[0], left
+        # Neither worker trusted: the epoch fails, naming the cause.
+        other = tmp_path / "other.pem"
+        other.write_text(open(b.cert).read())
+        loader = sluice.Loader(dataset=dataset, workers=[a.addr], batch_size=8,
+                               pipeline=PIPELINE, token_file=str(token), trust_cert=other)
+        with pytest.raises(sluice.SluiceError, match="TLS"):
+            next(iter(loader))
+    finally:
+        a.stop()
+        b.stop()
