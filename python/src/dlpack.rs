@@ -273,7 +273,7 @@ fn host_dtype(elem_bytes: u32) -> (u8, u8) {
 }
 
 impl Held {
-    fn host(&self) -> Option<&sluice_client::Batch> {
+    pub fn host(&self) -> Option<&sluice_client::Batch> {
         match self {
             Held::Host(b) => Some(b),
             #[cfg(feature = "cuda")]

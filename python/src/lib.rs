@@ -300,6 +300,7 @@ struct Loader {
     /// The fields asked for by name (every batch lists them, even where no row has one), and
     /// the decoded size limit.
     requested: Arc<dlpack::Asked>,
+    absent: Arc<Absent>,
 }
 
 #[pymethods]
@@ -537,6 +538,7 @@ impl Loader {
             inner: fork::ForkSafe::new(inner),
             epoch: Mutex::new(0),
             device: fork::ForkSafe::new(sink),
+            absent: Arc::default(),
             requested: Arc::new(dlpack::Asked {
                 names: requested,
                 max_decoded_bytes: max_decoded_bytes
@@ -566,6 +568,7 @@ impl Loader {
         Ok(Epoch {
             inner: fork::ForkSafe::new(Mutex::new(inner)),
             requested: self.requested.clone(),
+            absent: self.absent.clone(),
         })
     }
 
@@ -701,6 +704,47 @@ impl Batches {
 struct Epoch {
     inner: fork::ForkSafe<Mutex<Batches>>,
     requested: Arc<dlpack::Asked>,
+    /// Fields asked for by name that no row of the first batches has had.
+    absent: Arc<Absent>,
+}
+
+/// Batches in which a field asked for by name must show up before it is warned about.
+const FIELD_WARN_AFTER: u32 = 4;
+
+/// A loader's watch for fields asked for by name that the data does not have (a misspelled
+/// `"text"`, `"ALL"`, or the image's own `"jpg"`): warned about once per loader, after the
+/// first batches of an epoch had none of them.
+#[derive(Default)]
+struct Absent {
+    state: Mutex<(u32, Option<Vec<String>>)>,
+    warned: std::sync::atomic::AtomicBool,
+}
+
+impl Absent {
+    fn seen(&self, batch: &dlpack::Held, asked: &[String]) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if asked.is_empty() || self.warned.load(Relaxed) {
+            return;
+        }
+        let Some(host) = batch.host() else {
+            return;
+        };
+        let Ok(mut s) = self.state.lock() else {
+            return;
+        };
+        let present = host.field_names();
+        let (batches, missing) = &mut *s;
+        let missing = missing.get_or_insert_with(|| asked.to_vec());
+        missing.retain(|name| !present.contains(&name.as_str()));
+        *batches += 1;
+        if *batches >= FIELD_WARN_AFTER && !missing.is_empty() && !self.warned.swap(true, Relaxed) {
+            log::warn!(
+                "fields {missing:?} were asked for, but no sample of the first {batches} \
+                 batches has them (their rows are None): is the name spelled as the shards' \
+                 extension (\"txt\", \"json\", \"all\")? The image field is never sent"
+            );
+        }
+    }
 }
 
 #[pymethods]
@@ -726,7 +770,9 @@ impl Epoch {
                 Ok(None) => return Ok(None),
                 Ok(Some(Err(e))) => return Err(client_error(e)),
                 Ok(Some(Ok(batch))) => {
-                    return Ok(Some(dlpack::split(batch, self.requested.clone())))
+                    self.absent.seen(&batch, &self.requested.names);
+                    logs::deliver(py);
+                    return Ok(Some(dlpack::split(batch, self.requested.clone())));
                 }
             }
         }

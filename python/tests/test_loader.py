@@ -557,3 +557,16 @@ def test_a_worker_that_refuses_the_handshake_is_left_out(dataset, sluice_bin, tm
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_field_no_sample_has_is_warned_about_once(dataset, caplog):
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="sluice")
+    loader = sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE,
+                           fields=["text", "cls"])
+    for _ in range(2):
+        rows = sum(len(images) for images, _ in loader)
+    assert rows == TOTAL
+    warned = [r.getMessage() for r in caplog.records if "were asked for" in r.getMessage()]
+    assert len(warned) == 1 and '["text"]' in warned[0], warned
