@@ -197,3 +197,40 @@ fn a_shard_rewritten_in_place_delivers_no_sample_under_its_old_ids() {
         }
     }
 }
+
+/// A run that fails (here at once: a label no sample has) still writes its report and dump,
+/// and says why it failed; it never reports a rate for nothing.
+#[test]
+fn a_failed_loadgen_run_writes_what_it_has_and_names_the_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = indexed(dir.path(), 40);
+    let (dump, json) = (dir.path().join("ids.tsv"), dir.path().join("run.json"));
+    let out = sluice(&[
+        "loadgen",
+        "--dataset",
+        path_str(&manifest),
+        "--workers",
+        "local",
+        "--batch-size",
+        "8",
+        "--label",
+        "json:category_id",
+        "--pipeline",
+        "decode | resize 32 | center_crop 32",
+        "--dump-ids",
+        path_str(&dump),
+        "--json",
+        path_str(&json),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("failed: rank 0, epoch 0: the first 32 samples of epoch 0 were all skipped")
+            && err.contains("no \"json\" field"),
+        "{err}"
+    );
+    assert!(
+        dump.exists() && json.exists(),
+        "the dump and report were written"
+    );
+}

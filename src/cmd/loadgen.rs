@@ -199,7 +199,7 @@ pub fn run(args: Args) -> Result<()> {
         .with_context(|| format!("loading dataset {}", args.dataset))?;
     cfg.validate(&manifest)?;
     let bars = Bars::new(cfg.ranks, cfg.step_ms);
-    let results = consumers::run_ranks(&cfg, &manifest, &bars)?;
+    let results = consumers::run_ranks_keeping_failures(&cfg, &manifest, &bars)?;
     bars.finish();
     if let Some(path) = &args.dump_ids {
         consumers::write_dump(&results, path)?;
@@ -212,6 +212,16 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     report(&args, &results)?;
+    let failed: Vec<&String> = results.iter().filter_map(|r| r.error.as_ref()).collect();
+    if !failed.is_empty() {
+        for f in &failed {
+            eprintln!("failed: {f}");
+        }
+        bail!(
+            "{} ranks failed (what they delivered before is in the report and the dump)",
+            failed.len()
+        );
+    }
     let broken: Vec<&String> = results.iter().flat_map(|r| &r.broken).collect();
     if !broken.is_empty() {
         for b in &broken {

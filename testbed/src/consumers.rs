@@ -245,6 +245,9 @@ pub struct RankResult {
     pub dump: Vec<DumpBlock>,
     /// The first skipped samples, as `epoch shard key: reason`.
     pub skips: Vec<String>,
+    /// Why the rank's run ended early (an epoch that failed); what it had delivered before
+    /// is still in the result, its dump included.
+    pub error: Option<String>,
 }
 
 /// One epoch of a rank's dump lines, in its rank's spool file.
@@ -486,6 +489,20 @@ pub fn run_ranks(
     manifest: &Manifest,
     observer: &dyn Observer,
 ) -> Result<Vec<RankResult>> {
+    let results = run_ranks_keeping_failures(cfg, manifest, observer)?;
+    match results.iter().find_map(|r| r.error.clone()) {
+        Some(e) => Err(TestbedError::Setup(e)),
+        None => Ok(results),
+    }
+}
+
+/// [`run_ranks`], but a rank whose epoch failed still gives what it delivered before, with
+/// the failure in [`RankResult::error`] (so `loadgen` can write its dump and report first).
+pub fn run_ranks_keeping_failures(
+    cfg: &ConsumerConfig,
+    manifest: &Manifest,
+    observer: &dyn Observer,
+) -> Result<Vec<RankResult>> {
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..cfg.ranks)
             .map(|rank| scope.spawn(move || run_rank(cfg, manifest, rank, observer)))
@@ -632,7 +649,13 @@ fn run_rank(
             };
             gpu_wait += waited.elapsed();
             taken += 1;
-            let held = held?;
+            let held = match held {
+                Ok(held) => held,
+                Err(e) => {
+                    result.error = Some(format!("rank {rank}, epoch {epoch}: {e}"));
+                    break;
+                }
+            };
             let Some(batch) = held.host() else {
                 return Err(TestbedError::Setup(format!(
                     "rank {rank}, epoch {epoch}: a device batch without its host side"
@@ -690,6 +713,11 @@ fn run_rank(
                 len: lines.len(),
             });
             spooled += lines.len() as u64;
+        }
+        if result.error.is_some() {
+            // What it delivered is in the dump; the audit of a failed epoch would only say
+            // that it failed.
+            break;
         }
         // The epoch's last batches, if every sample of them was skipped, were not handed out.
         for (id, _) in batches.unbatched_skips() {
