@@ -203,8 +203,9 @@ impl JobRunner for CpuJob {
                             metrics::counter!("sluice_cpu_samples_skipped_total").increment(1);
                             let reason = format!(
                                 "the sample is {with_fields} bytes with its fields, over the \
-                                 largest frame ({} bytes, limits.max_payload_bytes): ask for \
-                                 fewer fields",
+                                 largest frame ({} bytes): ask for fewer fields, or lower \
+                                 max_field_bytes (a sluice cpu worker's own ceiling is its \
+                                 limits.max_payload_bytes)",
                                 self.max_sample_bytes
                             );
                             self.engine.recycle(p.tensor.data);
