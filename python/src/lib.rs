@@ -547,29 +547,12 @@ impl Loader {
         })
     }
 
-    /// The batches of epoch `epoch` (resuming it when a checkpoint for it was loaded).
-    fn epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<Epoch> {
-        if let Some(pid) = self.inner.forked_from() {
-            return Err(forked(pid));
-        }
-        if let Ok(mut e) = self.epoch.lock() {
-            *e = epoch;
-        }
-        let inner = py
-            .allow_threads(|| self.inner.epoch(epoch))
-            .map_err(client_error);
-        logs::deliver(py);
-        let inner = inner?;
-        let inner = match &*self.device {
-            Device::Cpu => Batches::Host(inner),
-            #[cfg(feature = "cuda")]
-            Device::Cuda(u) => Batches::Device(u.epoch(inner)),
-        };
-        Ok(Epoch {
-            inner: fork::ForkSafe::new(Mutex::new(inner)),
-            requested: self.requested.clone(),
-            absent: self.absent.clone(),
-        })
+    /// The batches of epoch `epoch` (resuming it when a checkpoint for it was loaded). The
+    /// epoch keeps its loader alive: `for b in sluice.Loader(...).epoch(0)` reads it whole.
+    fn epoch(slf: &Bound<'_, Self>, epoch: u64) -> PyResult<Epoch> {
+        let mut read = slf.borrow().read(slf.py(), epoch)?;
+        read.loader = Some(slf.clone().unbind());
+        Ok(read)
     }
 
     /// The epoch plain iteration (`for images, labels in loader`) uses next.
@@ -579,9 +562,9 @@ impl Loader {
         }
     }
 
-    fn __iter__(&self, py: Python<'_>) -> PyResult<Epoch> {
-        let epoch = self.epoch.lock().map(|e| *e).unwrap_or(0);
-        self.epoch(py, epoch)
+    fn __iter__(slf: &Bound<'_, Self>) -> PyResult<Epoch> {
+        let epoch = slf.borrow().epoch.lock().map(|e| *e).unwrap_or(0);
+        Self::epoch(slf, epoch)
     }
 
     /// The dataset as this rank sees it: `{"fingerprint": hex, "shards": n, "samples": n,
@@ -670,6 +653,34 @@ impl Loader {
     }
 }
 
+impl Loader {
+    /// Starts epoch `epoch` for [`Loader::epoch`].
+    fn read(&self, py: Python<'_>, epoch: u64) -> PyResult<Epoch> {
+        if let Some(pid) = self.inner.forked_from() {
+            return Err(forked(pid));
+        }
+        if let Ok(mut e) = self.epoch.lock() {
+            *e = epoch;
+        }
+        let inner = py
+            .allow_threads(|| self.inner.epoch(epoch))
+            .map_err(client_error);
+        logs::deliver(py);
+        let inner = inner?;
+        let inner = match &*self.device {
+            Device::Cpu => Batches::Host(inner),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(u) => Batches::Device(u.epoch(inner)),
+        };
+        Ok(Epoch {
+            inner: fork::ForkSafe::new(Mutex::new(inner)),
+            requested: self.requested.clone(),
+            absent: self.absent.clone(),
+            loader: None,
+        })
+    }
+}
+
 /// An epoch's batches, in host memory or on a GPU.
 enum Batches {
     Host(sluice_client::Epoch),
@@ -706,6 +717,9 @@ struct Epoch {
     requested: Arc<dlpack::Asked>,
     /// Fields asked for by name that no row of the first batches has had.
     absent: Arc<Absent>,
+    /// The loader, kept alive while its epoch is read (its runtime drives the epoch).
+    #[allow(dead_code)]
+    loader: Option<Py<Loader>>,
 }
 
 /// Batches in which a field asked for by name must show up before it is warned about.

@@ -570,3 +570,122 @@ def test_a_field_no_sample_has_is_warned_about_once(dataset, caplog):
     assert rows == TOTAL
     warned = [r.getMessage() for r in caplog.records if "were asked for" in r.getMessage()]
     assert len(warned) == 1 and '["text"]' in warned[0], warned
+
+
+def served_bucket(dataset, root):
+    """The dataset's shards (and .idx) copied into `root`/train with a manifest of relative
+    URLs: what a storage node or a plain HTTP server serves."""
+    import shutil
+
+    src = pathlib.Path(dataset).parent
+    bucket = root / "train"
+    bucket.mkdir(parents=True)
+    for f in src.glob("s-*"):
+        shutil.copy(f, bucket / f.name)
+    manifest = json.loads(pathlib.Path(dataset).read_text())
+    for s in manifest["shards"]:
+        s["url"] = pathlib.Path(s["url"]).name
+    (bucket / "manifest.json").write_text(json.dumps(manifest))
+    return bucket, manifest
+
+
+def test_a_storage_node_down_for_seconds_mid_epoch_costs_a_pause(dataset, sluice_bin, tmp_path):
+    """The only storage node is killed after the first batches and started again on the same
+    port 3 s later: every unit that meets it down waits (refused connections are retried with
+    backoff) and the epoch completes, each sample once."""
+    import socket
+    import time
+
+    served_bucket(dataset, tmp_path / "store")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def start():
+        proc = subprocess.Popen([sluice_bin, "storage", "--data", str(tmp_path / "store"),
+                                 "--listen", f"127.0.0.1:{port}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return proc
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("sluice storage did not start")
+
+    node = start()
+    try:
+        loader = sluice.Loader(dataset=f"http://127.0.0.1:{port}/v1/train/manifest.json",
+                               batch_size=8, pipeline=PIPELINE, threads=1, epochs=1,
+                               max_unit_samples=4)
+        epoch = loader.epoch(0)
+        ids = []
+        for i, (images, _) in enumerate(epoch):
+            ids.extend(images.ids)
+            if i == 1:
+                node.kill()
+                node.wait()
+                time.sleep(3)
+                node = start()
+        assert len(ids) == TOTAL and len(set(ids)) == TOTAL
+    finally:
+        node.kill()
+        node.wait()
+
+
+def test_a_stale_replica_listed_first_is_demoted_by_url(dataset, sluice_bin, tmp_path, caplog):
+    """Two plain HTTP servers (what S3, nginx and MinIO are to a worker): the first replica of
+    every shard holds another version of it, with its own consistent .idx. Every sample comes
+    from the good replica, and the stale one is named once per shard's URL as demoted."""
+    import functools
+    import http.server
+    import logging
+    import threading
+
+    caplog.set_level(logging.WARNING, logger="sluice")
+    good, manifest = served_bucket(dataset, tmp_path / "good")
+    # Another version of each shard under the same name: a different dataset, indexed.
+    other = tmp_path / "other"
+    subprocess.run([sluice_bin, "synth", "--output", str(other / "images"), "--classes", "3",
+                    "--per-class", "30", "--seed", "99"], check=True, capture_output=True)
+    stale = tmp_path / "stale" / "train"
+    subprocess.run([sluice_bin, "shard", "--input", str(other / "images"), "--output",
+                    str(stale / "s-%06d.tar"), "--max-count", "10"], check=True,
+                   capture_output=True)
+    servers = []
+    for root in (stale, good):
+        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server.RequestHandlerClass.log_message = lambda *a: None
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    try:
+        bases = [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
+        for s in manifest["shards"]:
+            name = s["url"]
+            s["url"] = f"{bases[0]}/{name}"
+            s["replicas"] = [f"{bases[1]}/{name}"]
+        path = tmp_path / "replicated.json"
+        path.write_text(json.dumps(manifest))
+        loader = sluice.Loader(dataset=str(path), batch_size=8, pipeline=PIPELINE, epochs=1)
+        keys = [k for images, _ in loader.epoch(0) for k in images.keys]
+        reference = [k for images, _ in sluice.Loader(dataset=dataset, batch_size=8,
+                                                      pipeline=PIPELINE, epochs=1).epoch(0)
+                     for k in images.keys]
+        assert keys == reference, "every sample from the good replica, in the same order"
+        demoted = [r.getMessage() for r in caplog.records if "demoted" in r.getMessage()]
+        assert demoted and all(bases[0] in d for d in demoted), demoted
+        assert any("describes a different shard" in d for d in demoted), demoted
+    finally:
+        for s in servers:
+            s.shutdown()
+
+
+def test_an_epoch_keeps_its_loader_alive(dataset):
+    """`for ... in sluice.Loader(...).epoch(0)`: the loader is a temporary, its epoch is not."""
+    import gc
+
+    epoch = sluice.Loader(dataset=dataset, batch_size=8, pipeline=PIPELINE, epochs=1).epoch(0)
+    gc.collect()
+    assert len(ids_of(epoch)) == TOTAL
