@@ -615,6 +615,15 @@ impl<P: Tensor> Protocol<P> {
             .filter(|&i| i != holder && self.links[i].generation.is_some())
             .min_by_key(|&i| self.links[i].open.len())
         else {
+            // Nobody to hedge to: say what the epoch waits for (a storage node restarting
+            // shows here as a pause, and in the worker's log as its retries).
+            tracing::info!(
+                unit,
+                worker = %self.links[holder].name,
+                "sample {index} of unit {unit} is late ({:.1} s without progress); no other \
+                 worker to hedge to, waiting",
+                self.settings.hedge_after.as_secs_f64()
+            );
             return;
         };
         self.counters.hedged.fetch_add(1, Ordering::Relaxed);
