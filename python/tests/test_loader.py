@@ -591,7 +591,7 @@ def served_bucket(dataset, root):
 
 def test_a_storage_node_down_for_seconds_mid_epoch_costs_a_pause(dataset, sluice_bin, tmp_path):
     """The only storage node is killed after the first batches and started again on the same
-    port 3 s later: every unit that meets it down waits (refused connections are retried with
+    port 5 s later: every unit that meets it down waits (refused connections are retried with
     backoff) and the epoch completes, each sample once."""
     import socket
     import time
@@ -626,7 +626,7 @@ def test_a_storage_node_down_for_seconds_mid_epoch_costs_a_pause(dataset, sluice
             if i == 1:
                 node.kill()
                 node.wait()
-                time.sleep(3)
+                time.sleep(5)
                 node = start()
         assert len(ids) == TOTAL and len(set(ids)) == TOTAL
     finally:
