@@ -103,18 +103,60 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), TlsError> {
     std::fs::rename(&tmp, path).map_err(|e| file_error(path, e))
 }
 
+/// What a worker says of a client whose offered protocol versions (TLS ALPN) do not include
+/// its own: both versions, and the fix. `None` when they do (or the client offered none).
+pub fn alpn_mismatch<'a>(offered: impl IntoIterator<Item = &'a [u8]>) -> Option<String> {
+    let ours = sluice_wire::message::ALPN;
+    let offered: Vec<String> = offered
+        .into_iter()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect();
+    if offered.is_empty() || offered.iter().any(|p| p.as_bytes() == ours) {
+        return None;
+    }
+    Some(format!(
+        "a client offered protocol version {} (TLS ALPN), and this worker speaks {}: upgrade \
+         workers and clients together",
+        offered.join(", "),
+        String::from_utf8_lossy(ours)
+    ))
+}
+
+/// The worker's one certificate, and a look at each ClientHello's protocol versions: a
+/// mismatch fails the handshake (alert 120), and the log says which versions met.
+#[derive(Debug)]
+struct WatchAlpn(std::sync::Arc<rustls::sign::CertifiedKey>);
+
+impl rustls::server::ResolvesServerCert for WatchAlpn {
+    fn resolve(
+        &self,
+        hello: rustls::server::ClientHello<'_>,
+    ) -> Option<std::sync::Arc<rustls::sign::CertifiedKey>> {
+        if let Some(why) = hello.alpn().and_then(alpn_mismatch) {
+            tracing::warn!("{why}");
+        }
+        Some(self.0.clone())
+    }
+}
+
 /// The QUIC server configuration for an identity (TLS 1.3 only, no 0-RTT).
 pub fn server_config(
     identity: &Identity,
     transport: quinn::TransportConfig,
 ) -> Result<quinn::ServerConfig, TlsError> {
     let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let bad = |e: rustls::Error| TlsError::Setup(format!("{}: {e}", identity.cert_path.display()));
+    let key = rustls::sign::CertifiedKey::from_der(
+        identity.certs.clone(),
+        identity.key.clone_key(),
+        &provider,
+    )
+    .map_err(bad)?;
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| TlsError::Setup(e.to_string()))?
         .with_no_client_auth()
-        .with_single_cert(identity.certs.clone(), identity.key.clone_key())
-        .map_err(|e| TlsError::Setup(format!("{}: {e}", identity.cert_path.display())))?;
+        .with_cert_resolver(std::sync::Arc::new(WatchAlpn(std::sync::Arc::new(key))));
     tls.alpn_protocols = vec![sluice_wire::message::ALPN.to_vec()];
     tls.max_early_data_size = 0;
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
@@ -127,6 +169,17 @@ pub fn server_config(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_alpn_mismatch_names_both_versions() {
+        let why = alpn_mismatch([b"sluice/1".as_slice()]).unwrap();
+        assert!(
+            why.contains("sluice/1") && why.contains("sluice/2"),
+            "{why}"
+        );
+        assert_eq!(alpn_mismatch([sluice_wire::message::ALPN]), None);
+        assert_eq!(alpn_mismatch(Vec::<&[u8]>::new()), None);
+    }
 
     #[test]
     fn a_half_present_identity_is_refused_and_left_alone() {

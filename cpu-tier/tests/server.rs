@@ -17,6 +17,8 @@ const TOKEN: &str = "server-test-token";
 struct Running {
     addr: std::net::SocketAddr,
     client: quinn::ClientConfig,
+    /// The worker's certificate, for clients of other settings.
+    cert: rustls::pki_types::CertificateDer<'static>,
     stop: CancellationToken,
     _dir: tempfile::TempDir,
 }
@@ -34,8 +36,9 @@ async fn start_with(tune: impl FnOnce(&mut CpuConfig)) -> Running {
     };
     tune(&mut config);
     let identity = sluice_cpu::tls::self_signed(dir.path(), &["localhost".into()]).unwrap();
+    let cert = identity.certs[0].clone();
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(identity.certs[0].clone()).unwrap();
+    roots.add(cert.clone()).unwrap();
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
@@ -73,6 +76,7 @@ async fn start_with(tune: impl FnOnce(&mut CpuConfig)) -> Running {
     Running {
         addr,
         client,
+        cert,
         stop,
         _dir: dir,
     }
@@ -459,6 +463,69 @@ async fn tensors_travel_in_the_largest_datagrams_one_gso_send_carries() {
     assert!(
         averages[1..].iter().any(|&a| a > 4_000),
         "datagrams of {averages:?} bytes on average per unit, not up to {MAX_UDP_PAYLOAD}"
+    );
+    r.stop.cancel();
+}
+
+/// Log lines written by the process's subscriber, for a test to read.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Ok(mut b) = self.0.lock() {
+            b.extend_from_slice(buf);
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A client of another protocol version (another TLS ALPN) is refused in the handshake with
+/// alert 120, which the client names as a version mismatch ("error 120" is what it reads),
+/// and the worker's log names both versions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_of_another_protocol_version_is_named_with_both_versions() {
+    let logs = Captured::default();
+    let sink = logs.clone();
+    let _ = tracing_subscriber::fmt()
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .try_init();
+    let r = start().await;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(r.cert.clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"sluice/1".to_vec()];
+    let client = quinn::ClientConfig::new(Arc::new(
+        quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap(),
+    ));
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(client);
+    let err = endpoint
+        .connect(r.addr, "localhost")
+        .unwrap()
+        .await
+        .expect_err("another protocol version connected");
+    assert!(err.to_string().contains("error 120"), "{err}");
+    let mut text = String::new();
+    for _ in 0..50 {
+        text = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+        if text.contains("sluice/1") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(
+        text.contains("offered protocol version sluice/1") && text.contains("speaks sluice/2"),
+        "{text}"
     );
     r.stop.cancel();
 }
