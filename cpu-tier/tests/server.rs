@@ -37,18 +37,7 @@ async fn start_with(tune: impl FnOnce(&mut CpuConfig)) -> Running {
     tune(&mut config);
     let identity = sluice_cpu::tls::self_signed(dir.path(), &["localhost".into()]).unwrap();
     let cert = identity.certs[0].clone();
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(cert.clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![sluice_wire::message::ALPN.to_vec()];
-    let client = quinn::ClientConfig::new(Arc::new(
-        quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap(),
-    ));
+    let client = client_config(&cert, sluice_wire::message::ALPN);
     // The blocking HTTP client behind the shard source must not be made on a runtime thread.
     let worker = tokio::task::spawn_blocking(|| {
         CpuWorker::new(
@@ -80,6 +69,25 @@ async fn start_with(tune: impl FnOnce(&mut CpuConfig)) -> Running {
         stop,
         _dir: dir,
     }
+}
+
+/// A QUIC client that trusts `cert` and offers protocol version `alpn`.
+fn client_config(
+    cert: &rustls::pki_types::CertificateDer<'static>,
+    alpn: &[u8],
+) -> quinn::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![alpn.to_vec()];
+    quinn::ClientConfig::new(Arc::new(
+        quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap(),
+    ))
 }
 
 type Conn = (
@@ -495,18 +503,7 @@ async fn a_client_of_another_protocol_version_is_named_with_both_versions() {
         .with_ansi(false)
         .try_init();
     let r = start().await;
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(r.cert.clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"sluice/1".to_vec()];
-    let client = quinn::ClientConfig::new(Arc::new(
-        quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap(),
-    ));
+    let client = client_config(&r.cert, b"sluice/1");
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     endpoint.set_default_client_config(client);
     let err = endpoint

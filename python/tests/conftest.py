@@ -92,3 +92,27 @@ def worker(sluice_bin, tmp_path):
     w.token_file = str(token)
     yield w
     w.stop()
+
+
+def first_jpeg(dataset):
+    """The bytes of one JPEG of the `dataset` fixture's images."""
+    return next((pathlib.Path(dataset).parent.parent / "images").rglob("*.jpg")).read_bytes()
+
+
+def indexed_shard(sluice_bin, path, samples):
+    """Writes `samples` ([(key, [(extension, bytes), ...]), ...]) as one tar shard at `path`
+    (the way any tar writer would), indexes it with `sluice index`, and returns the manifest's
+    path."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for key, fields in samples:
+            for ext, data in fields:
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    manifest = path.with_suffix(".json")
+    subprocess.run([sluice_bin, "index", str(path), "--output", str(manifest)], check=True,
+                   capture_output=True)
+    return str(manifest)

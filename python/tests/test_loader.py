@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import sluice
-from conftest import storage_node
+from conftest import first_jpeg, indexed_shard, storage_node
 
 PIPELINE = "decode | resize 40 | center_crop 32"
 TOTAL = 90
@@ -328,26 +328,15 @@ def test_an_epoch_whose_first_samples_are_all_skipped_raises_before_any_batch(da
 
 def test_a_label_the_data_does_not_have_raises_before_any_batch(dataset, sluice_bin, tmp_path):
     """A detection dataset (boxes in JSON, no .cls) read with the default label="cls"."""
-    import io
-    import json
-    import tarfile
-
-    jpeg = next((pathlib.Path(dataset).parent.parent / "images").rglob("*.jpg")).read_bytes()
-    shard = tmp_path / "det-000000.tar"
-    with tarfile.open(shard, "w") as tar:
-        for i in range(40):
-            boxes = json.dumps({"boxes": [[1, 2, 3, 4]]}).encode()
-            for ext, data in (("jpg", jpeg), ("json", boxes)):
-                info = tarfile.TarInfo(f"d{i:03d}.{ext}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    subprocess.run([sluice_bin, "index", str(shard), "--output", str(tmp_path / "det.json")],
-                   check=True, capture_output=True)
-    loader = sluice.Loader(dataset=str(tmp_path / "det.json"), batch_size=8, pipeline=PIPELINE)
+    jpeg = first_jpeg(dataset)
+    boxes = json.dumps({"boxes": [[1, 2, 3, 4]]}).encode()
+    det = indexed_shard(sluice_bin, tmp_path / "det-000000.tar",
+                        [(f"d{i:03d}", [("jpg", jpeg), ("json", boxes)]) for i in range(40)])
+    loader = sluice.Loader(dataset=det, batch_size=8, pipeline=PIPELINE)
     with pytest.raises(sluice.SluiceError, match=r"were all skipped.*cls"):
         for _ in loader.epoch(0):
             raise AssertionError("a batch reached the loop")
-    unlabeled = sluice.Loader(dataset=str(tmp_path / "det.json"), batch_size=8,
+    unlabeled = sluice.Loader(dataset=det, batch_size=8,
                               pipeline=PIPELINE, label=None, fields=["json"])
     assert sum(len(i) for i, _ in unlabeled.epoch(0)) == 40
 
@@ -457,20 +446,10 @@ def test_the_type_stubs_name_every_argument_of_the_loader():
 
 def labelled_shard(dataset, sluice_bin, tmp_path, labels):
     """One shard of the dataset's first JPEG under each of `labels` (cls bytes)."""
-    import io
-    import tarfile
-
-    jpeg = next((pathlib.Path(dataset).parent.parent / "images").rglob("*.jpg")).read_bytes()
-    shard = tmp_path / "lab-000000.tar"
-    with tarfile.open(shard, "w") as tar:
-        for i, label in enumerate(labels):
-            for ext, data in (("jpg", jpeg), ("cls", label)):
-                info = tarfile.TarInfo(f"l{i:03d}.{ext}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    subprocess.run([sluice_bin, "index", str(shard), "--output", str(tmp_path / "lab.json")],
-                   check=True, capture_output=True)
-    return str(tmp_path / "lab.json")
+    jpeg = first_jpeg(dataset)
+    return indexed_shard(sluice_bin, tmp_path / "lab-000000.tar",
+                         [(f"l{i:03d}", [("jpg", jpeg), ("cls", label)])
+                          for i, label in enumerate(labels)])
 
 
 def test_labels_that_would_crash_the_loss_are_named_skips(dataset, sluice_bin, tmp_path):

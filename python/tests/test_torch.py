@@ -327,25 +327,15 @@ def test_a_forked_child_neither_reads_nor_tears_down_the_parents_loader(dataset)
 
 def fielded(sluice_bin, tmp_path, dataset, bad_caption_at=None, extra=None):
     """40 samples with a caption each (one not UTF-8 if asked) and `extra` fields."""
-    import io
-    import pathlib
-    import subprocess
-    import tarfile
+    from conftest import first_jpeg, indexed_shard
 
-    jpeg = next((pathlib.Path(dataset).parent.parent / "images").rglob("*.jpg")).read_bytes()
-    shard = tmp_path / "f-000000.tar"
-    with tarfile.open(shard, "w") as tar:
-        for i in range(40):
-            txt = b"\xff\xfe not utf-8" if i == bad_caption_at else f"caption {i}".encode()
-            members = [("jpg", jpeg), ("cls", str(i % 3).encode()), ("txt", txt)]
-            members += list((extra or {}).items())
-            for ext, data in members:
-                info = tarfile.TarInfo(f"s{i:03d}.{ext}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    subprocess.run([sluice_bin, "index", str(shard), "--output", str(tmp_path / "f.json")],
-                   check=True, capture_output=True)
-    return str(tmp_path / "f.json")
+    jpeg = first_jpeg(dataset)
+    samples = []
+    for i in range(40):
+        txt = b"\xff\xfe not utf-8" if i == bad_caption_at else f"caption {i}".encode()
+        fields = [("jpg", jpeg), ("cls", str(i % 3).encode()), ("txt", txt)]
+        samples.append((f"s{i:03d}", fields + list((extra or {}).items())))
+    return indexed_shard(sluice_bin, tmp_path / "f-000000.tar", samples)
 
 
 def test_one_bad_caption_costs_one_row_not_the_epoch(dataset, sluice_bin, tmp_path, caplog):
