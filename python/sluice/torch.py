@@ -285,8 +285,9 @@ class Loader(IterableDataset):
     # --- building ---------------------------------------------------------------------
 
     def _build(self, dist: Any) -> None:
-        """Builds the inner loader, taking rank and world size from ``dist`` (when given
-        and not explicit); with ``dist``, the ranks compare settings and datasets."""
+        """Builds the inner loader unless one is there (of the right rank already), taking
+        rank and world size from ``dist`` (when given and not explicit); with ``dist``, the
+        ranks compare settings and datasets."""
         args = dict(self._args)
         if dist is not None:
             if "rank" not in self._explicit:
@@ -313,10 +314,12 @@ class Loader(IterableDataset):
         if args.get("workers") is None and args.get("threads") is None and local:
             args["threads"] = max(1, _cores() // max(1, int(local)))
         error: Optional[BaseException] = None
-        try:
-            self._inner = self._make(args)
-        except Exception as e:  # every rank hears of it below, then this one raises it
-            error = e
+        made = self._inner is None
+        if made:
+            try:
+                self._inner = self._make(args)
+            except Exception as e:  # every rank hears of it below, then this one raises it
+                error = e
         if dist is not None:
             mine: Dict[str, Any] = {
                 "error": None if error is None else f"{type(error).__name__}: {error}"
@@ -330,9 +333,10 @@ class Loader(IterableDataset):
         if error is not None:
             raise error
         # A copy is built from these (the same rank, world and threads), never from dist.
-        self._args.update(rank=args["rank"], world_size=args["world_size"])
-        if "threads" in args:
-            self._args["threads"] = args["threads"]
+        if made:
+            self._args.update(rank=args["rank"], world_size=args["world_size"])
+            if "threads" in args:
+                self._args["threads"] = args["threads"]
 
     @staticmethod
     def _gather(dist: Any, mine: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -377,22 +381,10 @@ class Loader(IterableDataset):
                     self._inner = None
                     if "threads" not in self._explicit:
                         self._args.pop("threads", None)
-                self._build_checked(dist)
+                # Rebuilt for the right rank, or kept: the ranks compare settings either way.
+                self._build(dist)
         assert self._inner is not None
         return self._inner
-
-    def _build_checked(self, dist: Any) -> None:
-        if self._inner is None:
-            self._build(dist)
-            return
-        # The right rank already: compare settings and datasets without rebuilding.
-        args = dict(self._args)
-        everyone = self._gather(dist, {"host": socket.gethostname(), "rank": args["rank"],
-                                       "settings": _agreed(args)})
-        _check_ranks(everyone)
-        self._checked = True
-        everyone = self._gather(dist, {"error": None, **self._inner.dataset_identity})
-        _check_datasets(everyone)
 
     # --- epochs -------------------------------------------------------------------------
 

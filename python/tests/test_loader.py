@@ -389,19 +389,9 @@ def test_a_peek_mid_epoch_does_not_spoil_the_checkpoint(dataset):
 
 def test_dataset_may_be_a_served_manifest_url_or_a_pattern_of_indexed_shards(dataset, sluice_bin,
                                                                            tmp_path):
-    import pathlib
-    import shutil
     import urllib.request
 
-    src = pathlib.Path(dataset).parent
-    bucket = tmp_path / "store" / "train"
-    bucket.mkdir(parents=True)
-    for f in src.glob("s-*"):
-        shutil.copy(f, bucket / f.name)
-    manifest = json.loads(pathlib.Path(dataset).read_text())
-    for s in manifest["shards"]:
-        s["url"] = pathlib.Path(s["url"]).name  # relative: beside the manifest
-    (bucket / "manifest.json").write_text(json.dumps(manifest))
+    bucket, _ = served_bucket(dataset, tmp_path / "store")
     reference = sluice.Loader(dataset=dataset, pipeline=PIPELINE)
 
     # Shards named by a brace pattern, described from their .idx sidecars.

@@ -110,6 +110,14 @@ pub struct ShardLocation {
 }
 
 impl ShardLocation {
+    /// The same shard at the one URL `url` (a replica, or its `.idx`).
+    fn only(&self, url: String) -> ShardLocation {
+        ShardLocation {
+            urls: vec![url],
+            info: self.info.clone(),
+        }
+    }
+
     pub fn name(&self) -> &str {
         self.info.name()
     }
@@ -456,10 +464,7 @@ impl ShardSource {
     fn repair(&self, loc: &ShardLocation, index: u64) -> Option<sluice_shard::Sample> {
         let mut bad: Vec<(String, String)> = Vec::new();
         for url in self.suspects.order(&loc.urls) {
-            let one = ShardLocation {
-                urls: vec![url.clone()],
-                info: loc.info.clone(),
-            };
+            let one = loc.only(url.clone());
             match self.open_unit(&one, index, index + 1).map(|mut s| s.next()) {
                 Ok(Some(Ok(sample))) => {
                     metrics::counter!("sluice_cpu_repaired_samples_total").increment(1);
@@ -522,10 +527,7 @@ impl ShardSource {
     /// and whether it is another version's (`true`) rather than missing or unreachable.
     fn index_from(&self, loc: &ShardLocation, url: &str) -> Result<SampleIndex, (String, bool)> {
         let idx_url = SampleIndex::sidecar_url(url);
-        let one = ShardLocation {
-            urls: vec![idx_url.clone()],
-            info: loc.info.clone(),
-        };
+        let one = loc.only(idx_url.clone());
         let body = self
             .fetch(&one, None, Expect::default())
             .map_err(|e| (e.to_string(), false))?;
@@ -580,10 +582,7 @@ impl ShardSource {
         let name: Arc<str> = loc.name().into();
         let (mut mismatched, mut failed, mut unavailable) = (Vec::new(), Vec::new(), Vec::new());
         for url in self.suspects.order(&loc.urls) {
-            let one = ShardLocation {
-                urls: vec![url.clone()],
-                info: loc.info.clone(),
-            };
+            let one = loc.only(url.clone());
             let expect = Expect {
                 size: Some(loc.info.size),
                 checksum: Some(loc.info.checksum),
