@@ -24,6 +24,7 @@
 
 pub mod assign;
 pub mod order;
+pub mod resume;
 pub mod rng;
 pub mod shuffle;
 
@@ -34,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use sluice_shard::Manifest;
 
 pub use order::{Mixing, Sequence};
+pub use resume::{BatchPlan, EpochPlanner, LastBatch, Segment};
 pub use rng::sample_seed;
 pub use shuffle::ShuffleBuffer;
 

@@ -1,0 +1,196 @@
+//! Resume arithmetic: a rank's plan cut to whole batches, and the rest of an epoch that an
+//! earlier world left part way, split across a new world.
+//!
+//! In plan order the samples a rank was handed in its first `b` batches are exactly the first
+//! `b × batch_size` positions of its [`Sequence`] (DDP ranks step together, so every rank of a
+//! world stopped at the same `b`). The rest of the epoch is therefore known from `b` alone:
+//! every old rank's unseen positions, gathered rank by rank ([`remaining_pieces`]), are laid
+//! end to end and cut into the new world's equal runs ([`crate::resume_plan`]). A resume of a
+//! resume repeats this one level deeper ([`Segment`]s oldest first).
+
+use serde::{Deserialize, Serialize};
+
+use crate::assign::{self, Piece};
+use crate::{Mixing, PlanConfig, PlanError, Sequence, WorkUnit};
+
+/// What happens to the epoch's last, incomplete batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LastBatch {
+    /// Deliver the remainder as a smaller batch.
+    #[default]
+    Partial,
+    /// Drop the remainder (its samples are not even fetched).
+    Drop,
+}
+
+/// How a rank's samples of an epoch fall into batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchPlan {
+    /// Samples in those batches (the rank's samples, less a dropped last batch).
+    pub samples: u64,
+    pub batch_size: u64,
+    pub batches: u64,
+}
+
+impl BatchPlan {
+    pub fn new(samples_per_rank: u64, batch_size: u64, last: LastBatch) -> Self {
+        let batches = match last {
+            LastBatch::Partial => samples_per_rank.div_ceil(batch_size),
+            LastBatch::Drop => samples_per_rank / batch_size,
+        };
+        BatchPlan {
+            samples: samples_per_rank.min(batches * batch_size),
+            batch_size,
+            batches,
+        }
+    }
+
+    /// Target size of batch `k`.
+    pub fn target(&self, k: u64) -> usize {
+        (self.samples - k * self.batch_size).min(self.batch_size) as usize
+    }
+}
+
+/// An earlier part of an epoch: a world of `world_size` ranks each took `batches` batches
+/// of its plan-order sequence, then the job stopped and resumed at another world size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    pub world_size: u32,
+    pub batches: u64,
+}
+
+/// Everything that decides which samples a rank is handed in an epoch, and in which order,
+/// for any world size: the dataset's shard sample counts and the job's plan settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EpochPlanner {
+    pub counts: Vec<u64>,
+    /// The job's plan (its `world_size` is the current world's; each call names its world).
+    pub config: PlanConfig,
+    pub mixing: Mixing,
+    pub batch_size: u64,
+    pub last_batch: LastBatch,
+}
+
+impl EpochPlanner {
+    /// Rank `rank`'s units (cut to whole batches) and batch plan for `epoch` in a world of
+    /// `world` ranks, after the earlier segments `resumed` (none: the epoch as planned).
+    pub fn segment(
+        &self,
+        epoch: u64,
+        resumed: &[Segment],
+        world: u32,
+        rank: u32,
+    ) -> Result<(Vec<WorkUnit>, BatchPlan), PlanError> {
+        let config = PlanConfig {
+            world_size: world,
+            ..self.config.clone()
+        };
+        let (units, samples) = match resumed.split_last() {
+            None => {
+                let units = crate::plan_counts(&self.counts, &config, epoch, rank)?;
+                let total = self.counts.iter().sum();
+                (
+                    units,
+                    crate::samples_per_rank(total, world, config.remainder),
+                )
+            }
+            Some((last, earlier)) => {
+                let rest = self.rest(epoch, earlier, *last)?;
+                let remaining = assign::total(&rest);
+                let depth = resumed.len() as u32;
+                let units = crate::resume_plan(rest, &self.counts, &config, epoch, rank, depth)?;
+                let per_rank = crate::samples_per_rank(remaining, world, config.remainder);
+                (units, per_rank)
+            }
+        };
+        let batch_plan = BatchPlan::new(samples, self.batch_size, self.last_batch);
+        Ok((first_samples(units, batch_plan.samples), batch_plan))
+    }
+
+    /// The delivery order of `units` (rank `rank`'s plan for `epoch`; `depth` earlier
+    /// segments when the epoch was resumed at another world size).
+    pub fn sequence(
+        &self,
+        units: &[WorkUnit],
+        epoch: u64,
+        depth: u32,
+        rank: u32,
+    ) -> Result<Sequence, PlanError> {
+        let seed = crate::segment_seed(self.config.seed, depth);
+        Sequence::new(units, self.mixing, seed, epoch, rank)
+    }
+
+    /// The positions of `sequence` handed out in its first `batches` batches.
+    pub fn delivered(&self, sequence: &Sequence, batches: u64) -> u64 {
+        (batches * self.batch_size).min(sequence.len())
+    }
+
+    /// What a world of `last.world_size` ranks (after the segments `earlier`) had not handed
+    /// out when each of its ranks had taken `last.batches` batches: rank by rank, each rank's
+    /// unseen samples grouped by unit.
+    pub fn rest(
+        &self,
+        epoch: u64,
+        earlier: &[Segment],
+        last: Segment,
+    ) -> Result<Vec<Piece>, PlanError> {
+        let depth = earlier.len() as u32;
+        let mut rest = Vec::new();
+        for q in 0..last.world_size {
+            let (units, _) = self.segment(epoch, earlier, last.world_size, q)?;
+            let sequence = self.sequence(&units, epoch, depth, q)?;
+            let done = self.delivered(&sequence, last.batches);
+            rest.extend(remaining_pieces(&units, &sequence, done));
+        }
+        Ok(rest)
+    }
+}
+
+/// The first `samples` samples of `units`, ids renumbered in order.
+pub fn first_samples(units: Vec<WorkUnit>, samples: u64) -> Vec<WorkUnit> {
+    let mut left = samples;
+    let mut out = Vec::with_capacity(units.len());
+    for mut u in units {
+        if left == 0 {
+            break;
+        }
+        if u.len() > left {
+            u.end = u.start + left;
+        }
+        left -= u.len();
+        u.id = out.len() as u32;
+        out.push(u);
+    }
+    out
+}
+
+/// The samples at positions `done..` of `sequence`, as pieces: per unit (in unit order),
+/// runs of consecutive indexes.
+pub fn remaining_pieces(units: &[WorkUnit], sequence: &Sequence, done: u64) -> Vec<Piece> {
+    let mut left: Vec<Vec<u64>> = vec![Vec::new(); units.len()];
+    for p in done..sequence.len() {
+        if let Some((u, i)) = sequence.at(p) {
+            left[u as usize].push(i);
+        }
+    }
+    let mut out: Vec<Piece> = Vec::new();
+    for (u, mut idx) in units.iter().zip(left) {
+        idx.sort_unstable();
+        for i in idx {
+            match out.last_mut() {
+                Some(p) if p.shard == u.shard && p.end == i && p.padding == u.padding => p.end += 1,
+                _ => out.push(Piece {
+                    shard: u.shard,
+                    start: i,
+                    end: i + 1,
+                    padding: u.padding,
+                }),
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;
