@@ -1,10 +1,8 @@
 //! What the daemon subcommands (and the tools that talk to them) share: structured logs,
-//! systemd readiness and watchdog, a shutdown token cancelled by SIGTERM or SIGINT, and the
-//! cluster token file.
+//! systemd readiness and watchdog, and a shutdown token cancelled by SIGTERM or SIGINT (the
+//! cluster token file is read by `sluice_wire::token`).
 
-use std::path::Path;
-
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use tokio_util::sync::CancellationToken;
 
 /// Logs to stderr (`RUST_LOG` filters; default `info`).
@@ -62,15 +60,4 @@ pub fn notify_ready(shutdown: &CancellationToken) {
 /// Tells systemd we are stopping.
 pub fn notify_stopping() {
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
-}
-
-/// Reads a token file: the first line, trimmed; it must not be empty.
-pub fn read_token(path: &Path) -> Result<String> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading token file {}", path.display()))?;
-    let token = text.lines().next().unwrap_or("").trim().to_string();
-    if token.is_empty() {
-        bail!("token file {} is empty", path.display());
-    }
-    Ok(token)
 }

@@ -33,7 +33,7 @@ use crate::error::{DecodeError, EngineError, SampleError};
 use crate::fields::FieldSpec;
 use crate::geometry::{compose, dct_scale, Geometry, RectF};
 use crate::jpeg::{exif_orientation, DecodeLimits, JpegDecoder, Rect};
-use crate::spec::{DType, PipelineSpec};
+use sluice_wire::spec::{DType, PipelineSpec};
 
 /// What happens to a sample that cannot be decoded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

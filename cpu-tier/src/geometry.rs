@@ -9,7 +9,7 @@
 
 use sluice_plan::rng::Stream;
 
-use crate::spec::Op;
+use sluice_wire::spec::Op;
 
 /// A rectangle in source pixels (fractional after resizes).
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -2,7 +2,6 @@
 //! and augment each sample on a rayon pool, and hand back tensors.
 //!
 //! - [`source`]: where bytes come from (files, HTTP(S) with Range, replicas, checksums).
-//! - [`spec`]: the pipeline spec (`decode | random_resized_crop 224 | hflip 0.5`).
 //! - [`geometry`]: torchvision's crop/resize/flip parameters, composed into one window.
 //! - [`jpeg`]: libjpeg-turbo region + DCT-scaled decoding, hardened.
 //! - [`engine`]: the per-sample hot path and the pipelined work-unit runner.
@@ -32,8 +31,7 @@ pub use engine::{
 };
 pub use error::{DecodeError, EngineError, SampleError};
 pub use fields::FieldSpec;
-/// The pipeline spec's grammar lives in `sluice-wire`, where clients check it too.
-pub use sluice_wire::spec;
+/// The pipeline spec's grammar lives in `sluice_wire::spec`, where clients check it too.
+pub use sluice_wire::spec::{DType, PipelineSpec};
 pub use source::{ShardLocation, ShardSource, SourceConfig, SourceError};
-pub use spec::{DType, PipelineSpec};
 pub use worker::CpuWorker;

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use sluice_wire::io::{FrameReader, FrameWriter};
 use sluice_wire::shm::{self, socket_path, Segment};
-use sluice_wire::{ErrorCode, ErrorMessage, Message, SampleHeader, ShmAttach};
+use sluice_wire::{ErrorCode, ErrorMessage, Message, SampleHeader, SamplePayload, ShmAttach};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tracing::{info, warn};
@@ -153,14 +153,15 @@ impl Slots {
         header: SampleHeader,
         payload: &[u8],
     ) -> Result<(Message, Vec<u8>), String> {
-        let n = header.tensor_bytes as usize;
-        if n != self.segment.slot_bytes() as usize || payload.len() < n {
+        if header.tensor_bytes != self.segment.slot_bytes() {
             return Err(format!(
-                "sample {:?}: {n} tensor bytes for slots of {}",
+                "sample {:?}: {} tensor bytes for slots of {}",
                 header.key,
+                header.tensor_bytes,
                 self.segment.slot_bytes()
             ));
         }
+        let (tensor, fields) = SamplePayload::parts(&header, payload)?;
         let slot = {
             let mut guard = self.state.lock().map_err(|_| "slot state poisoned")?;
             let (free, held) = &mut *guard;
@@ -169,10 +170,9 @@ impl Slots {
             slot
         };
         self.segment
-            .write(slot, &payload[..n])
+            .write(slot, tensor)
             .map_err(|e| e.to_string())?;
-        let fields = payload[n..].to_vec();
-        Ok((Message::ShmSample { slot, header }, fields))
+        Ok((Message::ShmSample { slot, header }, fields.to_vec()))
     }
 }
 

@@ -8,15 +8,15 @@
 use std::sync::Arc;
 
 use sluice_shard::{Checksum, Compression, ShardInfo};
+use sluice_wire::spec::{PipelineSpec, SpecError};
 use sluice_wire::{
-    Assign, Finished, JobRunner, JobSpec, Output, RunnerError, SampleHeader, SampleShape,
-    SkippedSample, UnitRunner,
+    Assign, Finished, JobRunner, JobSpec, Output, RunnerError, SampleHeader, SamplePayload,
+    SampleShape, SkippedSample, UnitRunner,
 };
 
 use crate::engine::{BadSamplePolicy, Engine, EngineConfig, Outcome, SampleContext};
 use crate::fields::FieldSpec;
 use crate::source::{ShardLocation, ShardSource};
-use crate::spec::PipelineSpec;
 use crate::EngineError;
 
 /// The decode pool and shard source every job of a worker shares.
@@ -54,31 +54,10 @@ impl UnitRunner for CpuWorker {
         let pipeline: PipelineSpec = spec
             .pipeline
             .parse()
-            .map_err(|e: crate::spec::SpecError| RunnerError::Refused(e.into()))?;
-        let Some((height, width)) = pipeline.output_size() else {
-            return Err(RunnerError::refused(format!(
-                "pipeline {:?} has no fixed output size, so its samples cannot be batched: \
-                 end it with random_resized_crop, center_crop or an exact resize",
-                spec.pipeline
-            )));
-        };
-        let shape = SampleShape {
-            height,
-            width,
-            channels: 3,
-            elem_bytes: pipeline.dtype().size() as u32,
-            chw: pipeline.chw,
-        };
-        if shape.bytes() > self.max_sample_bytes {
-            return Err(RunnerError::refused(format!(
-                "pipeline {:?} makes {width}x{height}x3 tensors of {} bytes, over the largest \
-                 frame a worker sends ({} bytes, limits.max_payload_bytes): choose a smaller \
-                 output size",
-                spec.pipeline,
-                shape.bytes(),
-                self.max_sample_bytes
-            )));
-        }
+            .map_err(|e: SpecError| RunnerError::Refused(e.into()))?;
+        let shape = pipeline
+            .shape_within(self.max_sample_bytes)
+            .map_err(|e| RunnerError::Refused(e.into()))?;
         let config = EngineConfig {
             policy: if spec.fail_on_bad_sample {
                 BadSamplePolicy::Fail
@@ -213,6 +192,10 @@ impl JobRunner for CpuJob {
                             cancelled |= !go;
                             return go;
                         }
+                        let (payload, fields) = SamplePayload::join(
+                            p.tensor.data,
+                            p.fields.iter().map(|f| (f.name.as_str(), f.data.as_slice())),
+                        );
                         let header = SampleHeader {
                             job: assign.job,
                             unit: assign.unit,
@@ -222,17 +205,9 @@ impl JobRunner for CpuJob {
                             key: p.key,
                             label: p.label,
                             tensor_bytes: expected,
-                            fields: p
-                                .fields
-                                .iter()
-                                .map(|f| (f.name.clone(), f.data.len() as u64))
-                                .collect(),
+                            fields,
                             geometry: p.geometry,
                         };
-                        let mut payload = p.tensor.data;
-                        for f in &p.fields {
-                            payload.extend_from_slice(&f.data);
-                        }
                         finished.sent += 1;
                         Output::Sample(header, payload)
                     }

@@ -109,7 +109,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     config.validate()?;
     let token = match (&config.token_file, env_token) {
-        (Some(path), _) => Some(daemon::read_token(path)?),
+        (Some(path), _) => Some(sluice_wire::token::read(path)?),
         (None, Some(t)) => Some(t.trim().to_string()),
         (None, None) if config.no_auth => None,
         (None, None) => bail!(

@@ -124,15 +124,22 @@ pub struct Args {
     dtype: String,
 }
 
+/// Prints each of `problems` under `label`, then fails saying how many `what`.
+fn fail_on(label: &str, problems: &[&String], what: &str) -> Result<()> {
+    for p in problems {
+        eprintln!("{label}: {p}");
+    }
+    if !problems.is_empty() {
+        bail!("{} {what}", problems.len());
+    }
+    Ok(())
+}
+
 /// The token for remote workers: `--token-file`, else `$SLUICE_TOKEN`.
 fn token(args: &Args) -> Result<Option<String>> {
-    match &args.token_file {
-        Some(p) => Ok(Some(daemon::read_token(p)?)),
-        None => Ok(std::env::var("SLUICE_TOKEN")
-            .ok()
-            .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty())),
-    }
+    Ok(sluice_wire::token::from_file_or_env(
+        args.token_file.as_deref(),
+    )?)
 }
 
 /// The consumers these arguments describe.
@@ -213,25 +220,17 @@ pub fn run(args: Args) -> Result<()> {
     }
     report(&args, &results)?;
     let failed: Vec<&String> = results.iter().filter_map(|r| r.error.as_ref()).collect();
-    if !failed.is_empty() {
-        for f in &failed {
-            eprintln!("failed: {f}");
-        }
-        bail!(
-            "{} ranks failed (what they delivered before is in the report and the dump)",
-            failed.len()
-        );
-    }
+    fail_on(
+        "failed",
+        &failed,
+        "ranks failed (what they delivered before is in the report and the dump)",
+    )?;
     let broken: Vec<&String> = results.iter().flat_map(|r| &r.broken).collect();
-    if !broken.is_empty() {
-        for b in &broken {
-            eprintln!("contract broken: {b}");
-        }
-        bail!(
-            "{} rank-epochs broke the exactly-once contract",
-            broken.len()
-        );
-    }
+    fail_on(
+        "contract broken",
+        &broken,
+        "rank-epochs broke the exactly-once contract",
+    )?;
     Ok(())
 }
 

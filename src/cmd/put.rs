@@ -41,14 +41,8 @@ impl<R: Read> Read for Counted<R> {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let token = match &args.token_file {
-        Some(f) => std::fs::read_to_string(f)
-            .with_context(|| format!("reading {}", f.display()))?
-            .trim()
-            .to_string(),
-        None => std::env::var("SLUICE_TOKEN")
-            .context("no --token-file and no SLUICE_TOKEN in the environment")?,
-    };
+    let token = sluice_wire::token::from_file_or_env(args.token_file.as_deref())?
+        .context("no --token-file and no SLUICE_TOKEN in the environment")?;
     if !args.to.starts_with("http://") && !args.to.starts_with("https://") {
         bail!("--to must be an http(s):// bucket URL");
     }
@@ -94,13 +88,7 @@ pub fn run(args: Args) -> Result<()> {
         .bearer_auth(&token)
         .send()
         .with_context(|| format!("contacting {node}"))?;
-    if !auth.status().is_success() {
-        let status = auth.status();
-        bail!(
-            "{node} refuses uploads with this token: HTTP {status}: {}",
-            auth.text().unwrap_or_default().trim()
-        );
-    }
+    succeeded(auth, format_args!("{node} refuses uploads with this token"))?;
     // A cluster places each object on its rendezvous owners; a single node takes everything.
     let cluster: serde_json::Value = client
         .get(format!("{node}/cluster"))
@@ -153,14 +141,7 @@ pub fn run(args: Args) -> Result<()> {
                 .body(body)
                 .send()
                 .with_context(|| format!("uploading to {url}"))?;
-            if !resp.status().is_success() {
-                let status = resp.status();
-                bail!(
-                    "uploading {} to {url}: HTTP {status}: {}",
-                    path.display(),
-                    resp.text().unwrap_or_default().trim()
-                );
-            }
+            succeeded(resp, format_args!("uploading {} to {url}", path.display()))?;
         }
     }
     bar.finish_and_clear();
@@ -207,5 +188,17 @@ pub fn run(args: Args) -> Result<()> {
         total as f64 / 1e6,
         (total * copies as u64) as f64 / 1e6 / secs.max(1e-9)
     );
+    Ok(())
+}
+
+/// Fails with `what`, the HTTP status and the body's text unless `resp` succeeded.
+fn succeeded(resp: reqwest::blocking::Response, what: std::fmt::Arguments<'_>) -> Result<()> {
+    let status = resp.status();
+    if !status.is_success() {
+        bail!(
+            "{what}: HTTP {status}: {}",
+            resp.text().unwrap_or_default().trim()
+        );
+    }
     Ok(())
 }

@@ -15,7 +15,7 @@ pub enum TestbedError {
     #[error(transparent)]
     Source(#[from] sluice_cpu::SourceError),
     #[error(transparent)]
-    Pipeline(#[from] sluice_cpu::spec::SpecError),
+    Pipeline(#[from] sluice_wire::spec::SpecError),
     #[error(transparent)]
     CpuTls(#[from] sluice_cpu::tls::TlsError),
     #[error(transparent)]

@@ -17,16 +17,19 @@ pub mod fields;
 #[cfg(feature = "io")]
 pub mod io;
 pub mod message;
+pub mod payload;
 pub mod quic;
 pub mod runner;
 #[cfg(feature = "shm")]
 pub mod shm;
 pub mod spec;
+pub mod token;
 
 pub use buffers::BufferPool;
 pub use codec::{decode_frame, encode_frame, Frame, Limits, WireError, VERSION};
 pub use fields::{FieldSelection, LabelSource, SampleFields, SampleGeometry};
 pub use message::*;
+pub use payload::SamplePayload;
 pub use runner::{
     drive_unit, error_chain, Cause, Finished, JobRunner, Output, RunnerError, UnitEnd, UnitRunner,
 };

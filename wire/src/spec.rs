@@ -125,6 +125,44 @@ impl PipelineSpec {
         let (h, w) = self.output_size().unwrap_or((0, 0));
         h as usize * w as usize * 3 * self.dtype().size()
     }
+
+    /// The shape of every tensor this pipeline makes, if it fixes one (it must, to batch).
+    pub fn output_shape(&self) -> Option<crate::SampleShape> {
+        let (height, width) = self.output_size()?;
+        Some(crate::SampleShape {
+            height,
+            width,
+            channels: 3,
+            elem_bytes: self.dtype().size() as u32,
+            chw: self.chw,
+        })
+    }
+
+    /// The output shape, checked to be fixed and to fit a frame of `max_payload` bytes: the
+    /// rule a worker applies when a job opens and a client when its loader is built.
+    pub fn shape_within(&self, max_payload: u64) -> Result<crate::SampleShape, SpecError> {
+        let refuse = |detail: String| SpecError {
+            spec: self.to_string(),
+            detail,
+        };
+        let Some(shape) = self.output_shape() else {
+            return Err(refuse(
+                "it has no fixed output size, so its samples cannot be batched: end it with \
+                 random_resized_crop, center_crop or an exact resize"
+                    .into(),
+            ));
+        };
+        if shape.bytes() > max_payload {
+            return Err(refuse(format!(
+                "it makes {}x{}x3 tensors of {} bytes, over the largest frame a worker sends \
+                 ({max_payload} bytes, limits.max_payload_bytes): choose a smaller output size",
+                shape.width,
+                shape.height,
+                shape.bytes()
+            )));
+        }
+        Ok(shape)
+    }
 }
 
 fn parse_size(s: &str) -> Option<(u32, u32)> {

@@ -70,7 +70,7 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
                 args.workers.clone(),
                 args.token_file
                     .as_deref()
-                    .map(crate::daemon::read_token)
+                    .map(sluice_wire::token::read)
                     .transpose()?,
                 args.trust_cert.clone(),
             )
