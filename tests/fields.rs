@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use sluice_client::{FieldSelection, Loader, SameHost};
 use support::{path_str, sluice_ok};
-use system::{start_worker, start_worker_with, trust_file, TOKEN};
+use system::{start_worker, start_worker_with, trust_file, Worker, TOKEN};
 
 const PIPELINE: &str = "decode | random_resized_crop 48 | hflip 0.5";
 
@@ -97,6 +97,19 @@ fn builder(manifest: &sluice_shard::Manifest) -> sluice_client::LoaderBuilder {
         .worker_wait(Duration::from_secs(20))
 }
 
+/// `builder` reading from `worker` alone, with the cluster token and its certificate.
+fn on_worker(
+    builder: sluice_client::LoaderBuilder,
+    dir: &Path,
+    worker: &Worker,
+) -> sluice_client::LoaderBuilder {
+    let trust = trust_file(dir, &[worker]);
+    builder
+        .workers([worker.addr.clone()])
+        .token(TOKEN)
+        .trust_cert(&trust)
+}
+
 #[test]
 fn fields_beside_images_reach_a_rust_consumer_over_every_transport() {
     let dir = tempfile::tempdir().unwrap();
@@ -112,11 +125,7 @@ fn fields_beside_images_reach_a_rust_consumer_over_every_transport() {
     check_epoch(&local, &expected, "in process");
 
     let quic = start_worker(dir.path(), "quic");
-    let trust = trust_file(dir.path(), &[&quic]);
-    let remote = builder(&manifest)
-        .workers([quic.addr.clone()])
-        .token(TOKEN)
-        .trust_cert(&trust)
+    let remote = on_worker(builder(&manifest), dir.path(), &quic)
         .same_host(SameHost::Off)
         .build()
         .unwrap();
@@ -125,11 +134,7 @@ fn fields_beside_images_reach_a_rust_consumer_over_every_transport() {
 
     let sockets = dir.path().join("sockets");
     let shm = start_worker_with(dir.path(), "shm", &["--same-host-dir", path_str(&sockets)]);
-    let trust = trust_file(dir.path(), &[&shm]);
-    let same_host = builder(&manifest)
-        .workers([shm.addr.clone()])
-        .token(TOKEN)
-        .trust_cert(&trust)
+    let same_host = on_worker(builder(&manifest), dir.path(), &shm)
         .same_host(SameHost::Require)
         .same_host_dir(sockets.clone())
         .build()

@@ -128,16 +128,7 @@ pub enum ShortBatch {
     TopUp,
 }
 
-/// What happens to the epoch's last, incomplete batch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LastBatch {
-    /// Deliver the remainder as a smaller batch.
-    #[default]
-    Partial,
-    /// Drop the remainder (its samples are not even fetched).
-    Drop,
-}
+pub use sluice_plan::{BatchPlan, LastBatch};
 
 /// A sample's identity: its shard's index in the manifest and its index in the shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -240,6 +231,8 @@ pub struct Batch {
     pub(crate) keys: Vec<String>,
     /// Each sample's requested fields (empty when the job asked for none).
     pub(crate) fields: Vec<SampleFields>,
+    /// The fields the loader asked for by name (none for `all` or none).
+    pub(crate) requested: Arc<[String]>,
     pub(crate) geometry: Vec<SampleGeometry>,
     pub(crate) padding: Vec<bool>,
     pub(crate) skipped: Vec<(SampleId, String)>,
@@ -299,8 +292,25 @@ impl Batch {
         self.fields.get(i).and_then(|f| f.get(name))
     }
 
-    /// Every field name some sample of the batch has, in first-seen order.
+    /// The fields the loader asked for by name, whether or not any sample has them.
+    pub fn requested_fields(&self) -> &[String] {
+        &self.requested
+    }
+
+    /// The fields asked for by name, then every other field name some sample of the batch
+    /// has, in first-seen order: what a consumer can look up.
     pub fn field_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.requested.iter().map(String::as_str).collect();
+        for name in self.present_fields() {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        names
+    }
+
+    /// Every field name some sample of the batch has, in first-seen order.
+    pub fn present_fields(&self) -> Vec<&str> {
         let mut names: Vec<&str> = Vec::new();
         for (name, _) in self.fields.iter().flat_map(SampleFields::iter) {
             if !names.contains(&name) {
@@ -397,9 +407,9 @@ impl Filling {
         buf: Box<dyn HostMemory>,
         ring: Arc<Ring>,
         shape: SampleShape,
-        epoch: u64,
-        index: u64,
+        (epoch, index): (u64, u64),
         target: usize,
+        requested: Arc<[String]>,
     ) -> Self {
         Filling {
             batch: Batch {
@@ -408,6 +418,7 @@ impl Filling {
                 shape,
                 epoch,
                 index,
+                requested,
                 labels: Vec::with_capacity(target),
                 ids: Vec::with_capacity(target),
                 keys: Vec::with_capacity(target),
@@ -477,33 +488,6 @@ impl Filling {
     }
 }
 
-/// Batches per epoch and the target size of each, from the samples per rank.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BatchPlan {
-    pub samples: u64,
-    pub batch_size: u64,
-    pub batches: u64,
-}
-
-impl BatchPlan {
-    pub fn new(samples_per_rank: u64, batch_size: u64, last: LastBatch) -> Self {
-        let batches = match last {
-            LastBatch::Partial => samples_per_rank.div_ceil(batch_size),
-            LastBatch::Drop => samples_per_rank / batch_size,
-        };
-        BatchPlan {
-            samples: samples_per_rank.min(batches * batch_size),
-            batch_size,
-            batches,
-        }
-    }
-
-    /// Target size of batch `k`.
-    pub fn target(&self, k: u64) -> usize {
-        (self.samples - k * self.batch_size).min(self.batch_size) as usize
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -563,7 +547,7 @@ mod tests {
         let ring = Ring::new(&HeapAllocator, 1, 8).unwrap();
         let id = |i| SampleId { shard: 0, index: i };
         let buf = ring.take().unwrap();
-        let mut f = Filling::new(buf, ring.clone(), shape(), 0, 0, 4);
+        let mut f = Filling::new(buf, ring.clone(), shape(), (0, 0), 4, Arc::from([]));
         let put = |t: [u8; 2]| move |slot: &mut [u8]| slot.copy_from_slice(&t);
         let meta = |label, key: &str, txt: &[u8]| SampleMeta {
             padding: false,
@@ -599,7 +583,7 @@ mod tests {
         assert!(ring.take().is_none());
         drop(b);
         let buf = ring.take().expect("returned on drop");
-        let mut f = Filling::new(buf, ring.clone(), shape(), 0, 1, 2);
+        let mut f = Filling::new(buf, ring.clone(), shape(), (0, 1), 2, Arc::from([]));
         f.push(put([5, 6]), id(4), 1, SampleMeta::default());
         f.skip(id(5), "x".into(), 1);
         let b = f.finish(ShortBatch::Deliver);

@@ -16,10 +16,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::{BatchPlan, Filling, HostAllocator, HostMemory, Ring, ShortBatch};
+use crate::config::EpochSettings;
 use crate::error::ClientError;
 use crate::ledger::Ledger;
 use crate::link::{Command, Event};
-use crate::protocol::{self, Action, Protocol, Tensor};
+use crate::protocol::{Action, Protocol, Tensor};
 use crate::reorder::{Arrival, Reorder};
 use crate::same_host::Payload;
 use crate::stats::{EpochCounters, Stats};
@@ -98,25 +99,6 @@ impl Predecessor {
     }
 }
 
-pub(crate) struct Settings {
-    pub job: u64,
-    pub epoch: u64,
-    pub batch_plan: BatchPlan,
-    pub first_batch: u64,
-    pub short_batch: ShortBatch,
-    pub credits_per_worker: u32,
-    pub receive_window: u64,
-    pub units_per_worker: usize,
-    pub ring_batches: usize,
-    pub worker_wait: Duration,
-    pub max_unit_attempts: u32,
-    /// Plan order: how far ahead of the next position a unit may start.
-    pub lookahead: u64,
-    /// Plan order: how long the next position may wait before its unit is hedged.
-    pub hedge_after: Duration,
-    pub labels: protocol::LabelRange,
-}
-
 impl Tensor for Payload {
     fn detach(self, tensor_bytes: usize) -> Self {
         Payload::detach(self, tensor_bytes)
@@ -145,11 +127,13 @@ pub(crate) struct Coordinator {
     /// Cancelled when the earlier epoch has handed out all its units (this one's wait).
     earlier_dispatched: Option<CancellationToken>,
     successor: Option<Successor>,
+    /// The fields asked for by name, which every batch lists.
+    requested: Arc<[String]>,
 }
 
 impl Coordinator {
     pub(crate) fn new(
-        settings: Settings,
+        settings: EpochSettings,
         manifest: Arc<Manifest>,
         (ledger, reorder): (Ledger, Reorder<Payload>),
         links: Vec<(String, mpsc::Sender<Command>)>,
@@ -159,22 +143,18 @@ impl Coordinator {
     ) -> Self {
         let (names, commands): (Vec<String>, Vec<mpsc::Sender<Command>>) =
             links.into_iter().unzip();
-        let core = protocol::Settings {
-            job: settings.job,
-            batch_plan: settings.batch_plan,
-            first_batch: settings.first_batch,
-            credits_per_worker: settings.credits_per_worker,
-            receive_window: settings.receive_window,
-            units_per_worker: settings.units_per_worker,
-            worker_wait: settings.worker_wait,
-            max_unit_attempts: settings.max_unit_attempts,
-            lookahead: settings.lookahead,
-            hedge_after: settings.hedge_after,
-            labels: settings.labels,
-        };
         Coordinator {
+            epoch: settings.epoch,
+            batch_plan: settings.batch_plan,
+            short_batch: settings.config.short_batch,
+            requested: match &settings.config.fields {
+                sluice_wire::FieldSelection::Named(names) => names.as_slice().into(),
+                _ => Arc::from([]),
+            },
+            ring_batches: settings.config.ring_batches,
+            next_batch: settings.first_batch,
             protocol: Protocol::new(
-                core,
+                settings,
                 manifest,
                 (ledger, reorder),
                 names,
@@ -182,15 +162,10 @@ impl Coordinator {
                 now(),
             ),
             commands,
-            epoch: settings.epoch,
-            batch_plan: settings.batch_plan,
-            short_batch: settings.short_batch,
-            ring_batches: settings.ring_batches,
             shape: None,
             ring: None,
             allocator,
             filling: None,
-            next_batch: settings.first_batch,
             counters,
             stats,
             earlier_ring: None,
@@ -435,9 +410,9 @@ impl Coordinator {
                 buf,
                 ring,
                 shape,
-                self.epoch,
-                self.next_batch,
+                (self.epoch, self.next_batch),
                 target,
+                self.requested.clone(),
             ));
         }
         self.filling
@@ -528,6 +503,7 @@ mod tests {
 
     use super::*;
     use crate::batch::{HeapAllocator, LastBatch};
+    use crate::config::LoaderConfig;
     use crate::ledger::Ledger;
 
     const SHAPE: SampleShape = SampleShape {
@@ -584,21 +560,24 @@ mod tests {
         let (tx1, mut rx1) = mpsc::channel(16);
         let counters = Arc::new(EpochCounters::default());
         let c = Coordinator::new(
-            Settings {
+            EpochSettings {
+                config: Arc::new(LoaderConfig {
+                    short_batch: ShortBatch::Deliver,
+                    credits_per_worker: 4,
+                    receive_window: 1 << 20,
+                    units_per_worker: 1,
+                    ring_batches: 2,
+                    worker_wait: Duration::from_secs(5),
+                    max_unit_attempts: 3,
+                    lookahead: 8,
+                    hedge_after: Duration::from_secs(60),
+                    labels: Default::default(),
+                    ..LoaderConfig::default()
+                }),
                 job: 9,
                 epoch: 0,
                 batch_plan: BatchPlan::new(8, 4, LastBatch::Partial),
                 first_batch: 0,
-                short_batch: ShortBatch::Deliver,
-                credits_per_worker: 4,
-                receive_window: 1 << 20,
-                units_per_worker: 1,
-                ring_batches: 2,
-                worker_wait: Duration::from_secs(5),
-                max_unit_attempts: 3,
-                lookahead: 8,
-                hedge_after: Duration::from_secs(60),
-                labels: Default::default(),
             },
             manifest,
             (Ledger::new(&units), Reorder::plan(sequence.clone(), 0)),

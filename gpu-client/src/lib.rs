@@ -33,6 +33,7 @@
 
 pub mod batch;
 mod buffers;
+pub mod config;
 mod coordinator;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -51,10 +52,10 @@ mod testing;
 mod tls;
 
 pub use batch::{Batch, HeapAllocator, HostAllocator, HostMemory, LastBatch, SampleId, ShortBatch};
+pub use config::{check_pipeline, LabelRange, LoaderConfig, Order, PlanSettings};
 pub use error::ClientError;
-pub use loader::{check_pipeline, Checkpoint, Epoch, Loader, LoaderBuilder, Order, Workers};
-pub use protocol::LabelRange;
+pub use loader::{Checkpoint, Epoch, Loader, LoaderBuilder, PlanRecord, Workers};
 pub use same_host::SameHost;
-pub use sluice_plan::{Mixing, Remainder, ShufflePolicy};
+pub use sluice_plan::{Mixing, Remainder, Segment, ShufflePolicy};
 pub use sluice_wire::{FieldSelection, LabelSource, SampleFields, SampleGeometry, SampleShape};
 pub use stats::{EpochReport, StatsSnapshot, WorkerStats};

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use sluice_wire::io::{FrameReader, FrameWriter, IoError};
 use sluice_wire::{
     drive_unit, Assign, BufferPool, ErrorCode, Hello, JobRunner, JobSpec, Limits, Message, Output,
-    SampleFields, SampleHeader, SampleShape, SkippedSample, UnitDone, UnitEnd, UnitFailed,
-    UnitRunner,
+    SampleFields, SampleHeader, SamplePayload, SampleShape, SkippedSample, UnitDone, UnitEnd,
+    UnitFailed, UnitRunner,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, Semaphore};
@@ -599,7 +599,7 @@ async fn read_frames<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, to: ReadT
         };
         let event = match message {
             Message::Heartbeat { .. } => continue,
-            Message::ShmSample { slot, mut header } => {
+            Message::ShmSample { slot, header } => {
                 let Some(pool) = &pool else {
                     break protocol("a shared-memory sample over QUIC".into());
                 };
@@ -617,21 +617,15 @@ async fn read_frames<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, to: ReadT
                     Err(e) => break protocol(e),
                 };
                 // The tensor is in the slot; the fields ride in the frame.
-                let fields = match read_fields(&mut reader, &mut header).await {
-                    Ok(f) => f,
+                match sample(link, &mut reader, header, Payload::Slot(slot)).await {
+                    Ok(event) => event,
                     Err(e) => break e,
-                };
-                Event::Sample {
-                    link,
-                    header,
-                    payload: Payload::Slot(slot),
-                    fields,
                 }
             }
             Message::Sample(_) if pool.is_some() => {
                 break protocol("a sample in the frame over the same-host socket".into());
             }
-            Message::Sample(mut header) => {
+            Message::Sample(header) => {
                 if header.tensor_bytes != shape.bytes() {
                     break protocol(format!(
                         "sample {:?} has {} tensor bytes, the job's shape has {}",
@@ -653,15 +647,9 @@ async fn read_frames<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, to: ReadT
                 if let Err(e) = reader.payload_part_into(&mut payload).await {
                     break Ended::Lost(e.to_string());
                 }
-                let fields = match read_fields(&mut reader, &mut header).await {
-                    Ok(f) => f,
+                match sample(link, &mut reader, header, Payload::Bytes(payload)).await {
+                    Ok(event) => event,
                     Err(e) => break e,
-                };
-                Event::Sample {
-                    link,
-                    header,
-                    payload: Payload::Bytes(payload),
-                    fields,
                 }
             }
             Message::Skipped(skipped) => Event::Skipped { skipped },
@@ -680,15 +668,17 @@ async fn read_frames<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, to: ReadT
     let _ = end.send(ended).await;
 }
 
-/// Reads the rest of a sample frame's payload, its fields, into a buffer of their own, the
-/// header's list of (name, length) moved into them. The lengths are checked against what the
-/// frame still holds (bounded by the frame limits) before anything is allocated.
-async fn read_fields<R: AsyncRead + Unpin>(
+/// A sample whose tensor is in `payload`: the rest of its frame's payload, its fields, is read
+/// into a buffer of their own, the header's list of (name, length) moved into them. The
+/// lengths are checked against what the frame still holds (bounded by the frame limits)
+/// before anything is allocated.
+async fn sample<R: AsyncRead + Unpin>(
+    link: usize,
     reader: &mut FrameReader<R>,
-    header: &mut SampleHeader,
-) -> Result<SampleFields, Ended> {
-    let names = std::mem::take(&mut header.fields);
-    let len = names.iter().fold(0u64, |n, (_, l)| n.saturating_add(*l));
+    mut header: SampleHeader,
+    payload: Payload,
+) -> Result<Event, Ended> {
+    let len = header.fields_len();
     let pending = reader.pending_payload();
     if len != pending {
         return Err(Ended::Lost(format!(
@@ -696,16 +686,20 @@ async fn read_fields<R: AsyncRead + Unpin>(
             header.key
         )));
     }
-    if len == 0 {
-        return Ok(SampleFields::new(names, Vec::new()).unwrap_or_default());
-    }
     let mut bytes = vec![0u8; len as usize];
-    reader
-        .payload_into(&mut bytes)
-        .await
-        .map_err(|e| Ended::Lost(e.to_string()))?;
-    SampleFields::new(names, bytes)
-        .ok_or_else(|| Ended::Lost(format!("sample {:?}: bad field lengths", header.key)))
+    if len > 0 {
+        reader
+            .payload_into(&mut bytes)
+            .await
+            .map_err(|e| Ended::Lost(e.to_string()))?;
+    }
+    let fields = SamplePayload::fields(&mut header, bytes).map_err(Ended::Lost)?;
+    Ok(Event::Sample {
+        link,
+        header,
+        payload,
+        fields,
+    })
 }
 
 /// Resolves when the consumer gave slots back (never on a QUIC link).
@@ -817,20 +811,10 @@ fn run_local_unit(
     let forward = |output: Output| -> bool {
         let event = match output {
             Output::Sample(mut header, mut payload) => {
-                let names = std::mem::take(&mut header.fields);
-                let fields = if names.is_empty() {
+                let fields = SamplePayload::split(&mut header, &mut payload).unwrap_or_else(|e| {
+                    tracing::error!(key = %header.key, "in-process sample: {e}");
                     SampleFields::default()
-                } else {
-                    let bytes =
-                        payload.split_off((header.tensor_bytes as usize).min(payload.len()));
-                    match SampleFields::new(names, bytes) {
-                        Some(f) => f,
-                        None => {
-                            tracing::error!(key = %header.key, "in-process sample's field lengths do not add up");
-                            SampleFields::default()
-                        }
-                    }
-                };
+                });
                 Event::Sample {
                     link,
                     header,

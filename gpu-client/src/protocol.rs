@@ -14,12 +14,13 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use sluice_shard::Manifest;
 use sluice_wire::{Assign, SampleFields, SampleHeader, SampleShape, ShardRef, SkippedSample};
 
-use crate::batch::{BatchPlan, SampleId, SampleMeta};
+use crate::batch::{SampleId, SampleMeta};
+use crate::config::EpochSettings;
 use crate::error::ClientError;
 use crate::ledger::{Ledger, Verdict};
 use crate::reorder::{Arrival, Placement, Reorder};
@@ -78,55 +79,9 @@ struct LinkState {
     excluded: bool,
 }
 
-/// The protocol's settings for one epoch.
-pub(crate) struct Settings {
-    pub job: u64,
-    pub batch_plan: BatchPlan,
-    pub first_batch: u64,
-    pub credits_per_worker: u32,
-    pub receive_window: u64,
-    pub units_per_worker: usize,
-    pub worker_wait: Duration,
-    pub max_unit_attempts: u32,
-    /// Plan order: how far ahead of the next position a unit may start.
-    pub lookahead: u64,
-    /// Plan order: how long the next position may wait before its unit is hedged.
-    pub hedge_after: Duration,
-    /// The labels a loss can take; others are named skips.
-    pub labels: LabelRange,
-}
-
-/// The labels a sample may carry into a batch (see [`LabelRange::check`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LabelRange {
-    /// Negative labels are delivered (by default they are skipped: `cross_entropy` raises on
-    /// them, and silently ignores -100).
-    pub allow_negative: bool,
-    /// Labels must be below this (`num_classes`), when given.
-    pub num_classes: Option<u64>,
-}
-
-impl LabelRange {
-    /// Why `label` cannot go into a batch, if it cannot.
-    pub fn check(&self, label: i64) -> Option<String> {
-        if label < 0 && !self.allow_negative {
-            return Some(format!(
-                "label: {label} is negative (a loss would crash on it or silently ignore it; \
-                 allow_negative_labels=True delivers such labels)"
-            ));
-        }
-        match self.num_classes {
-            Some(n) if label >= 0 && label as u64 >= n => Some(format!(
-                "label: {label} is out of range for num_classes={n}"
-            )),
-            _ => None,
-        }
-    }
-}
-
 /// One rank's epoch, as the protocol tracks it.
 pub(crate) struct Protocol<P> {
-    settings: Settings,
+    settings: EpochSettings,
     manifest: Arc<Manifest>,
     ledger: Ledger,
     reorder: Reorder<P>,
@@ -157,7 +112,7 @@ pub(crate) struct Protocol<P> {
 
 impl<P: Tensor> Protocol<P> {
     pub(crate) fn new(
-        settings: Settings,
+        settings: EpochSettings,
         manifest: Arc<Manifest>,
         (ledger, reorder): (Ledger, Reorder<P>),
         links: Vec<String>,
@@ -256,7 +211,9 @@ impl<P: Tensor> Protocol<P> {
 
     /// When [`Protocol::timeout`] must be called (the hedging or the no-worker deadline).
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        let wait = self.down_since.map(|t| t + self.settings.worker_wait);
+        let wait = self
+            .down_since
+            .map(|t| t + self.settings.config.worker_wait);
         match (wait, self.hedge_deadline()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -266,9 +223,9 @@ impl<P: Tensor> Protocol<P> {
     /// Time has reached a deadline: hedge a late unit, or fail with no worker left.
     pub(crate) fn timeout(&mut self, now: Instant) -> Result<(), ClientError> {
         if let Some(t) = self.down_since {
-            if now >= t + self.settings.worker_wait {
+            if now >= t + self.settings.config.worker_wait {
                 return Err(ClientError::WorkersLost {
-                    waited: self.settings.worker_wait,
+                    waited: self.settings.config.worker_wait,
                     detail: self.last_errors(),
                 });
             }
@@ -297,8 +254,8 @@ impl<P: Tensor> Protocol<P> {
                 }
                 self.shape = Some(shape);
                 self.credit_window = credit_window(
-                    self.settings.credits_per_worker,
-                    self.settings.receive_window,
+                    self.settings.config.credits_per_worker,
+                    self.settings.config.receive_window,
                     bytes,
                 );
                 self.actions.push_back(Action::Ring(shape));
@@ -335,7 +292,10 @@ impl<P: Tensor> Protocol<P> {
     ) {
         self.counters.received.fetch_add(1, Ordering::Relaxed);
         self.used_credit(link);
-        if let Some(reason) = header.label.and_then(|l| self.settings.labels.check(l)) {
+        if let Some(reason) = header
+            .label
+            .and_then(|l| self.settings.config.labels.check(l))
+        {
             let skipped = SkippedSample {
                 job: header.job,
                 unit: header.unit,
@@ -453,7 +413,7 @@ impl<P: Tensor> Protocol<P> {
             let f = &mut self.failures[unit as usize];
             f.0 += 1;
             f.1 = e.clone();
-            if f.0 >= self.settings.max_unit_attempts {
+            if f.0 >= self.settings.config.max_unit_attempts {
                 let u = self.ledger.unit(unit).copied();
                 return Err(ClientError::UnitFailed {
                     unit,
@@ -526,10 +486,9 @@ impl<P: Tensor> Protocol<P> {
         if self.held {
             return;
         }
-        let horizon = self
-            .reorder
-            .next_position()
-            .map_or(u64::MAX, |n| n.saturating_add(self.settings.lookahead));
+        let horizon = self.reorder.next_position().map_or(u64::MAX, |n| {
+            n.saturating_add(self.settings.config.lookahead)
+        });
         while self
             .queue
             .peek()
@@ -538,7 +497,7 @@ impl<P: Tensor> Protocol<P> {
             let Some(i) = (0..self.links.len())
                 .filter(|&i| {
                     let l = &self.links[i];
-                    l.generation.is_some() && l.open.len() < self.settings.units_per_worker
+                    l.generation.is_some() && l.open.len() < self.settings.config.units_per_worker
                 })
                 .min_by_key(|&i| self.links[i].open.len())
             else {
@@ -590,7 +549,7 @@ impl<P: Tensor> Protocol<P> {
         if self.hedged.get(unit as usize).copied().unwrap_or(true) {
             return None;
         }
-        Some(self.progressed + self.settings.hedge_after)
+        Some(self.progressed + self.settings.config.hedge_after)
     }
 
     /// Gives the rest of the awaited sample's unit to a second live worker too, if a worker
@@ -622,7 +581,7 @@ impl<P: Tensor> Protocol<P> {
                 worker = %self.links[holder].name,
                 "sample {index} of unit {unit} is late ({:.1} s without progress); no other \
                  worker to hedge to, waiting",
-                self.settings.hedge_after.as_secs_f64()
+                self.settings.config.hedge_after.as_secs_f64()
             );
             return;
         };

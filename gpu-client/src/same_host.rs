@@ -38,18 +38,6 @@ pub enum SameHost {
     Require,
 }
 
-impl std::str::FromStr for SameHost {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(SameHost::Auto),
-            "off" => Ok(SameHost::Off),
-            "require" => Ok(SameHost::Require),
-            _ => Err(format!("{s:?} is not auto, off or require")),
-        }
-    }
-}
-
 /// Where workers put their same-host sockets unless told otherwise: `$SLUICE_SAME_HOST_DIR`,
 /// else `/run/sluice` (the systemd unit's runtime directory).
 pub fn default_socket_dir() -> PathBuf {

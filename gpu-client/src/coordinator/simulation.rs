@@ -20,8 +20,9 @@ use sluice_wire::{Assign, SampleHeader, SampleShape, SkippedSample, UnitDone};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{Coordinator, Settings};
+use super::Coordinator;
 use crate::batch::{BatchPlan, HeapAllocator, LastBatch, ShortBatch};
+use crate::config::{EpochSettings, LoaderConfig};
 use crate::ledger::Ledger;
 use crate::link::{Command, Event};
 use crate::reorder::Reorder;
@@ -87,21 +88,24 @@ async fn simulate(seed: u64, world: &World) -> (Vec<Vec<(u32, u64)>>, crate::Epo
         .enumerate()
         .map(|(i, tx)| (format!("w{i}"), tx))
         .collect();
-    let settings = Settings {
+    let settings = EpochSettings {
+        config: Arc::new(LoaderConfig {
+            short_batch: ShortBatch::Deliver,
+            credits_per_worker: 1 + rng.below(12) as u32,
+            receive_window: 1 << 20,
+            units_per_worker: 1 + rng.below(3) as usize,
+            ring_batches: 2 + rng.below(3) as usize,
+            worker_wait: Duration::from_secs(600),
+            max_unit_attempts: 1000,
+            lookahead: world.lookahead,
+            hedge_after: Duration::from_secs(3),
+            labels: Default::default(),
+            ..LoaderConfig::default()
+        }),
         job: 1,
         epoch: 0,
         batch_plan: world.batch_plan,
         first_batch: 0,
-        short_batch: ShortBatch::Deliver,
-        credits_per_worker: 1 + rng.below(12) as u32,
-        receive_window: 1 << 20,
-        units_per_worker: 1 + rng.below(3) as usize,
-        ring_batches: 2 + rng.below(3) as usize,
-        worker_wait: Duration::from_secs(600),
-        max_unit_attempts: 1000,
-        lookahead: world.lookahead,
-        hedge_after: Duration::from_secs(3),
-        labels: Default::default(),
     };
     let coordinator = Coordinator::new(
         settings,

@@ -495,18 +495,8 @@ impl DeviceEpoch {
     }
 }
 
-impl Iterator for DeviceEpoch {
-    type Item = Result<DeviceBatch, ClientError>;
-
-    /// Blocks until the next batch's copy is enqueued (not finished: see [`DeviceBatch`]).
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if let Ok(item) = self.next_timeout(Duration::from_millis(500)) {
-                return item;
-            }
-        }
-    }
-}
+// `next` blocks until the next batch's copy is enqueued (not finished: see [`DeviceBatch`]).
+crate::loader::blocking_iterator!(DeviceEpoch, DeviceBatch);
 
 /// A batch on the device. Make the consuming stream wait on it with [`DeviceBatch::wait_on`]
 /// (or block with [`DeviceBatch::synchronize`]); dropping it hands its buffers back once the

@@ -1,0 +1,549 @@
+//! [`LoaderConfig`]: every setting of a loader, as plain data, validated once.
+//!
+//! [`crate::LoaderBuilder`] fills one in and validates it; the loader, each epoch's
+//! coordinator and protocol ([`EpochSettings`]), the checkpoint and the Python binding all
+//! read the same `Arc<LoaderConfig>`. It (de)serializes with the names the Python binding
+//! passes (durations in seconds, the shuffle policy, fields and label as text), so the binding
+//! hands over a dict and never restates the list.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use sluice_plan::{BatchPlan, LastBatch, Mixing, PlanConfig, Remainder, ShufflePolicy};
+use sluice_wire::{FieldSelection, LabelSource, Limits};
+
+use crate::batch::ShortBatch;
+use crate::error::ClientError;
+use crate::same_host::SameHost;
+
+/// The order samples fill batches in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Order {
+    /// The plan's order ([`sluice_plan::Sequence`]): batch `b` is the same list of samples
+    /// for the same seed, whatever workers, transports, failures or resumes produced it.
+    #[default]
+    Plan,
+    /// As samples arrive, through a seeded shuffle buffer: mixed, not reproducible; no
+    /// sample waits for its turn.
+    Arrival,
+}
+
+impl Order {
+    /// Checkpoints written before the order was recorded were arrival order.
+    pub(crate) fn legacy() -> Self {
+        Order::Arrival
+    }
+}
+
+impl std::fmt::Display for Order {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Order::Plan => "plan",
+            Order::Arrival => "arrival",
+        })
+    }
+}
+
+/// `FromStr` by a unit variant's serde name (`"plan"`, `"require"`), as configs and command
+/// lines spell it.
+macro_rules! from_serde_name {
+    ($($t:ty),*) => {$(
+        impl std::str::FromStr for $t {
+            type Err = String;
+
+            fn from_str(s: &str) -> Result<Self, String> {
+                use serde::de::IntoDeserializer;
+                <$t>::deserialize(s.into_deserializer())
+                    .map_err(|e: serde::de::value::Error| format!("{s:?}: {e}"))
+            }
+        }
+    )*};
+}
+
+from_serde_name!(Order, SameHost);
+
+/// The labels a sample may carry into a batch (see [`LabelRange::check`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LabelRange {
+    /// Negative labels are delivered (by default they are skipped: `cross_entropy` raises on
+    /// them, and silently ignores -100).
+    pub allow_negative: bool,
+    /// Labels must be below this (`num_classes`), when given.
+    pub num_classes: Option<u64>,
+}
+
+impl LabelRange {
+    /// Why `label` cannot go into a batch, if it cannot.
+    pub fn check(&self, label: i64) -> Option<String> {
+        if label < 0 && !self.allow_negative {
+            return Some(format!(
+                "label: {label} is negative (a loss would crash on it or silently ignore it; \
+                 allow_negative_labels=True delivers such labels)"
+            ));
+        }
+        match self.num_classes {
+            Some(n) if label >= 0 && label as u64 >= n => Some(format!(
+                "label: {label} is out of range for num_classes={n}"
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// Every setting of a loader but what is not data (the dataset's manifest, an in-process
+/// decoder, the host allocator, a token given as text).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoaderConfig {
+    /// A name for logs on the workers.
+    pub dataset_name: String,
+    /// `sluice cpu` daemons as `host:port` (a name may resolve to several, as a Kubernetes
+    /// headless Service does); empty: decode in this process.
+    pub workers: Vec<String>,
+    /// The pipeline spec, e.g. `decode | random_resized_crop 224 | hflip 0.5`.
+    pub pipeline: String,
+    pub batch_size: u32,
+    pub seed: u64,
+    pub rank: u32,
+    pub world_size: u32,
+    #[serde(with = "text")]
+    pub shuffle: ShufflePolicy,
+    /// What happens to samples that do not divide among ranks.
+    pub remainder: Remainder,
+    /// Largest work unit, in samples.
+    pub max_unit_samples: u64,
+    /// The order samples fill batches in (plan: reproducible; arrival: as they come).
+    pub order: Order,
+    /// The plan's mixing: units interleaved at once and the shuffle buffer after them
+    /// (arrival order uses the buffer size for its shuffle buffer).
+    pub mixing: Mixing,
+    /// Plan order: how many positions ahead of the next one a unit may be started; bounds
+    /// the samples held for their turn. 0: the larger of 512 and twice the batch size.
+    pub lookahead: u64,
+    /// Plan order: how long the next sample may be late before the rest of its unit is also
+    /// given to another worker.
+    #[serde(with = "seconds")]
+    pub hedge_after: Duration,
+    /// Which labels may reach a batch (default: non-negative ones, any size); a sample whose
+    /// label is outside is a named skip, never a loss that crashes.
+    pub labels: LabelRange,
+    pub last_batch: LastBatch,
+    pub short_batch: ShortBatch,
+    /// Fail a unit (rather than skip the sample) when an image cannot be decoded.
+    pub fail_on_bad_sample: bool,
+    /// The non-image fields each batch carries beside its tensors (`[]`: none, `["all"]`).
+    #[serde(with = "field_names")]
+    pub fields: FieldSelection,
+    /// Where each sample's integer label comes from (`cls`, `json:category_id`; `null`: no
+    /// label, every label -1). A missing or non-integer label is a named skip.
+    #[serde(with = "label_text")]
+    pub label: LabelSource,
+    /// A requested field (or the label's) longer than this makes its sample a named skip.
+    pub max_field_bytes: u64,
+    /// The cluster token's file (its first line), for remote workers.
+    pub token_file: Option<PathBuf>,
+    /// A PEM file with the workers' certificates (pinned) or their CA.
+    pub trust_cert: Option<PathBuf>,
+    /// Samples each worker may have in flight to this client.
+    pub credits_per_worker: u32,
+    pub receive_window: u64,
+    /// Units each worker works on at once for this client.
+    pub units_per_worker: usize,
+    /// QUIC connections to each worker (1–16): one connection's packets are handled by one
+    /// task on each side, about a core's worth. Same-host workers always get one.
+    pub connections_per_worker: u32,
+    /// Batch buffers in the ring (at least 2: one being filled, one being consumed).
+    pub ring_batches: usize,
+    /// How long to wait for any worker before an epoch fails.
+    #[serde(with = "seconds")]
+    pub worker_wait: Duration,
+    /// How often the client says it is alive.
+    #[serde(with = "seconds")]
+    pub heartbeat: Duration,
+    /// How long a worker may stay silent before its units move elsewhere.
+    #[serde(with = "seconds")]
+    pub silence: Duration,
+    #[serde(with = "seconds")]
+    pub connect_timeout: Duration,
+    /// Failures of one unit before the epoch fails.
+    pub max_unit_attempts: u32,
+    pub client_name: String,
+    /// Shared memory instead of QUIC for workers on this machine.
+    pub same_host: SameHost,
+    /// Where same-host workers' sockets are (`cpu-<port>.sock`).
+    pub same_host_dir: PathBuf,
+    /// Start epoch `e + 1` while epoch `e` drains (see [`crate::LoaderBuilder`]).
+    pub prefetch_next_epoch: bool,
+    /// How many epochs the job reads (`0..epochs`), when known: the epoch after the last is
+    /// then not started early.
+    pub epochs: Option<u64>,
+}
+
+impl Default for LoaderConfig {
+    fn default() -> Self {
+        LoaderConfig {
+            dataset_name: "dataset".into(),
+            workers: Vec::new(),
+            pipeline: "decode | random_resized_crop 224 | hflip 0.5".into(),
+            batch_size: 256,
+            seed: 0,
+            rank: 0,
+            world_size: 1,
+            shuffle: ShufflePolicy::Global,
+            remainder: Remainder::Drop,
+            max_unit_samples: 64,
+            order: Order::Plan,
+            mixing: Mixing::default(),
+            lookahead: 0,
+            hedge_after: Duration::from_secs(3),
+            labels: LabelRange::default(),
+            last_batch: LastBatch::Partial,
+            short_batch: ShortBatch::Deliver,
+            fail_on_bad_sample: false,
+            fields: FieldSelection::None,
+            label: LabelSource::default(),
+            max_field_bytes: 1 << 20,
+            token_file: None,
+            trust_cert: None,
+            credits_per_worker: 128,
+            receive_window: 64 << 20,
+            units_per_worker: 2,
+            connections_per_worker: 1,
+            ring_batches: 4,
+            worker_wait: Duration::from_secs(30),
+            heartbeat: Duration::from_secs(1),
+            silence: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            max_unit_attempts: 5,
+            client_name: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "client".into()),
+            same_host: SameHost::Auto,
+            same_host_dir: crate::same_host::default_socket_dir(),
+            prefetch_next_epoch: true,
+            epochs: None,
+        }
+    }
+}
+
+impl LoaderConfig {
+    /// Checks every setting on its own and against the others, naming the key, and settles
+    /// the defaults that follow from others (the lookahead, manifest order's mixing). The
+    /// dataset and the world are checked against each other when the loader is built.
+    pub fn validate(&mut self) -> Result<(), ClientError> {
+        let bad = |key, detail: &str| {
+            Err(ClientError::Config {
+                key,
+                detail: detail.into(),
+            })
+        };
+        if self.batch_size == 0 {
+            return bad("batch_size", "must be at least 1");
+        }
+        if self.world_size == 0 || self.rank >= self.world_size {
+            let detail = format!(
+                "rank {} is outside world_size {}",
+                self.rank, self.world_size
+            );
+            return bad("rank", &detail);
+        }
+        if !self.workers.is_empty() && self.trust_cert.is_none() {
+            return bad(
+                "trust_cert",
+                "remote workers need a certificate to trust (a worker's state_dir/cert.pem, or their CA)",
+            );
+        }
+        if self.ring_batches < 2 {
+            return bad("ring_batches", "must be at least 2");
+        }
+        if !(1..=16).contains(&self.connections_per_worker) {
+            return bad("connections_per_worker", "must be 1 to 16");
+        }
+        if self.credits_per_worker == 0 || self.units_per_worker == 0 {
+            return bad(
+                "credits_per_worker",
+                "credits and units per worker must be at least 1",
+            );
+        }
+        if self.silence <= self.heartbeat * 2 {
+            return bad("silence", "must exceed twice the heartbeat interval");
+        }
+        if self.max_unit_attempts == 0 {
+            return bad("max_unit_attempts", "must be at least 1");
+        }
+        if self.mixing.window_units == 0 {
+            return bad("mixing.window_units", "must be at least 1");
+        }
+        if self.max_field_bytes == 0 {
+            return bad("max_field_bytes", "must be at least 1");
+        }
+        if self.labels.num_classes == Some(0) {
+            return bad("num_classes", "must be at least 1");
+        }
+        if !self.shuffle.shuffles() {
+            // Manifest order: one unit at a time, no shuffle buffer, batches in plan order.
+            if self.order == Order::Arrival {
+                return bad(
+                    "order",
+                    "shuffle \"none\" delivers in manifest order, which needs order \"plan\"",
+                );
+            }
+            self.mixing = Mixing {
+                window_units: 1,
+                buffer_samples: 0,
+            };
+        }
+        if self.lookahead == 0 {
+            self.lookahead = 512.max(2 * u64::from(self.batch_size));
+        }
+        check_pipeline(&self.pipeline)?;
+        if self.order == Order::Plan && self.lookahead < u64::from(self.batch_size) {
+            return bad(
+                "lookahead",
+                "must be at least batch_size, or workers could not fill one batch ahead",
+            );
+        }
+        Ok(())
+    }
+
+    /// The job-wide inputs of this loader's plans.
+    pub fn plan_config(&self) -> PlanConfig {
+        PlanConfig {
+            seed: self.seed,
+            world_size: self.world_size,
+            policy: self.shuffle,
+            remainder: self.remainder,
+            max_unit_samples: self.max_unit_samples,
+        }
+    }
+
+    /// The plan settings a checkpoint records beside its named fields.
+    pub fn plan_settings(&self) -> PlanSettings {
+        PlanSettings {
+            remainder: self.remainder,
+            max_unit_samples: self.max_unit_samples,
+            last_batch: self.last_batch,
+            mixing: self.mixing,
+        }
+    }
+}
+
+/// Parses `pipeline` with the workers' grammar and checks that its tensors have a fixed
+/// shape that fits the largest frame a worker sends: what every worker would refuse at job
+/// open, as an error here instead of at the first batch. `LoaderBuilder::build` calls it; a
+/// binding may call it earlier.
+pub fn check_pipeline(pipeline: &str) -> Result<sluice_wire::spec::PipelineSpec, ClientError> {
+    let bad = |detail: String| ClientError::Config {
+        key: "pipeline",
+        detail,
+    };
+    let spec: sluice_wire::spec::PipelineSpec = pipeline
+        .parse()
+        .map_err(|e: sluice_wire::spec::SpecError| bad(e.to_string()))?;
+    spec.shape_within(u64::from(Limits::default().max_payload))
+        .map_err(|e| bad(e.to_string()))?;
+    Ok(spec)
+}
+
+/// The settings besides seed, shuffle, order and batch size that decide a rank's batches: a
+/// checkpoint must have been taken with the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanSettings {
+    pub remainder: Remainder,
+    pub max_unit_samples: u64,
+    pub last_batch: LastBatch,
+    pub mixing: Mixing,
+}
+
+impl PlanSettings {
+    /// The text checkpoints of version 2 recorded for these settings.
+    pub(crate) fn version2_text(&self) -> String {
+        format!(
+            "remainder={:?} unit={} last={:?} mix={}x{}",
+            self.remainder,
+            self.max_unit_samples,
+            self.last_batch,
+            self.mixing.window_units,
+            self.mixing.buffer_samples
+        )
+    }
+
+    /// The first setting in which `self` (a checkpoint's) differs from `ours`.
+    pub(crate) fn first_difference(
+        &self,
+        ours: &PlanSettings,
+    ) -> Option<(&'static str, String, String)> {
+        let pairs = [
+            (
+                "remainder",
+                format!("{:?}", self.remainder),
+                format!("{:?}", ours.remainder),
+            ),
+            (
+                "max_unit_samples",
+                self.max_unit_samples.to_string(),
+                ours.max_unit_samples.to_string(),
+            ),
+            (
+                "last_batch",
+                format!("{:?}", self.last_batch),
+                format!("{:?}", ours.last_batch),
+            ),
+            (
+                "mixing",
+                format!("{:?}", self.mixing),
+                format!("{:?}", ours.mixing),
+            ),
+        ];
+        pairs.into_iter().find(|(_, a, b)| a != b)
+    }
+}
+
+/// What one epoch's coordinator and protocol run under: the loader's settings and where in
+/// the epoch they start.
+#[derive(Clone, Debug)]
+pub(crate) struct EpochSettings {
+    pub config: Arc<LoaderConfig>,
+    pub job: u64,
+    pub epoch: u64,
+    pub batch_plan: BatchPlan,
+    /// The first batch this run fills (past 0 when resumed).
+    pub first_batch: u64,
+}
+
+/// Durations as seconds (a float), as Python passes them.
+mod seconds {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let v = f64::deserialize(d)?;
+        if v.is_finite() && v > 0.0 && v < 1e6 {
+            Ok(Duration::from_secs_f64(v))
+        } else {
+            Err(serde::de::Error::custom(format!(
+                "must be a positive number of seconds, got {v}"
+            )))
+        }
+    }
+}
+
+/// A value as its text (`Display` and `FromStr`): `"global"`, `"partial:0.2"`.
+mod text {
+    use super::*;
+
+    pub fn serialize<T: std::fmt::Display, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(v)
+    }
+
+    pub fn deserialize<'de, T, D>(d: D) -> Result<T, D::Error>
+    where
+        T: std::str::FromStr,
+        T::Err: std::fmt::Display,
+        D: Deserializer<'de>,
+    {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Fields as a list of names (`[]` none, `["all"]` every one).
+mod field_names {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(f: &FieldSelection, s: S) -> Result<S::Ok, S::Error> {
+        let names: Vec<String> = match f {
+            FieldSelection::None => Vec::new(),
+            FieldSelection::Named(n) => n.clone(),
+            FieldSelection::All => vec!["all".into()],
+        };
+        names.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<FieldSelection, D::Error> {
+        let names = Vec::<String>::deserialize(d)?;
+        FieldSelection::from_names(&names).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The label's source as text (`"cls"`, `"json:category_id"`), or `null` for none.
+mod label_text {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(l: &LabelSource, s: S) -> Result<S::Ok, S::Error> {
+        match l {
+            LabelSource::None => s.serialize_none(),
+            other => s.collect_str(other),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<LabelSource, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            None => Ok(LabelSource::None),
+            Some(text) => LabelSource::parse(&text).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_round_trips_through_the_text_python_passes() {
+        let config = LoaderConfig {
+            shuffle: ShufflePolicy::Partial(0.25),
+            fields: FieldSelection::Named(vec!["txt".into(), "json".into()]),
+            label: LabelSource::None,
+            hedge_after: Duration::from_millis(1500),
+            ..LoaderConfig::default()
+        };
+        let text = serde_json::to_string(&config).unwrap();
+        assert!(text.contains(r#""shuffle":"partial:0.25""#), "{text}");
+        assert!(text.contains(r#""label":null"#), "{text}");
+        assert!(text.contains(r#""hedge_after":1.5"#), "{text}");
+        let back: LoaderConfig = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, config);
+        let partial: LoaderConfig =
+            serde_json::from_str(r#"{"batch_size": 32, "shuffle": "none", "label": "json:y"}"#)
+                .unwrap();
+        assert_eq!(partial.batch_size, 32);
+        assert_eq!(partial.shuffle, ShufflePolicy::Sequential);
+        let err = serde_json::from_str::<LoaderConfig>(r#"{"batch_sise": 32}"#).unwrap_err();
+        assert!(err.to_string().contains("batch_sise"), "{err}");
+    }
+
+    #[test]
+    fn validation_names_the_key_and_settles_what_follows_from_others() {
+        let mut c = LoaderConfig {
+            shuffle: ShufflePolicy::Sequential,
+            batch_size: 600,
+            ..LoaderConfig::default()
+        };
+        c.validate().unwrap();
+        assert_eq!((c.mixing.window_units, c.mixing.buffer_samples), (1, 0));
+        assert_eq!(c.lookahead, 1200);
+        let mut c = LoaderConfig {
+            workers: vec!["cpu-0:7100".into()],
+            ..LoaderConfig::default()
+        };
+        let err = c.validate().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ClientError::Config {
+                    key: "trust_cert",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+}

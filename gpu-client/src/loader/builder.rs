@@ -1,0 +1,292 @@
+//! [`LoaderBuilder`]: a [`LoaderConfig`] filled in setting by setting (or whole), plus what
+//! is not data (the manifest, an in-process decoder, the allocator), validated and built.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sluice_plan::{BatchPlan, EpochPlanner, LastBatch, Mixing, Remainder, ShufflePolicy};
+use sluice_shard::Manifest;
+use sluice_wire::{BufferPool, FieldSelection, LabelSource, UnitRunner};
+
+use super::{checkpoint, Loader, Workers};
+use crate::batch::{HeapAllocator, HostAllocator, Recycling, ShortBatch};
+use crate::config::{LabelRange, LoaderConfig, Order};
+use crate::error::ClientError;
+use crate::same_host::SameHost;
+use crate::stats::Stats;
+
+/// Builds a [`Loader`]; every setting has a default but the dataset and the workers.
+pub struct LoaderBuilder {
+    config: LoaderConfig,
+    manifest: Option<Manifest>,
+    runner: Option<Arc<dyn UnitRunner>>,
+    allocator: Arc<dyn HostAllocator>,
+    token: Option<String>,
+}
+
+impl Default for LoaderBuilder {
+    fn default() -> Self {
+        LoaderBuilder {
+            config: LoaderConfig::default(),
+            manifest: None,
+            runner: None,
+            allocator: Arc::new(HeapAllocator),
+            token: None,
+        }
+    }
+}
+
+/// A setter of one [`LoaderConfig`] field (documented there).
+macro_rules! setter {
+    ($($name:ident: $t:ty),* $(,)?) => {
+        $(
+            #[doc = concat!("Sets [`LoaderConfig::", stringify!($name), "`].")]
+            pub fn $name(mut self, $name: $t) -> Self {
+                self.config.$name = $name;
+                self
+            }
+        )*
+    };
+}
+
+impl LoaderBuilder {
+    setter!(
+        dataset_name: String, pipeline: String, batch_size: u32, seed: u64, rank: u32,
+        world_size: u32, shuffle: ShufflePolicy, remainder: Remainder, max_unit_samples: u64,
+        order: Order, mixing: Mixing, lookahead: u64, hedge_after: Duration,
+        labels: LabelRange, last_batch: LastBatch, short_batch: ShortBatch,
+        fail_on_bad_sample: bool, fields: FieldSelection, label: LabelSource,
+        max_field_bytes: u64, credits_per_worker: u32, units_per_worker: usize,
+        connections_per_worker: u32, ring_batches: usize, worker_wait: Duration,
+        heartbeat: Duration, silence: Duration, connect_timeout: Duration,
+        max_unit_attempts: u32, client_name: String, same_host: SameHost,
+        same_host_dir: PathBuf, prefetch_next_epoch: bool,
+    );
+
+    /// Every setting at once (a binding's, deserialized).
+    pub fn config(mut self, config: LoaderConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The dataset's manifest (shard URLs must be absolute or resolvable by the workers).
+    pub fn dataset(mut self, manifest: Manifest) -> Self {
+        self.manifest = Some(manifest);
+        self
+    }
+
+    /// Remote workers (`host:port`).
+    pub fn workers<I, S>(mut self, workers: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.config.workers = workers.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Decode in this process with `runner` (no daemons).
+    pub fn in_process(mut self, runner: Arc<dyn UnitRunner>) -> Self {
+        self.runner = Some(runner);
+        self
+    }
+
+    /// How many epochs the job reads (`0..epochs`), when known: the epoch after the last is
+    /// then not started early.
+    pub fn epochs(mut self, epochs: u64) -> Self {
+        self.config.epochs = Some(epochs);
+        self
+    }
+
+    /// The cluster token the workers expect (else `token_file`'s).
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// A PEM file with the workers' certificates (pinned) or their CA.
+    pub fn trust_cert(mut self, path: impl Into<PathBuf>) -> Self {
+        self.config.trust_cert = Some(path.into());
+        self
+    }
+
+    /// Where batch buffers come from (page-locked memory for CUDA).
+    pub fn allocator(mut self, allocator: Arc<dyn HostAllocator>) -> Self {
+        self.allocator = allocator;
+        self
+    }
+
+    pub fn build(mut self) -> Result<Loader, ClientError> {
+        self.config.validate()?;
+        let config = Arc::new(self.config);
+        let Some(manifest) = self.manifest else {
+            return Err(bad("dataset", "no dataset given"));
+        };
+        let workers = match (self.runner, config.workers.is_empty()) {
+            (Some(runner), true) => Workers::InProcess(runner),
+            (None, false) => Workers::Remote(config.workers.clone()),
+            (Some(_), false) => {
+                return Err(bad(
+                    "workers",
+                    "give remote workers or in-process decoding, not both",
+                ))
+            }
+            (None, true) => {
+                return Err(bad(
+                    "workers",
+                    "give remote workers or choose in-process decoding",
+                ))
+            }
+        };
+        let token = match (self.token, &config.token_file) {
+            (Some(t), _) => Some(t),
+            (None, Some(path)) => Some(
+                sluice_wire::token::read(path).map_err(|e| bad("token_file", &e.to_string()))?,
+            ),
+            (None, None) => None,
+        };
+        let (planner, batch_plan) = plan_world(&config, &manifest)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("sluice-client")
+            .enable_all()
+            .build()
+            .map_err(|e| ClientError::Runtime(e.to_string()))?;
+        let quic = match (&workers, &config.trust_cert) {
+            (Workers::Remote(_), Some(trust)) => Some(quic_client(&config, trust, &runtime)?),
+            _ => None,
+        };
+        Ok(Loader {
+            buffers: Arc::new(BufferPool::new(held_samples(&config, &workers))),
+            fingerprint: checkpoint::fingerprint(&manifest),
+            manifest: Arc::new(manifest),
+            planner,
+            batch_plan,
+            workers,
+            token,
+            quic,
+            runtime: Some(runtime),
+            allocator: Arc::new(Recycling::new(self.allocator, config.ring_batches)),
+            progress: Arc::new(Mutex::new(None)),
+            resume: Mutex::new(None),
+            next: Mutex::new(None),
+            last_epoch: Mutex::new(None),
+            passes: AtomicU64::new(0),
+            stats: Arc::new(Stats::new()),
+            config,
+        })
+    }
+}
+
+fn bad(key: &'static str, detail: &str) -> ClientError {
+    ClientError::Config {
+        key,
+        detail: detail.into(),
+    }
+}
+
+/// The planner of this dataset under `config`, and each rank's batches. An impossible world
+/// (more ranks than samples under "drop", no batch at all) is refused here, before a runtime,
+/// a connection or a plan is made.
+fn plan_world(
+    config: &LoaderConfig,
+    manifest: &Manifest,
+) -> Result<(EpochPlanner, BatchPlan), ClientError> {
+    manifest
+        .validate(&config.dataset_name)
+        .map_err(|e| bad("dataset", &e.to_string()))?;
+    let counts: Vec<u64> = manifest.shards.iter().map(|s| s.samples).collect();
+    let plan_config = config.plan_config();
+    sluice_plan::validate(&counts, &plan_config, config.rank)
+        .map_err(|e| bad("world_size", &e.to_string()))?;
+    let total = manifest.total_samples();
+    let per_rank = sluice_plan::samples_per_rank(total, config.world_size, config.remainder);
+    let batch_size = u64::from(config.batch_size);
+    let batch_plan = BatchPlan::new(per_rank, batch_size, config.last_batch);
+    if batch_plan.batches == 0 && total > 0 {
+        let detail = format!(
+            "each of the {} ranks gets {per_rank} of the dataset's {total} samples, so an \
+             epoch would have no batch at all (batch_size {}, drop_last {}, remainder {:?}): \
+             use fewer ranks, a smaller batch_size, or drop_last=False",
+            config.world_size,
+            config.batch_size,
+            config.last_batch == LastBatch::Drop,
+            config.remainder,
+        );
+        return Err(bad("drop_last", &detail));
+    }
+    let planner = EpochPlanner {
+        counts,
+        config: plan_config,
+        mixing: config.mixing,
+        batch_size,
+        last_batch: config.last_batch,
+    };
+    Ok((planner, batch_plan))
+}
+
+/// Samples the client may hold between arrival and batch: the plan order's reorder bound
+/// (see `crate::reorder`) and every worker's credits.
+fn held_samples(config: &LoaderConfig, workers: &Workers) -> usize {
+    let links = match workers {
+        Workers::Remote(names) => names.len() as u64 * u64::from(config.connections_per_worker),
+        Workers::InProcess(_) => 0,
+    };
+    let held = config.lookahead
+        + u64::from(config.mixing.buffer_samples)
+        + u64::from(config.mixing.window_units) * config.max_unit_samples
+        + links * u64::from(config.credits_per_worker);
+    held.min(1 << 16) as usize
+}
+
+/// The QUIC endpoint and client settings for remote workers.
+fn quic_client(
+    config: &LoaderConfig,
+    trust: &std::path::Path,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<(quinn::Endpoint, quinn::ClientConfig), ClientError> {
+    let mut t = quinn::TransportConfig::default();
+    t.max_concurrent_bidi_streams(0u32.into());
+    t.max_concurrent_uni_streams(0u32.into());
+    let window = config.receive_window.min(u32::MAX as u64) as u32;
+    t.stream_receive_window(window.into());
+    t.receive_window(window.into());
+    t.keep_alive_interval(Some(config.heartbeat));
+    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    mtu.upper_bound(sluice_wire::quic::MAX_UDP_PAYLOAD);
+    t.mtu_discovery_config(Some(mtu));
+    t.max_idle_timeout(config.silence.try_into().ok());
+    let client = crate::tls::client_config(trust, t)?;
+    Ok((quic_endpoint(runtime)?, client))
+}
+
+/// The client's QUIC endpoint: datagrams up to [`sluice_wire::quic::MAX_UDP_PAYLOAD`] and a
+/// receive buffer that rides out a descheduled client thread (see
+/// [`sluice_wire::quic::SOCKET_BUFFER_BYTES`]). A smaller buffer than asked for only costs
+/// speed, so it is logged, not fatal.
+fn quic_endpoint(runtime: &tokio::runtime::Runtime) -> Result<quinn::Endpoint, ClientError> {
+    let failed = |what: &str, e: &dyn std::fmt::Display| {
+        ClientError::Runtime(format!("QUIC endpoint: {what}: {e}"))
+    };
+    let socket = std::net::UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))
+        .map_err(|e| failed("bind 0.0.0.0:0", &e))?;
+    if let Some(why) = sluice_wire::quic::grow_buffer(&socket, sluice_wire::quic::Buffer::Receive) {
+        tracing::debug!("{why}");
+    }
+    let mut config = quinn::EndpointConfig::default();
+    config
+        .max_udp_payload_size(sluice_wire::quic::MAX_UDP_PAYLOAD)
+        .map_err(|e| failed("datagram size", &e))?;
+    // quinn registers the socket with the runtime it is created on.
+    let _entered = runtime.enter();
+    quinn::Endpoint::new(
+        config,
+        None,
+        socket,
+        std::sync::Arc::new(quinn::TokioRuntime),
+    )
+    .map_err(|e| failed("start", &e))
+}

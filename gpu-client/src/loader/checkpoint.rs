@@ -1,0 +1,511 @@
+//! Checkpoints: what a rank has been handed in an epoch, the dataset's identity, and the
+//! checks and arithmetic that resume one, at the same world size or another, from this rank's
+//! state or any other rank's (the resume arithmetic itself is `sluice_plan::resume`).
+
+use serde::{Deserialize, Serialize};
+use sluice_plan::{Segment, WorkUnit};
+use sluice_shard::Manifest;
+
+use super::Loader;
+use crate::config::{Order, PlanSettings};
+use crate::error::ClientError;
+use crate::ledger::{Ledger, LedgerRecord, Verdict};
+
+/// A compact record of an epoch in progress: restoring it delivers exactly the rest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub version: u32,
+    /// A hash of the manifest's shards' content (size, samples, checksum, in order; version 1
+    /// hashed their URLs too).
+    pub dataset: u64,
+    /// Each shard's content digest (its low 32 bits), for datasets of up to 65,536 shards:
+    /// a mismatch then names the first shard that differs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<u32>,
+    pub seed: u64,
+    pub world_size: u32,
+    pub rank: u32,
+    pub shuffle: String,
+    /// The delivery order it was taken under (`plan` or `arrival`).
+    #[serde(default = "Order::legacy")]
+    pub order: Order,
+    pub batch_size: u32,
+    /// The plan's other settings (remainder, unit size, last batch, mixing), which must
+    /// match too.
+    #[serde(default)]
+    pub plan: PlanRecord,
+    pub epoch: u64,
+    /// Earlier worlds of this epoch, oldest first, when it was resumed at another world size.
+    #[serde(default)]
+    pub resumed: Vec<Segment>,
+    /// Batches already handed to the consumer (in the current segment).
+    pub batches: u64,
+    /// Samples in those batches (delivered or skipped).
+    pub ledger: LedgerRecord,
+}
+
+/// A checkpoint's plan settings: typed (version 3), or the text versions 1 and 2 wrote.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PlanRecord {
+    Typed(PlanSettings),
+    /// `remainder=Drop unit=64 last=Partial mix=16x1024`; empty in the oldest checkpoints.
+    Text(String),
+}
+
+impl Default for PlanRecord {
+    fn default() -> Self {
+        PlanRecord::Text(String::new())
+    }
+}
+
+impl Checkpoint {
+    /// What every state of one job at one step shares, each as (name, value), in the order
+    /// a difference is named.
+    fn identity(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("dataset", self.dataset.to_string()),
+            ("seed", self.seed.to_string()),
+            ("world_size", self.world_size.to_string()),
+            ("shuffle", self.shuffle.clone()),
+            ("order", self.order.to_string()),
+            ("batch_size", self.batch_size.to_string()),
+            ("plan", format!("{:?}", self.plan)),
+            ("epoch", self.epoch.to_string()),
+            ("resumed", format!("{:?}", self.resumed)),
+        ]
+    }
+
+    /// 3: typed plan settings (2: content fingerprint; 1: URLs in the fingerprint).
+    pub const VERSION: u32 = 3;
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, ClientError> {
+        if bytes.len() > 256 << 20 {
+            return Err(ClientError::Checkpoint(format!(
+                "{} bytes is too large",
+                bytes.len()
+            )));
+        }
+        let c: Checkpoint = serde_json::from_slice(bytes).map_err(|e| {
+            // serde's "at line 1 column 299" means nothing to whoever saved the state.
+            let text = e.to_string();
+            let what = text
+                .rsplit_once(" at line ")
+                .map_or(text.as_str(), |(w, _)| w);
+            ClientError::Checkpoint(format!(
+                "this is not a Sluice loader's state_dict() ({what})"
+            ))
+        })?;
+        if !(1..=Self::VERSION).contains(&c.version) {
+            return Err(ClientError::Checkpoint(format!(
+                "version {} (this build reads {})",
+                c.version,
+                Self::VERSION
+            )));
+        }
+        Ok(c)
+    }
+}
+
+/// A loaded checkpoint, waiting for `epoch(e)`.
+pub(super) struct Pending {
+    pub epoch: u64,
+    pub resumed: Vec<Segment>,
+    pub batches: u64,
+    /// The ledger of this rank (same world size); `None` for an elastic resume, which starts
+    /// a new segment with nothing delivered.
+    pub ledger: Option<LedgerRecord>,
+}
+
+/// The dataset's identity for checkpoints: each shard's content (size, sample count,
+/// checksum) in manifest order, and not where it lives, so a checkpoint resumes after the
+/// shards moved to another directory, mount, cluster or storage node.
+pub(super) fn fingerprint(manifest: &Manifest) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for s in &manifest.shards {
+        h.update(&shard_digest(s).to_le_bytes());
+    }
+    h.digest()
+}
+
+/// One shard's content, for naming the first shard that differs from a checkpoint's.
+fn shard_digest(s: &sluice_shard::ShardInfo) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(&s.size.to_le_bytes());
+    h.update(&s.samples.to_le_bytes());
+    h.update(&s.checksum.0.to_le_bytes());
+    h.digest()
+}
+
+/// Checkpoints of version 1 hashed each shard's URL too.
+fn fingerprint_v1(manifest: &Manifest) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for s in &manifest.shards {
+        h.update(s.url.as_bytes());
+        h.update(&s.size.to_le_bytes());
+        h.update(&s.samples.to_le_bytes());
+        h.update(&s.checksum.0.to_le_bytes());
+    }
+    h.digest()
+}
+
+/// Shards up to which a checkpoint lists each shard's digest (4 bytes a shard: 256 KiB of
+/// JSON at most), so a mismatch can name the first shard that differs.
+const DIGESTS_LISTED: usize = 65_536;
+
+/// The first setting named in both lists whose values differ: (name, `a`'s, `b`'s).
+fn first_difference(
+    a: &[(&'static str, String)],
+    b: &[(&'static str, String)],
+) -> Option<(&'static str, String, String)> {
+    a.iter().find_map(|(name, x)| {
+        let (_, y) = b.iter().find(|(n, _)| n == name)?;
+        (x != y).then(|| (*name, x.clone(), y.clone()))
+    })
+}
+
+/// Checks that the states given together were taken by one job at one step, and returns
+/// their ranks (sorted).
+fn agreeing_ranks(checkpoints: &[Checkpoint]) -> Result<Vec<u32>, ClientError> {
+    let Some(first) = checkpoints.first() else {
+        return Err(ClientError::Checkpoint("no checkpoint given".into()));
+    };
+    for c in &checkpoints[1..] {
+        if let Some((field, a, b)) = first_difference(&first.identity(), &c.identity()) {
+            return Err(ClientError::Checkpoint(format!(
+                "ranks {} and {} disagree on {field}: {a} and {b}",
+                first.rank, c.rank
+            )));
+        }
+        if first.batches != c.batches {
+            return Err(ClientError::Checkpoint(format!(
+                "ranks {} and {} disagree on batches (the global step): {} and {}; states \
+                 given together must be taken at the same step on every rank (as DDP steps \
+                 together), or pass this rank's own state alone",
+                first.rank, c.rank, first.batches, c.batches
+            )));
+        }
+    }
+    let mut ranks: Vec<u32> = checkpoints.iter().map(|c| c.rank).collect();
+    ranks.sort_unstable();
+    if let Some(w) = ranks.windows(2).find(|w| w[0] == w[1]) {
+        return Err(ClientError::Checkpoint(format!(
+            "rank {} is given twice",
+            w[0]
+        )));
+    }
+    if let Some(r) = ranks.iter().find(|&&r| r >= first.world_size) {
+        return Err(ClientError::Checkpoint(format!(
+            "rank {r} is outside its world_size {}",
+            first.world_size
+        )));
+    }
+    Ok(ranks)
+}
+
+impl Loader {
+    /// The state of the current epoch: restoring it with [`Loader::load_state_dict`] (in a
+    /// new process too) and calling `epoch` with the same number delivers exactly the rest.
+    pub fn state_dict(&self) -> Option<Checkpoint> {
+        let progress = self.progress.lock().ok()?;
+        let p = progress.as_ref()?;
+        let c = &self.config;
+        let shards = &self.manifest.shards;
+        Some(Checkpoint {
+            version: Checkpoint::VERSION,
+            dataset: self.fingerprint,
+            shards: match shards.len() <= DIGESTS_LISTED {
+                true => shards.iter().map(|s| shard_digest(s) as u32).collect(),
+                false => Vec::new(),
+            },
+            seed: c.seed,
+            world_size: c.world_size,
+            rank: c.rank,
+            shuffle: c.shuffle.to_string(),
+            order: c.order,
+            batch_size: c.batch_size,
+            plan: PlanRecord::Typed(c.plan_settings()),
+            epoch: p.epoch,
+            resumed: p.resumed.clone(),
+            batches: p.batches,
+            ledger: p.ledger.to_record(),
+        })
+    }
+
+    /// Restores a checkpoint; the next `epoch(checkpoint.epoch)` resumes it. Errors say what
+    /// does not match this loader.
+    pub fn load_state_dict(&self, checkpoint: Checkpoint) -> Result<(), ClientError> {
+        self.load_state_dicts(std::slice::from_ref(&checkpoint))
+    }
+
+    /// Restores the checkpoints of a job's ranks, taken at the same step; the next
+    /// `epoch(e)` delivers exactly the rest of their epoch.
+    ///
+    /// At the same world size this rank's own checkpoint is used; without it (a framework
+    /// that saved rank 0's state only), in plan order any rank's checkpoint gives this rank's
+    /// place too, since DDP ranks are handed the same number of batches. At another world size
+    /// (plan order only) the rest of the epoch, what every old rank had not yet delivered,
+    /// is split equally across the new ranks; one checkpoint is enough, since in plan order
+    /// an old rank's delivered samples are its sequence's first `batches × batch_size`. The
+    /// checkpoints given must agree on dataset, seed, world_size, shuffle, order, batch_size,
+    /// plan settings, epoch, earlier segments and `batches` (the global step: DDP ranks stop
+    /// together); each error names the field.
+    pub fn load_state_dicts(&self, checkpoints: &[Checkpoint]) -> Result<(), ClientError> {
+        let ranks = agreeing_ranks(checkpoints)?;
+        let first = &checkpoints[0];
+        self.check_taken_here(first)?;
+        let (units, batch_plan) =
+            self.segment(first.epoch, &first.resumed, first.world_size, first.rank)?;
+        if first.batches > batch_plan.batches {
+            return Err(ClientError::Checkpoint(format!(
+                "{} batches delivered, more than the epoch's {}",
+                first.batches, batch_plan.batches
+            )));
+        }
+        let c = &self.config;
+        let pending = if first.world_size == c.world_size {
+            match checkpoints.iter().find(|s| s.rank == c.rank) {
+                Some(mine) => self.own_rank(mine)?,
+                None => self.another_rank(first, &ranks)?,
+            }
+        } else {
+            self.another_world(first, &units)?
+        };
+        if let Ok(mut r) = self.resume.lock() {
+            *r = Some(pending);
+        }
+        // An epoch started early would not resume the checkpoint.
+        if let Ok(mut n) = self.next.lock() {
+            n.take();
+        }
+        Ok(())
+    }
+
+    /// Checks that `first` was taken with this loader's dataset and settings.
+    fn check_taken_here(&self, first: &Checkpoint) -> Result<(), ClientError> {
+        let c = &self.config;
+        let ours = if first.version == 1 {
+            fingerprint_v1(&self.manifest)
+        } else {
+            self.fingerprint
+        };
+        if first.dataset != ours {
+            return Err(ClientError::Checkpoint(self.dataset_mismatch(first, ours)));
+        }
+        let plan = c.plan_settings();
+        let plan_differs = match &first.plan {
+            PlanRecord::Typed(theirs) => theirs.first_difference(&plan),
+            PlanRecord::Text(t) if t.is_empty() => None,
+            PlanRecord::Text(t) => (*t != plan.version2_text())
+                .then(|| ("plan settings", t.clone(), plan.version2_text())),
+        };
+        let ours = [
+            ("seed", c.seed.to_string()),
+            ("shuffle", c.shuffle.to_string()),
+            ("batch_size", c.batch_size.to_string()),
+            ("order", c.order.to_string()),
+        ];
+        match first_difference(&first.identity(), &ours).or(plan_differs) {
+            Some((what, theirs, ours)) => Err(ClientError::Checkpoint(format!(
+                "it was taken with {what} {theirs}, this loader has {ours}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Why `checkpoint` was taken on another dataset than this loader's, as precisely as it
+    /// allows: the first shard that differs, or how many shards and samples each has.
+    fn dataset_mismatch(&self, checkpoint: &Checkpoint, ours: u64) -> String {
+        let m = &self.manifest;
+        let head = format!(
+            "it was taken on another dataset (fingerprint {:016x}; this loader's manifest gives \
+             {ours:016x})",
+            checkpoint.dataset
+        );
+        if checkpoint.version == 1 {
+            return format!(
+                "{head}: checkpoints of version 1 hash shard URLs too, so shards that moved \
+                 cannot resume them; a new checkpoint (version 2) can"
+            );
+        }
+        if checkpoint.shards.is_empty() {
+            return format!(
+                "{head}: some shard's size, sample count or checksum differs, or the shards \
+                 are in another order ({} shards, {} samples here)",
+                m.shards.len(),
+                m.total_samples()
+            );
+        }
+        let differs = checkpoint
+            .shards
+            .iter()
+            .zip(&m.shards)
+            .position(|(theirs, s)| *theirs != shard_digest(s) as u32);
+        match differs {
+            Some(i) => format!(
+                "{head}: shard #{i} ({}) is not the shard it had there (its size, sample count \
+                 or checksum differs: was it rewritten, or the list reordered?)",
+                m.shards[i].url
+            ),
+            None => format!(
+                "{head}: it had {} shards, this manifest has {}",
+                checkpoint.shards.len(),
+                m.shards.len()
+            ),
+        }
+    }
+
+    /// The ledger `c` records over `units` (its rank's plan), checked in plan order to be
+    /// the plan's first `c.batches` batches.
+    fn checked_ledger(&self, c: &Checkpoint, units: &[WorkUnit]) -> Result<Ledger, ClientError> {
+        let mut ledger = Ledger::new(units);
+        ledger.apply(&c.ledger).map_err(ClientError::Checkpoint)?;
+        if self.config.order == Order::Plan {
+            let at = (c.epoch, c.resumed.len() as u32, c.rank);
+            self.check_plan_prefix(units, at, c.batches, &ledger)?;
+        }
+        Ok(ledger)
+    }
+
+    /// This rank's own checkpoint at the same world size: its ledger, checked against the plan.
+    fn own_rank(&self, mine: &Checkpoint) -> Result<Pending, ClientError> {
+        let c = &self.config;
+        let (units, _) = self.segment(mine.epoch, &mine.resumed, c.world_size, c.rank)?;
+        self.checked_ledger(mine, &units)?;
+        Ok(Pending {
+            epoch: mine.epoch,
+            resumed: mine.resumed.clone(),
+            batches: mine.batches,
+            ledger: Some(mine.ledger.clone()),
+        })
+    }
+
+    /// Another rank's checkpoint at the same world size (a framework that saves rank 0's state
+    /// only, as Lightning and Accelerate do). In plan order every rank had been handed the
+    /// first `batches` batches of its own sequence (DDP ranks step together), so that rank's
+    /// checkpoint, checked against its own plan, gives this rank's ledger too: the first
+    /// `batches × batch_size` positions of this rank's sequence.
+    fn another_rank(&self, theirs: &Checkpoint, ranks: &[u32]) -> Result<Pending, ClientError> {
+        let c = &self.config;
+        if c.order != Order::Plan {
+            return Err(ClientError::Checkpoint(format!(
+                "this is rank {}, and the checkpoint is rank {ranks:?}'s: in order \"arrival\" a \
+                 checkpoint names only its own rank's samples, so each rank must load its own \
+                 state (save every rank's state_dict, or use order=\"plan\", where any one \
+                 rank's state resumes every rank)",
+                c.rank
+            )));
+        }
+        let depth = theirs.resumed.len() as u32;
+        let (their_units, _) =
+            self.segment(theirs.epoch, &theirs.resumed, c.world_size, theirs.rank)?;
+        self.checked_ledger(theirs, &their_units)?;
+        let (units, _) = self.segment(theirs.epoch, &theirs.resumed, c.world_size, c.rank)?;
+        let sequence = self.planner.sequence(&units, theirs.epoch, depth, c.rank)?;
+        let mut ledger = Ledger::new(&units);
+        for (u, i) in
+            (0..self.planner.delivered(&sequence, theirs.batches)).filter_map(|p| sequence.at(p))
+        {
+            if let Some(w) = units.get(u as usize) {
+                ledger.record(u64::from(u), w.shard, i);
+            }
+        }
+        Ok(Pending {
+            epoch: theirs.epoch,
+            resumed: theirs.resumed.clone(),
+            batches: theirs.batches,
+            ledger: Some(ledger.to_record()),
+        })
+    }
+
+    /// A checkpoint taken at another world size (plan order only): this epoch goes on as a
+    /// new segment, this rank's share of what the old world had not delivered.
+    fn another_world(
+        &self,
+        first: &Checkpoint,
+        units: &[WorkUnit],
+    ) -> Result<Pending, ClientError> {
+        let c = &self.config;
+        if c.order != Order::Plan {
+            return Err(ClientError::Checkpoint(format!(
+                "it was taken at world_size {}, this loader has {}: a new world size needs \
+                 order \"plan\" (in arrival order a checkpoint names only its own rank's \
+                 samples)",
+                first.world_size, c.world_size
+            )));
+        }
+        self.checked_ledger(first, units)?;
+        let mut resumed = first.resumed.clone();
+        resumed.push(Segment {
+            world_size: first.world_size,
+            batches: first.batches,
+        });
+        Ok(Pending {
+            epoch: first.epoch,
+            resumed,
+            batches: 0,
+            ledger: None,
+        })
+    }
+
+    /// In plan order, the samples in the first `batches` batches are exactly the sequence's
+    /// first `batches × batch_size` positions: a checkpoint that says otherwise was not
+    /// taken under this plan.
+    fn check_plan_prefix(
+        &self,
+        units: &[WorkUnit],
+        (epoch, depth, rank): (u64, u32, u32),
+        batches: u64,
+        ledger: &Ledger,
+    ) -> Result<(), ClientError> {
+        let sequence = self.planner.sequence(units, epoch, depth, rank)?;
+        let prefix = self.planner.delivered(&sequence, batches);
+        let in_prefix = (0..prefix).filter_map(|p| sequence.at(p)).all(|(u, i)| {
+            units
+                .get(u as usize)
+                .is_some_and(|w| ledger.check(u64::from(u), w.shard, i) == Verdict::Duplicate)
+        });
+        if !in_prefix || ledger.accounted() != prefix {
+            return Err(ClientError::Checkpoint(format!(
+                "the {} samples it records are not the first {batches} batches of this \
+                 loader's plan: it was taken with other settings (mixing, unit size, pipeline \
+                 order) or by another version of sluice",
+                ledger.accounted()
+            )));
+        }
+        Ok(())
+    }
+
+    /// What this rank will deliver in `epoch` from now: the plan, or the rest of a loaded
+    /// checkpoint's epoch (this rank's share of it after a change of world size).
+    pub fn pending(&self, epoch: u64) -> Result<Vec<WorkUnit>, ClientError> {
+        let c = &self.config;
+        let resume = self.resume.lock().ok();
+        let Some(p) = resume
+            .as_ref()
+            .and_then(|r| r.as_ref())
+            .filter(|p| p.epoch == epoch)
+        else {
+            return self.plan(epoch);
+        };
+        let (units, _) = self.segment(epoch, &p.resumed, c.world_size, c.rank)?;
+        let Some(record) = &p.ledger else {
+            return Ok(units);
+        };
+        let mut ledger = Ledger::new(&units);
+        ledger.apply(record).map_err(ClientError::Checkpoint)?;
+        Ok(units
+            .iter()
+            .flat_map(|u| {
+                ledger
+                    .missing(u64::from(u.id), u.start, u.end)
+                    .into_iter()
+                    .map(move |(start, end)| WorkUnit { start, end, ..*u })
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,321 @@
+//! One epoch's batches as the consumer reads them: an iterator over the coordinator's queue
+//! that records what it hands out (for checkpoints), counts it, and turns the ways an epoch
+//! can go wrong (a full ring, every sample skipped) into errors that say so.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::start::Progress;
+use crate::batch::{Batch, SampleId};
+use crate::error::ClientError;
+use crate::stats::{EpochCounters, EpochReport, Stats};
+
+/// before the epoch fails with [`ClientError::RingExhausted`].
+const RING_DEADLOCK_GRACE: Duration = Duration::from_secs(5);
+
+/// One epoch's batches, in the order they are completed. Dropping it cancels the epoch.
+pub struct Epoch {
+    runtime: tokio::runtime::Handle,
+    pub(super) epoch: u64,
+    planned: u64,
+    batches: u64,
+    /// The index of the first batch it yields (a resumed epoch starts past 0).
+    first_batch: u64,
+    rx: mpsc::Receiver<Result<Batch, ClientError>>,
+    pub(super) cancel: CancellationToken,
+    pub(super) counters: Arc<EpochCounters>,
+    progress: Arc<Mutex<Option<Progress>>>,
+    /// Which of the loader's passes this is: its batches are checkpointed while it is the
+    /// recorded one (see [`Progress`]).
+    pub(super) pass: u64,
+    stats: Arc<Stats>,
+    done: bool,
+    /// Waiting done by `next_timeout` calls that timed out, charged to the next batch.
+    pending_wait: Duration,
+    ring_batches: usize,
+    /// Samples delivered and skipped so far, and the first skip's reason: an epoch that
+    /// skipped every sample ends with an error, not quietly after empty batches.
+    seen: (u64, u64, Option<String>),
+    /// Skips of batches not handed out (every sample skipped), reported with the next one.
+    carried: Vec<(SampleId, String)>,
+    /// Every skip so far was a setting the data cannot satisfy (see [`a_setting`]).
+    settings_only: bool,
+}
+
+/// What an epoch's iterator is made of (see `Loader::start`).
+pub(super) struct Parts {
+    pub runtime: tokio::runtime::Handle,
+    pub epoch: u64,
+    pub batch_plan: sluice_plan::BatchPlan,
+    pub first_batch: u64,
+    pub rx: mpsc::Receiver<Result<Batch, ClientError>>,
+    pub cancel: CancellationToken,
+    pub counters: Arc<EpochCounters>,
+    pub progress: Arc<Mutex<Option<Progress>>>,
+    pub stats: Arc<Stats>,
+    pub ring_batches: usize,
+}
+
+impl Epoch {
+    pub(super) fn new(p: Parts) -> Epoch {
+        let done = p.first_batch * p.batch_plan.batch_size;
+        Epoch {
+            runtime: p.runtime,
+            epoch: p.epoch,
+            planned: p.batch_plan.samples.saturating_sub(done),
+            batches: p.batch_plan.batches,
+            first_batch: p.first_batch,
+            rx: p.rx,
+            cancel: p.cancel,
+            counters: p.counters,
+            progress: p.progress,
+            pass: 0,
+            stats: p.stats,
+            done: false,
+            pending_wait: Duration::ZERO,
+            ring_batches: p.ring_batches,
+            seen: (0, 0, None),
+            carried: Vec::new(),
+            settings_only: true,
+        }
+    }
+
+    /// What the epoch has delivered so far.
+    pub fn report(&self) -> EpochReport {
+        self.counters.report(self.epoch, self.planned)
+    }
+
+    /// Batches this epoch has in all (the same on every rank).
+    pub fn batches(&self) -> u64 {
+        self.batches
+    }
+
+    /// Batches this epoch yields: all of them, or after a resume the rest.
+    pub fn batches_left(&self) -> u64 {
+        self.batches.saturating_sub(self.first_batch)
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Skips of the epoch's last batches, which were not handed out because every sample of
+    /// them was skipped (earlier ones ride with the next batch handed out): with the batches'
+    /// own `skipped`, every skip of the epoch, once.
+    pub fn unbatched_skips(&self) -> &[(SampleId, String)] {
+        &self.carried
+    }
+
+    fn record(&self, batch: &Batch, waited: Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let padded = batch.padding().iter().filter(|p| **p).count() as u64;
+        let real = batch.len() as u64 - padded;
+        self.counters.delivered.fetch_add(real, Relaxed);
+        self.counters.padded.fetch_add(padded, Relaxed);
+        self.counters
+            .skipped
+            .fetch_add(batch.skipped().len() as u64, Relaxed);
+        self.counters.batches.fetch_add(1, Relaxed);
+        self.counters
+            .starved_ns
+            .fetch_add(waited.as_nanos() as u64, Relaxed);
+        self.stats.batch(batch.len() as u64, waited);
+        if let Ok(mut p) = self.progress.lock() {
+            if let Some(p) = p.as_mut().filter(|p| p.pass == self.pass) {
+                p.batches += 1;
+                for &(unit, shard, index) in &batch.accounted {
+                    p.ledger.record(unit, shard, index);
+                }
+                p.open = p.batches < self.batches;
+            }
+        }
+    }
+
+    /// This pass hands out nothing more: another may become the recorded one.
+    fn close(&mut self) {
+        self.done = true;
+        if let Ok(mut p) = self.progress.lock() {
+            if let Some(p) = p.as_mut().filter(|p| p.pass == self.pass) {
+                p.open = false;
+            }
+        }
+    }
+}
+
+impl Epoch {
+    /// Like `next`, but gives up after `timeout` (`Err(())`), so a caller can check for
+    /// interruptions (Ctrl-C in Python) while it waits. The wait counts as starvation.
+    #[allow(clippy::result_unit_err)]
+    pub fn next_timeout(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<Option<Result<Batch, ClientError>>, ()> {
+        if self.done {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        let waiting = &self.counters.consumer_waiting;
+        waiting.store(true, std::sync::atomic::Ordering::Relaxed);
+        let item = self
+            .runtime
+            .block_on(async { tokio::time::timeout(timeout, self.rx.recv()).await });
+        waiting.store(false, std::sync::atomic::Ordering::Relaxed);
+        let waited = started.elapsed();
+        match item {
+            Err(_) => {
+                self.pending_wait += waited;
+                // The consumer waits for a batch while the coordinator waits for the consumer
+                // to free a buffer: nothing can move unless another thread drops a batch.
+                let ring_full = self
+                    .counters
+                    .ring_full
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                if ring_full && self.pending_wait >= RING_DEADLOCK_GRACE {
+                    self.close();
+                    self.cancel.cancel();
+                    return Ok(Some(Err(ClientError::RingExhausted {
+                        ring_batches: self.ring_batches,
+                    })));
+                }
+                Err(())
+            }
+            Ok(item) => match self.finish_next(item, waited) {
+                Some(next) => Ok(next),
+                // A batch of skips only: not handed out, so the caller waits on.
+                None => Err(()),
+            },
+        }
+    }
+
+    /// What the consumer gets for `item`; `None` for a batch whose every sample was skipped,
+    /// which is recorded (its place in the epoch is taken) but never handed to a training loop.
+    fn finish_next(
+        &mut self,
+        item: Option<Result<Batch, ClientError>>,
+        waited: Duration,
+    ) -> Option<Option<Result<Batch, ClientError>>> {
+        let waited = waited + std::mem::take(&mut self.pending_wait);
+        Some(match item {
+            Some(Ok(batch)) => {
+                self.record(&batch, waited);
+                let real = batch.padding().iter().filter(|p| !**p).count() as u64;
+                self.seen.0 += real;
+                self.seen.1 += batch.skipped().len() as u64;
+                if self.seen.2.is_none() {
+                    self.seen.2 = batch.skipped().first().map(|(_, why)| why.clone());
+                }
+                self.settings_only &= batch.skipped().iter().all(|(_, why)| a_setting(why));
+                if !batch.is_empty() {
+                    let mut batch = batch;
+                    if !self.carried.is_empty() {
+                        // Skips of batches not handed out are reported with this one.
+                        let mut skipped = std::mem::take(&mut self.carried);
+                        skipped.append(&mut batch.skipped);
+                        batch.skipped = skipped;
+                    }
+                    return Some(Some(Ok(batch)));
+                }
+                let early = self.seen.0 == 0 && self.seen.1 >= FAIL_FAST_SKIPS.min(self.planned);
+                if early && self.settings_only {
+                    self.close();
+                    self.cancel.cancel();
+                    return Some(Some(Err(ClientError::FirstSamplesSkipped {
+                        epoch: self.epoch,
+                        skipped: self.seen.1,
+                        reasons: distinct_reasons(batch.skipped()),
+                    })));
+                }
+                tracing::warn!(
+                    epoch = self.epoch,
+                    batch = batch.index(),
+                    "every one of the batch's {} samples was skipped, so it is not handed out \
+                     (its skips come with the next batch); the first: {}",
+                    batch.skipped().len(),
+                    batch.skipped().first().map_or("", |(_, why)| why.as_str())
+                );
+                let mut batch = batch;
+                self.carried.append(&mut batch.skipped);
+                return None;
+            }
+            Some(Err(e)) => {
+                self.close();
+                Some(Err(e))
+            }
+            None => {
+                self.close();
+                match &self.seen {
+                    (0, skipped, Some(first)) if *skipped > 0 => {
+                        Some(Err(ClientError::AllSkipped {
+                            epoch: self.epoch,
+                            skipped: *skipped,
+                            first: first.clone(),
+                        }))
+                    }
+                    _ => None,
+                }
+            }
+        })
+    }
+}
+
+/// Skipped samples after which, with none delivered yet and every one skipped for a setting
+/// (see [`a_setting`]), an epoch stops: a label or image field the data does not have
+/// (`label="cls"` on data without `.cls`) fails at once, not after an epoch of empty
+/// batches. Damaged data never stops an epoch early: a rewritten first shard is skipped.
+const FAIL_FAST_SKIPS: u64 = 32;
+
+/// Whether a skip's reason ("key: cause") is one of the loader's settings meeting data that
+/// cannot satisfy it (the label, the image field), not damage in the data.
+fn a_setting(why: &str) -> bool {
+    let cause = why.split_once(": ").map_or(why, |(_, c)| c);
+    cause.starts_with("label: ") || cause.starts_with("no image field")
+}
+
+/// Up to three distinct reasons among `skipped` (a reason is "key: cause"), each with the
+/// first sample it was given for.
+fn distinct_reasons(skipped: &[(SampleId, String)]) -> String {
+    let cause = |why: &str| why.split_once(": ").map_or(why, |(_, c)| c).to_string();
+    let mut reasons: Vec<&str> = Vec::new();
+    let mut causes: Vec<String> = Vec::new();
+    for (_, why) in skipped {
+        if reasons.len() == 3 {
+            break;
+        }
+        if !causes.contains(&cause(why)) {
+            causes.push(cause(why));
+            reasons.push(why);
+        }
+    }
+    reasons.join("; ")
+}
+
+/// `Iterator` for an epoch of `$item`s over its `next_timeout`: `next` blocks until the next
+/// one, asking again every half second. Call it from a plain thread, not from async code.
+macro_rules! blocking_iterator {
+    ($epoch:ty, $item:ty) => {
+        impl Iterator for $epoch {
+            type Item = Result<$item, ClientError>;
+
+            fn next(&mut self) -> Option<Self::Item> {
+                loop {
+                    if let Ok(item) = self.next_timeout(std::time::Duration::from_millis(500)) {
+                        return item;
+                    }
+                }
+            }
+        }
+    };
+}
+pub(crate) use blocking_iterator;
+
+blocking_iterator!(Epoch, Batch);
+
+impl Drop for Epoch {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        self.close();
+    }
+}

@@ -1,0 +1,473 @@
+//! Starting an epoch: its plan (or the rest of a loaded checkpoint's), a link to every worker
+//! (QUIC, same-host shared memory, or the engine in this process), and its coordinator on
+//! the loader's runtime; and starting the next epoch early, behind the one being read.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use sluice_plan::{Segment, ShuffleBuffer};
+use sluice_wire::{JobSpec, Limits};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::checkpoint::Pending;
+use super::epoch::{Epoch, Parts};
+use super::{Loader, Workers};
+use crate::config::{EpochSettings, Order};
+use crate::coordinator::{handoff, Coordinator, Predecessor};
+use crate::error::ClientError;
+use crate::ledger::Ledger;
+use crate::link::{run_local, Command, Event, RemoteLink, SameHostRoute};
+use crate::reorder::Reorder;
+use crate::same_host::SameHost;
+use crate::stats::EpochCounters;
+
+/// What the consumer has been handed in the current epoch.
+///
+/// It records one `Epoch` (its `pass`): the one the consumer trains on. A pass of the same
+/// epoch begun while that one is still being read (a peek, `next(iter(loader))` in the middle
+/// of an epoch) is read on its own and recorded nowhere, so a checkpoint always means the
+/// batches the training pass was handed. A pass of another epoch, a loaded checkpoint, or any
+/// pass once the recorded one has ended (run out, been dropped, or handed out every batch)
+/// becomes the recorded pass.
+pub(super) struct Progress {
+    pub epoch: u64,
+    /// The earlier worlds of this epoch (elastic resumes), oldest first.
+    pub resumed: Vec<Segment>,
+    pub batches: u64,
+    pub ledger: Ledger,
+    /// The `Epoch` whose batches this records.
+    pub pass: u64,
+    /// That `Epoch` can still hand out batches.
+    pub open: bool,
+}
+
+/// An epoch planned and started, not yet handed to the consumer.
+pub(super) struct Started {
+    pub(super) epoch: Epoch,
+    /// What the consumer will have been handed once it takes the epoch.
+    progress: Option<Progress>,
+    links: Vec<String>,
+    /// The gate of the epoch after this one, to start it early (`prefetch_next_epoch`).
+    next: Option<Predecessor>,
+}
+
+/// The next epoch, started early behind `earlier` (its `Epoch`'s cancel token and its
+/// coordinator's end).
+pub(super) struct Early {
+    pub(super) started: Started,
+    earlier: (CancellationToken, CancellationToken),
+}
+
+impl Early {
+    /// The consumer is done with the earlier epoch: it ran to its end or was dropped. (An
+    /// earlier epoch still being read keeps the ring buffers it needs, so a consumer that
+    /// reads two epochs at once gets this one started afresh, with a ring of its own.)
+    fn earlier_ended(&self) -> bool {
+        self.earlier.0.is_cancelled() || self.earlier.1.is_cancelled()
+    }
+
+    /// It can be taken over: it is `epoch`, the earlier one is done, and it has not failed
+    /// (say, no worker answered it while the earlier one ran: asked for now, it tries anew).
+    fn takes_over(&self, epoch: u64) -> bool {
+        self.started.epoch.epoch == epoch
+            && self.earlier_ended()
+            && !self.started.epoch.counters.failed.load(Relaxed)
+    }
+}
+
+/// An epoch's plan for this rank, ready to run: where it starts and what it has delivered.
+struct Run {
+    settings: EpochSettings,
+    ledger: Ledger,
+    reorder: Reorder<crate::same_host::Payload>,
+    progress: Progress,
+}
+
+type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The links of one epoch: each one's name and command queue, and the tasks that run them.
+#[derive(Default)]
+struct Links {
+    links: Vec<(String, mpsc::Sender<Command>)>,
+    tasks: Vec<Task>,
+}
+
+impl Loader {
+    /// Starts epoch `epoch` (or resumes it from a loaded checkpoint) and returns its batches.
+    ///
+    /// With `prefetch_next_epoch` (the default), epoch `epoch + 1` is started behind it: its
+    /// first units go to the workers once this epoch has handed out all of its own, so the
+    /// workers do not idle while the last batches drain. A later `epoch(epoch + 1)` takes it
+    /// over when this epoch has ended or been dropped; any other call (another epoch, a loaded
+    /// checkpoint) cancels it. It is started on the first call and on a call for the epoch
+    /// after the one before, not when the same epoch is asked for again.
+    pub fn epoch(&self, epoch: u64) -> Result<Epoch, ClientError> {
+        let resume = self.resume.lock().ok().and_then(|mut r| r.take());
+        let resume = resume.filter(|p| p.epoch == epoch);
+        let resuming = resume.is_some();
+        let early = self.next.lock().ok().and_then(|mut n| n.take());
+        let mut started = match early {
+            Some(early) if resume.is_none() && early.takes_over(epoch) => {
+                tracing::debug!(epoch, "taking over the epoch started early");
+                early.started
+            }
+            // Dropping an epoch started early cancels it.
+            _ => self.start(epoch, resume, None)?,
+        };
+        let pass = 1 + self.passes.fetch_add(1, Relaxed);
+        started.epoch.pass = pass;
+        self.record_pass(&mut started, epoch, pass, resuming);
+        self.stats.set_workers(&started.links);
+        // Only a consumer that goes epoch after epoch gets the next one started early: one that
+        // reads the same epoch again and again (an evaluation loop) would waste it each time.
+        let previous = self
+            .last_epoch
+            .lock()
+            .ok()
+            .and_then(|mut l| l.replace(epoch));
+        let in_order = previous.is_none_or(|p| epoch == p + 1);
+        if let Some(after) = started.next.take().filter(|_| in_order) {
+            let earlier = (started.epoch.cancel.clone(), after.ended_token());
+            match self.start(epoch + 1, None, Some(after)) {
+                Ok(next) => {
+                    if let Ok(mut n) = self.next.lock() {
+                        *n = Some(Early {
+                            started: next,
+                            earlier,
+                        });
+                    }
+                }
+                // The same error comes back if the consumer asks for that epoch.
+                Err(e) => tracing::debug!(epoch = epoch + 1, "not started early: {e}"),
+            }
+        }
+        Ok(started.epoch)
+    }
+
+    /// Makes `started` the recorded pass, unless it is a peek at the epoch being read.
+    fn record_pass(&self, started: &mut Started, epoch: u64, pass: u64, resuming: bool) {
+        let Ok(mut p) = self.progress.lock() else {
+            return;
+        };
+        let peek = !resuming && p.as_ref().is_some_and(|p| p.open && p.epoch == epoch);
+        if peek {
+            tracing::debug!(
+                epoch,
+                "another pass of the epoch is being read: this one is not checkpointed"
+            );
+        } else {
+            *p = started.progress.take().map(|mut progress| {
+                progress.pass = pass;
+                progress
+            });
+        }
+    }
+
+    /// Plans epoch `epoch` (or the rest of it, `resume`) and starts its links and coordinator;
+    /// `after`: started early, behind the epoch before (see `Coordinator::after`).
+    fn start(
+        &self,
+        epoch: u64,
+        resume: Option<Pending>,
+        after: Option<Predecessor>,
+    ) -> Result<Started, ClientError> {
+        let runtime = self
+            .runtime
+            .as_ref()
+            .ok_or_else(|| ClientError::Runtime("the loader is shutting down".into()))?;
+        let c = &self.config;
+        let run = self.plan_run(epoch, resume)?;
+        let spec = self.job_spec(&run.settings);
+        let cancel = CancellationToken::new();
+        let counters = Arc::new(EpochCounters::default());
+        // Room for every credit of every link, so a reader waits only on a slow consumer.
+        let links_max = match &self.workers {
+            Workers::InProcess(_) => 1,
+            Workers::Remote(w) => w.len().max(1) * 4 * c.connections_per_worker as usize,
+        };
+        let (event_tx, event_rx) = mpsc::channel(links_max * c.credits_per_worker as usize + 64);
+        let (out_tx, out_rx) = mpsc::channel(c.ring_batches);
+        let Links { links, tasks } = self.links(&spec, &event_tx, &cancel)?;
+        drop(event_tx);
+        let names: Vec<String> = links.iter().map(|l| l.0.clone()).collect();
+        let early = c.prefetch_next_epoch && c.epochs.is_none_or(|n| epoch + 1 < n);
+        let (before, next) = match early {
+            true => {
+                let (successor, predecessor) = handoff();
+                (Some(successor), Some(predecessor))
+            }
+            false => (None, None),
+        };
+        let (batch_plan, first_batch) = (run.settings.batch_plan, run.settings.first_batch);
+        let mut coordinator = Coordinator::new(
+            run.settings,
+            self.manifest.clone(),
+            (run.ledger, run.reorder),
+            links,
+            self.allocator.clone(),
+            counters.clone(),
+            self.stats.clone(),
+        );
+        if let Some(earlier) = after {
+            coordinator = coordinator.after(earlier);
+        }
+        if let Some(successor) = before {
+            coordinator = coordinator.before(successor);
+        }
+        let _guard = runtime.enter();
+        for t in tasks {
+            runtime.spawn(t);
+        }
+        runtime.spawn(coordinator.run(event_rx, out_tx, cancel.clone()));
+        let handle = Epoch::new(Parts {
+            runtime: runtime.handle().clone(),
+            epoch,
+            batch_plan,
+            first_batch,
+            rx: out_rx,
+            cancel,
+            counters,
+            progress: self.progress.clone(),
+            stats: self.stats.clone(),
+            ring_batches: c.ring_batches,
+        });
+        Ok(Started {
+            epoch: handle,
+            progress: Some(run.progress),
+            links: names,
+            next,
+        })
+    }
+
+    /// This rank's part of `epoch` (the rest of it after `resume`): its units, what of them
+    /// was delivered, the order they fill batches in.
+    fn plan_run(&self, epoch: u64, resume: Option<Pending>) -> Result<Run, ClientError> {
+        let c = &self.config;
+        let resumed = resume
+            .as_ref()
+            .map(|p| p.resumed.clone())
+            .unwrap_or_default();
+        let (units, batch_plan) = self.segment(epoch, &resumed, c.world_size, c.rank)?;
+        let mut ledger = Ledger::new(&units);
+        let mut first_batch = 0;
+        if let Some(p) = &resume {
+            if let Some(record) = &p.ledger {
+                ledger.apply(record).map_err(ClientError::Checkpoint)?;
+            }
+            first_batch = p.batches;
+            tracing::info!(
+                epoch,
+                batches = p.batches,
+                samples = ledger.accounted(),
+                earlier_worlds = ?p.resumed,
+                "resuming"
+            );
+        }
+        let depth = resumed.len() as u32;
+        let reorder = match c.order {
+            Order::Plan => Reorder::plan(
+                Arc::new(self.planner.sequence(&units, epoch, depth, c.rank)?),
+                first_batch * u64::from(c.batch_size),
+            ),
+            Order::Arrival => Reorder::arrival(ShuffleBuffer::new(
+                c.mixing.buffer_samples as usize,
+                c.seed,
+                epoch,
+                c.rank,
+            )),
+        };
+        let progress = Progress {
+            epoch,
+            resumed,
+            batches: first_batch,
+            ledger: ledger.clone(),
+            pass: 0,
+            open: first_batch < batch_plan.batches,
+        };
+        let job = (epoch << 32) ^ (u64::from(c.rank) << 16) ^ (self.fingerprint & 0xffff);
+        Ok(Run {
+            settings: EpochSettings {
+                config: self.config.clone(),
+                job,
+                epoch,
+                batch_plan,
+                first_batch,
+            },
+            ledger,
+            reorder,
+            progress,
+        })
+    }
+
+    /// What every worker is asked to run for this epoch.
+    fn job_spec(&self, run: &EpochSettings) -> JobSpec {
+        let c = &self.config;
+        JobSpec {
+            job: run.job,
+            dataset: c.dataset_name.clone(),
+            pipeline: c.pipeline.clone(),
+            seed: c.seed,
+            epoch: run.epoch,
+            rank: c.rank,
+            world_size: c.world_size,
+            batch_size: c.batch_size,
+            fail_on_bad_sample: c.fail_on_bad_sample,
+            fields: c.fields.clone(),
+            label: c.label.clone(),
+            max_field_bytes: c.max_field_bytes,
+        }
+    }
+
+    /// A link to every worker (or the engine in this process), not yet running.
+    fn links(
+        &self,
+        spec: &JobSpec,
+        events: &mpsc::Sender<Event>,
+        cancel: &CancellationToken,
+    ) -> Result<Links, ClientError> {
+        let mut out = Links::default();
+        let names = match &self.workers {
+            Workers::InProcess(runner) => {
+                let (tx, rx) = mpsc::channel(64);
+                out.links.push(("in-process".to_string(), tx));
+                let run = run_local(
+                    0,
+                    runner.clone(),
+                    spec.clone(),
+                    rx,
+                    events.clone(),
+                    cancel.clone(),
+                );
+                out.tasks.push(Box::pin(run));
+                return Ok(out);
+            }
+            Workers::Remote(names) => names,
+        };
+        for (name, addr) in self.resolve(names)? {
+            let same_host = self.same_host_route(&name, addr)?;
+            // Several QUIC connections spread one worker's packets over tasks on both
+            // sides; same-host needs none.
+            let connections = match same_host {
+                Some(_) => 1,
+                None => self.config.connections_per_worker,
+            };
+            for c in 1..=connections {
+                let label = match connections {
+                    1 => name.clone(),
+                    _ => format!("{name} #{c}"),
+                };
+                let link = self.remote_link(out.links.len(), label.clone(), addr, spec)?;
+                let link = RemoteLink {
+                    same_host: same_host.clone(),
+                    ..link
+                };
+                let (tx, rx) = mpsc::channel(64);
+                out.links.push((label, tx));
+                out.tasks
+                    .push(Box::pin(link.run(rx, events.clone(), cancel.clone())));
+            }
+        }
+        Ok(out)
+    }
+
+    /// A QUIC link (number `link`) to the worker at `addr`.
+    fn remote_link(
+        &self,
+        link: usize,
+        name: String,
+        addr: SocketAddr,
+        spec: &JobSpec,
+    ) -> Result<RemoteLink, ClientError> {
+        let c = &self.config;
+        let (endpoint, client_config) = self
+            .quic
+            .clone()
+            .ok_or_else(|| ClientError::Runtime("no QUIC endpoint".into()))?;
+        Ok(RemoteLink {
+            link,
+            addr,
+            name,
+            endpoint,
+            client_config,
+            same_host: None,
+            credits: c.credits_per_worker,
+            receive_window: c.receive_window,
+            token: self.token.clone().unwrap_or_default(),
+            client: format!("{} rank {}", c.client_name, c.rank),
+            job: spec.clone(),
+            heartbeat: c.heartbeat,
+            silence: c.silence,
+            connect_timeout: c.connect_timeout,
+            limits: Limits::default(),
+            buffers: self.buffers.clone(),
+        })
+    }
+
+    /// The same-host route to worker `name` at `addr`, when `same_host` allows and finds one.
+    fn same_host_route(
+        &self,
+        name: &str,
+        addr: SocketAddr,
+    ) -> Result<Option<SameHostRoute>, ClientError> {
+        let c = &self.config;
+        let route = match c.same_host {
+            SameHost::Off => None,
+            mode => match crate::same_host::socket_for(&c.same_host_dir, addr) {
+                Ok(socket) => Some(SameHostRoute {
+                    socket,
+                    required: mode == SameHost::Require,
+                }),
+                Err(why) if mode == SameHost::Require => {
+                    return Err(ClientError::Config {
+                        key: "same_host",
+                        detail: format!("required, but worker {name}: {why}"),
+                    });
+                }
+                Err(why) => {
+                    tracing::info!(worker = %name, "QUIC, not same-host: {why}");
+                    None
+                }
+            },
+        };
+        if let Some(r) = &route {
+            tracing::info!(worker = %name, socket = %r.socket.display(), "same-host transport");
+        }
+        Ok(route)
+    }
+
+    /// Each worker name as its socket addresses (a DNS name may give several).
+    fn resolve(&self, names: &[String]) -> Result<Vec<(String, SocketAddr)>, ClientError> {
+        use std::net::ToSocketAddrs;
+        let mut out = Vec::new();
+        for name in names {
+            let addrs: Vec<SocketAddr> = name
+                .to_socket_addrs()
+                .map_err(|e| ClientError::Resolve {
+                    worker: name.clone(),
+                    detail: e.to_string(),
+                })?
+                .filter(|a| a.is_ipv4())
+                .collect();
+            if addrs.is_empty() {
+                return Err(ClientError::Resolve {
+                    worker: name.clone(),
+                    detail: "resolves to no IPv4 address".into(),
+                });
+            }
+            let many = addrs.len() > 1;
+            for a in addrs {
+                let label = if many {
+                    format!("{name} ({a})")
+                } else {
+                    name.clone()
+                };
+                out.push((label, a));
+            }
+        }
+        Ok(out)
+    }
+}
