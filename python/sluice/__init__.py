@@ -27,7 +27,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 from ._fields import FieldDecodeError, Fields, decode_field
 from ._geometry import transform_boxes
-from ._sluice import Epoch, Images, Labels, Loader, SluiceError
+from ._loader import Loader
+from ._sluice import Epoch, Images, Labels, SluiceError
 
 try:
     __version__ = version("sluice")

@@ -56,6 +56,7 @@ Every other argument is ``sluice.Loader``'s (see ``help(sluice.Loader)``).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import socket
@@ -67,32 +68,23 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 from torch.utils.data import IterableDataset
 
-from . import Loader as _Loader
+from . import _env
+from ._loader import DEFAULT_PIPELINE, Loader as _Loader, _shuffle
 
 __all__ = ["Loader"]
 
 _log = logging.getLogger("sluice")
 
-_DEFAULT_PIPELINE = "decode | random_resized_crop 224 | hflip 0.5"
-
 #: The batch's own keys: no sample field may take their place.
 RESERVED_KEYS = ("image", "label", "__key__", "padding", "geometry")
 
-#: What decides which samples a rank gets and how many steps it takes, with the defaults of
-#: ``sluice.Loader``: every rank of a job must agree on all of it.
-_AGREED = {
-    "world_size": None,
-    "seed": 0,
-    "shuffle": "global",
-    "batch_size": 256,
-    "drop_last": False,
-    "remainder": "drop",
-    "order": "plan",
-    "mix_units": None,
-    "mix_buffer": None,
-    "max_unit_samples": 64,
-    "label": "cls",
-}
+#: What decides which samples a rank gets and how many steps it takes: every rank of a job
+#: must agree on all of it (compared as ``sluice.Loader`` would take it, defaults filled in).
+_AGREED = ("world_size", "seed", "shuffle", "batch_size", "drop_last", "remainder", "order",
+           "mix_units", "mix_buffer", "max_unit_samples", "label")
+
+#: ``sluice.Loader``'s defaults, from its signature (the one place they are written).
+_DEFAULTS = {k: p.default for k, p in inspect.signature(_Loader.__init__).parameters.items()}
 
 
 class _EpochSetter:
@@ -111,8 +103,7 @@ class _EpochSetter:
 
 def _distributed() -> Any:
     """``torch.distributed`` when a process group is initialized, else ``None``."""
-    dist = torch.distributed
-    return dist if dist.is_available() and dist.is_initialized() else None
+    return _env.distributed()
 
 
 def _in_dataloader_workers(where: str) -> RuntimeError:
@@ -149,18 +140,10 @@ def _sent_to_dataloader_workers() -> bool:
     return False
 
 
-def _shuffle_name(shuffle: Any) -> str:
-    if shuffle is None or shuffle is True:
-        return "global"
-    if shuffle is False:
-        return "none"
-    return str(shuffle)
-
-
 def _agreed(args: Dict[str, Any]) -> Dict[str, Any]:
     """The settings every rank must share, as this rank will build its loader."""
-    out = {k: args.get(k, default) for k, default in _AGREED.items()}
-    out["shuffle"] = _shuffle_name(args.get("shuffle"))
+    out = {k: args.get(k, _DEFAULTS[k]) for k in _AGREED}
+    out["shuffle"] = str(_shuffle(args.get("shuffle")))
     out["remainder"] = args.get("remainder") or "drop"
     return out
 
@@ -219,13 +202,6 @@ def _check_datasets(everyone: List[Dict[str, Any]]) -> None:
                 "manifest, or samples are repeated and lost and the ranks take different "
                 "numbers of steps"
             )
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 class Loader(IterableDataset):
@@ -289,18 +265,12 @@ class Loader(IterableDataset):
         rank and world size from ``dist`` (when given and not explicit); with ``dist``, the
         ranks compare settings and datasets."""
         args = dict(self._args)
-        if dist is not None:
-            if "rank" not in self._explicit:
-                args["rank"] = dist.get_rank()
-            if "world_size" not in self._explicit:
-                args["world_size"] = dist.get_world_size()
-        else:
-            args.setdefault("rank", None)
-            args.setdefault("world_size", None)
-            if args["rank"] is None:
-                args["rank"] = int(os.environ.get("RANK", 0) or 0)
-            if args["world_size"] is None:
-                args["world_size"] = int(os.environ.get("WORLD_SIZE", 1) or 1)
+        # Under a process group only explicit arguments win over it; without one, what the
+        # arguments hold (a copy's are the original's rank and world).
+        given = {k: args.get(k) if dist is None or k in self._explicit else None
+                 for k in ("rank", "world_size")}
+        args["rank"], args["world_size"] = _env.rank_and_world(
+            given["rank"], given["world_size"], dist)
         local = os.environ.get("LOCAL_WORLD_SIZE")
         everyone = None
         if dist is not None:
@@ -312,7 +282,7 @@ class Loader(IterableDataset):
             if not local:
                 local = sum(1 for e in everyone if e["host"] == socket.gethostname())
         if args.get("workers") is None and args.get("threads") is None and local:
-            args["threads"] = max(1, _cores() // max(1, int(local)))
+            args["threads"] = _env.threads_per_rank(int(local))
         error: Optional[BaseException] = None
         made = self._inner is None
         if made:
@@ -351,7 +321,7 @@ class Loader(IterableDataset):
         layout = args.pop("layout")
         for key in ("copy", "to_tuple"):
             args.pop(key)
-        pipeline = args.pop("pipeline", _DEFAULT_PIPELINE)
+        pipeline = args.pop("pipeline", DEFAULT_PIPELINE)
         ends_chw = pipeline.replace(" ", "").endswith("|chw")
         if layout == "nchw" and not ends_chw:
             pipeline = f"{pipeline} | chw"

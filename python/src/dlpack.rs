@@ -242,9 +242,8 @@ pub struct Images {
     padding: Vec<bool>,
     skipped: Vec<((u32, u64), String)>,
     index: u64,
-    /// Fields the loader asked for by name (listed even where no row has one), and how
-    /// large a decoded value may be.
-    requested: Arc<Asked>,
+    /// How large a decoded field value may be.
+    limits: Arc<Limits>,
 }
 
 /// The labels of a batch: an int64 vector read from the loader's `label` field (`cls` by
@@ -310,16 +309,14 @@ impl Held {
     }
 }
 
-/// What a loader asked of each batch's fields.
-pub struct Asked {
-    /// Fields asked for by name (listed even where no row has one).
-    pub names: Vec<String>,
+/// A loader's limits on decoding each batch's fields.
+pub struct Limits {
     /// The most bytes a field's value may decode to (`npy`, `npz`).
     pub max_decoded_bytes: u64,
 }
 
 /// Splits a batch into its two DLPack-exporting halves, which share it.
-pub fn split(held: Held, requested: Arc<Asked>) -> (Images, Labels) {
+pub fn split(held: Held, limits: Arc<Limits>) -> (Images, Labels) {
     let view = held.view();
     let host = held.host();
     let rows = view.dims[0];
@@ -340,7 +337,7 @@ pub fn split(held: Held, requested: Arc<Asked>) -> (Images, Labels) {
                 .collect()
         }),
         index: host.map_or(0, |b| b.index()),
-        requested,
+        limits,
         owner: Arc::new(Owner(crate::fork::ForkSafe::new(Mutex::new(held)))),
     };
     let labels = Labels {
@@ -453,16 +450,8 @@ impl Images {
     /// in first-seen order.
     #[getter]
     fn field_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.requested.names.clone();
-        let present: Vec<String> = self
-            .with_batch(|b| b.field_names().into_iter().map(str::to_string).collect())
-            .unwrap_or_default();
-        for n in present {
-            if !names.contains(&n) {
-                names.push(n);
-            }
-        }
-        names
+        self.with_batch(|b| b.field_names().into_iter().map(str::to_string).collect())
+            .unwrap_or_default()
     }
 
     /// Field `name` of each row as raw bytes, `None` where the sample lacks it.
@@ -479,7 +468,7 @@ impl Images {
     /// that would expand past it is refused by name, never allocated.
     #[getter]
     fn max_decoded_bytes(&self) -> u64 {
-        self.requested.max_decoded_bytes
+        self.limits.max_decoded_bytes
     }
 
     /// `{field: [value of each row]}`, each field decoded by its extension the first time it

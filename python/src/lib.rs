@@ -34,15 +34,16 @@
 mod dlpack;
 mod fork;
 mod logs;
+mod settings;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use sluice_client::{ClientError, LastBatch, ShufflePolicy};
+use sluice_client::ClientError;
 
 pyo3::create_exception!(sluice, SluiceError, PyRuntimeError);
 
@@ -71,135 +72,6 @@ fn load_dataset(spec: &str) -> PyResult<sluice_shard::Manifest> {
         .map_err(|e| PyValueError::new_err(format!("dataset: {e}")))
 }
 
-fn env_u32(name: &str) -> PyResult<Option<u32>> {
-    match std::env::var(name) {
-        Ok(v) => v.trim().parse().map(Some).map_err(|_| {
-            PyValueError::new_err(format!("environment variable {name}={v:?} is not a number"))
-        }),
-        Err(_) => Ok(None),
-    }
-}
-
-/// The token in `path`: its first line, trimmed; an empty one is refused (a worker would
-/// refuse it with less to go on).
-fn read_token(path: &Path) -> PyResult<String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| PyValueError::new_err(format!("token_file {}: {e}", path.display())))?;
-    let token = text.lines().next().unwrap_or("").trim();
-    if token.is_empty() {
-        return Err(PyValueError::new_err(format!(
-            "token_file {}: the file's first line is empty (it holds the workers' token)",
-            path.display()
-        )));
-    }
-    Ok(token.to_string())
-}
-
-/// `shuffle="none"` is for evaluation, where the default `remainder="drop"` leaves samples
-/// unscored: say how many, and how to score them all.
-fn unscored_warning(py: Python<'_>, loader: &sluice_client::Loader) -> PyResult<()> {
-    let (_, world) = loader.rank_and_world();
-    let total = loader.manifest().total_samples();
-    let planned = loader.samples_per_epoch() * u64::from(world);
-    if planned >= total {
-        return Ok(());
-    }
-    let msg = std::ffi::CString::new(format!(
-        "shuffle=\"none\" with the default remainder=\"drop\": {} of the dataset's {total} \
-         samples are not read at world_size {world}; pass remainder=\"pad\" to score every \
-         sample once (padding rows are marked), or remainder=\"drop\" to keep this",
-        total - planned
-    ))
-    .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    PyErr::warn(
-        py,
-        &py.get_type::<pyo3::exceptions::PyUserWarning>(),
-        &msg,
-        1,
-    )
-}
-
-/// In-process decode threads when `threads` is not given: this machine's cores shared by the
-/// ranks torchrun started on it (`LOCAL_WORLD_SIZE`), at least one each.
-fn threads_per_rank() -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let local = std::env::var("LOCAL_WORLD_SIZE")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(1);
-    (cores / local).max(1)
-}
-
-/// `shuffle=`: `"global"` (the default), `"local"`, `"partial:Q"`, `"none"` (manifest order,
-/// for evaluation), `True` (global) or `False` (none).
-fn shuffle_policy(shuffle: Option<&Bound<'_, PyAny>>) -> PyResult<ShufflePolicy> {
-    let Some(s) = shuffle.filter(|s| !s.is_none()) else {
-        return Ok(ShufflePolicy::Global);
-    };
-    if let Ok(flag) = s.downcast::<pyo3::types::PyBool>() {
-        return Ok(if flag.is_true() {
-            ShufflePolicy::Global
-        } else {
-            ShufflePolicy::Sequential
-        });
-    }
-    let text: String = s.extract().map_err(|_| {
-        PyValueError::new_err(format!(
-            "shuffle: expected \"global\", \"local\", \"partial:Q\" or \"none\", got {s}"
-        ))
-    })?;
-    text.parse()
-        .map_err(|e| PyValueError::new_err(format!("shuffle: {e}")))
-}
-
-/// A keyword `Loader` does not take: DataLoader habits get the Sluice way of saying them.
-fn unknown_keyword(key: &str) -> PyErr {
-    let hint = match key {
-        "num_workers" | "persistent_workers" | "prefetch_factor" | "worker_init_fn" => {
-            "decoding runs in sluice cpu workers (workers=[\"host:port\", ...]) or in this \
-             process (threads=N decode threads); there are no DataLoader worker processes"
-        }
-        "pin_memory" | "pin_memory_device" => {
-            "device=\"cuda:N\" keeps the batch ring page-locked and uploads each batch on its \
-             own stream; host batches (device=\"cpu\") are ordinary memory"
-        }
-        "sampler" | "batch_sampler" | "generator" => {
-            "Sluice plans each epoch itself: seed=, shuffle=, and rank/world_size (from RANK \
-             and WORLD_SIZE by default)"
-        }
-        "collate_fn" => {
-            "batches are already tensors (torch.from_dlpack(images)) with \
-             images.keys, images.fields and labels beside them"
-        }
-        "timeout" => "worker_wait= is how long to wait for a worker (seconds)",
-        _ => "",
-    };
-    let msg = if hint.is_empty() {
-        format!("Loader() got an unexpected keyword argument '{key}'")
-    } else {
-        format!("Loader() takes no '{key}': {hint}")
-    };
-    pyo3::exceptions::PyTypeError::new_err(msg)
-}
-
-/// `fields=`: `None` or `[]` (none), `"all"`, one name, or a list of names.
-fn field_selection(fields: Option<&Bound<'_, PyAny>>) -> PyResult<sluice_client::FieldSelection> {
-    let names: Vec<String> = match fields {
-        None => Vec::new(),
-        Some(f) if f.is_none() => Vec::new(),
-        Some(f) => match f.extract::<String>() {
-            Ok(one) => vec![one],
-            Err(_) => f.extract::<Vec<String>>().map_err(|_| {
-                PyValueError::new_err(format!(
-                    "fields: expected \"all\", a field name or a list of names, got {f}"
-                ))
-            })?,
-        },
-    };
-    sluice_client::FieldSelection::from_names(&names).map_err(PyValueError::new_err)
-}
-
 /// Where batches go: host memory, or a GPU through the uploader.
 enum Device {
     Cpu,
@@ -224,55 +96,71 @@ fn parse_device(device: &str) -> PyResult<Option<usize>> {
     }
 }
 
-/// The on-device conversion `dtype`, `mean` and `std` ask for.
-#[cfg(feature = "cuda")]
-fn conversion(
-    dtype: &str,
+/// The on-device conversion asked for (`dtype`, `mean`, `std`).
+struct Conversion<'a> {
+    dtype: &'a str,
     mean: Option<[f32; 3]>,
     std: Option<[f32; 3]>,
-) -> PyResult<sluice_client::cuda::Convert> {
-    use sluice_client::cuda::Convert;
-    let mean = mean.unwrap_or(Convert::IMAGENET_MEAN);
-    let std = std.unwrap_or(Convert::IMAGENET_STD);
-    if let Some(s) = std.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
-        return Err(PyValueError::new_err(format!(
-            "std: every value must be positive, got {s}"
-        )));
+}
+
+impl Conversion<'_> {
+    /// Whether it asks for anything but the uint8 batch as the workers made it.
+    fn converts(&self) -> bool {
+        self.dtype != "uint8" || self.mean.is_some() || self.std.is_some()
     }
-    Convert::to_dtype(dtype, mean, std).ok_or_else(|| {
-        PyValueError::new_err(format!(
-            "dtype {dtype:?}: expected \"uint8\", \"float32\" or \"float16\""
-        ))
-    })
 }
 
 /// The GPU side of a loader: the page-locked ring's allocator and the uploader.
 #[cfg(feature = "cuda")]
 fn open_cuda(
     ordinal: usize,
-    dtype: &str,
-    mean: Option<[f32; 3]>,
-    std: Option<[f32; 3]>,
+    wanted: Conversion<'_>,
 ) -> PyResult<(Arc<dyn sluice_client::HostAllocator>, Device)> {
-    use sluice_client::cuda::{Gpu, PinnedAllocator, Uploader};
-    let convert = conversion(dtype, mean, std)?;
-    let gpu = Gpu::open(ordinal)
-        .map_err(|e| SluiceError::new_err(format!("device cuda:{ordinal}: {e}")))?;
-    let uploader = Uploader::new(gpu.clone(), convert, 1)
-        .map_err(|e| SluiceError::new_err(format!("device cuda:{ordinal}: {e}")))?;
+    use sluice_client::cuda::{Convert, Gpu, PinnedAllocator, Uploader};
+    let mean = wanted.mean.unwrap_or(Convert::IMAGENET_MEAN);
+    let std = wanted.std.unwrap_or(Convert::IMAGENET_STD);
+    if let Some(s) = std.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+        return Err(PyValueError::new_err(format!(
+            "std: every value must be positive, got {s}"
+        )));
+    }
+    let dtype = wanted.dtype;
+    let convert = Convert::to_dtype(dtype, mean, std).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "dtype {dtype:?}: expected \"uint8\", \"float32\" or \"float16\""
+        ))
+    })?;
+    let failed =
+        |e: &dyn std::fmt::Display| SluiceError::new_err(format!("device cuda:{ordinal}: {e}"));
+    let gpu = Gpu::open(ordinal).map_err(|e| failed(&e))?;
+    let uploader = Uploader::new(gpu.clone(), convert, 1).map_err(|e| failed(&e))?;
     Ok((Arc::new(PinnedAllocator::new(gpu)), Device::Cuda(uploader)))
 }
 
 #[cfg(not(feature = "cuda"))]
 fn open_cuda(
     ordinal: usize,
-    _dtype: &str,
-    _mean: Option<[f32; 3]>,
-    _std: Option<[f32; 3]>,
+    _: Conversion<'_>,
 ) -> PyResult<(Arc<dyn sluice_client::HostAllocator>, Device)> {
     Err(PyValueError::new_err(format!(
         "device \"cuda:{ordinal}\": this sluice was built without CUDA support; reinstall it with MATURIN_PEP517_ARGS=\"--features cuda\" pip install ./python, or take \"cpu\" batches and move them with .to(device)"
     )))
+}
+
+/// The engine in this process, with `threads` decode threads.
+fn in_process_worker(py: Python<'_>, threads: usize) -> PyResult<Arc<sluice_cpu::CpuWorker>> {
+    let engine = sluice_cpu::EngineConfig {
+        threads,
+        ..Default::default()
+    };
+    // The blocking HTTP client inside the source is made off any event loop.
+    py.allow_threads(|| {
+        let source = sluice_cpu::ShardSource::new(sluice_cpu::SourceConfig::default())
+            .map_err(|e| e.to_string())?;
+        sluice_cpu::CpuWorker::new(engine, source).map_err(|e| e.to_string())
+    })
+    .map(Arc::new)
+    .map_err(SluiceError::new_err)
 }
 
 /// A loader (or its epoch) used in a child forked from the process that made it.
@@ -290,261 +178,100 @@ fn forked(made_in: u32) -> PyErr {
 /// is 1 GB of zeros.
 const DECODED_PER_STORED: u64 = 8;
 
-/// The Sluice loader. See the module documentation.
-#[pyclass(module = "sluice")]
+/// The Sluice loader (`sluice.Loader` wraps it). See the module documentation.
+#[pyclass(module = "sluice._sluice", name = "_Loader")]
 struct Loader {
     /// Torn down only in the process that made it (see [`fork`]).
     inner: fork::ForkSafe<sluice_client::Loader>,
     epoch: Mutex<u64>,
     device: fork::ForkSafe<Device>,
-    /// The fields asked for by name (every batch lists them, even where no row has one), and
-    /// the decoded size limit.
-    requested: Arc<dlpack::Asked>,
+    /// The decoded size limit of a field's value.
+    limits: Arc<dlpack::Limits>,
     absent: Arc<Absent>,
 }
 
 #[pymethods]
 impl Loader {
+    /// Made by `sluice.Loader` (python/sluice/_loader.py), which turns its keyword
+    /// arguments into `config`, a `LoaderConfig` as JSON; the rest is what the binding
+    /// itself needs (the device and its conversion, in-process decode threads, a token given
+    /// as text, the decoded field limit).
     #[new]
     #[pyo3(signature = (
-        dataset, workers=None, batch_size=256, seed=0, rank=None, world_size=None,
-        shuffle=None, pipeline="decode | random_resized_crop 224 | hflip 0.5",
-        device="cpu", token_file=None, trust_cert=None, threads=None, drop_last=false,
-        ring_batches=4, dtype="uint8", mean=None, std=None, order="plan", mix_units=None,
-        mix_buffer=None, prefetch_next_epoch=true, epochs=None, fields=None, label=Some("cls"),
-        max_field_bytes=1 << 20, remainder=None, same_host="auto", same_host_dir=None,
-        connections_per_worker=1, fail_on_bad_sample=false, worker_wait=30.0, hedge_after=3.0,
-        max_unit_samples=64, lookahead=None, num_classes=None, allow_negative_labels=false,
-        max_decoded_bytes=None, top_up=false, **kwargs,
+        dataset, config, *, device="cpu", dtype="uint8", mean=None, std=None, threads=None,
+        max_decoded_bytes=None, token=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        dataset: PathBuf,
-        workers: Option<&Bound<'_, PyAny>>,
-        batch_size: u32,
-        seed: u64,
-        rank: Option<u32>,
-        world_size: Option<u32>,
-        shuffle: Option<&Bound<'_, PyAny>>,
-        pipeline: &str,
+        dataset: &str,
+        config: &str,
         device: &str,
-        token_file: Option<PathBuf>,
-        trust_cert: Option<PathBuf>,
-        threads: Option<usize>,
-        drop_last: bool,
-        ring_batches: usize,
         dtype: &str,
         mean: Option<[f32; 3]>,
         std: Option<[f32; 3]>,
-        order: &str,
-        mix_units: Option<u32>,
-        mix_buffer: Option<u32>,
-        prefetch_next_epoch: bool,
-        epochs: Option<u64>,
-        fields: Option<&Bound<'_, PyAny>>,
-        label: Option<&str>,
-        max_field_bytes: u64,
-        remainder: Option<&str>,
-        same_host: &str,
-        same_host_dir: Option<PathBuf>,
-        connections_per_worker: u32,
-        fail_on_bad_sample: bool,
-        worker_wait: f64,
-        hedge_after: f64,
-        max_unit_samples: u64,
-        lookahead: Option<u64>,
-        num_classes: Option<u64>,
-        allow_negative_labels: bool,
+        threads: Option<usize>,
         max_decoded_bytes: Option<u64>,
-        top_up: bool,
-        kwargs: Option<&Bound<'_, PyDict>>,
+        token: Option<String>,
     ) -> PyResult<Self> {
         logs::install();
-        if let Some(kwargs) = kwargs {
-            if let Some((key, _)) = kwargs.iter().next() {
-                return Err(unknown_keyword(&key.to_string()));
-            }
-        }
-        // The pipeline first, as a worker will check it: a mistake is a ValueError here.
-        sluice_client::check_pipeline(pipeline).map_err(client_error)?;
-        let remainder_given = remainder.is_some();
-        let remainder: sluice_client::Remainder = remainder
-            .unwrap_or("drop")
-            .parse()
-            .map_err(|e| PyValueError::new_err(format!("remainder: {e}")))?;
-        let same_host: sluice_client::SameHost = same_host
-            .parse()
-            .map_err(|e| PyValueError::new_err(format!("same_host: {e}")))?;
-        let seconds = |key: &str, v: f64| {
-            if v.is_finite() && v > 0.0 && v < 1e6 {
-                Ok(Duration::from_secs_f64(v))
-            } else {
-                Err(PyValueError::new_err(format!(
-                    "{key}: must be a positive number of seconds, got {v}"
-                )))
-            }
-        };
-        let worker_wait = seconds("worker_wait", worker_wait)?;
-        let hedge_after = seconds("hedge_after", hedge_after)?;
-        let workers: Option<Vec<String>> = match workers {
-            None => None,
-            Some(w) if w.is_none() => None,
-            Some(w) => Some(match w.extract::<String>() {
-                Ok(one) => vec![one],
-                Err(_) => w.extract::<Vec<String>>().map_err(|_| {
-                    PyValueError::new_err(format!(
-                        "workers: expected \"host:port\" or a list of them, got {w}"
-                    ))
-                })?,
-            }),
-        };
-        let shuffle = shuffle_policy(shuffle)?;
-        let dataset_text = dataset.to_string_lossy().into_owned();
-        let fields = field_selection(fields)?;
-        let label = match label {
-            None => sluice_client::LabelSource::None,
-            Some(l) => sluice_client::LabelSource::parse(l).map_err(PyValueError::new_err)?,
-        };
-        if max_field_bytes == 0 {
-            return Err(PyValueError::new_err("max_field_bytes: must be at least 1"));
-        }
-        if num_classes == Some(0) {
-            return Err(PyValueError::new_err("num_classes: must be at least 1"));
-        }
-        let requested = match &fields {
-            sluice_client::FieldSelection::Named(names) => names.clone(),
-            _ => Vec::new(),
-        };
+        // The settings first, as a worker will check them: a mistake is a ValueError here.
+        let mut config = settings::parse(config)?;
+        config.validate().map_err(client_error)?;
         let ordinal = parse_device(device)?;
-        let order: sluice_client::Order = order
-            .parse()
-            .map_err(|e| PyValueError::new_err(format!("order: {e}")))?;
-        if ordinal.is_none() && (dtype != "uint8" || mean.is_some() || std.is_some()) {
+        let wanted = Conversion { dtype, mean, std };
+        if ordinal.is_none() && wanted.converts() {
             return Err(PyValueError::new_err(format!(
                 "dtype {dtype:?} / mean / std: the conversion runs on the GPU, so it needs device=\"cuda:N\" (on the CPU, convert the uint8 batch yourself)"
             )));
         }
-        // The GPU first: a machine without one fails before any worker is contacted.
+        // The GPU next: a machine without one fails before any worker is contacted.
         let (allocator, sink) = match ordinal {
             None => (None, Device::Cpu),
             Some(n) => {
-                let (a, d) = py.allow_threads(|| open_cuda(n, dtype, mean, std))?;
+                let (a, d) = py.allow_threads(|| open_cuda(n, wanted))?;
                 (Some(a), d)
             }
         };
-        let rank = match rank {
-            Some(r) => r,
-            None => env_u32("RANK")?.unwrap_or(0),
-        };
-        let world_size = match world_size {
-            Some(w) => w,
-            None => env_u32("WORLD_SIZE")?.unwrap_or(1),
-        };
-        let manifest = py.allow_threads(|| load_dataset(&dataset_text))?;
-        let mut b = sluice_client::Loader::builder()
-            .dataset(manifest)
-            .dataset_name(dataset_text.clone())
-            .pipeline(pipeline.to_string())
-            .batch_size(batch_size)
-            .seed(seed)
-            .rank(rank)
-            .world_size(world_size)
-            .shuffle(shuffle)
-            .order(order)
-            .mixing(sluice_client::Mixing {
-                window_units: mix_units.unwrap_or(sluice_client::Mixing::default().window_units),
-                buffer_samples: mix_buffer
-                    .unwrap_or(sluice_client::Mixing::default().buffer_samples),
-            })
-            .ring_batches(ring_batches)
-            .remainder(remainder)
-            .same_host(same_host)
-            .connections_per_worker(connections_per_worker)
-            .fail_on_bad_sample(fail_on_bad_sample)
-            .worker_wait(worker_wait)
-            .hedge_after(hedge_after)
-            .max_unit_samples(max_unit_samples)
-            .fields(fields)
-            .label(label)
-            .max_field_bytes(max_field_bytes)
-            .labels(sluice_client::LabelRange {
-                allow_negative: allow_negative_labels,
-                num_classes,
-            })
-            .prefetch_next_epoch(prefetch_next_epoch)
-            .short_batch(if top_up {
-                sluice_client::ShortBatch::TopUp
-            } else {
-                sluice_client::ShortBatch::Deliver
-            })
-            .last_batch(if drop_last {
-                LastBatch::Drop
-            } else {
-                LastBatch::Partial
-            });
-        if let Some(n) = epochs {
-            b = b.epochs(n);
-        }
-        if let Some(n) = lookahead {
-            b = b.lookahead(n);
-        }
+        let manifest = py.allow_threads(|| load_dataset(dataset))?;
+        let decoded =
+            max_decoded_bytes.unwrap_or(config.max_field_bytes.saturating_mul(DECODED_PER_STORED));
+        let mut b = sluice_client::Loader::builder().dataset(manifest);
         if let Some(a) = allocator {
             b = b.allocator(a);
         }
-        if let Some(d) = same_host_dir {
-            b = b.same_host_dir(d);
+        if let Some(t) = token {
+            let t = sluice_wire::token::from_text(&t, "SLUICE_TOKEN")
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            b = b.token(t);
         }
-        b = match workers {
-            None => {
-                let engine = sluice_cpu::EngineConfig {
-                    threads: threads.unwrap_or_else(threads_per_rank),
-                    ..Default::default()
-                };
-                // The blocking HTTP client inside the source is made off any event loop.
-                let worker = py
-                    .allow_threads(|| {
-                        sluice_cpu::ShardSource::new(sluice_cpu::SourceConfig::default())
-                            .map_err(|e| e.to_string())
-                            .and_then(|s| {
-                                sluice_cpu::CpuWorker::new(engine, s).map_err(|e| e.to_string())
-                            })
-                    })
-                    .map_err(SluiceError::new_err)?;
-                b.in_process(Arc::new(worker))
-            }
-            Some(list) => {
-                let mut b = b.workers(list);
-                let token = match token_file {
-                    Some(p) => Some(read_token(&p)?),
-                    None => std::env::var("SLUICE_TOKEN").ok(),
-                };
-                if let Some(t) = token {
-                    b = b.token(t);
-                }
-                if let Some(c) = trust_cert {
-                    b = b.trust_cert(c);
-                }
-                b
-            }
-        };
+        if config.workers.is_empty() {
+            b = b.in_process(in_process_worker(py, threads.unwrap_or(1))?);
+        }
+        let b = b.config(config);
         let inner = py.allow_threads(|| b.build()).map_err(client_error);
         logs::deliver(py);
-        let inner = inner?;
-        if shuffle == ShufflePolicy::Sequential && !remainder_given {
-            unscored_warning(py, &inner)?;
-        }
         Ok(Loader {
-            inner: fork::ForkSafe::new(inner),
+            inner: fork::ForkSafe::new(inner?),
             epoch: Mutex::new(0),
             device: fork::ForkSafe::new(sink),
             absent: Arc::default(),
-            requested: Arc::new(dlpack::Asked {
-                names: requested,
-                max_decoded_bytes: max_decoded_bytes
-                    .unwrap_or(max_field_bytes.saturating_mul(DECODED_PER_STORED)),
+            limits: Arc::new(dlpack::Limits {
+                max_decoded_bytes: decoded,
             }),
         })
+    }
+
+    /// Samples every rank reads per epoch (after the last-batch policy).
+    #[getter]
+    fn samples_per_epoch(&self) -> u64 {
+        self.inner.samples_per_epoch()
+    }
+
+    /// The loader's settings as validated (a `LoaderConfig` as JSON).
+    #[getter]
+    fn config(&self) -> String {
+        serde_json::to_string(self.inner.config()).unwrap_or_default()
     }
 
     /// The batches of epoch `epoch` (resuming it when a checkpoint for it was loaded). The
@@ -674,7 +401,7 @@ impl Loader {
         };
         Ok(Epoch {
             inner: fork::ForkSafe::new(Mutex::new(inner)),
-            requested: self.requested.clone(),
+            limits: self.limits.clone(),
             absent: self.absent.clone(),
             loader: None,
         })
@@ -714,7 +441,7 @@ impl Batches {
 #[pyclass(module = "sluice")]
 struct Epoch {
     inner: fork::ForkSafe<Mutex<Batches>>,
-    requested: Arc<dlpack::Asked>,
+    limits: Arc<dlpack::Limits>,
     /// Fields asked for by name that no row of the first batches has had.
     absent: Arc<Absent>,
     /// The loader, kept alive while its epoch is read (its runtime drives the epoch).
@@ -735,18 +462,19 @@ struct Absent {
 }
 
 impl Absent {
-    fn seen(&self, batch: &dlpack::Held, asked: &[String]) {
+    fn seen(&self, batch: &dlpack::Held) {
         use std::sync::atomic::Ordering::Relaxed;
-        if asked.is_empty() || self.warned.load(Relaxed) {
-            return;
-        }
         let Some(host) = batch.host() else {
             return;
         };
+        let asked = host.requested_fields();
+        if asked.is_empty() || self.warned.load(Relaxed) {
+            return;
+        }
         let Ok(mut s) = self.state.lock() else {
             return;
         };
-        let present = host.field_names();
+        let present = host.present_fields();
         let (batches, missing) = &mut *s;
         let missing = missing.get_or_insert_with(|| asked.to_vec());
         missing.retain(|name| !present.contains(&name.as_str()));
@@ -784,9 +512,9 @@ impl Epoch {
                 Ok(None) => return Ok(None),
                 Ok(Some(Err(e))) => return Err(client_error(e)),
                 Ok(Some(Ok(batch))) => {
-                    self.absent.seen(&batch, &self.requested.names);
+                    self.absent.seen(&batch);
                     logs::deliver(py);
-                    return Ok(Some(dlpack::split(batch, self.requested.clone())));
+                    return Ok(Some(dlpack::split(batch, self.limits.clone())));
                 }
             }
         }

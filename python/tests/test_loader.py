@@ -413,24 +413,27 @@ def test_dataset_may_be_a_served_manifest_url_or_a_pattern_of_indexed_shards(dat
             sluice.Loader(dataset=f"http://{addr}/v1/train/missing.json")
 
 
-def test_the_type_stubs_name_every_argument_of_the_loader():
-    """python/sluice/_sluice.pyi documents Loader's arguments: it must not drift from the
-    Rust signature (the runtime's own, from PyO3)."""
+def test_the_loader_documents_every_argument_and_the_stubs_match_the_extension():
+    """The argument list exists once, in ``sluice.Loader``'s signature (python/sluice/
+    _loader.py, typed): its docstring documents each argument, and the stub of the Rust
+    class underneath (_sluice.pyi) must not drift from the runtime's own signature."""
     import ast
     import inspect
     import pathlib
 
-    stub = pathlib.Path(sluice.__file__).with_name("_sluice.pyi")
-    tree = ast.parse(stub.read_text())
-    init = next(f for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "Loader"
-                for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
-    stubbed = [a.arg for a in init.args.args[1:]]
+    doc = inspect.getdoc(sluice.Loader)
     runtime = [n for n, p in inspect.signature(sluice.Loader).parameters.items()
                if p.kind is not p.VAR_KEYWORD]
-    assert stubbed == runtime
     for name in runtime:
-        assert f"{name}:" in ast.get_docstring(init) or f", {name}:" in ast.get_docstring(init) \
-            or f"{name}," in ast.get_docstring(init), f"{name} undocumented"
+        assert f"{name}:" in doc or f", {name}:" in doc or f"{name}," in doc, \
+            f"{name} undocumented"
+    stub = pathlib.Path(sluice.__file__).with_name("_sluice.pyi")
+    tree = ast.parse(stub.read_text())
+    init = next(f for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "_Loader"
+                for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+    stubbed = [a.arg for a in init.args.args[1:] + init.args.kwonlyargs]
+    extension = [n for n in inspect.signature(sluice._sluice._Loader).parameters]
+    assert stubbed == extension
     assert sluice.__version__ != "0+unknown"
 
 
@@ -697,3 +700,40 @@ def test_shards_and_indexes_rewritten_under_a_running_job_deliver_no_foreign_sam
     # Each skip is named: changed since indexed, a checksum, a sample off its indexed range,
     # or a header that a range read found in the middle of the new file.
     assert skipped and all(why for why in skipped), skipped
+
+
+def test_a_mistyped_argument_is_a_value_error_naming_it_and_the_config_is_readable(dataset):
+    with pytest.raises(ValueError, match=r"^batch_size: invalid type: string"):
+        sluice.Loader(dataset=dataset, pipeline=PIPELINE, batch_size="eight")
+    with pytest.raises(ValueError, match=r"^mixing.window_units: invalid value: integer `-1`"):
+        sluice.Loader(dataset=dataset, pipeline=PIPELINE, mix_units=-1)
+    loader = sluice.Loader(dataset=dataset, pipeline=PIPELINE, batch_size=8, drop_last=True,
+                           shuffle="partial:0.25", label=None, worker_wait=5)
+    config = loader.config
+    assert (config["batch_size"], config["last_batch"], config["shuffle"]) == \
+        (8, "drop", "partial:0.25")
+    assert config["label"] is None and config["worker_wait"] == 5.0
+    assert config["lookahead"] == 512, "a default that follows from others is settled"
+
+
+def test_rank_and_world_come_from_the_environment_and_explicit_arguments_win(dataset,
+                                                                             monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    loader = sluice.Loader(dataset=dataset, pipeline=PIPELINE, batch_size=8)
+    assert (loader.dataset_identity["rank"], loader.dataset_identity["world_size"]) == (1, 3)
+    loader = sluice.Loader(dataset=dataset, pipeline=PIPELINE, batch_size=8, rank=0,
+                           world_size=2)
+    assert (loader.dataset_identity["rank"], loader.dataset_identity["world_size"]) == (0, 2)
+    monkeypatch.setenv("WORLD_SIZE", "three")
+    with pytest.raises(ValueError, match="WORLD_SIZE='three' is not a number"):
+        sluice.Loader(dataset=dataset, pipeline=PIPELINE, batch_size=8)
+
+
+def test_an_empty_sluice_token_is_refused_by_name(dataset, monkeypatch, tmp_path):
+    monkeypatch.setenv("SLUICE_TOKEN", "  ")
+    cert = tmp_path / "cert.pem"
+    cert.write_text("")
+    with pytest.raises(ValueError, match="SLUICE_TOKEN is empty"):
+        sluice.Loader(dataset=dataset, pipeline=PIPELINE, workers=["127.0.0.1:1"],
+                      trust_cert=str(cert))

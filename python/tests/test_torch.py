@@ -423,3 +423,22 @@ def test_one_ranks_state_resumes_every_rank_and_len_counts_the_resumed_epoch(dat
         rest += [k for b in three for k in b["__key__"]]
     every = before[0] + before[1] + rest
     assert len(every) == TOTAL and len(set(every)) == TOTAL
+
+
+def test_a_plain_loader_takes_its_rank_from_an_initialized_process_group(dataset, monkeypatch,
+                                                                          tmp_path):
+    """torch.distributed first, for both loaders: RANK and WORLD_SIZE that disagree with the
+    process group lose to it (the one place that decides it is sluice/_env.py)."""
+    import sluice
+    import torch.distributed as dist
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
+                            world_size=1)
+    try:
+        loader = sluice.Loader(dataset=dataset, pipeline=PIPELINE, batch_size=8)
+        identity = loader.dataset_identity
+        assert (identity["rank"], identity["world_size"]) == (0, 1)
+    finally:
+        dist.destroy_process_group()
