@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use sluice_client::LoaderConfig;
 use sluice_client::{EpochReport, StatsSnapshot};
 use sluice_testbed::consumers::{ConsumerConfig, Observer};
 
@@ -37,16 +38,20 @@ impl Consumers {
         token: Option<String>,
         trust_cert: Option<PathBuf>,
     ) -> ConsumerConfig {
+        let base = ConsumerConfig::new(dataset.display().to_string(), workers);
         ConsumerConfig {
+            loader: LoaderConfig {
+                batch_size: self.batch_size,
+                pipeline: self.pipeline.clone(),
+                prefetch_next_epoch: !self.no_prefetch_next_epoch,
+                trust_cert,
+                ..base.loader
+            },
             ranks: self.ranks,
             epochs: self.epochs,
-            batch_size: self.batch_size,
             step_ms: self.step_ms,
-            pipeline: self.pipeline.clone(),
-            prefetch_next_epoch: !self.no_prefetch_next_epoch,
             token,
-            trust_cert,
-            ..ConsumerConfig::new(dataset.display().to_string(), workers)
+            ..base
         }
     }
 }

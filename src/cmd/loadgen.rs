@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use sluice_client::{LastBatch, ShortBatch, ShufflePolicy};
+use sluice_client::{LastBatch, LoaderConfig, ShortBatch, ShufflePolicy};
 use sluice_testbed::consumers::{self, ConsumerConfig, Device, Mixing, RankResult};
 
 use crate::consumers::Bars;
@@ -152,12 +152,9 @@ fn config(args: &Args) -> Result<ConsumerConfig> {
         Some(p) => Some(consumers::read_states(p)?),
         None => None,
     };
-    Ok(ConsumerConfig {
-        ranks: args.ranks,
+    let base = ConsumerConfig::new(args.dataset.clone(), args.workers.clone());
+    let loader = LoaderConfig {
         batch_size: args.batch_size,
-        step_ms: args.step_ms,
-        epochs: args.epochs,
-        first_epoch: args.first_epoch,
         seed: args.seed,
         pipeline: args.pipeline.clone(),
         fields: sluice_client::FieldSelection::from_names(&args.fields)
@@ -175,11 +172,9 @@ fn config(args: &Args) -> Result<ConsumerConfig> {
         } else {
             ShortBatch::Deliver
         },
-        token: token(args)?,
         trust_cert: args.trust_cert.clone(),
-        credits: args.credits,
-        connections: args.connections_per_worker,
-        threads: args.threads,
+        credits_per_worker: args.credits,
+        connections_per_worker: args.connections_per_worker,
         worker_wait: Duration::from_secs_f64(args.worker_wait),
         order: args.order,
         mixing: sluice_client::Mixing {
@@ -187,14 +182,27 @@ fn config(args: &Args) -> Result<ConsumerConfig> {
             buffer_samples: args.mix_buffer,
         },
         same_host: args.same_host,
-        same_host_dir: args.same_host_dir.clone(),
+        same_host_dir: args
+            .same_host_dir
+            .clone()
+            .unwrap_or(base.loader.same_host_dir.clone()),
         prefetch_next_epoch: !args.no_prefetch_next_epoch,
+        ..base.loader.clone()
+    };
+    Ok(ConsumerConfig {
+        loader,
+        ranks: args.ranks,
+        step_ms: args.step_ms,
+        epochs: args.epochs,
+        first_epoch: args.first_epoch,
+        token: token(args)?,
+        threads: args.threads,
         device: Device::parse(&args.device, &args.dtype)?,
         record_ids: args.dump_ids.is_some(),
         stop_after_batches: args.stop_after_batches,
         keep_state: args.save_state.is_some(),
         resume,
-        ..ConsumerConfig::new(args.dataset.clone(), args.workers.clone())
+        ..base
     })
 }
 

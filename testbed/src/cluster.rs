@@ -256,15 +256,21 @@ impl LocalCluster {
             (
                 "quic",
                 crate::consumers::ConsumerConfig {
-                    same_host: sluice_client::SameHost::Off,
+                    loader: sluice_client::LoaderConfig {
+                        same_host: sluice_client::SameHost::Off,
+                        ..base.loader.clone()
+                    },
                     ..base.clone()
                 },
             ),
             (
                 "same-host",
                 crate::consumers::ConsumerConfig {
-                    same_host: sluice_client::SameHost::Require,
-                    same_host_dir: Some(self.same_host_dir.clone()),
+                    loader: sluice_client::LoaderConfig {
+                        same_host: sluice_client::SameHost::Require,
+                        same_host_dir: self.same_host_dir.clone(),
+                        ..base.loader.clone()
+                    },
                     ..base.clone()
                 },
             ),

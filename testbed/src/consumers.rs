@@ -6,15 +6,12 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 #[cfg(feature = "cuda")]
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_client::{
-    Checkpoint, EpochReport, FieldSelection, LabelSource, LastBatch, Loader, Order, SameHost,
-    ShortBatch, ShufflePolicy, StatsSnapshot,
-};
+use sluice_client::{Checkpoint, EpochReport, Loader, LoaderConfig, ShufflePolicy, StatsSnapshot};
 use sluice_shard::Manifest;
 
 use crate::error::{Result, TestbedError};
@@ -94,40 +91,19 @@ impl Device {
 /// run's (ranks, epochs, step time, what to record).
 #[derive(Clone)]
 pub struct ConsumerConfig {
-    /// The dataset's name for checkpoints (its path or URL).
-    pub dataset_name: String,
+    /// Every rank's loader settings (its rank, world size, epochs and workers are set per
+    /// rank from the fields below).
+    pub loader: LoaderConfig,
     /// Worker addresses, or `["local"]` to decode in-process.
     pub workers: Vec<String>,
     pub ranks: u32,
-    pub batch_size: u32,
     /// Simulated GPU step per batch, milliseconds (0: take batches as fast as they come).
     pub step_ms: f64,
     pub epochs: u64,
     pub first_epoch: u64,
-    pub seed: u64,
-    pub pipeline: String,
-    /// The non-image fields each batch carries.
-    pub fields: FieldSelection,
-    /// Where labels come from.
-    pub label: LabelSource,
-    pub shuffle: ShufflePolicy,
-    pub last_batch: LastBatch,
-    pub short_batch: ShortBatch,
     pub token: Option<String>,
-    pub trust_cert: Option<PathBuf>,
-    pub credits: u32,
-    /// QUIC connections to each worker.
-    pub connections: u32,
     /// Decode threads of an in-process worker (0: all cores).
     pub threads: usize,
-    pub worker_wait: Duration,
-    pub order: Order,
-    pub mixing: sluice_client::Mixing,
-    pub same_host: SameHost,
-    pub same_host_dir: Option<PathBuf>,
-    /// Start each next epoch while the current one drains (the loader's
-    /// `prefetch_next_epoch`; never past the run's last epoch).
-    pub prefetch_next_epoch: bool,
     pub device: Device,
     /// Keep each rank's delivery order (for [`write_dump`]).
     pub record_ids: bool,
@@ -140,35 +116,22 @@ pub struct ConsumerConfig {
 }
 
 impl ConsumerConfig {
-    /// Plain consumers of `dataset_name` on `workers`: global shuffle, seed 0, partial last
-    /// batches, 128 credits, host memory, nothing recorded.
+    /// Plain consumers of `dataset_name` on `workers`: two ranks of batches of 64 for three
+    /// epochs, the loader's defaults otherwise, host memory, nothing recorded.
     pub fn new(dataset_name: impl Into<String>, workers: Vec<String>) -> Self {
         ConsumerConfig {
-            dataset_name: dataset_name.into(),
+            loader: LoaderConfig {
+                dataset_name: dataset_name.into(),
+                batch_size: 64,
+                ..LoaderConfig::default()
+            },
             workers,
             ranks: 2,
-            batch_size: 64,
             step_ms: 0.0,
             epochs: 3,
             first_epoch: 0,
-            seed: 0,
-            pipeline: "decode | random_resized_crop 224 | hflip 0.5".into(),
-            fields: FieldSelection::None,
-            label: LabelSource::default(),
-            shuffle: ShufflePolicy::Global,
-            last_batch: LastBatch::Partial,
-            short_batch: ShortBatch::Deliver,
             token: None,
-            trust_cert: None,
-            credits: 128,
-            connections: 1,
             threads: 0,
-            worker_wait: Duration::from_secs(30),
-            order: Order::Plan,
-            mixing: sluice_client::Mixing::default(),
-            same_host: SameHost::Auto,
-            same_host_dir: None,
-            prefetch_next_epoch: true,
             device: Device::Cpu,
             record_ids: false,
             stop_after_batches: None,
@@ -179,8 +142,9 @@ impl ConsumerConfig {
 
     /// Samples/s the consumers ask for, when they have a step time.
     pub fn demand(&self) -> Option<f64> {
-        (self.step_ms > 0.0)
-            .then(|| f64::from(self.ranks) * f64::from(self.batch_size) * 1000.0 / self.step_ms)
+        (self.step_ms > 0.0).then(|| {
+            f64::from(self.ranks) * f64::from(self.loader.batch_size) * 1000.0 / self.step_ms
+        })
     }
 
     /// Refuses settings no rank could run, once, before any starts: no ranks, or more ranks
@@ -190,7 +154,8 @@ impl ConsumerConfig {
             return Err(TestbedError::Setup("--ranks must be at least 1".into()));
         }
         let counts: Vec<u64> = manifest.shards.iter().map(|s| s.samples).collect();
-        let world = sluice_plan::PlanConfig::new(self.seed, self.ranks, ShufflePolicy::Global);
+        let world =
+            sluice_plan::PlanConfig::new(self.loader.seed, self.ranks, ShufflePolicy::Global);
         sluice_plan::validate(&counts, &world, 0)
             .map_err(|e| TestbedError::Setup(format!("--ranks: {e}")))
     }
@@ -430,26 +395,20 @@ fn loader(
     sink: &Sink,
     epochs_end: u64,
 ) -> Result<Loader> {
+    let local = cfg.workers.len() == 1 && cfg.workers[0] == "local";
     let mut b = Loader::builder()
-        .epochs(epochs_end)
-        .prefetch_next_epoch(cfg.prefetch_next_epoch)
         .dataset(manifest.clone())
-        .dataset_name(cfg.dataset_name.clone())
-        .pipeline(cfg.pipeline.clone())
-        .fields(cfg.fields.clone())
-        .label(cfg.label.clone())
-        .batch_size(cfg.batch_size)
-        .seed(cfg.seed)
-        .rank(rank)
-        .world_size(cfg.ranks)
-        .shuffle(cfg.shuffle)
-        .credits_per_worker(cfg.credits)
-        .connections_per_worker(cfg.connections)
-        .order(cfg.order)
-        .mixing(cfg.mixing)
-        .worker_wait(cfg.worker_wait)
-        .last_batch(cfg.last_batch)
-        .short_batch(cfg.short_batch);
+        .config(LoaderConfig {
+            rank,
+            world_size: cfg.ranks,
+            epochs: Some(epochs_end),
+            workers: if local {
+                Vec::new()
+            } else {
+                cfg.workers.clone()
+            },
+            ..cfg.loader.clone()
+        });
     #[cfg(feature = "cuda")]
     if let Sink::Cuda(_, gpu) = sink {
         b = b.allocator(Arc::new(sluice_client::cuda::PinnedAllocator::new(
@@ -458,7 +417,7 @@ fn loader(
     }
     #[cfg(not(feature = "cuda"))]
     let Sink::Host = sink;
-    if cfg.workers.len() == 1 && cfg.workers[0] == "local" {
+    if local {
         let engine = sluice_cpu::EngineConfig {
             threads: cfg.threads,
             ..Default::default()
@@ -467,18 +426,8 @@ fn loader(
         b = b.in_process(std::sync::Arc::new(sluice_cpu::CpuWorker::new(
             engine, source,
         )?));
-    } else {
-        b = b.workers(cfg.workers.clone());
-        if let Some(t) = &cfg.token {
-            b = b.token(t.clone());
-        }
-        if let Some(c) = &cfg.trust_cert {
-            b = b.trust_cert(c.clone());
-        }
-        b = b.same_host(cfg.same_host);
-        if let Some(d) = &cfg.same_host_dir {
-            b = b.same_host_dir(d.clone());
-        }
+    } else if let Some(t) = &cfg.token {
+        b = b.token(t.clone());
     }
     Ok(b.build()?)
 }

@@ -136,14 +136,12 @@ pub fn run(args: AllArgs) -> Result<()> {
         .iter()
         .find(|c| c.tier == "cpu")
         .map_or(0.0, |c| c.samples_per_s);
-    let base = ConsumerConfig {
-        token: Some(tiers.token.clone()),
-        trust_cert: Some(tiers.trust.clone()),
-        ..ConsumerConfig::new(
-            manifest_path.display().to_string(),
-            tiers.workers.iter().map(|a| a.to_string()).collect(),
-        )
-    };
+    let mut base = ConsumerConfig::new(
+        manifest_path.display().to_string(),
+        tiers.workers.iter().map(|a| a.to_string()).collect(),
+    );
+    base.token = Some(tiers.token.clone());
+    base.loader.trust_cert = Some(tiers.trust.clone());
     let mut chain = BTreeMap::new();
     for (name, cfg) in tiers.over_each_transport(&base) {
         let run = sizing::run_chain(&cfg, &manifest, &[], &Silent)?;
