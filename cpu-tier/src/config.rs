@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use crate::engine::EngineConfig;
 use crate::jpeg::DecodeLimits;
-use crate::source::{S3Config, SourceConfig};
+use crate::source::{CacheConfig, S3Config, SourceConfig};
 
 pub use sluice_daemon::ConfigError;
 
@@ -36,6 +36,19 @@ pub struct CpuConfig {
     pub source: Source,
     pub decode: Decode,
     pub same_host: SameHost,
+    pub cache: Cache,
+}
+
+/// The shard cache: ranges of shards this worker read, kept on local disk for later epochs
+/// (clients send a shard's units to the worker that owns it, so a pool's caches together
+/// hold the dataset whatever the shuffle policy).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Cache {
+    /// Where to keep it (a local disk); unset: no cache.
+    pub dir: Option<PathBuf>,
+    /// The most bytes it holds; the shards used least recently are evicted first.
+    pub size_bytes: u64,
 }
 
 /// The same-host transport: a Unix socket where training processes on this machine attach
@@ -167,6 +180,7 @@ impl Default for CpuConfig {
             source: Source::default(),
             decode: Decode::default(),
             same_host: SameHost::default(),
+            cache: Cache::default(),
         }
     }
 }
@@ -316,6 +330,9 @@ impl CpuConfig {
         if self.cert.is_some() != self.key.is_some() {
             return invalid("cert", "cert and key go together");
         }
+        if self.cache.dir.is_some() && self.cache.size_bytes == 0 {
+            return invalid("cache.size_bytes", "must be at least 1 with cache.dir");
+        }
         if self.no_auth && self.token_file.is_some() {
             return invalid("no_auth", "contradicts token_file");
         }
@@ -360,6 +377,10 @@ impl CpuConfig {
                 allow_http: self.source.s3_allow_http,
                 ..S3Config::default()
             },
+            cache: self.cache.dir.clone().map(|dir| CacheConfig {
+                dir,
+                capacity: self.cache.size_bytes,
+            }),
             ..SourceConfig::default()
         }
     }
@@ -405,5 +426,6 @@ mod tests {
         assert!(e("[decode]\nmax_pixels = 0\n").contains("decode.max_pixels"));
         assert!(e("[same_host]\nsocket_mode = 0o1777\n").contains("same_host.socket_mode"));
         assert!(e("[same_host]\nsocket_dir = \"\"\n").contains("same_host.socket_dir"));
+        assert!(e("[cache]\ndir = \"/var/cache/sluice\"\n").contains("cache.size_bytes"));
     }
 }

@@ -51,6 +51,36 @@ pub struct Args {
     /// Serve QUIC only, no same-host socket.
     #[arg(long, conflicts_with = "same_host_dir")]
     no_same_host: bool,
+    /// Keep the shard ranges read on local disk here, for later epochs (the config's
+    /// `cache.dir`); needs --cache-size.
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// The most the cache holds: bytes, or with a K, M, G or T suffix (powers of 1024).
+    #[arg(long, value_parser = parse_bytes)]
+    cache_size: Option<u64>,
+}
+
+/// `123`, `64K`, `512M`, `50G`, `2T` (powers of 1024).
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("{text:?}: the suffix is not K, M, G or T")),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of bytes (such as 50G)"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 /// The state directory when neither the config nor `--state-dir` names one: systemd's
@@ -93,6 +123,12 @@ pub fn run(args: Args) -> Result<()> {
     }
     if let Some(t) = args.threads {
         config.threads = t;
+    }
+    if let Some(d) = args.cache_dir.clone() {
+        config.cache.dir = Some(d);
+    }
+    if let Some(n) = args.cache_size {
+        config.cache.size_bytes = n;
     }
     if let Some(d) = args.same_host_dir.clone() {
         config.same_host.socket_dir = d;
@@ -188,4 +224,21 @@ pub fn run(args: Args) -> Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn cache_sizes_read_with_binary_suffixes() {
+        assert_eq!(parse_bytes("123"), Ok(123));
+        assert_eq!(parse_bytes("64K"), Ok(64 << 10));
+        assert_eq!(parse_bytes("50g"), Ok(50 << 30));
+        assert!(parse_bytes("5X").unwrap_err().contains("suffix"));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("99999999999T")
+            .unwrap_err()
+            .contains("too large"));
+    }
 }

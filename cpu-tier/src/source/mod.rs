@@ -33,6 +33,7 @@
 //! that failed or stalled is tried last for `suspect_for`, so later units do not wait on it
 //! again.
 
+mod cache;
 mod replicas;
 mod s3;
 mod streams;
@@ -47,6 +48,7 @@ use object_store::ObjectStore;
 use sluice_shard::read::decompressed;
 use sluice_shard::{Checksum, Compression, ReadOptions, SampleIndex, SampleReader, ShardInfo};
 
+pub use cache::{CacheConfig, CacheKey, ShardCache};
 use replicas::Suspects;
 pub use streams::fetch_nanos;
 use streams::{Progress, Resuming, TakeUntilEnd, Timed};
@@ -160,6 +162,8 @@ pub struct SourceConfig {
     /// restarting) is tried again, with exponential backoff, before it fails.
     pub unavailable_for: std::time::Duration,
     pub s3: S3Config,
+    /// Keep what is read on local disk for later epochs (see [`ShardCache`]).
+    pub cache: Option<CacheConfig>,
 }
 
 impl Default for SourceConfig {
@@ -176,6 +180,7 @@ impl Default for SourceConfig {
             slow_window: std::time::Duration::from_secs(10),
             unavailable_for: std::time::Duration::from_secs(30),
             s3: S3Config::default(),
+            cache: None,
         }
     }
 }
@@ -199,6 +204,7 @@ pub struct ShardSource {
     /// Started on the first `s3://` request: drives object_store's async IO.
     runtime: OnceLock<tokio::runtime::Runtime>,
     buckets: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
+    cache: Option<ShardCache>,
 }
 
 impl ShardSource {
@@ -213,7 +219,18 @@ impl ShardSource {
                 url: String::new(),
                 detail: e.to_string(),
             })?;
+        let cache =
+            match &config.cache {
+                Some(c) => Some(ShardCache::open(&c.dir, c.capacity).map_err(|source| {
+                    SourceError::Io {
+                        url: format!("cache dir {}", c.dir.display()),
+                        source,
+                    }
+                })?),
+                None => None,
+            };
         Ok(ShardSource {
+            cache,
             suspects: Arc::new(Suspects::new(config.suspect_for)),
             config,
             http,
@@ -289,6 +306,7 @@ impl ShardSource {
                 let expect = Expect {
                     size: None,
                     checksum: Some(loc.info.checksum),
+                    cached: self.config.verify,
                 };
                 let body = match self.fetch(loc, Some((offset, len)), expect) {
                     Err(SourceError::Changed { detail, .. }) => return Ok(changed(loc, detail)),
@@ -325,6 +343,7 @@ impl ShardSource {
                 let expect = Expect {
                     size: index.is_none().then_some(loc.info.size),
                     checksum: Some(loc.info.checksum),
+                    cached: index.is_some() && self.config.verify,
                 };
                 let body = match self.fetch(loc, None, expect) {
                     Err(SourceError::Changed { detail, .. }) => return Ok(changed(loc, detail)),
@@ -394,7 +413,8 @@ impl ShardSource {
         end: u64,
     ) -> Result<UnitSamples, SourceError> {
         let first = self.open_waiting(loc, start, end)?;
-        if loc.urls.len() < 2 {
+        // With one replica only a cached copy can be read again (from storage).
+        if loc.urls.len() < 2 && self.cache.is_none() {
             return Ok(first);
         }
         let samples: UnitSamples = Box::new(Resuming {
@@ -408,6 +428,10 @@ impl ShardSource {
         let (source, loc) = (self.clone(), loc.clone());
         Ok(Box::new(samples.map(move |item| {
             if let Err(sluice_shard::ShardError::DamagedSample { index, detail, .. }) = &item {
+                // The bytes may have come from the cache: they are read from storage now.
+                if let Some(cache) = &source.cache {
+                    cache.forget(CacheKey::of(&loc.info));
+                }
                 if let Some(good) = source.repair(&loc, *index) {
                     tracing::warn!(shard = %loc.name(), index, "sample {index} was damaged \
                         ({detail}); a replica's copy is good and was used");
@@ -586,6 +610,7 @@ impl ShardSource {
             let expect = Expect {
                 size: Some(loc.info.size),
                 checksum: Some(loc.info.checksum),
+                cached: false,
             };
             let outcome = self.fetch(&one, None, expect).map_err(|e| match e {
                 SourceError::Changed { detail, .. } => verify::Whole::Mismatch(detail),
@@ -648,6 +673,25 @@ impl ShardSource {
     /// another version) is skipped as changed before any byte is read; when every replica
     /// is, the error is `Changed`.
     fn fetch(
+        &self,
+        loc: &ShardLocation,
+        range: Option<(u64, u64)>,
+        expect: Expect,
+    ) -> Result<Box<dyn Read + Send>, SourceError> {
+        let Some(cache) = self.cache.as_ref().filter(|_| expect.cached) else {
+            return self.fetch_replicas(loc, range, expect);
+        };
+        let key = CacheKey::of(&loc.info);
+        let (offset, len) = range.unwrap_or((0, loc.info.size));
+        if let Some(cached) = cache.read(key, offset, len) {
+            return Ok(cached);
+        }
+        let body = self.fetch_replicas(loc, range, expect)?;
+        Ok(cache.fill(key, offset, len, body))
+    }
+
+    /// [`ShardSource::fetch`] from the shard's replicas.
+    fn fetch_replicas(
         &self,
         loc: &ShardLocation,
         range: Option<(u64, u64)>,
@@ -833,6 +877,9 @@ struct Expect {
     size: Option<u64>,
     /// Its checksum, where the server states one.
     checksum: Option<Checksum>,
+    /// Its bytes are checked sample by sample against the shard's index, so they may come
+    /// from (and go to) the worker's shard cache.
+    cached: bool,
 }
 
 /// A unit of a shard that changed since it was indexed on every replica: one `Changed`
