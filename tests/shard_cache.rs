@@ -1,0 +1,217 @@
+//! The CPU workers' shard caches from outside: with two `sluice cpu --cache-dir` workers the
+//! second epoch of a `global` run reads almost nothing from the storage node (its own
+//! metrics), in the same order as a run without caches; a cached range damaged on disk, a
+//! cache smaller than a shard and a cache disk that fills up all still deliver exactly once.
+
+mod support;
+mod system;
+
+use std::path::Path;
+use std::process::Command;
+
+use support::{path_str, sluice_ok};
+use system::{dataset, start_worker_with, trust_file, Worker};
+
+const PIPELINE: &str = "decode | resize 40 | center_crop 32";
+
+/// Bytes the storage node at `url` has sent from the mountpath `data`, by its own metrics
+/// (the test process's storage nodes share one recorder; the mountpath label tells them
+/// apart).
+fn storage_bytes(url: &str, data: &Path) -> f64 {
+    let text = reqwest::blocking::get(format!("{url}/metrics"))
+        .unwrap()
+        .text()
+        .unwrap();
+    let mountpath = format!("mountpath=\"{}", data.display());
+    text.lines()
+        .filter(|l| l.starts_with("sluice_storage_bytes_sent_total") && l.contains(&mountpath))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// One epoch (`epoch`) of two ranks on `workers` (or `local`), its `--dump-ids` and report.
+fn epoch(dir: &Path, manifest: &Path, workers: &str, epoch: u64, trust: &Path) -> (String, String) {
+    let dump = dir.join(format!("dump-{workers}-{epoch}.txt").replace([':', ','], "_"));
+    let report = sluice_ok(&[
+        "loadgen",
+        "--dataset",
+        path_str(manifest),
+        "--workers",
+        workers,
+        "--token-file",
+        path_str(&dir.join("token")),
+        "--trust-cert",
+        path_str(trust),
+        "--ranks",
+        "2",
+        "--batch-size",
+        "16",
+        "--seed",
+        "5",
+        "--pipeline",
+        PIPELINE,
+        "--first-epoch",
+        &epoch.to_string(),
+        "--epochs",
+        "1",
+        "--dump-ids",
+        path_str(&dump),
+    ]);
+    (std::fs::read_to_string(&dump).unwrap(), report)
+}
+
+fn mixing_line(report: &str) -> String {
+    report
+        .lines()
+        .find(|l| l.starts_with("mixing:"))
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn cached_worker(dir: &Path, name: &str, cache: &Path, size: &str) -> Worker {
+    start_worker_with(
+        dir,
+        name,
+        &[
+            "--no-same-host",
+            "--cache-dir",
+            path_str(cache),
+            "--cache-size",
+            size,
+        ],
+    )
+}
+
+/// Flips bytes in the middle of the largest cached shard file of `cache`.
+fn damage_largest(cache: &Path) {
+    let largest = std::fs::read_dir(cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "shard"))
+        .max_by_key(|p| {
+            let ranges: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(p.with_extension("ranges")).unwrap())
+                    .unwrap();
+            ranges["covered"].as_array().map_or(0, |r| r.len() as u64)
+        })
+        .expect("the worker cached nothing");
+    let ranges: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(largest.with_extension("ranges")).unwrap()).unwrap();
+    let (start, end) = (
+        ranges["covered"][0][0].as_u64().unwrap(),
+        ranges["covered"][0][1].as_u64().unwrap(),
+    );
+    let mut bytes = std::fs::read(&largest).unwrap();
+    let mid = ((start + end) / 2) as usize;
+    for b in &mut bytes[mid..(mid + 4096).min(end as usize)] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(&largest, bytes).unwrap();
+}
+
+#[test]
+fn a_second_epoch_comes_from_the_workers_caches_in_the_same_order() {
+    let dir = tempfile::tempdir().unwrap();
+    // Shards of 8 samples: enough units that the few an overloaded owner gives away at the
+    // end of an epoch (a handful, whatever the dataset's size) are a small part of it.
+    let data = dataset(dir.path(), 8);
+    let (a_cache, b_cache) = (dir.path().join("cache-a"), dir.path().join("cache-b"));
+    let a = cached_worker(dir.path(), "a", &a_cache, "1G");
+    let b = cached_worker(dir.path(), "b", &b_cache, "1G");
+    let trust = trust_file(dir.path(), &[&a, &b]);
+    let manifest = &data.manifest_path;
+    let (reference, local) = epoch(dir.path(), manifest, "local", 1, &trust);
+
+    let pool = format!("{},{}", a.addr, b.addr);
+    let read = || storage_bytes(&data.storage.url, &dir.path().join("data"));
+    let before = read();
+    epoch(dir.path(), manifest, &pool, 0, &trust);
+    let first = read() - before;
+    let (cached, report) = epoch(dir.path(), manifest, &pool, 1, &trust);
+    let second = read() - before - first;
+    eprintln!("storage bytes: epoch 0 {first}, epoch 1 (cached) {second}");
+    for w in [&a, &b] {
+        let m = reqwest::blocking::get(format!("http://{}/metrics", w.metrics))
+            .unwrap()
+            .text()
+            .unwrap();
+        for l in m
+            .lines()
+            .filter(|l| l.starts_with("sluice_cpu_cache") || l.starts_with("sluice_cpu_units"))
+        {
+            eprintln!("DEBUG {} {l}", w.addr);
+        }
+    }
+    assert!(
+        second <= 0.10 * first,
+        "the second epoch read {second} bytes from storage, the first {first}"
+    );
+    assert_eq!(
+        cached, reference,
+        "the cached epoch's order differs from a run without caches"
+    );
+    assert_eq!(mixing_line(&report), mixing_line(&local));
+
+    // A cached range damaged on disk: detected by its samples' checksums, read again from
+    // storage, never delivered.
+    damage_largest(&a_cache);
+    damage_largest(&b_cache);
+    let (repaired, _) = epoch(dir.path(), manifest, &pool, 1, &trust);
+    assert_eq!(
+        repaired, reference,
+        "a damaged cache changed what was delivered"
+    );
+    assert!(
+        a.log_contains("damaged") || b.log_contains("damaged"),
+        "neither worker noticed the damage"
+    );
+}
+
+#[test]
+fn a_cache_too_small_or_a_full_cache_disk_still_delivers_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 24);
+    let manifest = &data.manifest_path;
+    // Smaller than one unit's range: every range passes through, evicting as it goes.
+    let tiny = cached_worker(dir.path(), "tiny", &dir.path().join("cache-tiny"), "64K");
+    let trust = trust_file(dir.path(), &[&tiny]);
+    let (reference, _) = epoch(dir.path(), manifest, "local", 1, &trust);
+    for e in 0..2 {
+        let (got, _) = epoch(dir.path(), manifest, &tiny.addr, 1, &trust);
+        assert_eq!(got, reference, "run {e} with a tiny cache");
+    }
+    drop(tiny);
+
+    // A cache disk that fills up (a 256 KiB tmpfs under a cache that thinks it has 1 GiB):
+    // writes fail, the worker says so and reads from storage.
+    let mount = dir.path().join("small-disk");
+    std::fs::create_dir_all(&mount).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs", path_str(&mount)])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipping the full-disk case: cannot mount a tmpfs (needs root)");
+        return;
+    }
+    let full = cached_worker(dir.path(), "full", &mount, "1G");
+    let trust = trust_file(dir.path(), &[&full]);
+    let outcome = std::panic::catch_unwind(|| {
+        for _ in 0..2 {
+            let (got, _) = epoch(dir.path(), manifest, &full.addr, 1, &trust);
+            assert_eq!(
+                got, reference,
+                "a full cache disk changed what was delivered"
+            );
+        }
+        assert!(
+            full.log_contains("cannot write"),
+            "the worker did not say its disk is full"
+        );
+    });
+    drop(full);
+    let _ = Command::new("umount").arg(path_str(&mount)).status();
+    if let Err(e) = outcome {
+        std::panic::resume_unwind(e);
+    }
+}
