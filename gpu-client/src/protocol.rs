@@ -79,111 +79,6 @@ struct LinkState {
     excluded: bool,
 }
 
-/// Where a unit's owning worker stands.
-enum Owner {
-    /// A link to it is up.
-    Up(usize),
-    /// Its links have not connected yet, and none has failed: its shards wait for it until
-    /// they are needed soon.
-    Coming(usize),
-    /// Its links failed or it refused the job: anyone may take its shards.
-    Down,
-}
-
-/// How many times `units_per_worker` a shard's owner may have open before another worker
-/// takes its units (when they are needed soon): with 2, two single-thread workers gave away
-/// about 10% of an epoch's units and read that much from storage in a cached epoch; with 3,
-/// 3–6% (`tests/shard_cache.rs`).
-const OWNER_QUEUE: usize = 3;
-
-/// Queued pieces a free link looks through for one its worker owns.
-const AFFINITY_SCAN: usize = 64;
-
-/// Which worker owns each unit's shard: the highest rendezvous hash of the shard's content
-/// (checksum and size) and the worker's name. Every rank computes the same owners from the
-/// same worker list, so a shard's units go to one worker whatever the epoch, rank or shuffle
-/// policy; a worker going away moves only its own shards.
-struct Owners {
-    /// The worker of each link (several connections to one worker share it).
-    link_worker: Vec<usize>,
-    /// The owning worker of each unit.
-    unit_owner: Vec<usize>,
-}
-
-impl Owners {
-    fn new(links: &[String], manifest: &Manifest, ledger: &Ledger) -> Self {
-        let mut workers: Vec<&str> = Vec::new();
-        let link_worker = links
-            .iter()
-            .map(|l| {
-                let w = worker_of(l);
-                workers.iter().position(|x| *x == w).unwrap_or_else(|| {
-                    workers.push(w);
-                    workers.len() - 1
-                })
-            })
-            .collect();
-        let unit_owner = (0..)
-            .map_while(|id| ledger.unit(id))
-            .map(|u| {
-                let shard = &manifest.shards[u.shard as usize];
-                (0..workers.len())
-                    .max_by_key(|&w| {
-                        let mut h = xxhash_rust::xxh3::Xxh3::new();
-                        h.update(&shard.checksum.0.to_le_bytes());
-                        h.update(&shard.size.to_le_bytes());
-                        h.update(workers[w].as_bytes());
-                        h.digest()
-                    })
-                    .unwrap_or(0)
-            })
-            .collect();
-        Owners {
-            link_worker,
-            unit_owner,
-        }
-    }
-
-    /// Whether every live link to `worker` has `full` units open.
-    fn saturated(&self, worker: usize, links: &[LinkState], full: usize) -> bool {
-        self.link_worker
-            .iter()
-            .zip(links)
-            .filter(|(w, l)| **w == worker && l.generation.is_some())
-            .all(|(_, l)| l.open.len() >= full)
-    }
-
-    /// Where the owner of `unit` stands.
-    fn owner(&self, unit: u64, links: &[LinkState]) -> Owner {
-        let Some(&owner) = self.unit_owner.get(unit as usize) else {
-            return Owner::Down;
-        };
-        let mine = || {
-            self.link_worker
-                .iter()
-                .zip(links)
-                .filter(move |(w, _)| **w == owner)
-                .map(|(_, l)| l)
-        };
-        if mine().any(|l| l.generation.is_some()) {
-            Owner::Up(owner)
-        } else if mine().all(|l| l.last_error.is_none() && !l.excluded) {
-            Owner::Coming(owner)
-        } else {
-            Owner::Down
-        }
-    }
-}
-
-/// The worker a link's name names: `cpu-0:7100 #2` (one of several connections) is
-/// `cpu-0:7100`.
-fn worker_of(link: &str) -> &str {
-    match link.rsplit_once(" #") {
-        Some((worker, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => worker,
-        _ => link,
-    }
-}
-
 /// One rank's epoch, as the protocol tracks it.
 pub(crate) struct Protocol<P> {
     settings: EpochSettings,
@@ -199,7 +94,6 @@ pub(crate) struct Protocol<P> {
     progressed: Instant,
     failures: Vec<(u32, String)>,
     links: Vec<LinkState>,
-    owners: Owners,
     shape: Option<SampleShape>,
     credit_window: u32,
     down_since: Option<Instant>,
@@ -243,7 +137,6 @@ impl<P: Tensor> Protocol<P> {
                 attempts[*id as usize] += 1;
             }
         }
-        let owners = Owners::new(&links, &manifest, &ledger);
         Protocol {
             next_batch: settings.first_batch,
             in_batch: 0,
@@ -256,7 +149,6 @@ impl<P: Tensor> Protocol<P> {
             manifest,
             ledger,
             queue,
-            owners,
             links: links
                 .into_iter()
                 .map(|name| LinkState {
@@ -590,91 +482,32 @@ impl<P: Tensor> Protocol<P> {
 
     /// Gives queued pieces to live links with room, least loaded first; in plan order only
     /// pieces the sequence needs within the lookahead.
-    ///
-    /// Shard affinity: a shard's units go to the worker that owns it (see [`Owners`]), so its
-    /// shard cache serves them epoch after epoch. A link takes the first queued piece its
-    /// worker owns (or whose owner is down) while it has fewer than [`OWNER_QUEUE`] times
-    /// `units_per_worker` open; with fewer than `units_per_worker` open and none owned, it
-    /// takes the front piece when that is needed soon (in plan order, within a quarter of the
-    /// lookahead of the next position; in arrival order, at once) and its owner's links are
-    /// all that full: an overloaded owner's units go elsewhere rather than wait, and a slow
-    /// one does not hold its shards back.
     fn dispatch(&mut self) {
         if self.held {
             return;
         }
-        let next = self.reorder.next_position();
-        let lookahead = self.settings.config.lookahead;
-        let horizon = next.map_or(u64::MAX, |n| n.saturating_add(lookahead));
-        let soon = next.map_or(u64::MAX, |n| n.saturating_add(lookahead / 4));
-        let units = self.settings.config.units_per_worker;
-        loop {
-            // An owner may queue up to `OWNER_QUEUE` times its units (the worker runs them in
-            // turn): a shard read where it is cached is worth a short wait in its queue.
-            let mut free: Vec<usize> = (0..self.links.len())
+        let horizon = self.reorder.next_position().map_or(u64::MAX, |n| {
+            n.saturating_add(self.settings.config.lookahead)
+        });
+        while self
+            .queue
+            .peek()
+            .is_some_and(|Reverse(p)| p.priority < horizon)
+        {
+            let Some(i) = (0..self.links.len())
                 .filter(|&i| {
                     let l = &self.links[i];
-                    l.generation.is_some() && l.open.len() < OWNER_QUEUE * units
+                    l.generation.is_some() && l.open.len() < self.settings.config.units_per_worker
                 })
-                .collect();
-            free.sort_by_key(|&i| self.links[i].open.len());
-            let picked = free.into_iter().find_map(|i| {
-                let steal = self.links[i].open.len() < units;
-                self.take_piece_for(i, horizon, steal.then_some(soon))
-                    .map(|p| (i, p))
-            });
-            let Some((i, piece)) = picked else {
+                .min_by_key(|&i| self.links[i].open.len())
+            else {
+                return;
+            };
+            let Some(Reverse(piece)) = self.queue.pop() else {
                 return;
             };
             self.send_piece(i, piece);
         }
-    }
-
-    /// The piece link `link` should run next (see [`Self::dispatch`]), taken off the queue;
-    /// with `steal`, the front piece when no owned one is queued and the front is needed
-    /// before that position.
-    fn take_piece_for(&mut self, link: usize, horizon: u64, steal: Option<u64>) -> Option<Piece> {
-        let worker = self.owners.link_worker[link];
-        let mut looked: Vec<Piece> = Vec::new();
-        let mut chosen = None;
-        while let Some(&Reverse(p)) = self.queue.peek() {
-            if p.priority >= horizon || looked.len() >= AFFINITY_SCAN {
-                break;
-            }
-            self.queue.pop();
-            match self.owners.owner(p.unit, &self.links) {
-                Owner::Down => {
-                    chosen = Some(p);
-                    break;
-                }
-                Owner::Up(w) | Owner::Coming(w) if w == worker => {
-                    chosen = Some(p);
-                    break;
-                }
-                _ => looked.push(p),
-            }
-        }
-        // The front piece, when it is needed soon and its owner is up with every link full,
-        // or not up yet while this link is idle.
-        let full = OWNER_QUEUE * self.settings.config.units_per_worker;
-        let idle = self.links[link].open.is_empty();
-        let stealable = |p: &Piece| {
-            steal.is_some_and(|s| p.priority < s)
-                && match self.owners.owner(p.unit, &self.links) {
-                    Owner::Up(w) => self.owners.saturated(w, &self.links, full),
-                    // Still connecting (or never to): its urgent units wait while this link has
-                    // units of its own to run, and no longer.
-                    Owner::Coming(_) => idle,
-                    Owner::Down => true,
-                }
-        };
-        if chosen.is_none() && looked.first().is_some_and(stealable) {
-            chosen = Some(looked.remove(0));
-        }
-        for p in looked {
-            self.queue.push(Reverse(p));
-        }
-        chosen
     }
 
     /// Gives `piece` to link `i`.
