@@ -372,34 +372,14 @@ impl PlanSettings {
         )
     }
 
-    /// The first setting in which `self` (a checkpoint's) differs from `ours`.
-    pub(crate) fn first_difference(
-        &self,
-        ours: &PlanSettings,
-    ) -> Option<(&'static str, String, String)> {
-        let pairs = [
-            (
-                "remainder",
-                format!("{:?}", self.remainder),
-                format!("{:?}", ours.remainder),
-            ),
-            (
-                "max_unit_samples",
-                self.max_unit_samples.to_string(),
-                ours.max_unit_samples.to_string(),
-            ),
-            (
-                "last_batch",
-                format!("{:?}", self.last_batch),
-                format!("{:?}", ours.last_batch),
-            ),
-            (
-                "mixing",
-                format!("{:?}", self.mixing),
-                format!("{:?}", ours.mixing),
-            ),
-        ];
-        pairs.into_iter().find(|(_, a, b)| a != b)
+    /// Each setting as (name, value), in the order a difference is named.
+    pub(crate) fn named(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("remainder", format!("{:?}", self.remainder)),
+            ("max_unit_samples", self.max_unit_samples.to_string()),
+            ("last_batch", format!("{:?}", self.last_batch)),
+            ("mixing", format!("{:?}", self.mixing)),
+        ]
     }
 }
 

@@ -298,7 +298,7 @@ impl Loader {
         }
         let plan = c.plan_settings();
         let plan_differs = match &first.plan {
-            PlanRecord::Typed(theirs) => theirs.first_difference(&plan),
+            PlanRecord::Typed(theirs) => first_difference(&theirs.named(), &plan.named()),
             PlanRecord::Text(t) if t.is_empty() => None,
             PlanRecord::Text(t) => (*t != plan.version2_text())
                 .then(|| ("plan settings", t.clone(), plan.version2_text())),
