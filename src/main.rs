@@ -42,7 +42,7 @@ enum Command {
     /// Decode and augment samples for GPU clients over QUIC (the CPU tier).
     Cpu(cmd::cpu::Args),
     /// Synthetic GPU consumers: load-test workers and check the exactly-once contract.
-    Loadgen(cmd::loadgen::Args),
+    Loadgen(Box<cmd::loadgen::Args>),
 }
 
 /// The error and its causes, each said once: library errors often name their cause in their
@@ -71,7 +71,7 @@ fn main() -> std::process::ExitCode {
         Command::Storage(args) => cmd::storage::run(args),
         Command::Put(args) => cmd::put::run(args),
         Command::Cpu(args) => cmd::cpu::run(args),
-        Command::Loadgen(args) => cmd::loadgen::run(args),
+        Command::Loadgen(args) => cmd::loadgen::run(*args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

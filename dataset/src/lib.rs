@@ -10,6 +10,7 @@
 
 pub mod error;
 pub mod locate;
+pub mod mixture;
 pub mod synth;
 pub mod write;
 

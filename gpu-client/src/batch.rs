@@ -238,6 +238,8 @@ pub struct Batch {
     pub(crate) skipped: Vec<(SampleId, String)>,
     /// The (unit, index) of each real sample and skip, for the checkpoint.
     pub(crate) accounted: Vec<(u64, u32, u64)>,
+    /// Each sample's source in a mixture (all 0 for a single dataset).
+    pub(crate) sources: Vec<u32>,
 }
 
 impl Batch {
@@ -331,6 +333,12 @@ impl Batch {
     }
 
     /// The samples' keys in their shards.
+    /// Each sample's source: its place in the mixture's list of sources (0 for a single
+    /// dataset).
+    pub fn sources(&self) -> &[u32] {
+        &self.sources
+    }
+
     pub fn keys(&self) -> &[String] {
         &self.keys
     }
@@ -427,6 +435,7 @@ impl Filling {
                 padding: Vec::with_capacity(target),
                 skipped: Vec::new(),
                 accounted: Vec::with_capacity(target),
+                sources: Vec::new(),
             },
             target,
         }

@@ -181,6 +181,11 @@ pub struct LoaderConfig {
     /// How many epochs the job reads (`0..epochs`), when known: the epoch after the last is
     /// then not started early.
     pub epochs: Option<u64>,
+    /// A mixture's weights, one per source (see `sluice_plan::mixture`); `[]` with several
+    /// sources: in proportion to their sizes. A checkpoint may be resumed with other weights.
+    pub weights: Vec<f64>,
+    /// Samples in an epoch of a mixture (`None`: all its sources' samples).
+    pub epoch_samples: Option<u64>,
 }
 
 impl Default for LoaderConfig {
@@ -226,6 +231,8 @@ impl Default for LoaderConfig {
             same_host_dir: crate::same_host::default_socket_dir(),
             prefetch_next_epoch: true,
             epochs: None,
+            weights: Vec::new(),
+            epoch_samples: None,
         }
     }
 }
@@ -283,6 +290,14 @@ impl LoaderConfig {
         }
         if self.labels.num_classes == Some(0) {
             return bad("num_classes", "must be at least 1");
+        }
+        if !self.weights.is_empty() {
+            if let Err(e) = sluice_plan::mixture::scale_weights(&self.weights) {
+                return bad("weights", &e.to_string());
+            }
+        }
+        if self.epoch_samples == Some(0) {
+            return bad("epoch_samples", "must be at least 1");
         }
         if !self.shuffle.shuffles() {
             // Manifest order: one unit at a time, no shuffle buffer, batches in plan order.

@@ -552,6 +552,7 @@ mod tests {
             start: 0,
             end: 8,
             padding: false,
+            group: 0,
         }];
         let sequence = Arc::new(
             sluice_plan::Sequence::new(&units, sluice_plan::Mixing::default(), 1, 0, 0).unwrap(),

@@ -217,6 +217,7 @@ mod tests {
                 start: 0,
                 end: 100,
                 padding: false,
+                group: 0,
             },
             WorkUnit {
                 id: 1,
@@ -224,6 +225,7 @@ mod tests {
                 start: 50,
                 end: 70,
                 padding: false,
+                group: 0,
             },
             WorkUnit {
                 id: 2,
@@ -231,6 +233,7 @@ mod tests {
                 start: 100,
                 end: 130,
                 padding: true,
+                group: 0,
             },
         ]
     }

@@ -207,6 +207,7 @@ mod tests {
                 start: u64::from(i) * 10,
                 end: u64::from(i) * 10 + 10,
                 padding: false,
+                group: 0,
             })
             .collect();
         let seq = Arc::new(Sequence::new(&units, Mixing::default(), 4, 0, 0).unwrap());

@@ -172,7 +172,7 @@ pub fn cut_pieces(pieces: Vec<Piece>, world: u32) -> Vec<Vec<Piece>> {
 }
 
 /// Splits a run of pieces after `n` samples: (the first `n` samples, the rest).
-fn split_off_samples(pieces: Vec<Piece>, n: u64) -> (Vec<Piece>, Vec<Piece>) {
+pub(crate) fn split_off_samples(pieces: Vec<Piece>, n: u64) -> (Vec<Piece>, Vec<Piece>) {
     let mut head = Vec::new();
     let mut tail = Vec::new();
     let mut taken = 0;
@@ -346,6 +346,7 @@ pub fn cut_units(pieces: Vec<Piece>, max: u64) -> Vec<WorkUnit> {
                 start,
                 end,
                 padding: p.padding,
+                group: 0,
             });
         }
     }

@@ -23,6 +23,7 @@
 //! All randomness comes from [`rng`], keyed by the job seed and the choice's coordinates.
 
 pub mod assign;
+pub mod mixture;
 pub mod order;
 pub mod resume;
 pub mod rng;
@@ -34,6 +35,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use sluice_shard::Manifest;
 
+pub use mixture::{MixBase, Mixture, SourceState};
 pub use order::{Mixing, Sequence};
 pub use resume::{BatchPlan, EpochPlanner, LastBatch, Segment};
 pub use rng::sample_seed;
@@ -160,6 +162,10 @@ pub struct WorkUnit {
     pub end: u64,
     /// The unit repeats a sample to even out ranks (remainder policy `pad`).
     pub padding: bool,
+    /// A mixture's draw group (one source's samples of one pass, see [`mixture`]) the unit
+    /// belongs to; 0 for a single dataset.
+    #[serde(default)]
+    pub group: u32,
 }
 
 impl WorkUnit {
@@ -191,6 +197,12 @@ pub enum PlanError {
     Remainder(String),
     #[error("work unit {at} does not carry id {at}: a sequence needs the plan's units in order")]
     UnitIds { at: u64 },
+    #[error("mixture weights {0} are not one finite, non-negative weight per source, not all 0")]
+    Weights(String),
+    #[error("source {index} of the mixture has no samples")]
+    EmptySource { index: usize },
+    #[error("a mixture's sources are known from epoch {known} on (its checkpoint's), not at epoch {epoch}")]
+    MixtureEpoch { epoch: u64, known: u64 },
     #[error(
         "a rank of {samples} samples in one epoch is more than the planner orders (4294967294)"
     )]

@@ -68,82 +68,30 @@ impl Sequence {
         epoch: u64,
         rank: u32,
     ) -> Result<Self, PlanError> {
-        let mut base = Vec::with_capacity(units.len() + 1);
-        let mut total = 0u64;
-        for (i, u) in units.iter().enumerate() {
-            if u.id as usize != i {
-                return Err(PlanError::UnitIds { at: i as u64 });
-            }
-            base.push(total);
-            total += u.len();
-        }
-        base.push(total);
-        if total >= u64::from(u32::MAX) {
-            return Err(PlanError::RankTooLarge { samples: total });
-        }
-        let n = total as usize;
-        let mut order = Vec::with_capacity(n);
-        let window = mixing.window_units.max(1) as usize;
-        let mut pick = stream(seed, Domain::Interleave, epoch, u64::from(rank));
-        let mut buffer = (mixing.buffer_samples > 0).then(|| {
-            ShuffleBuffer::from_stream(
-                mixing.buffer_samples as usize,
-                stream(seed, Domain::MixBuffer, epoch, u64::from(rank)),
-            )
-        });
-        // Open units as (unit, next offset); empty units are passed over.
-        let mut open: Vec<(usize, u64)> = Vec::with_capacity(window);
-        let mut next_unit = 0usize;
-        let mut refill = |open: &mut Vec<(usize, u64)>, at: Option<usize>| {
-            while next_unit < units.len() && units[next_unit].is_empty() {
-                next_unit += 1;
-            }
-            let fresh = (next_unit < units.len()).then(|| {
-                next_unit += 1;
-                (next_unit - 1, 0)
-            });
-            match (at, fresh) {
-                (Some(i), Some(f)) => open[i] = f,
-                (Some(i), None) => {
-                    open.swap_remove(i);
-                }
-                (None, Some(f)) => open.push(f),
-                (None, None) => {}
-            }
-            fresh.is_some()
-        };
-        while open.len() < window && refill(&mut open, None) {}
-        while !open.is_empty() {
-            let i = pick.below(open.len() as u64) as usize;
-            let (unit, offset) = open[i];
-            let slot = (base[unit] + offset) as u32;
-            if offset + 1 == units[unit].len() {
-                refill(&mut open, Some(i));
-            } else {
-                open[i].1 += 1;
-            }
-            match buffer.as_mut() {
-                Some(b) => order.extend(b.push(slot)),
-                None => order.push(slot),
-            }
-        }
-        if let Some(b) = buffer.as_mut() {
-            order.extend(std::iter::from_fn(|| b.pop()));
-        }
-        let mut position = vec![0u32; n];
+        let base = slots(units)?;
+        let pick = stream(seed, Domain::Interleave, epoch, u64::from(rank));
+        let buffer = stream(seed, Domain::MixBuffer, epoch, u64::from(rank));
+        let order = interleave(units, &base, 0..units.len(), mixing, pick, buffer);
+        Ok(Self::from_order(units, base, order))
+    }
+
+    /// A sequence whose slot order was computed elsewhere (a mixture's, see
+    /// [`crate::mixture`]): `order` holds every slot of `units` once.
+    pub(crate) fn from_order(units: &[WorkUnit], base: Vec<u64>, order: Vec<u32>) -> Self {
+        let mut position = vec![0u32; order.len()];
         let mut first = vec![u32::MAX; units.len()];
         for (pos, &slot) in order.iter().enumerate() {
             position[slot as usize] = pos as u32;
             let unit = base.partition_point(|&b| b <= u64::from(slot)) - 1;
             first[unit] = first[unit].min(pos as u32);
         }
-        Ok(Sequence {
+        Sequence {
             base,
             starts: units.iter().map(|u| u.start).collect(),
             order,
             position,
             first,
-        })
+        }
     }
 
     /// Samples in the epoch.
@@ -184,6 +132,83 @@ impl Sequence {
     }
 }
 
+/// The first slot of each unit (prefix sums of unit lengths), one extra at the end; the
+/// units must carry their plan positions as ids.
+pub(crate) fn slots(units: &[WorkUnit]) -> Result<Vec<u64>, PlanError> {
+    let mut base = Vec::with_capacity(units.len() + 1);
+    let mut total = 0u64;
+    for (i, u) in units.iter().enumerate() {
+        if u.id as usize != i {
+            return Err(PlanError::UnitIds { at: i as u64 });
+        }
+        base.push(total);
+        total += u.len();
+    }
+    base.push(total);
+    if total >= u64::from(u32::MAX) {
+        return Err(PlanError::RankTooLarge { samples: total });
+    }
+    Ok(base)
+}
+
+/// The slots of `units[range]` in the order the mixing model gives them: a window of units
+/// interleaved by `pick`, then a shuffle buffer drawing from `buffer` (see the module
+/// documentation).
+pub(crate) fn interleave(
+    units: &[WorkUnit],
+    base: &[u64],
+    range: std::ops::Range<usize>,
+    mixing: Mixing,
+    mut pick: crate::rng::Stream,
+    buffer: crate::rng::Stream,
+) -> Vec<u32> {
+    let n = (base[range.end] - base[range.start]) as usize;
+    let mut order = Vec::with_capacity(n);
+    let window = mixing.window_units.max(1) as usize;
+    let mut buffer = (mixing.buffer_samples > 0)
+        .then(|| ShuffleBuffer::from_stream(mixing.buffer_samples as usize, buffer));
+    // Open units as (unit, next offset); empty units are passed over.
+    let mut open: Vec<(usize, u64)> = Vec::with_capacity(window);
+    let mut next_unit = range.start;
+    let mut refill = |open: &mut Vec<(usize, u64)>, at: Option<usize>| {
+        while next_unit < range.end && units[next_unit].is_empty() {
+            next_unit += 1;
+        }
+        let fresh = (next_unit < range.end).then(|| {
+            next_unit += 1;
+            (next_unit - 1, 0)
+        });
+        match (at, fresh) {
+            (Some(i), Some(f)) => open[i] = f,
+            (Some(i), None) => {
+                open.swap_remove(i);
+            }
+            (None, Some(f)) => open.push(f),
+            (None, None) => {}
+        }
+        fresh.is_some()
+    };
+    while open.len() < window && refill(&mut open, None) {}
+    while !open.is_empty() {
+        let i = pick.below(open.len() as u64) as usize;
+        let (unit, offset) = open[i];
+        let slot = (base[unit] + offset) as u32;
+        if offset + 1 == units[unit].len() {
+            refill(&mut open, Some(i));
+        } else {
+            open[i].1 += 1;
+        }
+        match buffer.as_mut() {
+            Some(b) => order.extend(b.push(slot)),
+            None => order.push(slot),
+        }
+    }
+    if let Some(b) = buffer.as_mut() {
+        order.extend(std::iter::from_fn(|| b.pop()));
+    }
+    order
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,6 +223,7 @@ mod tests {
                 start: 10 * i as u64,
                 end: 10 * i as u64 + n,
                 padding: false,
+                group: 0,
             })
             .collect()
     }

@@ -11,6 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::assign::{self, Piece};
+use crate::mixture::{Ctx, Mixture, SourceState};
 use crate::{Mixing, PlanConfig, PlanError, Sequence, WorkUnit};
 
 /// What happens to the epoch's last, incomplete batch.
@@ -54,10 +55,14 @@ impl BatchPlan {
 
 /// An earlier part of an epoch: a world of `world_size` ranks each took `batches` batches
 /// of its plan-order sequence, then the job stopped and resumed at another world size.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Segment {
     pub world_size: u32,
     pub batches: u64,
+    /// A mixture's weights in that segment (parts of [`crate::mixture::WEIGHT_SCALE`]);
+    /// empty for a single dataset.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub weights: Vec<u64>,
 }
 
 /// Everything that decides which samples a rank is handed in an epoch, and in which order,
@@ -70,9 +75,42 @@ pub struct EpochPlanner {
     pub mixing: Mixing,
     pub batch_size: u64,
     pub last_batch: LastBatch,
+    /// Several sources drawn by weight (`counts` lists each source's shards in turn).
+    pub mixture: Option<Mixture>,
 }
 
 impl EpochPlanner {
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            counts: &self.counts,
+            config: &self.config,
+            mixing: self.mixing,
+            batch_size: self.batch_size,
+            last_batch: self.last_batch,
+        }
+    }
+
+    /// The samples each rank gets in an epoch as planned in a world of `world` ranks
+    /// (before the last-batch policy).
+    pub fn samples_per_rank(&self, world: u32) -> u64 {
+        match &self.mixture {
+            Some(m) => {
+                let ctx = self.ctx();
+                Mixture::rounded(m.epoch_length(&self.counts), world, &ctx)
+                    / u64::from(world.max(1))
+            }
+            None => crate::samples_per_rank(self.counts.iter().sum(), world, self.config.remainder),
+        }
+    }
+
+    /// The mixture's sources' states at the start of `epoch` (`None` for a single dataset).
+    pub fn mixture_state(&self, epoch: u64) -> Result<Option<Vec<SourceState>>, PlanError> {
+        match &self.mixture {
+            Some(m) => Ok(Some(m.state_at(epoch, &self.ctx())?)),
+            None => Ok(None),
+        }
+    }
+
     /// Rank `rank`'s units (cut to whole batches) and batch plan for `epoch` in a world of
     /// `world` ranks, after the earlier segments `resumed` (none: the epoch as planned).
     pub fn segment(
@@ -86,6 +124,11 @@ impl EpochPlanner {
             world_size: world,
             ..self.config.clone()
         };
+        if let Some(m) = &self.mixture {
+            let (units, samples) = m.segment(epoch, resumed, world, rank, &self.ctx())?;
+            let batch_plan = BatchPlan::new(samples, self.batch_size, self.last_batch);
+            return Ok((first_samples(units, batch_plan.samples), batch_plan));
+        }
         let (units, samples) = match resumed.split_last() {
             None => {
                 let units = crate::plan_counts(&self.counts, &config, epoch, rank)?;
@@ -96,7 +139,7 @@ impl EpochPlanner {
                 )
             }
             Some((last, earlier)) => {
-                let rest = self.rest(epoch, earlier, *last)?;
+                let rest = self.rest(epoch, earlier, last)?;
                 let remaining = assign::total(&rest);
                 let depth = resumed.len() as u32;
                 let units = crate::resume_plan(rest, &self.counts, &config, epoch, rank, depth)?;
@@ -117,6 +160,9 @@ impl EpochPlanner {
         depth: u32,
         rank: u32,
     ) -> Result<Sequence, PlanError> {
+        if let Some(m) = &self.mixture {
+            return m.sequence(units, epoch, depth, rank, &self.ctx());
+        }
         let seed = crate::segment_seed(self.config.seed, depth);
         Sequence::new(units, self.mixing, seed, epoch, rank)
     }
@@ -133,7 +179,7 @@ impl EpochPlanner {
         &self,
         epoch: u64,
         earlier: &[Segment],
-        last: Segment,
+        last: &Segment,
     ) -> Result<Vec<Piece>, PlanError> {
         let depth = earlier.len() as u32;
         let mut rest = Vec::new();
@@ -168,24 +214,46 @@ pub fn first_samples(units: Vec<WorkUnit>, samples: u64) -> Vec<WorkUnit> {
 /// The samples at positions `done..` of `sequence`, as pieces: per unit (in unit order),
 /// runs of consecutive indexes.
 pub fn remaining_pieces(units: &[WorkUnit], sequence: &Sequence, done: u64) -> Vec<Piece> {
+    remaining_by_group(units, sequence, done)
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect()
+}
+
+/// [`remaining_pieces`], each with its unit's mixture group.
+pub(crate) fn remaining_by_group(
+    units: &[WorkUnit],
+    sequence: &Sequence,
+    done: u64,
+) -> Vec<(u32, Piece)> {
     let mut left: Vec<Vec<u64>> = vec![Vec::new(); units.len()];
     for p in done..sequence.len() {
         if let Some((u, i)) = sequence.at(p) {
             left[u as usize].push(i);
         }
     }
-    let mut out: Vec<Piece> = Vec::new();
+    let mut out: Vec<(u32, Piece)> = Vec::new();
     for (u, mut idx) in units.iter().zip(left) {
         idx.sort_unstable();
         for i in idx {
             match out.last_mut() {
-                Some(p) if p.shard == u.shard && p.end == i && p.padding == u.padding => p.end += 1,
-                _ => out.push(Piece {
-                    shard: u.shard,
-                    start: i,
-                    end: i + 1,
-                    padding: u.padding,
-                }),
+                Some((g, p))
+                    if *g == u.group
+                        && p.shard == u.shard
+                        && p.end == i
+                        && p.padding == u.padding =>
+                {
+                    p.end += 1
+                }
+                _ => out.push((
+                    u.group,
+                    Piece {
+                        shard: u.shard,
+                        start: i,
+                        end: i + 1,
+                        padding: u.padding,
+                    },
+                )),
             }
         }
     }

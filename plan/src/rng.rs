@@ -24,6 +24,10 @@ pub enum Domain {
     MixBuffer = 9,
     ShardWrite = 10,
     Resume = 11,
+    MixPass = 12,
+    MixUnits = 13,
+    MixInterleave = 14,
+    MixGroupBuffer = 15,
 }
 
 fn splitmix64(mut x: u64) -> u64 {

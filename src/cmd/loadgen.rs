@@ -10,6 +10,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use sluice_client::{LastBatch, LoaderConfig, ShortBatch, ShufflePolicy};
+use sluice_dataset::mixture::LoadedMixture;
+use sluice_shard::Manifest;
 use sluice_testbed::consumers::{self, ConsumerConfig, Device, Mixing, RankResult};
 
 use crate::consumers::Bars;
@@ -17,9 +19,21 @@ use crate::daemon;
 
 #[derive(clap::Args, Clone)]
 pub struct Args {
-    /// A manifest (.json path or URL) or shards (paths, URLs, brace patterns).
+    /// A manifest (.json path or URL), shards (paths, URLs, brace patterns) or a mixture file
+    /// (.toml); given more than once, a mixture of those datasets (see --weights).
+    #[arg(long, required_unless_present = "mixture")]
+    dataset: Vec<String>,
+    /// A mixture's weights, one per --dataset, comma-separated (`7,3`); default: in
+    /// proportion to the datasets' sizes.
+    #[arg(long, value_delimiter = ',')]
+    weights: Vec<f64>,
+    /// A mixture file (TOML or JSON: `[[sources]]` with `dataset` and `weight`, and an
+    /// optional `epoch_samples`).
+    #[arg(long, conflicts_with = "dataset")]
+    mixture: Option<PathBuf>,
+    /// Samples per epoch of a mixture (default: all its sources' samples).
     #[arg(long)]
-    dataset: String,
+    epoch_samples: Option<u64>,
     /// CPU workers, host:port, comma-separated; `local` decodes in this process.
     #[arg(long, value_delimiter = ',', required = true)]
     workers: Vec<String>,
@@ -152,7 +166,8 @@ fn config(args: &Args) -> Result<ConsumerConfig> {
         Some(p) => Some(consumers::read_states(p)?),
         None => None,
     };
-    let base = ConsumerConfig::new(args.dataset.clone(), args.workers.clone());
+    let name = args.dataset.join("+");
+    let base = ConsumerConfig::new(name, args.workers.clone());
     let loader = LoaderConfig {
         batch_size: args.batch_size,
         seed: args.seed,
@@ -206,12 +221,90 @@ fn config(args: &Args) -> Result<ConsumerConfig> {
     })
 }
 
+/// The datasets the arguments name: one manifest, or a mixture's sources, weights and epoch
+/// length (from --mixture, a .toml --dataset, or several --dataset).
+fn datasets(args: &Args) -> Result<(Manifest, Option<LoadedMixture>)> {
+    let file = args
+        .mixture
+        .clone()
+        .or_else(|| match args.dataset.as_slice() {
+            [one] if sluice_dataset::mixture::is_mixture_file(one) => Some(PathBuf::from(one)),
+            _ => None,
+        });
+    let mixture = match (file, args.dataset.len()) {
+        (Some(path), _) => {
+            if !args.weights.is_empty() {
+                bail!(
+                    "--weights: the mixture file {} gives the weights",
+                    path.display()
+                );
+            }
+            Some(sluice_dataset::mixture::load(&path)?)
+        }
+        (None, 1) if args.weights.is_empty() => None,
+        (None, n) => {
+            if !args.weights.is_empty() && args.weights.len() != n {
+                bail!(
+                    "--weights: {} weights for {n} --dataset",
+                    args.weights.len()
+                );
+            }
+            let sources = args
+                .dataset
+                .iter()
+                .enumerate()
+                .map(|(i, d)| {
+                    (
+                        d.clone(),
+                        d.clone(),
+                        args.weights.get(i).copied().unwrap_or(1.0),
+                    )
+                })
+                .collect();
+            let mut m = sluice_dataset::mixture::weighted(sources, None)?;
+            if args.weights.is_empty() {
+                // No weights: in proportion to the datasets' sizes.
+                m.weights = m
+                    .sources
+                    .iter()
+                    .map(|(_, s)| s.total_samples() as f64)
+                    .collect();
+            }
+            Some(m)
+        }
+    };
+    match mixture {
+        Some(mut m) => {
+            m.epoch_samples = args.epoch_samples.or(m.epoch_samples);
+            let all = m
+                .sources
+                .iter()
+                .flat_map(|(_, s)| s.shards.clone())
+                .collect();
+            Ok((Manifest::new(all), Some(m)))
+        }
+        None => {
+            if args.epoch_samples.is_some() {
+                bail!("--epoch-samples: is for a mixture of several datasets");
+            }
+            let d = &args.dataset[0];
+            let manifest = sluice_dataset::locate::dataset(d)
+                .with_context(|| format!("loading dataset {d}"))?;
+            Ok((manifest, None))
+        }
+    }
+}
+
 pub fn run(args: Args) -> Result<()> {
     daemon::init_logs();
     // Settings first (device, dtype, shuffle, checkpoints), before loading anything.
-    let cfg = config(&args)?;
-    let manifest = sluice_dataset::locate::dataset(&args.dataset)
-        .with_context(|| format!("loading dataset {}", args.dataset))?;
+    let mut cfg = config(&args)?;
+    let (manifest, mixture) = datasets(&args)?;
+    if let Some(m) = mixture {
+        cfg.loader.weights = m.weights;
+        cfg.loader.epoch_samples = m.epoch_samples;
+        cfg.mixture = m.sources;
+    }
     cfg.validate(&manifest)?;
     let bars = Bars::new(cfg.ranks, cfg.step_ms);
     let results = consumers::run_ranks_keeping_failures(&cfg, &manifest, &bars)?;
@@ -226,7 +319,7 @@ pub fn run(args: Args) -> Result<()> {
             path.display()
         );
     }
-    report(&args, &results)?;
+    report(&args, &results, &cfg)?;
     let failed: Vec<&String> = results.iter().filter_map(|r| r.error.as_ref()).collect();
     fail_on(
         "failed",
@@ -242,7 +335,7 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-fn report(args: &Args, results: &[RankResult]) -> Result<()> {
+fn report(args: &Args, results: &[RankResult], cfg: &ConsumerConfig) -> Result<()> {
     println!(
         "{:>4} {:>6} {:>8} {:>9} {:>9} {:>7} {:>6} {:>10} {:>9}",
         "rank",
@@ -317,6 +410,33 @@ fn report(args: &Args, results: &[RankResult]) -> Result<()> {
             }
         }
     }
+    let mut sources_json = Vec::new();
+    if !cfg.mixture.is_empty() {
+        let mut per_source = vec![0u64; cfg.mixture.len()];
+        for r in results {
+            for (t, n) in per_source.iter_mut().zip(&r.per_source) {
+                *t += n;
+            }
+        }
+        let all: u64 = per_source.iter().sum();
+        let weight_sum: f64 = cfg.loader.weights.iter().sum();
+        println!("sources: delivered (share; weight's share)");
+        for (i, ((name, _), n)) in cfg.mixture.iter().zip(&per_source).enumerate() {
+            let share = *n as f64 / all.max(1) as f64;
+            let target = cfg
+                .loader
+                .weights
+                .get(i)
+                .map_or(0.0, |w| w / weight_sum.max(1e-12));
+            println!(
+                "  {name}: {n} ({:.1}%; {:.1}%)",
+                share * 100.0,
+                target * 100.0
+            );
+            sources_json
+                .push(json!({"source": name, "delivered": n, "share": share, "target": target}));
+        }
+    }
     let mut mixing = Mixing::default();
     for r in results {
         mixing.merge(&r.mixing);
@@ -337,6 +457,7 @@ fn report(args: &Args, results: &[RankResult]) -> Result<()> {
             "order": args.order.to_string(),
             "field_bytes_per_sample": fields_per_sample,
             "mixing": mixing_json,
+            "sources": sources_json,
         });
         std::fs::write(path, serde_json::to_vec_pretty(&doc)?)
             .with_context(|| format!("writing {}", path.display()))?;

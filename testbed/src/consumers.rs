@@ -113,6 +113,9 @@ pub struct ConsumerConfig {
     pub keep_state: bool,
     /// Resume from these checkpoints (any number of old ranks).
     pub resume: Option<Vec<Checkpoint>>,
+    /// A mixture's sources (name, manifest), drawn by `loader.weights`; empty: the
+    /// dataset the ranks are given.
+    pub mixture: Vec<(String, Manifest)>,
 }
 
 impl ConsumerConfig {
@@ -137,6 +140,7 @@ impl ConsumerConfig {
             stop_after_batches: None,
             keep_state: false,
             resume: None,
+            mixture: Vec::new(),
         }
     }
 
@@ -213,6 +217,8 @@ pub struct RankResult {
     /// Why the rank's run ended early (an epoch that failed); what it had delivered before
     /// is still in the result, its dump included.
     pub error: Option<String>,
+    /// Samples delivered from each source of a mixture (one entry for a single dataset).
+    pub per_source: Vec<u64>,
 }
 
 /// One epoch of a rank's dump lines, in its rank's spool file.
@@ -370,6 +376,14 @@ impl Batches {
         }
     }
 
+    fn per_source(&self) -> Vec<u64> {
+        match self {
+            Batches::Host(e) => e.per_source().to_vec(),
+            #[cfg(feature = "cuda")]
+            Batches::Cuda(e) => e.host().per_source().to_vec(),
+        }
+    }
+
     fn report(&self) -> sluice_client::EpochReport {
         match self {
             Batches::Host(e) => e.report(),
@@ -396,19 +410,21 @@ fn loader(
     epochs_end: u64,
 ) -> Result<Loader> {
     let local = cfg.workers.len() == 1 && cfg.workers[0] == "local";
-    let mut b = Loader::builder()
-        .dataset(manifest.clone())
-        .config(LoaderConfig {
-            rank,
-            world_size: cfg.ranks,
-            epochs: Some(epochs_end),
-            workers: if local {
-                Vec::new()
-            } else {
-                cfg.workers.clone()
-            },
-            ..cfg.loader.clone()
-        });
+    let b = match cfg.mixture.is_empty() {
+        true => Loader::builder().dataset(manifest.clone()),
+        false => Loader::builder().sources(cfg.mixture.clone()),
+    };
+    let mut b = b.config(LoaderConfig {
+        rank,
+        world_size: cfg.ranks,
+        epochs: Some(epochs_end),
+        workers: if local {
+            Vec::new()
+        } else {
+            cfg.workers.clone()
+        },
+        ..cfg.loader.clone()
+    });
     #[cfg(feature = "cuda")]
     if let Sink::Cuda(_, gpu) = sink {
         b = b.allocator(Arc::new(sluice_client::cuda::PinnedAllocator::new(
@@ -565,6 +581,9 @@ fn run_rank(
     };
     let step = Duration::from_secs_f64(cfg.step_ms.max(0.0) / 1000.0);
     let started = Instant::now();
+    // A mixture's dump lines name each sample's source.
+    let names = loader.source_names().to_vec();
+    result.per_source = vec![0; names.len().max(1)];
     for epoch in first_epoch..first_epoch + cfg.epochs {
         let mut planned: HashMap<(u32, u64), i64> = HashMap::new();
         // Padding units repeat samples to even out ranks: their rows are marked padding and
@@ -624,19 +643,26 @@ fn run_rank(
                 *planned.entry((id.shard, id.index)).or_default() -= 1;
                 batch_labels.push(*label);
                 if cfg.record_ids {
-                    let shard = manifest
+                    let shard = loader
+                        .manifest()
                         .shards
                         .get(id.shard as usize)
                         .map_or("?", |s| s.name());
                     let key = sluice_shard::escaped_key(key);
-                    lines.push_str(&format!("{epoch}\t{rank}\t{shard}\t{key}\n"));
+                    lines.push_str(&format!("{epoch}\t{rank}\t{shard}\t{key}"));
+                    if let Some(source) = names.get(loader.source_of(id.shard) as usize) {
+                        lines.push('\t');
+                        lines.push_str(source);
+                    }
+                    lines.push('\n');
                 }
             }
             labels.push(batch_labels);
             for (id, reason) in batch.skipped() {
                 *planned.entry((id.shard, id.index)).or_default() -= 1;
                 if result.skips.len() < SKIPS_LISTED {
-                    let shard = manifest
+                    let shard = loader
+                        .manifest()
                         .shards
                         .get(id.shard as usize)
                         .map_or("?", |s| s.name());
@@ -673,6 +699,9 @@ fn run_rank(
             *planned.entry((id.shard, id.index)).or_default() -= 1;
         }
         result.mixing.add_epoch(&labels);
+        for (total, n) in result.per_source.iter_mut().zip(batches.per_source()) {
+            *total += n;
+        }
         let mut r = batches.report();
         // With a GPU sink the consumer also waits for copies: count from its side.
         if !matches!(batches, Batches::Host(_)) {

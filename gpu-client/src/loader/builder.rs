@@ -7,7 +7,9 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sluice_plan::{BatchPlan, EpochPlanner, LastBatch, Mixing, Remainder, ShufflePolicy};
+use sluice_plan::{
+    BatchPlan, EpochPlanner, LastBatch, MixBase, Mixing, Mixture, Remainder, ShufflePolicy,
+};
 use sluice_shard::Manifest;
 use sluice_wire::{BufferPool, FieldSelection, LabelSource, UnitRunner};
 
@@ -21,7 +23,8 @@ use crate::stats::Stats;
 /// Builds a [`Loader`]; every setting has a default but the dataset and the workers.
 pub struct LoaderBuilder {
     config: LoaderConfig,
-    manifest: Option<Manifest>,
+    /// The dataset: one manifest, or a mixture's sources (name, manifest).
+    sources: Vec<(String, Manifest)>,
     runner: Option<Arc<dyn UnitRunner>>,
     allocator: Arc<dyn HostAllocator>,
     token: Option<String>,
@@ -31,7 +34,7 @@ impl Default for LoaderBuilder {
     fn default() -> Self {
         LoaderBuilder {
             config: LoaderConfig::default(),
-            manifest: None,
+            sources: Vec::new(),
             runner: None,
             allocator: Arc::new(HeapAllocator),
             token: None,
@@ -63,8 +66,25 @@ impl LoaderBuilder {
         connections_per_worker: u32, ring_batches: usize, worker_wait: Duration,
         heartbeat: Duration, silence: Duration, connect_timeout: Duration,
         max_unit_attempts: u32, client_name: String, same_host: SameHost,
-        same_host_dir: PathBuf, prefetch_next_epoch: bool,
+        same_host_dir: PathBuf, prefetch_next_epoch: bool, weights: Vec<f64>,
     );
+
+    /// Samples in an epoch of a mixture (default: all its sources' samples).
+    pub fn epoch_samples(mut self, samples: u64) -> Self {
+        self.config.epoch_samples = Some(samples);
+        self
+    }
+
+    /// A mixture: several sources (a name for reports, a manifest each), drawn by
+    /// [`LoaderConfig::weights`] (see `sluice_plan::mixture`).
+    pub fn sources<I, S>(mut self, sources: I) -> Self
+    where
+        I: IntoIterator<Item = (S, Manifest)>,
+        S: Into<String>,
+    {
+        self.sources = sources.into_iter().map(|(n, m)| (n.into(), m)).collect();
+        self
+    }
 
     /// Every setting at once (a binding's, deserialized).
     pub fn config(mut self, config: LoaderConfig) -> Self {
@@ -74,7 +94,7 @@ impl LoaderBuilder {
 
     /// The dataset's manifest (shard URLs must be absolute or resolvable by the workers).
     pub fn dataset(mut self, manifest: Manifest) -> Self {
-        self.manifest = Some(manifest);
+        self.sources = vec![(self.config.dataset_name.clone(), manifest)];
         self
     }
 
@@ -122,9 +142,10 @@ impl LoaderBuilder {
     pub fn build(mut self) -> Result<Loader, ClientError> {
         self.config.validate()?;
         let config = Arc::new(self.config);
-        let Some(manifest) = self.manifest else {
+        if self.sources.is_empty() {
             return Err(bad("dataset", "no dataset given"));
-        };
+        }
+        let (manifest, mixture) = combine(self.sources, &config)?;
         let workers = match (self.runner, config.workers.is_empty()) {
             (Some(runner), true) => Workers::InProcess(runner),
             (None, false) => Workers::Remote(config.workers.clone()),
@@ -148,7 +169,7 @@ impl LoaderBuilder {
             ),
             (None, None) => None,
         };
-        let (planner, batch_plan) = plan_world(&config, &manifest)?;
+        let (planner, batch_plan) = plan_world(&config, &manifest, mixture.clone())?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("sluice-client")
@@ -163,7 +184,15 @@ impl LoaderBuilder {
             buffers: Arc::new(BufferPool::new(held_samples(&config, &workers))),
             fingerprint: checkpoint::fingerprint(&manifest),
             manifest: Arc::new(manifest),
-            planner,
+            source_names: mixture
+                .as_ref()
+                .map(|m| m.names.clone())
+                .unwrap_or_default(),
+            source_bounds: mixture
+                .as_ref()
+                .map(|m| shard_bounds(&m.mixture.shards))
+                .unwrap_or_else(|| Arc::from([])),
+            planner: Mutex::new(Arc::new(planner)),
             batch_plan,
             workers,
             token,
@@ -188,23 +217,98 @@ fn bad(key: &'static str, detail: &str) -> ClientError {
     }
 }
 
+/// A mixture's sources as the loader keeps them.
+#[derive(Clone)]
+struct Sources {
+    names: Vec<String>,
+    mixture: Mixture,
+}
+
+/// The first shard of each source in the combined manifest, one extra at the end.
+fn shard_bounds(shards: &[u32]) -> Arc<[u32]> {
+    let mut out = vec![0u32];
+    for &n in shards {
+        out.push(out[out.len() - 1] + n);
+    }
+    Arc::from(out)
+}
+
+/// One manifest for the planner and the workers: a single dataset's, or a mixture's sources'
+/// shards one source after another.
+fn combine(
+    sources: Vec<(String, Manifest)>,
+    config: &LoaderConfig,
+) -> Result<(Manifest, Option<Sources>), ClientError> {
+    for (name, m) in &sources {
+        m.validate(name)
+            .map_err(|e| bad("dataset", &e.to_string()))?;
+    }
+    let mixed = sources.len() > 1 || !config.weights.is_empty();
+    if !mixed {
+        if config.epoch_samples.is_some() {
+            return Err(bad("epoch_samples", "is for a mixture of several sources"));
+        }
+        let (_, manifest) = sources.into_iter().next().expect("one source");
+        return Ok((manifest, None));
+    }
+    let weights = match config.weights.is_empty() {
+        true => sources
+            .iter()
+            .map(|(_, m)| m.total_samples() as f64)
+            .collect(),
+        false => config.weights.clone(),
+    };
+    if weights.len() != sources.len() {
+        let detail = format!("{} weights for {} sources", weights.len(), sources.len());
+        return Err(bad("weights", &detail));
+    }
+    let weights = sluice_plan::mixture::scale_weights(&weights)
+        .map_err(|e| bad("weights", &e.to_string()))?;
+    let shards = sources.iter().map(|(_, m)| m.shards.len() as u32).collect();
+    let names = sources.iter().map(|(n, _)| n.clone()).collect();
+    let manifest = Manifest::new(sources.into_iter().flat_map(|(_, m)| m.shards).collect());
+    let mixture = Mixture {
+        shards,
+        weights,
+        epoch_samples: config.epoch_samples,
+        base: MixBase::default(),
+    };
+    Ok((manifest, Some(Sources { names, mixture })))
+}
+
 /// The planner of this dataset under `config`, and each rank's batches. An impossible world
 /// (more ranks than samples under "drop", no batch at all) is refused here, before a runtime,
 /// a connection or a plan is made.
 fn plan_world(
     config: &LoaderConfig,
     manifest: &Manifest,
+    sources: Option<Sources>,
 ) -> Result<(EpochPlanner, BatchPlan), ClientError> {
     manifest
         .validate(&config.dataset_name)
         .map_err(|e| bad("dataset", &e.to_string()))?;
     let counts: Vec<u64> = manifest.shards.iter().map(|s| s.samples).collect();
     let plan_config = config.plan_config();
+    let mixture = sources.map(|s| s.mixture);
+    if let Some(m) = &mixture {
+        m.validate(&counts, &plan_config).map_err(|e| match e {
+            sluice_plan::PlanError::Policy(_) => bad("shuffle", &e.to_string()),
+            _ => bad("dataset", &e.to_string()),
+        })?;
+    }
     sluice_plan::validate(&counts, &plan_config, config.rank)
         .map_err(|e| bad("world_size", &e.to_string()))?;
     let total = manifest.total_samples();
-    let per_rank = sluice_plan::samples_per_rank(total, config.world_size, config.remainder);
     let batch_size = u64::from(config.batch_size);
+    let planner = EpochPlanner {
+        counts,
+        config: plan_config,
+        mixing: config.mixing,
+        batch_size,
+        last_batch: config.last_batch,
+        mixture,
+    };
+    let per_rank = planner.samples_per_rank(config.world_size);
     let batch_plan = BatchPlan::new(per_rank, batch_size, config.last_batch);
     if batch_plan.batches == 0 && total > 0 {
         let detail = format!(
@@ -218,13 +322,6 @@ fn plan_world(
         );
         return Err(bad("drop_last", &detail));
     }
-    let planner = EpochPlanner {
-        counts,
-        config: plan_config,
-        mixing: config.mixing,
-        batch_size,
-        last_batch: config.last_batch,
-    };
     Ok((planner, batch_plan))
 }
 

@@ -3,7 +3,9 @@
 //! state or any other rank's (the resume arithmetic itself is `sluice_plan::resume`).
 
 use serde::{Deserialize, Serialize};
-use sluice_plan::{Segment, WorkUnit};
+use std::sync::Arc;
+
+use sluice_plan::{EpochPlanner, MixBase, Segment, SourceState, WorkUnit};
 use sluice_shard::Manifest;
 
 use super::Loader;
@@ -42,6 +44,22 @@ pub struct Checkpoint {
     pub batches: u64,
     /// Samples in those batches (delivered or skipped).
     pub ledger: LedgerRecord,
+    /// A mixture's sources: where each stood at the start of `epoch`, and the weights of the
+    /// current segment (a loader with other weights goes on from here by its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mixture: Option<MixRecord>,
+}
+
+/// What a checkpoint of a mixture records beside a single dataset's.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MixRecord {
+    /// Shards of each source, in manifest order.
+    pub sources: Vec<u32>,
+    pub epoch_samples: Option<u64>,
+    /// The current segment's weights (parts of `sluice_plan::mixture::WEIGHT_SCALE`).
+    pub weights: Vec<u64>,
+    /// Each source's state at the start of `epoch`.
+    pub state: Vec<SourceState>,
 }
 
 /// A checkpoint's plan settings: typed (version 3), or the text versions 1 and 2 wrote.
@@ -233,7 +251,56 @@ impl Loader {
             resumed: p.resumed.clone(),
             batches: p.batches,
             ledger: p.ledger.to_record(),
+            mixture: self.mix_record(p.epoch),
         })
+    }
+
+    /// The mixture's record for a checkpoint of `epoch` (`None` for a single dataset).
+    fn mix_record(&self, epoch: u64) -> Option<MixRecord> {
+        let planner = self.planner();
+        let m = planner.mixture.as_ref()?;
+        Some(MixRecord {
+            sources: m.shards.clone(),
+            epoch_samples: m.epoch_samples,
+            weights: m.weights.clone(),
+            state: planner.mixture_state(epoch).ok()??,
+        })
+    }
+
+    /// The planner `first` was taken under: this loader's, with a mixture's sources where the
+    /// checkpoint says and its weights. Errors when the mixtures differ.
+    fn planner_of(&self, first: &Checkpoint) -> Result<EpochPlanner, ClientError> {
+        let mut planner = (*self.planner()).clone();
+        match (planner.mixture.as_mut(), &first.mixture) {
+            (None, None) => {}
+            (Some(m), Some(r)) => {
+                if m.shards != r.sources || m.epoch_samples != r.epoch_samples {
+                    return Err(ClientError::Checkpoint(format!(
+                        "it was taken on a mixture of sources of {:?} shards (epoch_samples \
+                         {:?}), this loader's has {:?} ({:?})",
+                        r.sources, r.epoch_samples, m.shards, m.epoch_samples
+                    )));
+                }
+                m.weights = r.weights.clone();
+                m.base = MixBase {
+                    epoch: first.epoch,
+                    state: r.state.clone(),
+                    resumed: first.resumed.clone(),
+                };
+            }
+            (ours, _) => {
+                let what = |mixed: bool| match mixed {
+                    true => "a mixture of several sources",
+                    false => "a single dataset",
+                };
+                return Err(ClientError::Checkpoint(format!(
+                    "it was taken on {}, this loader reads {}",
+                    what(first.mixture.is_some()),
+                    what(ours.is_some())
+                )));
+            }
+        }
+        Ok(planner)
     }
 
     /// Restores a checkpoint; the next `epoch(checkpoint.epoch)` resumes it. Errors say what
@@ -258,6 +325,49 @@ impl Loader {
         let ranks = agreeing_ranks(checkpoints)?;
         let first = &checkpoints[0];
         self.check_taken_here(first)?;
+        // The checks run under the checkpoint's plan (a mixture's weights and states), the
+        // rest of the epoch under this loader's.
+        let theirs = Arc::new(self.planner_of(first)?);
+        let ours = std::mem::replace(&mut *self.planner_mut(), theirs.clone());
+        let same_weights = match (&ours.mixture, &theirs.mixture) {
+            (Some(a), Some(b)) => a.weights == b.weights,
+            _ => true,
+        };
+        let checked = self.check_and_place(first, checkpoints, &ranks, same_weights);
+        let pending = match checked {
+            Ok(p) => p,
+            Err(e) => {
+                *self.planner_mut() = ours;
+                return Err(e);
+            }
+        };
+        let mut planner = (*ours).clone();
+        if let (Some(m), Some(t)) = (planner.mixture.as_mut(), theirs.mixture.as_ref()) {
+            m.base = MixBase {
+                resumed: pending.resumed.clone(),
+                ..t.base.clone()
+            };
+        }
+        *self.planner_mut() = Arc::new(planner);
+        if let Ok(mut r) = self.resume.lock() {
+            *r = Some(pending);
+        }
+        // An epoch started early would not resume the checkpoint.
+        if let Ok(mut n) = self.next.lock() {
+            n.take();
+        }
+        Ok(())
+    }
+
+    /// This rank's place in the epoch `first` (and the other `checkpoints` of its step)
+    /// records, checked against the plan they were taken under.
+    fn check_and_place(
+        &self,
+        first: &Checkpoint,
+        checkpoints: &[Checkpoint],
+        ranks: &[u32],
+        same_weights: bool,
+    ) -> Result<Pending, ClientError> {
         let (units, batch_plan) =
             self.segment(first.epoch, &first.resumed, first.world_size, first.rank)?;
         if first.batches > batch_plan.batches {
@@ -267,22 +377,14 @@ impl Loader {
             )));
         }
         let c = &self.config;
-        let pending = if first.world_size == c.world_size {
+        if first.world_size == c.world_size && same_weights {
             match checkpoints.iter().find(|s| s.rank == c.rank) {
-                Some(mine) => self.own_rank(mine)?,
-                None => self.another_rank(first, &ranks)?,
+                Some(mine) => self.own_rank(mine),
+                None => self.another_rank(first, ranks),
             }
         } else {
-            self.another_world(first, &units)?
-        };
-        if let Ok(mut r) = self.resume.lock() {
-            *r = Some(pending);
+            self.another_world(first, &units)
         }
-        // An epoch started early would not resume the checkpoint.
-        if let Ok(mut n) = self.next.lock() {
-            n.take();
-        }
-        Ok(())
     }
 
     /// Checks that `first` was taken with this loader's dataset and settings.
@@ -405,10 +507,12 @@ impl Loader {
             self.segment(theirs.epoch, &theirs.resumed, c.world_size, theirs.rank)?;
         self.checked_ledger(theirs, &their_units)?;
         let (units, _) = self.segment(theirs.epoch, &theirs.resumed, c.world_size, c.rank)?;
-        let sequence = self.planner.sequence(&units, theirs.epoch, depth, c.rank)?;
+        let sequence = self
+            .planner()
+            .sequence(&units, theirs.epoch, depth, c.rank)?;
         let mut ledger = Ledger::new(&units);
         for (u, i) in
-            (0..self.planner.delivered(&sequence, theirs.batches)).filter_map(|p| sequence.at(p))
+            (0..self.planner().delivered(&sequence, theirs.batches)).filter_map(|p| sequence.at(p))
         {
             if let Some(w) = units.get(u as usize) {
                 ledger.record(u64::from(u), w.shard, i);
@@ -432,10 +536,13 @@ impl Loader {
         let c = &self.config;
         if c.order != Order::Plan {
             return Err(ClientError::Checkpoint(format!(
-                "it was taken at world_size {}, this loader has {}: a new world size needs \
-                 order \"plan\" (in arrival order a checkpoint names only its own rank's \
-                 samples)",
-                first.world_size, c.world_size
+                "it was taken at world_size {} (weights {:?}), this loader has {} ({:?}): a \
+                 new world size or new weights need order \"plan\" (in arrival order a \
+                 checkpoint names only its own rank's samples)",
+                first.world_size,
+                first.mixture.as_ref().map(|m| &m.weights),
+                c.world_size,
+                self.config.weights
             )));
         }
         self.checked_ledger(first, units)?;
@@ -443,6 +550,11 @@ impl Loader {
         resumed.push(Segment {
             world_size: first.world_size,
             batches: first.batches,
+            weights: first
+                .mixture
+                .as_ref()
+                .map(|m| m.weights.clone())
+                .unwrap_or_default(),
         });
         Ok(Pending {
             epoch: first.epoch,
@@ -462,8 +574,8 @@ impl Loader {
         batches: u64,
         ledger: &Ledger,
     ) -> Result<(), ClientError> {
-        let sequence = self.planner.sequence(units, epoch, depth, rank)?;
-        let prefix = self.planner.delivered(&sequence, batches);
+        let sequence = self.planner().sequence(units, epoch, depth, rank)?;
+        let prefix = self.planner().delivered(&sequence, batches);
         let in_prefix = (0..prefix).filter_map(|p| sequence.at(p)).all(|(u, i)| {
             units
                 .get(u as usize)

@@ -43,6 +43,10 @@ pub struct Epoch {
     carried: Vec<(SampleId, String)>,
     /// Every skip so far was a setting the data cannot satisfy (see [`a_setting`]).
     settings_only: bool,
+    /// A mixture's first shard of each source (empty: a single dataset).
+    source_bounds: Arc<[u32]>,
+    /// Samples delivered from each source so far.
+    per_source: Vec<u64>,
 }
 
 /// What an epoch's iterator is made of (see `Loader::start`).
@@ -57,6 +61,7 @@ pub(super) struct Parts {
     pub progress: Arc<Mutex<Option<Progress>>>,
     pub stats: Arc<Stats>,
     pub ring_batches: usize,
+    pub source_bounds: Arc<[u32]>,
 }
 
 impl Epoch {
@@ -80,7 +85,15 @@ impl Epoch {
             seen: (0, 0, None),
             carried: Vec::new(),
             settings_only: true,
+            per_source: vec![0; p.source_bounds.len().saturating_sub(1).max(1)],
+            source_bounds: p.source_bounds,
         }
+    }
+
+    /// Samples delivered from each source of a mixture so far (one entry for a single
+    /// dataset), padding copies not counted.
+    pub fn per_source(&self) -> &[u64] {
+        &self.per_source
     }
 
     /// What the epoch has delivered so far.
@@ -210,6 +223,16 @@ impl Epoch {
                 self.settings_only &= batch.skipped().iter().all(|(_, why)| a_setting(why));
                 if !batch.is_empty() {
                     let mut batch = batch;
+                    batch.sources = batch
+                        .ids()
+                        .iter()
+                        .map(|id| super::source_of(&self.source_bounds, id.shard))
+                        .collect();
+                    for (s, pad) in batch.sources.iter().zip(batch.padding()) {
+                        if let Some(n) = self.per_source.get_mut(*s as usize).filter(|_| !pad) {
+                            *n += 1;
+                        }
+                    }
                     if !self.carried.is_empty() {
                         // Skips of batches not handed out are reported with this one.
                         let mut skipped = std::mem::take(&mut self.carried);

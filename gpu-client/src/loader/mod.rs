@@ -52,7 +52,13 @@ pub struct Loader {
     config: Arc<LoaderConfig>,
     manifest: Arc<Manifest>,
     fingerprint: u64,
-    planner: EpochPlanner,
+    /// A mixture's sources' names (empty for a single dataset).
+    source_names: Vec<String>,
+    /// The first shard of each source in the manifest, one extra at the end (empty for a
+    /// single dataset).
+    source_bounds: Arc<[u32]>,
+    /// Replaced when a checkpoint of a mixture is loaded (its sources' states).
+    planner: Mutex<Arc<EpochPlanner>>,
     batch_plan: BatchPlan,
     workers: Workers,
     token: Option<String>,
@@ -139,6 +145,32 @@ impl Loader {
         &self.manifest
     }
 
+    /// A mixture's sources' names, in the order weights and source numbers refer to (empty
+    /// for a single dataset).
+    pub fn source_names(&self) -> &[String] {
+        &self.source_names
+    }
+
+    /// The source (of a mixture) shard `shard` of the manifest belongs to; 0 for a single
+    /// dataset.
+    pub fn source_of(&self, shard: u32) -> u32 {
+        source_of(&self.source_bounds, shard)
+    }
+
+    fn planner_mut(&self) -> std::sync::MutexGuard<'_, Arc<EpochPlanner>> {
+        match self.planner.lock() {
+            Ok(p) => p,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    fn planner(&self) -> Arc<EpochPlanner> {
+        match self.planner.lock() {
+            Ok(p) => p.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
     pub fn stats(&self) -> StatsSnapshot {
         self.stats.snapshot()
     }
@@ -159,8 +191,16 @@ impl Loader {
         world: u32,
         rank: u32,
     ) -> Result<(Vec<WorkUnit>, BatchPlan), ClientError> {
-        Ok(self.planner.segment(epoch, resumed, world, rank)?)
+        Ok(self.planner().segment(epoch, resumed, world, rank)?)
     }
+}
+
+/// The source of `shard` given each source's first shard (see `Loader::source_bounds`).
+pub(crate) fn source_of(bounds: &[u32], shard: u32) -> u32 {
+    bounds
+        .partition_point(|&b| b <= shard)
+        .saturating_sub(1)
+        .min(bounds.len().saturating_sub(2)) as u32
 }
 
 impl Drop for Loader {

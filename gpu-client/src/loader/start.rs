@@ -234,6 +234,7 @@ impl Loader {
             progress: self.progress.clone(),
             stats: self.stats.clone(),
             ring_batches: c.ring_batches,
+            source_bounds: self.source_bounds.clone(),
         });
         Ok(Started {
             epoch: handle,
@@ -270,7 +271,7 @@ impl Loader {
         let depth = resumed.len() as u32;
         let reorder = match c.order {
             Order::Plan => Reorder::plan(
-                Arc::new(self.planner.sequence(&units, epoch, depth, c.rank)?),
+                Arc::new(self.planner().sequence(&units, epoch, depth, c.rank)?),
                 first_batch * u64::from(c.batch_size),
             ),
             Order::Arrival => Reorder::arrival(ShuffleBuffer::new(

@@ -86,6 +86,7 @@ fn arb_planner() -> impl Strategy<Value = EpochPlanner> {
                     },
                     batch_size: batch,
                     last_batch: last,
+                    mixture: None,
                 }
             },
         )
@@ -109,14 +110,14 @@ proptest! {
         let total: u64 = p.counts.iter().sum();
         prop_assume!(plannable(&p, total, old));
         let (_, plan) = p.segment(epoch, &[], old, 0).unwrap();
-        let stop = Segment { world_size: old, batches: (plan.batches as f64 * cut) as u64 };
+        let stop = Segment { world_size: old, batches: (plan.batches as f64 * cut) as u64, weights: vec![] };
         let seen = handed_out(&p, epoch, &[], old, Some(stop.batches));
         let everything = handed_out(&p, epoch, &[], old, None);
-        let rest = p.rest(epoch, &[], stop).unwrap();
+        let rest = p.rest(epoch, &[], &stop).unwrap();
         prop_assert_eq!(assign::total(&rest) as usize, everything.len() - seen.len());
         prop_assume!(plannable(&p, assign::total(&rest), new));
 
-        let after = handed_out(&p, epoch, &[stop], new, None);
+        let after = handed_out(&p, epoch, std::slice::from_ref(&stop), new, None);
         let (seen_real, after_real) = (real_counts(&seen), real_counts(&after));
         prop_assert!(seen_real.values().chain(after_real.values()).all(|n| *n == 1),
             "a sample is handed out twice");
@@ -128,12 +129,12 @@ proptest! {
 
         // Equal steps: every new rank has the same batch plan, and units for all of it.
         let plans: Vec<BatchPlan> =
-            (0..new).map(|r| p.segment(epoch, &[stop], new, r).unwrap().1).collect();
+            (0..new).map(|r| p.segment(epoch, std::slice::from_ref(&stop), new, r).unwrap().1).collect();
         prop_assert!(plans.windows(2).all(|w| w[0] == w[1]), "ranks take different steps");
         for r in 0..new {
-            let (units, plan) = p.segment(epoch, &[stop], new, r).unwrap();
+            let (units, plan) = p.segment(epoch, std::slice::from_ref(&stop), new, r).unwrap();
             prop_assert_eq!(units.iter().map(WorkUnit::len).sum::<u64>(), plan.samples);
-            prop_assert_eq!(&units, &p.segment(epoch, &[stop], new, r).unwrap().0);
+            prop_assert_eq!(&units, &p.segment(epoch, std::slice::from_ref(&stop), new, r).unwrap().0);
         }
 
         // Nothing is lost where no policy drops samples: the old world's handed-out and
@@ -163,12 +164,12 @@ proptest! {
         };
         let (a, b, c) = worlds;
         let (_, plan) = p.segment(2, &[], a, 0).unwrap();
-        let first = Segment { world_size: a, batches: (plan.batches as f64 * cuts.0) as u64 };
-        let (_, plan) = p.segment(2, &[first], b, 0).unwrap();
-        let second = Segment { world_size: b, batches: (plan.batches as f64 * cuts.1) as u64 };
+        let first = Segment { world_size: a, batches: (plan.batches as f64 * cuts.0) as u64, weights: vec![] };
+        let (_, plan) = p.segment(2, std::slice::from_ref(&first), b, 0).unwrap();
+        let second = Segment { world_size: b, batches: (plan.batches as f64 * cuts.1) as u64, weights: vec![] };
         let mut all = handed_out(&p, 2, &[], a, Some(first.batches));
-        all.extend(handed_out(&p, 2, &[first], b, Some(second.batches)));
-        all.extend(handed_out(&p, 2, &[first, second], c, None));
+        all.extend(handed_out(&p, 2, std::slice::from_ref(&first), b, Some(second.batches)));
+        all.extend(handed_out(&p, 2, &[first.clone(), second], c, None));
         let real = real_counts(&all);
         prop_assert!(real.values().all(|n| *n == 1), "a sample is handed out twice");
         prop_assert_eq!(real.len() as u64, p.counts.iter().sum::<u64>());
@@ -183,6 +184,7 @@ fn first_samples_cuts_the_last_unit_and_renumbers() {
         start,
         end,
         padding: false,
+        group: 0,
     };
     let units = vec![unit(0, 3, 0, 5), unit(1, 1, 10, 14), unit(2, 0, 0, 9)];
     let cut = first_samples(units, 7);

@@ -1,0 +1,153 @@
+//! Mixture files: several datasets and their weights in one small TOML (or JSON) file that
+//! `sluice loadgen --mixture` and Python's `sluice.Loader("mix.toml")` read.
+//!
+//! ```toml
+//! epoch_samples = 100000          # optional: samples per epoch (default: all sources')
+//!
+//! [[sources]]
+//! dataset = "web/manifest.json"   # a manifest, a served manifest's URL, or shards
+//! weight = 0.7
+//!
+//! [[sources]]
+//! dataset = "curated/manifest.json"
+//! weight = 0.3
+//! ```
+//!
+//! A relative `dataset` is resolved against the mixture file's folder.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use sluice_shard::Manifest;
+
+use crate::error::{DatasetError, Result};
+
+/// One source of a mixture file.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSpec {
+    pub dataset: String,
+    pub weight: f64,
+}
+
+/// A mixture file, as written.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MixtureSpec {
+    #[serde(default)]
+    pub epoch_samples: Option<u64>,
+    pub sources: Vec<SourceSpec>,
+}
+
+/// A mixture's sources loaded: (name, manifest) each, their weights, the epoch length.
+#[derive(Clone, Debug)]
+pub struct LoadedMixture {
+    pub sources: Vec<(String, Manifest)>,
+    pub weights: Vec<f64>,
+    pub epoch_samples: Option<u64>,
+}
+
+/// Whether `spec` names a mixture file (`.toml`, or `.json` that is not a manifest is told
+/// apart when read: see [`read_spec`]).
+pub fn is_mixture_file(spec: &str) -> bool {
+    spec.ends_with(".toml")
+}
+
+/// Reads a mixture file (TOML, or JSON when it ends in `.json`), naming the file and the key
+/// of any mistake.
+pub fn read_spec(path: &Path) -> Result<MixtureSpec> {
+    let text = std::fs::read_to_string(path).map_err(DatasetError::io("reading", path))?;
+    let bad = |e: String| DatasetError::Input(format!("mixture file {}: {e}", path.display()));
+    let spec: MixtureSpec = match path.extension().and_then(|e| e.to_str()) {
+        Some("json") => serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?,
+        _ => toml::from_str(&text).map_err(|e| bad(e.to_string()))?,
+    };
+    if spec.sources.is_empty() {
+        return Err(bad("it lists no [[sources]]".into()));
+    }
+    if let Some((i, s)) = spec
+        .sources
+        .iter()
+        .enumerate()
+        .find(|(_, s)| !s.weight.is_finite() || s.weight < 0.0)
+    {
+        return Err(bad(format!(
+            "sources[{i}] ({}): weight {} is not a finite number ≥ 0",
+            s.dataset, s.weight
+        )));
+    }
+    if spec.sources.iter().all(|s| s.weight == 0.0) {
+        return Err(bad("every weight is 0".into()));
+    }
+    if spec.epoch_samples == Some(0) {
+        return Err(bad("epoch_samples must be at least 1".into()));
+    }
+    Ok(spec)
+}
+
+/// Loads a mixture file and each of its sources (see [`crate::locate::dataset`]).
+pub fn load(path: &Path) -> Result<LoadedMixture> {
+    let spec = read_spec(path)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let sources = spec
+        .sources
+        .into_iter()
+        .map(|s| {
+            let at = match s.dataset.contains("://") || Path::new(&s.dataset).is_absolute() {
+                true => s.dataset.clone(),
+                false => dir.join(&s.dataset).display().to_string(),
+            };
+            (s.dataset, at, s.weight)
+        })
+        .collect();
+    weighted(sources, spec.epoch_samples)
+}
+
+/// Loads each `(name, dataset, weight)` (see [`crate::locate::dataset`]).
+pub fn weighted(
+    sources: Vec<(String, String, f64)>,
+    epoch_samples: Option<u64>,
+) -> Result<LoadedMixture> {
+    let mut out = LoadedMixture {
+        sources: Vec::with_capacity(sources.len()),
+        weights: Vec::with_capacity(sources.len()),
+        epoch_samples,
+    };
+    for (name, at, weight) in sources {
+        let manifest = crate::locate::dataset(&at)?;
+        out.sources.push((name, manifest));
+        out.weights.push(weight);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mixture_files_are_read_and_mistakes_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("mix.toml");
+        std::fs::write(
+            &p,
+            "epoch_samples = 10\n[[sources]]\ndataset = \"a.json\"\nweight = 0.7\n\
+             [[sources]]\ndataset = \"b.json\"\nweight = 0.3\n",
+        )
+        .unwrap();
+        let spec = read_spec(&p).unwrap();
+        assert_eq!(spec.epoch_samples, Some(10));
+        assert_eq!(spec.sources[1].dataset, "b.json");
+        std::fs::write(&p, "[[sources]]\ndataset = \"a.json\"\nweight = -1\n").unwrap();
+        let e = read_spec(&p).unwrap_err().to_string();
+        assert!(e.contains("sources[0] (a.json): weight -1"), "{e}");
+        std::fs::write(&p, "[[sources]]\ndataset = \"a.json\"\nwieght = 1\n").unwrap();
+        let e = read_spec(&p).unwrap_err().to_string();
+        assert!(e.contains("mix.toml") && e.contains("wieght"), "{e}");
+        let j = dir.path().join("mix.json");
+        std::fs::write(&j, r#"{"sources": [{"dataset": "a.json", "weight": 1}]}"#).unwrap();
+        assert_eq!(read_spec(&j).unwrap().sources.len(), 1);
+        let e = load(&p).unwrap_err().to_string();
+        assert!(e.contains("mix.toml"), "{e}");
+    }
+}

@@ -1,0 +1,613 @@
+//! Mixtures: a dataset made of several sources (manifests) drawn by weight.
+//!
+//! **Each source is an endless line of passes.** Pass `p` of a source is its shards in a
+//! seeded order for `(seed, source, p)` (manifest order under `none`), laid end to end. A
+//! source's [`SourceState`] says where its line stands: `cursor` (the next position of the
+//! line) and `returned`, samples drawn earlier but not delivered, which the source hands out
+//! first, oldest pass first. So within a source every sample is delivered once per pass, and
+//! a source that runs out starts its next pass: a small source is upsampled by its weight.
+//!
+//! **An epoch of a mixture** has `L` samples: `epoch_samples` if given, else the sum of the
+//! sources' samples; `L` is rounded to a multiple of the world size (down under remainder
+//! `drop`, up under `pad`; to whole batches of every rank under `drop_last`), so nothing is
+//! dropped or padded: a mixture never skips or repeats a sample to even out ranks. Source
+//! `s` gets `n_s` of the `L` samples (its weight's share, largest remainder), taken from its
+//! line. Each (source, pass) drawn is a *group*; every group is cut across the ranks (a
+//! rotating start keeps the ranks' totals equal), and each rank's part of a group into
+//! units in a seeded order.
+//!
+//! **Order.** A rank's sequence merges its sources by their counts (source `s`'s `j`-th
+//! sample lands at about `(j + ½) × T / c_s`), so the proportions hold within every window of
+//! a few samples, not only over the epoch; within a source, groups come pass by pass, each
+//! mixed like a single dataset's plan (a window of units and a shuffle buffer, both scaled
+//! to the source's share).
+//!
+//! **Resumes and new weights.** A checkpoint resumed at another world size or with other
+//! weights starts a new segment of the epoch ([`crate::Segment`], carrying its weights): the
+//! old segment's undelivered samples go back to their sources, the rest of the epoch (as
+//! many samples as were left, rounded for the new world) is apportioned by the new weights,
+//! and each source draws again from what it got back, then its line. Each source's pass thus
+//! goes on where it was: nothing delivered in the pass comes again before the pass ends, and
+//! nothing is skipped. The epoch keeps its length; only its proportions change.
+//!
+//! Everything here is integer arithmetic on counts (weights are parts per billion), so every
+//! rank computes the same plan.
+
+use serde::{Deserialize, Serialize};
+
+use crate::assign::{self, Piece};
+use crate::order::{interleave, slots};
+use crate::rng::{stream, Domain};
+use crate::{
+    LastBatch, Mixing, PlanConfig, PlanError, Remainder, Segment, Sequence, ShufflePolicy, WorkUnit,
+};
+
+/// Weights are kept as parts of this many, so plans are integer arithmetic.
+pub const WEIGHT_SCALE: u64 = 1_000_000_000;
+
+/// Samples of one shard drawn in one pass of its source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drawn {
+    pub pass: u64,
+    pub shard: u32,
+    pub start: u64,
+    pub end: u64,
+}
+
+impl Drawn {
+    fn len(&self) -> u64 {
+        self.end - self.start
+    }
+}
+
+/// Where one source's line stands (see the module documentation).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceState {
+    /// Samples of the line drawn so far (pass `cursor / samples`, at `cursor % samples`).
+    pub cursor: u64,
+    /// Samples drawn before but not delivered, handed out first, oldest pass first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub returned: Vec<Drawn>,
+}
+
+/// The sources' states at the start of `epoch`, and the segments that epoch already had
+/// (a checkpoint's), from which later epochs' states follow.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MixBase {
+    pub epoch: u64,
+    pub state: Vec<SourceState>,
+    pub resumed: Vec<Segment>,
+}
+
+/// A dataset of several sources, as the planner sees it: the combined manifest lists each
+/// source's shards in turn.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mixture {
+    /// Shards of each source, in the combined manifest's order.
+    pub shards: Vec<u32>,
+    /// Each source's weight for the segment being planned, in parts of [`WEIGHT_SCALE`].
+    pub weights: Vec<u64>,
+    /// Samples in an epoch (before rounding to the world); `None`: all sources' samples.
+    pub epoch_samples: Option<u64>,
+    pub base: MixBase,
+}
+
+/// Weights as parts of [`WEIGHT_SCALE`]: each finite and ≥ 0, not all 0; a positive weight
+/// never rounds to 0.
+pub fn scale_weights(weights: &[f64]) -> Result<Vec<u64>, PlanError> {
+    let bad = || PlanError::Weights(format!("{weights:?}"));
+    if weights.iter().any(|w| !w.is_finite() || *w < 0.0) {
+        return Err(bad());
+    }
+    let sum: f64 = weights.iter().sum();
+    if sum <= 0.0 {
+        return Err(bad());
+    }
+    Ok(weights
+        .iter()
+        .map(|&w| match w > 0.0 {
+            true => ((w / sum * WEIGHT_SCALE as f64).round() as u64).max(1),
+            false => 0,
+        })
+        .collect())
+}
+
+/// `total` split by `weights` (largest remainder; ties to the earlier source).
+pub fn apportion(total: u64, weights: &[u64]) -> Vec<u64> {
+    let sum: u128 = weights.iter().map(|&w| u128::from(w)).sum();
+    if sum == 0 {
+        return vec![0; weights.len()];
+    }
+    let exact: Vec<(u64, u128)> = weights
+        .iter()
+        .map(|&w| {
+            let x = u128::from(total) * u128::from(w);
+            ((x / sum) as u64, x % sum)
+        })
+        .collect();
+    let mut out: Vec<u64> = exact.iter().map(|e| e.0).collect();
+    let short = total - out.iter().sum::<u64>();
+    let mut by_rest: Vec<usize> = (0..weights.len()).collect();
+    by_rest.sort_by(|&a, &b| exact[b].1.cmp(&exact[a].1).then(a.cmp(&b)));
+    for &s in by_rest.iter().take(short as usize) {
+        out[s] += 1;
+    }
+    out
+}
+
+/// `left` brought to `total` samples: the difference taken from (or added to) the sources
+/// by `weights`, never taking a source below 0.
+fn settle(left: &[u64], total: u64, weights: &[u64]) -> Vec<u64> {
+    let have: u64 = left.iter().sum();
+    if total >= have {
+        let more = apportion(total - have, weights);
+        return left.iter().zip(more).map(|(a, b)| a + b).collect();
+    }
+    let mut out = left.to_vec();
+    let mut excess = have - total;
+    while excess > 0 {
+        let fewer = apportion(excess, weights);
+        let mut cut = 0;
+        for (o, f) in out.iter_mut().zip(fewer) {
+            let c = f.min(*o);
+            *o -= c;
+            cut += c;
+        }
+        if cut == 0 {
+            // What is left lies in sources of weight 0: take it from the largest.
+            if let Some(o) = out.iter_mut().max() {
+                let c = excess.min(*o);
+                *o -= c;
+                cut = c;
+            }
+        }
+        excess -= cut;
+    }
+    out
+}
+
+/// One source's samples of one pass, in a segment's draw.
+#[derive(Clone, Debug, PartialEq)]
+struct Group {
+    source: usize,
+    pass: u64,
+    pieces: Vec<Piece>,
+}
+
+/// A segment's draw: its groups in (source, pass) order and the sources' states after it.
+#[derive(Clone, Debug)]
+struct Draw {
+    groups: Vec<Group>,
+    next: Vec<SourceState>,
+}
+
+/// The inputs of a mixture plan besides the mixture: the planner's own.
+pub(crate) struct Ctx<'a> {
+    pub counts: &'a [u64],
+    pub config: &'a PlanConfig,
+    pub mixing: Mixing,
+    pub batch_size: u64,
+    pub last_batch: LastBatch,
+}
+
+impl Mixture {
+    /// The source shard `shard` (an index in the combined manifest) belongs to.
+    pub fn source_of(&self, shard: u32) -> usize {
+        let mut end = 0u32;
+        for (s, &n) in self.shards.iter().enumerate() {
+            end += n;
+            if shard < end {
+                return s;
+            }
+        }
+        self.shards.len().saturating_sub(1)
+    }
+
+    /// The first shard of each source in the combined manifest, one extra at the end.
+    fn offsets(&self) -> Vec<u32> {
+        let mut out = vec![0u32];
+        for &n in &self.shards {
+            out.push(out[out.len() - 1] + n);
+        }
+        out
+    }
+
+    /// Samples per pass of each source.
+    pub fn source_samples(&self, counts: &[u64]) -> Vec<u64> {
+        let off = self.offsets();
+        (0..self.shards.len())
+            .map(|s| counts[off[s] as usize..off[s + 1] as usize].iter().sum())
+            .collect()
+    }
+
+    /// The checks a mixture needs beyond a single dataset's.
+    pub fn validate(&self, counts: &[u64], config: &PlanConfig) -> Result<(), PlanError> {
+        if self.shards.len() != self.weights.len() || self.shards.is_empty() {
+            return Err(PlanError::Weights(format!(
+                "{} weights for {} sources",
+                self.weights.len(),
+                self.shards.len()
+            )));
+        }
+        if self.shards.iter().map(|&n| n as usize).sum::<usize>() != counts.len() {
+            return Err(PlanError::Weights(format!(
+                "the sources have {} shards in all, the dataset {}",
+                self.shards.iter().sum::<u32>(),
+                counts.len()
+            )));
+        }
+        if let Some(s) = self.source_samples(counts).iter().position(|&n| n == 0) {
+            return Err(PlanError::EmptySource { index: s });
+        }
+        if matches!(
+            config.policy,
+            ShufflePolicy::Local | ShufflePolicy::Partial(_)
+        ) {
+            return Err(PlanError::Policy(format!(
+                "{} (a mixture is shuffled \"global\" or not at all, \"none\")",
+                config.policy
+            )));
+        }
+        Ok(())
+    }
+
+    /// An epoch's samples before rounding (`L`).
+    pub fn epoch_length(&self, counts: &[u64]) -> u64 {
+        self.epoch_samples
+            .unwrap_or_else(|| self.source_samples(counts).iter().sum())
+    }
+
+    /// `samples` rounded so that `world` ranks get equal shares (and whole batches under
+    /// `drop_last`): the samples a segment of a mixture delivers.
+    pub(crate) fn rounded(samples: u64, world: u32, ctx: &Ctx) -> u64 {
+        let w = u64::from(world.max(1));
+        if ctx.last_batch == LastBatch::Drop {
+            let step = w * ctx.batch_size.max(1);
+            return samples / step * step;
+        }
+        match ctx.config.remainder {
+            Remainder::Drop => samples / w * w,
+            Remainder::Pad => samples.div_ceil(w) * w,
+        }
+    }
+
+    /// Pass `pass` of source `s`: its shards (combined indexes) in the pass's order.
+    fn pass_order(&self, s: usize, pass: u64, config: &PlanConfig) -> Vec<u32> {
+        let off = self.offsets();
+        let mut order: Vec<u32> = (off[s]..off[s + 1]).collect();
+        if config.policy.shuffles() {
+            stream(config.seed, Domain::MixPass, pass, s as u64).shuffle(&mut order);
+        }
+        order
+    }
+
+    /// Positions `from..to` of source `s`'s line, as drawn pieces in line order.
+    fn line(&self, s: usize, from: u64, to: u64, per_pass: u64, ctx: &Ctx) -> Vec<Drawn> {
+        let mut out = Vec::new();
+        let mut at = from;
+        while at < to {
+            let pass = at / per_pass;
+            let pass_end = ((pass + 1) * per_pass).min(to);
+            let (lo, hi) = (at - pass * per_pass, pass_end - pass * per_pass);
+            let mut offset = 0u64;
+            for shard in self.pass_order(s, pass, ctx.config) {
+                let n = ctx.counts[shard as usize];
+                let (a, b) = (lo.max(offset), hi.min(offset + n));
+                if a < b {
+                    out.push(Drawn {
+                        pass,
+                        shard,
+                        start: a - offset,
+                        end: b - offset,
+                    });
+                }
+                offset += n;
+                if offset >= hi {
+                    break;
+                }
+            }
+            at = pass_end;
+        }
+        out
+    }
+
+    /// Source `s` hands out `n` samples: first from `front` (oldest pass first), then from
+    /// its line. Returns what it drew, in pass order, and its state after.
+    fn take(
+        &self,
+        s: usize,
+        mut front: Vec<Drawn>,
+        cursor: u64,
+        n: u64,
+        per_pass: u64,
+        ctx: &Ctx,
+    ) -> (Vec<Drawn>, SourceState) {
+        front.sort_by_key(|d| d.pass);
+        let mut drawn = Vec::new();
+        let mut left = n;
+        let mut returned = Vec::new();
+        for d in front {
+            if left == 0 {
+                returned.push(d);
+            } else if d.len() <= left {
+                left -= d.len();
+                drawn.push(d);
+            } else {
+                let cut = d.start + left;
+                drawn.push(Drawn { end: cut, ..d });
+                returned.push(Drawn { start: cut, ..d });
+                left = 0;
+            }
+        }
+        drawn.extend(self.line(s, cursor, cursor + left, per_pass, ctx));
+        (
+            drawn,
+            SourceState {
+                cursor: cursor + left,
+                returned,
+            },
+        )
+    }
+
+    /// Draws `shares[s]` samples from each source, starting with `front[s]` (then its
+    /// state's returned samples), then its line.
+    fn draw(
+        &self,
+        state: &[SourceState],
+        front: Vec<Vec<Drawn>>,
+        shares: &[u64],
+        ctx: &Ctx,
+    ) -> Draw {
+        let per_pass = self.source_samples(ctx.counts);
+        let mut groups = Vec::new();
+        let mut next = Vec::with_capacity(state.len());
+        for (s, mut first) in front.into_iter().enumerate() {
+            first.extend(state[s].returned.iter().copied());
+            let (drawn, after) = self.take(s, first, state[s].cursor, shares[s], per_pass[s], ctx);
+            for d in drawn {
+                let piece = Piece {
+                    shard: d.shard,
+                    start: d.start,
+                    end: d.end,
+                    padding: false,
+                };
+                match groups.last_mut() {
+                    Some(Group {
+                        source,
+                        pass,
+                        pieces,
+                    }) if *source == s && *pass == d.pass => pieces.push(piece),
+                    _ => groups.push(Group {
+                        source: s,
+                        pass: d.pass,
+                        pieces: vec![piece],
+                    }),
+                }
+            }
+            next.push(after);
+        }
+        Draw { groups, next }
+    }
+
+    /// The sources' states at the start of `epoch`: the base's, carried through the base
+    /// epoch's segments and every whole epoch after it (at the planner's world size and the
+    /// current weights).
+    pub(crate) fn state_at(&self, epoch: u64, ctx: &Ctx) -> Result<Vec<SourceState>, PlanError> {
+        let base = &self.base;
+        if epoch < base.epoch {
+            return Err(PlanError::MixtureEpoch {
+                epoch,
+                known: base.epoch,
+            });
+        }
+        let mut state = match base.state.len() == self.shards.len() {
+            true => base.state.clone(),
+            false => vec![SourceState::default(); self.shards.len()],
+        };
+        if epoch == base.epoch {
+            return Ok(state);
+        }
+        let world = ctx.config.world_size;
+        state = self
+            .segment_draw(base.epoch, &state, &base.resumed, world, &self.weights, ctx)?
+            .next;
+        let length = Self::rounded(self.epoch_length(ctx.counts), world, ctx);
+        for _ in base.epoch + 1..epoch {
+            let empty = vec![Vec::new(); self.shards.len()];
+            state = self
+                .draw(&state, empty, &apportion(length, &self.weights), ctx)
+                .next;
+        }
+        Ok(state)
+    }
+
+    /// The draw of the segment after `resumed` in an epoch that started at `start`, for a
+    /// world of `world` ranks drawing by `weights`.
+    fn segment_draw(
+        &self,
+        epoch: u64,
+        start: &[SourceState],
+        resumed: &[Segment],
+        world: u32,
+        weights: &[u64],
+        ctx: &Ctx,
+    ) -> Result<Draw, PlanError> {
+        let Some((last, earlier)) = resumed.split_last() else {
+            let length = Self::rounded(self.epoch_length(ctx.counts), world, ctx);
+            let empty = vec![Vec::new(); self.shards.len()];
+            return Ok(self.draw(start, empty, &apportion(length, weights), ctx));
+        };
+        let old_weights = match last.weights.is_empty() {
+            true => weights,
+            false => &last.weights,
+        };
+        let prev = self.segment_draw(epoch, start, earlier, last.world_size, old_weights, ctx)?;
+        let depth = earlier.len() as u32;
+        let mut front: Vec<Vec<Drawn>> = vec![Vec::new(); self.shards.len()];
+        for q in 0..last.world_size {
+            let units = self.rank_units(&prev, epoch, depth, last.world_size, q, ctx);
+            let sequence = self.sequence(&units, epoch, depth, q, ctx)?;
+            let done = (last.batches * ctx.batch_size).min(sequence.len());
+            for (group, piece) in crate::resume::remaining_by_group(&units, &sequence, done) {
+                let g = &prev.groups[group as usize];
+                front[g.source].push(Drawn {
+                    pass: g.pass,
+                    shard: piece.shard,
+                    start: piece.start,
+                    end: piece.end,
+                });
+            }
+        }
+        let left: Vec<u64> = front
+            .iter()
+            .map(|f| f.iter().map(Drawn::len).sum())
+            .collect();
+        let total = Self::rounded(left.iter().sum(), world, ctx);
+        let shares = match weights == old_weights {
+            // The same weights: each source delivers what it had left, the rounding for the
+            // new world shared by weight.
+            true => settle(&left, total, weights),
+            false => apportion(total, weights),
+        };
+        Ok(self.draw(&prev.next, front, &shares, ctx))
+    }
+
+    /// Rank `rank`'s units of a draw in a world of `world` ranks: each group cut across the
+    /// ranks (the extra samples of uneven groups go to the ranks in turn), each rank's part
+    /// cut into units in a seeded order, groups in (source, pass) order.
+    fn rank_units(
+        &self,
+        draw: &Draw,
+        epoch: u64,
+        depth: u32,
+        world: u32,
+        rank: u32,
+        ctx: &Ctx,
+    ) -> Vec<WorkUnit> {
+        let w = u64::from(world.max(1));
+        let mut turn = 0u64;
+        let mut units = Vec::new();
+        for (g, group) in draw.groups.iter().enumerate() {
+            let n = assign::total(&group.pieces);
+            let (base, extra) = (n / w, n % w);
+            let gets = |r: u64| base + u64::from((r + w - turn) % w < extra);
+            let skip: u64 = (0..u64::from(rank)).map(gets).sum();
+            let (_, tail) = assign::split_off_samples(group.pieces.clone(), skip);
+            let (mine, _) = assign::split_off_samples(tail, gets(u64::from(rank)));
+            turn = (turn + extra) % w;
+            let mut part = assign::cut_units(mine, ctx.config.max_unit_samples);
+            if ctx.config.policy.shuffles() {
+                let key = (u64::from(depth) << 48) | (u64::from(rank) << 24) | g as u64;
+                stream(ctx.config.seed, Domain::MixUnits, epoch, key).shuffle(&mut part);
+            }
+            units.extend(part.into_iter().map(|u| WorkUnit {
+                group: g as u32,
+                ..u
+            }));
+        }
+        for (i, u) in units.iter_mut().enumerate() {
+            u.id = i as u32;
+        }
+        units
+    }
+
+    /// Rank `rank`'s units for `epoch` after the segments `resumed`, in a world of `world`
+    /// ranks drawing by the mixture's current weights, and the samples each rank gets.
+    pub(crate) fn segment(
+        &self,
+        epoch: u64,
+        resumed: &[Segment],
+        world: u32,
+        rank: u32,
+        ctx: &Ctx,
+    ) -> Result<(Vec<WorkUnit>, u64), PlanError> {
+        let start = self.state_at(epoch, ctx)?;
+        let draw = self.segment_draw(epoch, &start, resumed, world, &self.weights, ctx)?;
+        let total: u64 = draw.groups.iter().map(|g| assign::total(&g.pieces)).sum();
+        let depth = resumed.len() as u32;
+        let units = self.rank_units(&draw, epoch, depth, world, rank, ctx);
+        Ok((units, total / u64::from(world.max(1))))
+    }
+
+    /// The delivery order of a rank's mixture units (see the module documentation).
+    pub(crate) fn sequence(
+        &self,
+        units: &[WorkUnit],
+        epoch: u64,
+        depth: u32,
+        rank: u32,
+        ctx: &Ctx,
+    ) -> Result<Sequence, PlanError> {
+        let base = slots(units)?;
+        let seed = crate::segment_seed(ctx.config.seed, depth);
+        let total = base[units.len()];
+        // Per source, its groups' unit ranges in (pass) order.
+        let mut ranges: Vec<Vec<(u32, std::ops::Range<usize>)>> =
+            vec![Vec::new(); self.shards.len()];
+        let mut i = 0;
+        while i < units.len() {
+            let g = units[i].group;
+            let j = i + units[i..].iter().take_while(|u| u.group == g).count();
+            ranges[self.source_of(units[i].shard)].push((g, i..j));
+            i = j;
+        }
+        let mut per_source: Vec<Vec<u32>> = Vec::with_capacity(ranges.len());
+        for groups in &ranges {
+            let count: u64 = groups
+                .iter()
+                .map(|(_, r)| base[r.end] - base[r.start])
+                .sum();
+            let scaled = |x: u32| (u64::from(x) * count).div_ceil(total.max(1)) as u32;
+            let mixing = Mixing {
+                window_units: scaled(ctx.mixing.window_units).max(1),
+                buffer_samples: scaled(ctx.mixing.buffer_samples),
+            };
+            let mut order = Vec::with_capacity(count as usize);
+            for (g, r) in groups {
+                let key = (u64::from(rank) << 32) | u64::from(*g);
+                let pick = stream(seed, Domain::MixInterleave, epoch, key);
+                let buffer = stream(seed, Domain::MixGroupBuffer, epoch, key);
+                order.extend(interleave(units, &base, r.clone(), mixing, pick, buffer));
+            }
+            per_source.push(order);
+        }
+        Ok(Sequence::from_order(units, base, merge(per_source)))
+    }
+}
+
+/// Merges the sources' orders by their counts: source `s`'s `j`-th item goes at about
+/// `(j + ½) / c_s` of the way (ties to the earlier source), so every window holds each source
+/// in proportion, ±1.
+fn merge(sources: Vec<Vec<u32>>) -> Vec<u32> {
+    let total: usize = sources.iter().map(Vec::len).sum();
+    let mut next = vec![0usize; sources.len()];
+    let mut out = Vec::with_capacity(total);
+    for _ in 0..total {
+        // The source whose next item is due first: the least (2j + 1) / c.
+        let mut best: Option<usize> = None;
+        for (s, items) in sources.iter().enumerate() {
+            if next[s] == items.len() {
+                continue;
+            }
+            let due = |s: usize| (2 * next[s] as u128 + 1, sources[s].len() as u128);
+            best = match best {
+                Some(b) => {
+                    let ((a1, c1), (a2, c2)) = (due(s), due(b));
+                    if a1 * c2 < a2 * c1 {
+                        Some(s)
+                    } else {
+                        Some(b)
+                    }
+                }
+                None => Some(s),
+            };
+        }
+        let Some(s) = best else { break };
+        out.push(sources[s][next[s]]);
+        next[s] += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,305 @@
+use std::collections::HashMap;
+
+use super::*;
+use crate::{EpochPlanner, PlanConfig};
+
+/// Two sources: A of 3,000 samples in 12 shards of 250, B of 800 in 8 shards of 100.
+fn counts() -> Vec<u64> {
+    let mut c = vec![250; 12];
+    c.extend([100; 8]);
+    c
+}
+
+fn planner(world: u32, weights: &[f64], policy: ShufflePolicy) -> EpochPlanner {
+    EpochPlanner {
+        counts: counts(),
+        config: PlanConfig {
+            max_unit_samples: 50,
+            ..PlanConfig::new(11, world, policy)
+        },
+        mixing: Mixing::default(),
+        batch_size: 64,
+        last_batch: LastBatch::Partial,
+        mixture: Some(Mixture {
+            shards: vec![12, 8],
+            weights: scale_weights(weights).unwrap(),
+            epoch_samples: None,
+            base: MixBase::default(),
+        }),
+    }
+}
+
+/// A sample as (shard, index in shard).
+type Id = (u32, u64);
+
+/// Each rank's samples of a segment in delivery order.
+fn deliveries(p: &EpochPlanner, epoch: u64, resumed: &[Segment], world: u32) -> Vec<Vec<Id>> {
+    (0..world)
+        .map(|r| {
+            let (units, _) = p.segment(epoch, resumed, world, r).unwrap();
+            let seq = p.sequence(&units, epoch, resumed.len() as u32, r).unwrap();
+            (0..seq.len())
+                .map(|pos| {
+                    let (u, i) = seq.at(pos).unwrap();
+                    (units[u as usize].shard, i)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The samples of each step (batch `b` of every rank), in step order.
+fn steps(ranks: &[Vec<Id>], batch: usize, first: usize, last: usize) -> Vec<Vec<Id>> {
+    (first..last)
+        .map(|b| {
+            ranks
+                .iter()
+                .flat_map(|r| r.iter().skip(b * batch).take(batch).copied())
+                .collect()
+        })
+        .collect()
+}
+
+fn source(shard: u32) -> usize {
+    usize::from(shard >= 12)
+}
+
+/// Per source, "a sample is not delivered again before its pass ends, and none is skipped":
+/// the `k+1`-th delivery of any sample comes no earlier than one step before the last `k`-th
+/// delivery of any other, and every sample was delivered ⌊T/N⌋ or ⌈T/N⌉ times.
+fn assert_passes(steps: &[Vec<Id>]) {
+    for (s, size) in [3000u64, 800].into_iter().enumerate() {
+        let mut seen: HashMap<Id, u64> = HashMap::new();
+        // pass k: (first step with a k-th delivery, last step with one)
+        let mut spans: Vec<(usize, usize)> = Vec::new();
+        for (t, step) in steps.iter().enumerate() {
+            for &id in step.iter().filter(|id| source(id.0) == s) {
+                let k = seen.entry(id).or_insert(0);
+                if spans.len() <= *k as usize {
+                    spans.push((t, t));
+                }
+                spans[*k as usize].1 = t;
+                *k += 1;
+            }
+        }
+        for k in 1..spans.len() {
+            assert!(
+                spans[k].0 + 1 >= spans[k - 1].1,
+                "source {s}: pass {k} began at step {} before pass {} ended at step {}",
+                spans[k].0,
+                k - 1,
+                spans[k - 1].1
+            );
+        }
+        let total: u64 = seen.values().sum();
+        let (lo, hi) = (total / size, total.div_ceil(size));
+        let missing = size - seen.len() as u64;
+        assert!(
+            lo == 0 || missing == 0,
+            "source {s}: {missing} samples never delivered"
+        );
+        assert!(
+            seen.values().all(|&n| n == lo || n == hi),
+            "source {s}: {total} deliveries of {size} samples, counts outside {lo}..={hi}"
+        );
+    }
+}
+
+fn share_of_a(ids: &[Id]) -> f64 {
+    ids.iter().filter(|id| source(id.0) == 0).count() as f64 / ids.len().max(1) as f64
+}
+
+#[test]
+fn weights_hold_in_every_window_of_four_batches_and_over_the_epoch() {
+    for world in [1, 2, 3] {
+        let p = planner(world, &[3.0, 1.0], ShufflePolicy::Global);
+        let ranks = deliveries(&p, 0, &[], world);
+        let n = ranks[0].len();
+        assert!(ranks.iter().all(|r| r.len() == n), "ranks differ in length");
+        for r in &ranks {
+            for w in r.chunks(256).filter(|w| w.len() == 256) {
+                let a = share_of_a(w);
+                assert!(
+                    (a - 0.75).abs() <= 0.10,
+                    "world {world}: a window has {a:.3} of A"
+                );
+            }
+            assert!((share_of_a(r) - 0.75).abs() <= 0.05);
+        }
+        // The epoch has all 3,800 samples' worth: 2,850 of A (no repeat) and 950 of B, which
+        // is upsampled: all 800 once, then 150 of its second pass.
+        let all: Vec<Id> = ranks.concat();
+        let a: Vec<&Id> = all.iter().filter(|id| source(id.0) == 0).collect();
+        let distinct_a: std::collections::HashSet<_> = a.iter().collect();
+        let length = 3800 / u64::from(world) * u64::from(world);
+        assert_eq!(a.len() as u64, apportion(length, &[3, 1])[0]);
+        assert_eq!(
+            distinct_a.len(),
+            a.len(),
+            "world {world}: a sample of A repeated"
+        );
+        assert_passes(&steps(&ranks, 64, 0, n.div_ceil(64)));
+    }
+}
+
+#[test]
+fn plans_are_pure_functions_and_passes_continue_across_epochs() {
+    let p = planner(2, &[3.0, 1.0], ShufflePolicy::Global);
+    let again = planner(2, &[3.0, 1.0], ShufflePolicy::Global);
+    let mut all_steps = Vec::new();
+    for epoch in 0..4 {
+        let ranks = deliveries(&p, epoch, &[], 2);
+        assert_eq!(ranks, deliveries(&again, epoch, &[], 2));
+        let n = ranks[0].len();
+        all_steps.extend(steps(&ranks, 64, 0, n.div_ceil(64)));
+    }
+    assert_passes(&all_steps);
+    assert_ne!(deliveries(&p, 0, &[], 2), deliveries(&p, 1, &[], 2));
+}
+
+/// `none`: each source's shards in manifest order, pass after pass.
+#[test]
+fn sequential_mixtures_read_each_source_in_order() {
+    let mut p = planner(1, &[1.0, 1.0], ShufflePolicy::Sequential);
+    p.mixing = Mixing {
+        window_units: 1,
+        buffer_samples: 0,
+    };
+    let ranks = deliveries(&p, 0, &[], 1);
+    let b: Vec<Id> = ranks[0]
+        .iter()
+        .copied()
+        .filter(|id| source(id.0) == 1)
+        .collect();
+    let expected: Vec<Id> = (12..20)
+        .flat_map(|s| (0..100).map(move |i| (s, i)))
+        .cycle()
+        .take(1900)
+        .collect();
+    assert!(
+        b == expected,
+        "source B is not read in manifest order, pass after pass"
+    );
+}
+
+/// A checkpoint at 2 ranks after 10 batches resumes at 3: with the same weights the new
+/// world delivers exactly what the old one had not (the rest divides by 3 here).
+#[test]
+fn a_resume_at_another_world_delivers_exactly_the_rest() {
+    let two = planner(2, &[3.0, 1.0], ShufflePolicy::Global);
+    let before = deliveries(&two, 0, &[], 2);
+    let done = 10 * 64;
+    let seg = Segment {
+        world_size: 2,
+        batches: 10,
+        weights: two.mixture.as_ref().unwrap().weights.clone(),
+    };
+    let mut three = planner(3, &[3.0, 1.0], ShufflePolicy::Global);
+    three.mixture.as_mut().unwrap().base.resumed = vec![seg.clone()];
+    let after = deliveries(&three, 0, std::slice::from_ref(&seg), 3);
+    let n = after[0].len();
+    assert!(after.iter().all(|r| r.len() == n));
+    let mut rest: Vec<Id> = before
+        .iter()
+        .flat_map(|r| r[done..].iter().copied())
+        .collect();
+    let mut got: Vec<Id> = after.concat();
+    rest.sort_unstable();
+    got.sort_unstable();
+    assert_eq!((3800 - 2 * done) % 3, 0);
+    assert_eq!(got, rest);
+    for r in &after {
+        for w in r.chunks(256).filter(|w| w.len() == 256) {
+            assert!((share_of_a(w) - 0.75).abs() <= 0.10);
+        }
+    }
+}
+
+/// New weights at a checkpoint: each source's pass goes on (nothing repeated within a pass,
+/// nothing skipped) through the rest of the epoch and the epochs after, and the rest follows
+/// the new weights.
+#[test]
+fn new_weights_at_a_checkpoint_continue_each_source_s_pass() {
+    for (world, new_world) in [(2, 2), (2, 3)] {
+        let old = planner(world, &[3.0, 1.0], ShufflePolicy::Global);
+        let before = deliveries(&old, 0, &[], world);
+        let seg = Segment {
+            world_size: world,
+            batches: 12,
+            weights: old.mixture.as_ref().unwrap().weights.clone(),
+        };
+        let mut all = steps(&before, 64, 0, 12);
+        let mut new = planner(new_world, &[1.0, 1.0], ShufflePolicy::Global);
+        new.mixture.as_mut().unwrap().base.resumed = vec![seg.clone()];
+        let after = deliveries(&new, 0, std::slice::from_ref(&seg), new_world);
+        let n = after[0].len();
+        assert!(after.iter().all(|r| r.len() == n));
+        let share = share_of_a(&after.concat());
+        assert!(
+            (share - 0.5).abs() <= 0.01,
+            "{share:.3} of A after the change"
+        );
+        all.extend(steps(&after, 64, 0, n.div_ceil(64)));
+        // The epoch keeps its length (rounded for the new world).
+        let delivered: usize = all.iter().map(Vec::len).sum();
+        assert!(
+            3800 - delivered < new_world as usize,
+            "{delivered} samples in the epoch"
+        );
+        for epoch in 1..4 {
+            let ranks = deliveries(&new, epoch, &[], new_world);
+            let n = ranks[0].len();
+            all.extend(steps(&ranks, 64, 0, n.div_ceil(64)));
+        }
+        assert_passes(&all);
+    }
+}
+
+#[test]
+fn a_fixed_epoch_length_and_drop_last_round_to_whole_batches() {
+    let mut p = planner(3, &[1.0, 4.0], ShufflePolicy::Global);
+    p.last_batch = LastBatch::Drop;
+    p.mixture.as_mut().unwrap().epoch_samples = Some(5000);
+    let ranks = deliveries(&p, 0, &[], 3);
+    assert_eq!(ranks[0].len(), 5000 / (3 * 64) * 64);
+    let (_, plan) = p.segment(0, &[], 3, 0).unwrap();
+    assert_eq!(plan.samples, ranks[0].len() as u64);
+    assert!((share_of_a(&ranks.concat()) - 0.2).abs() < 0.01);
+}
+
+#[test]
+fn apportion_and_weights() {
+    assert_eq!(apportion(10, &[1, 1, 1]), vec![4, 3, 3]);
+    assert_eq!(apportion(7, &[3, 1]), vec![5, 2]);
+    assert_eq!(apportion(0, &[3, 1]), vec![0, 0]);
+    assert_eq!(
+        scale_weights(&[0.7, 0.3]).unwrap(),
+        vec![700_000_000, 300_000_000]
+    );
+    assert!(scale_weights(&[0.0, 0.0]).is_err());
+    assert!(scale_weights(&[1.0, f64::NAN]).is_err());
+    assert!(scale_weights(&[1.0, -1.0]).is_err());
+    assert_eq!(settle(&[10, 5], 12, &[1, 1]), vec![8, 4]);
+    assert_eq!(settle(&[10, 0], 7, &[1, 1]), vec![7, 0]);
+    assert_eq!(merge(vec![vec![0, 1, 2], vec![9]]), vec![0, 1, 9, 2]);
+    assert_eq!(merge(vec![vec![0, 1], vec![8, 9]]), vec![0, 8, 1, 9]);
+}
+
+#[test]
+fn local_shuffles_and_empty_sources_are_refused() {
+    let p = planner(2, &[1.0, 1.0], ShufflePolicy::Local);
+    let m = p.mixture.as_ref().unwrap();
+    assert!(matches!(
+        m.validate(&p.counts, &p.config),
+        Err(PlanError::Policy(_))
+    ));
+    let mut c = counts();
+    for x in &mut c[12..] {
+        *x = 0;
+    }
+    let g = planner(2, &[1.0, 1.0], ShufflePolicy::Global);
+    assert_eq!(
+        g.mixture.as_ref().unwrap().validate(&c, &g.config),
+        Err(PlanError::EmptySource { index: 1 })
+    );
+}

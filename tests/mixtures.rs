@@ -1,0 +1,348 @@
+//! Mixtures checked from outside with `--dump-ids` (whose lines name each sample's source):
+//! weights 3:1 hold in every window of 4 batches and over the epoch, the small source is
+//! upsampled pass by pass, the order is the same in process and over QUIC with a worker
+//! killed, a checkpoint at 2 ranks resumes at 3 with exactly the rest, and one resumed with
+//! weights 1:1 continues each source's pass with nothing repeated or skipped.
+
+mod support;
+mod system;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{path_str, sluice_ok};
+use system::{start_worker, trust_file};
+
+/// A source of `classes × per_class` generated JPEGs in shards of `per_shard`, named
+/// `<name>-NNNNNN.tar`; returns its manifest.
+fn source(dir: &Path, name: &str, classes: u32, per_class: u32, per_shard: u32) -> PathBuf {
+    let root = dir.join(name);
+    let images = support::synth_images(&root, classes, per_class);
+    let manifest = root.join("m.json");
+    let pattern = root.join(format!("{name}-%06d.tar"));
+    support::shard_images(&images, path_str(&pattern), per_shard, Some(&manifest));
+    manifest
+}
+
+/// A dump line: (epoch, rank, sample "shard/key", source).
+type Line = (u64, u32, String, String);
+
+fn read_dump(path: &Path) -> Vec<Line> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            assert_eq!(f.len(), 5, "a mixture's dump line names its source: {l:?}");
+            (
+                f[0].parse().unwrap(),
+                f[1].parse().unwrap(),
+                format!("{}/{}", f[2], f[3]),
+                f[4].to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Each step's samples (batch `b` of every rank) of `epoch`, in step order.
+fn steps(lines: &[Line], epoch: u64, batch: usize) -> Vec<Vec<Line>> {
+    let mut ranks: HashMap<u32, Vec<Line>> = HashMap::new();
+    for l in lines.iter().filter(|l| l.0 == epoch) {
+        ranks.entry(l.1).or_default().push(l.clone());
+    }
+    let longest = ranks.values().map(Vec::len).max().unwrap_or(0);
+    let mut out = Vec::new();
+    for b in 0..longest.div_ceil(batch) {
+        let mut step = Vec::new();
+        for r in 0..ranks.len() as u32 {
+            step.extend(ranks[&r].iter().skip(b * batch).take(batch).cloned());
+        }
+        out.push(step);
+    }
+    out
+}
+
+/// Per source, the `k+1`-th delivery of any sample comes no earlier than one step before
+/// the last `k`-th delivery of any other (a pass ends before the next begins), and every
+/// sample of the source was delivered ⌊T/N⌋ or ⌈T/N⌉ times.
+fn assert_passes(steps: &[Vec<Line>], sizes: &HashMap<String, u64>) {
+    for (source, &size) in sizes {
+        let mut seen: HashMap<&str, u64> = HashMap::new();
+        let mut spans: Vec<(usize, usize)> = Vec::new();
+        for (t, step) in steps.iter().enumerate() {
+            for l in step.iter().filter(|l| &l.3 == source) {
+                let k = seen.entry(&l.2).or_insert(0);
+                if spans.len() <= *k as usize {
+                    spans.push((t, t));
+                }
+                spans[*k as usize].1 = t;
+                *k += 1;
+            }
+        }
+        for k in 1..spans.len() {
+            assert!(
+                spans[k].0 + 1 >= spans[k - 1].1,
+                "{source}: pass {k} began at step {} before pass {} ended at step {}",
+                spans[k].0,
+                k - 1,
+                spans[k - 1].1
+            );
+        }
+        let total: u64 = seen.values().sum();
+        let (lo, hi) = (total / size, total.div_ceil(size));
+        assert!(
+            lo == 0 || seen.len() as u64 == size,
+            "{source}: a sample never came"
+        );
+        assert!(
+            seen.values().all(|&n| n == lo || n == hi),
+            "{source}: {total} deliveries of {size} samples, some outside {lo}..={hi}"
+        );
+    }
+}
+
+fn loadgen_mix(a: &Path, b: &Path, weights: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "loadgen",
+        "--dataset",
+        path_str(a),
+        "--dataset",
+        path_str(b),
+        "--weights",
+        weights,
+        "--seed",
+        "5",
+        "--pipeline",
+        "decode | resize 32 | center_crop 32",
+    ];
+    args.extend(extra);
+    sluice_ok(&args)
+}
+
+/// Two sources of 480 and 120 samples at 3:1, one rank, batches of 64: the proportions in
+/// every window of 4 batches, over the epoch, and the small source's passes; then the same
+/// order over two QUIC workers, one of them killed mid-epoch.
+#[test]
+fn weights_hold_in_every_window_and_quic_with_a_worker_killed_matches_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = source(dir.path(), "a", 12, 40, 40);
+    let b = source(dir.path(), "b", 4, 30, 20);
+    let dump =
+        |name: &str, workers: &str, trust: Option<&Path>, victim: Option<&mut system::Worker>| {
+            let ids = dir.path().join(format!("{name}.tsv"));
+            let mut args: Vec<String> = [
+                "loadgen",
+                "--dataset",
+                path_str(&a),
+                "--dataset",
+                path_str(&b),
+                "--weights",
+                "3,1",
+                "--workers",
+                workers,
+                "--batch-size",
+                "64",
+                "--epochs",
+                "2",
+                "--seed",
+                "5",
+                "--step-ms",
+                "60",
+                "--pipeline",
+                "decode | random_resized_crop 48 | hflip 0.5",
+                "--dump-ids",
+                path_str(&ids),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            if let Some(t) = trust {
+                args.extend(["--trust-cert".into(), path_str(t).into()]);
+                args.extend([
+                    "--token-file".into(),
+                    path_str(&dir.path().join("token")).into(),
+                ]);
+            }
+            let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+                .args(&args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            if let Some(w) = victim {
+                let started = Instant::now();
+                assert!(
+                    w.log_shows("job", Duration::from_secs(30)),
+                    "worker never got the job"
+                );
+                std::thread::sleep(Duration::from_millis(500).saturating_sub(started.elapsed()));
+                w.kill9();
+            }
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "{name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            (
+                std::fs::read_to_string(&ids).unwrap(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
+        };
+    let (local, report) = dump("local", "local", None, None);
+    assert!(report.contains("sources: delivered"), "{report}");
+    let lines = read_dump(&dir.path().join("local.tsv"));
+    let a_name = path_str(&a).to_string();
+    let b_name = path_str(&b).to_string();
+    for epoch in 0..2 {
+        let epoch_lines: Vec<&Line> = lines.iter().filter(|l| l.0 == epoch).collect();
+        // 600 samples an epoch: 450 of A (each at most once), 150 of B (all 120, then 30).
+        assert_eq!(epoch_lines.len(), 600);
+        let share =
+            |ls: &[&Line]| ls.iter().filter(|l| l.3 == a_name).count() as f64 / ls.len() as f64;
+        for w in epoch_lines.chunks(256).filter(|w| w.len() == 256) {
+            let s = share(w);
+            assert!(
+                (s - 0.75).abs() <= 0.10,
+                "a window of 4 batches has {s:.3} of A"
+            );
+        }
+        assert!((share(&epoch_lines) - 0.75).abs() <= 0.05);
+    }
+    let sizes: HashMap<String, u64> = [(a_name, 480), (b_name, 120)].into_iter().collect();
+    let all: Vec<Vec<Line>> = (0..2).flat_map(|e| steps(&lines, e, 64)).collect();
+    assert_passes(&all, &sizes);
+
+    let mut victim = start_worker(dir.path(), "w1");
+    let other = start_worker(dir.path(), "w2");
+    let trust = trust_file(dir.path(), &[&victim, &other]);
+    let pair = format!("{},{}", victim.addr, other.addr);
+    let (killed, _) = dump("killed", &pair, Some(&trust), Some(&mut victim));
+    assert!(
+        local == killed,
+        "a mixture's order differs over QUIC with a worker killed"
+    );
+}
+
+/// A checkpoint at 2 ranks resumes at 3 with exactly the rest of the epoch; resumed with
+/// weights 1:1 instead, each source's pass goes on through the rest of the epoch and the
+/// next two with nothing repeated or skipped within a pass.
+#[test]
+fn a_mixture_checkpoint_resumes_at_three_ranks_and_with_new_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = source(dir.path(), "a", 10, 24, 30);
+    let b = source(dir.path(), "b", 5, 12, 20);
+    let a_name = path_str(&a).to_string();
+    let b_name = path_str(&b).to_string();
+    let d = |n: &str| dir.path().join(n);
+    // 300 samples: 150 per rank; 6 batches of 8 each leave 204, 68 for each of 3 ranks.
+    loadgen_mix(
+        &a,
+        &b,
+        "3,1",
+        &[
+            "--workers",
+            "local",
+            "--batch-size",
+            "8",
+            "--ranks",
+            "2",
+            "--stop-after-batches",
+            "6",
+            "--save-state",
+            path_str(&d("state.json")),
+            "--dump-ids",
+            path_str(&d("before.tsv")),
+        ],
+    );
+    loadgen_mix(
+        &a,
+        &b,
+        "3,1",
+        &[
+            "--workers",
+            "local",
+            "--batch-size",
+            "8",
+            "--ranks",
+            "2",
+            "--dump-ids",
+            path_str(&d("whole.tsv")),
+        ],
+    );
+    loadgen_mix(
+        &a,
+        &b,
+        "3,1",
+        &[
+            "--workers",
+            "local",
+            "--batch-size",
+            "8",
+            "--ranks",
+            "3",
+            "--resume",
+            path_str(&d("state.json")),
+            "--dump-ids",
+            path_str(&d("after.tsv")),
+        ],
+    );
+    let before = read_dump(&d("before.tsv"));
+    let after = read_dump(&d("after.tsv"));
+    assert_eq!(before.len(), 2 * 6 * 8);
+    let mut per_rank: HashMap<u32, usize> = HashMap::new();
+    for l in &after {
+        *per_rank.entry(l.1).or_default() += 1;
+    }
+    assert!(
+        per_rank.len() == 3 && per_rank.values().all(|&n| n == 68),
+        "{per_rank:?}"
+    );
+    let mut resumed: Vec<String> = before.iter().chain(&after).map(|l| l.2.clone()).collect();
+    let mut whole: Vec<String> = read_dump(&d("whole.tsv"))
+        .into_iter()
+        .map(|l| l.2)
+        .collect();
+    resumed.sort();
+    whole.sort();
+    assert!(
+        resumed == whole,
+        "the resumed epoch is not the uninterrupted one's samples"
+    );
+
+    // New weights at the checkpoint, and two more epochs under them.
+    loadgen_mix(
+        &a,
+        &b,
+        "1,1",
+        &[
+            "--workers",
+            "local",
+            "--batch-size",
+            "8",
+            "--ranks",
+            "2",
+            "--epochs",
+            "3",
+            "--resume",
+            path_str(&d("state.json")),
+            "--dump-ids",
+            path_str(&d("reweighted.tsv")),
+        ],
+    );
+    let reweighted = read_dump(&d("reweighted.tsv"));
+    let rest: Vec<&Line> = reweighted.iter().filter(|l| l.0 == 0).collect();
+    let share_a = rest.iter().filter(|l| l.3 == a_name).count() as f64 / rest.len() as f64;
+    assert!(
+        (share_a - 0.5).abs() <= 0.02,
+        "{share_a:.3} of A after the new weights"
+    );
+    let mut all = steps(&before, 0, 8);
+    for e in 0..3 {
+        all.extend(steps(&reweighted, e, 8));
+    }
+    let sizes: HashMap<String, u64> = [(a_name, 240), (b_name, 60)].into_iter().collect();
+    assert_passes(&all, &sizes);
+}
