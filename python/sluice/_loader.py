@@ -54,6 +54,27 @@ def _names(key: str, value: Any, what: str) -> List[str]:
     return names
 
 
+#: What ``dataset=`` takes: one dataset, or a mixture's ``(dataset, weight)`` pairs.
+DatasetArg = Union[str, PathLike, Sequence[Tuple[Union[str, PathLike], float]]]
+
+
+def _sources(dataset: Any) -> Tuple[str, Optional[List[Tuple[str, float]]]]:
+    """``dataset=`` as (a name, a mixture's (dataset, weight) pairs or ``None``)."""
+    if isinstance(dataset, (str, PathLike)):
+        return os.fspath(dataset), None
+    bad = ValueError(
+        "dataset: expected a manifest, shards or a mixture file (.toml), or a list of "
+        f"(dataset, weight) pairs such as [(\"a.json\", 0.7), (\"b.json\", 0.3)], got "
+        f"{dataset!r}")
+    try:
+        pairs = [(os.fspath(d), float(w)) for d, w in dataset]
+    except (TypeError, ValueError):
+        raise bad from None
+    if not pairs:
+        raise bad
+    return "+".join(d for d, _ in pairs), pairs
+
+
 def _shuffle(shuffle: Any) -> Any:
     """``True``/``None``: global; ``False``: none; text as given."""
     if shuffle is None or shuffle is True:
@@ -77,7 +98,15 @@ class Loader:
         dataset: a manifest (local path, or the http(s) URL of one a storage node serves:
             relative shard URLs resolve against it), or shards as paths, URLs or a brace
             pattern (``"shards/train-{000000..000127}.tar"``, described from their
-            ``.idx`` sidecars).
+            ``.idx`` sidecars). A mixture: ``(dataset, weight)`` pairs, ``[("web.json",
+            0.7), ("curated.json", 0.3)]``, or a mixture file (``.toml``: ``[[sources]]``
+            with ``dataset`` and ``weight``). Each source is drawn without replacement
+            within a pass, a source that runs out starts a new pass (a small source is
+            upsampled by its weight), and the weights hold within every few batches;
+            ``images.source`` says each sample's source. A checkpoint may be resumed with
+            other weights: each source's pass goes on, nothing repeated or skipped within
+            it (``docs/mixtures.md``).
+        epoch_samples: samples per epoch of a mixture (default: all its sources').
         workers: ``sluice cpu`` workers, ``"host:port"`` or a list; ``None`` decodes in
             this process.
         batch_size: samples per batch (every rank gets the same number of batches).
@@ -154,7 +183,7 @@ class Loader:
 
     def __init__(
         self,
-        dataset: Union[str, PathLike],
+        dataset: DatasetArg,
         workers: Union[None, str, Sequence[str]] = None,
         batch_size: int = 256,
         seed: int = 0,
@@ -192,6 +221,7 @@ class Loader:
         allow_negative_labels: bool = False,
         max_decoded_bytes: Optional[int] = None,
         top_up: bool = False,
+        epoch_samples: Optional[int] = None,
         **kwargs: Any,
     ) -> None:
         if kwargs:
@@ -199,8 +229,9 @@ class Loader:
         rank, world_size = _env.rank_and_world(rank, world_size, _env.distributed())
         workers = _names("workers", workers, '"host:port" or a list of them')
         mixing = {"window_units": mix_units, "buffer_samples": mix_buffer}
+        name, sources = _sources(dataset)
         config: Dict[str, Any] = {
-            "dataset_name": os.fspath(dataset),
+            "dataset_name": name,
             "workers": workers,
             "pipeline": pipeline,
             "batch_size": batch_size,
@@ -229,6 +260,7 @@ class Loader:
             "same_host_dir": None if same_host_dir is None else os.fspath(same_host_dir),
             "prefetch_next_epoch": prefetch_next_epoch,
             "epochs": epochs,
+            "epoch_samples": epoch_samples,
         }
         # None means "the default" everywhere but the label, where it means "no label".
         config = {k: v for k, v in config.items() if v is not None}
@@ -236,8 +268,9 @@ class Loader:
         if not workers and threads is None:
             threads = _env.threads_per_rank()
         self._inner = _Loader(
-            os.fspath(dataset),
+            name,
             json.dumps(config),
+            sources=sources,
             device=device,
             dtype=dtype,
             mean=mean,
@@ -302,6 +335,12 @@ class Loader:
         """``{"fingerprint", "shards", "samples", "rank", "world_size"}``: the dataset as this
         rank sees it (every rank of a job must agree on the fingerprint)."""
         return self._inner.dataset_identity
+
+    @property
+    def sources(self) -> List[str]:
+        """A mixture's sources, in the order ``images.source`` numbers them (``[]`` for a
+        single dataset)."""
+        return self._inner.sources
 
     @property
     def config(self) -> Dict[str, Any]:

@@ -25,6 +25,7 @@ class _Loader:
         threads: Optional[int] = None,
         max_decoded_bytes: Optional[int] = None,
         token: Optional[str] = None,
+        sources: Optional[List[Tuple[str, float]]] = None,
     ) -> None:
         """``config``: a ``LoaderConfig`` as JSON (validated; a mistake is a ``ValueError``
         naming its key)."""
@@ -39,6 +40,8 @@ class _Loader:
     def dataset_identity(self) -> Dict[str, Any]: ...
     @property
     def samples_per_epoch(self) -> int: ...
+    @property
+    def sources(self) -> List[str]: ...
     @property
     def config(self) -> str: ...
 
@@ -74,6 +77,9 @@ class Images:
     @property
     def keys(self) -> List[str]:
         """Each row's key (WebDataset's ``__key__``)."""
+    @property
+    def source(self) -> List[int]:
+        """Each row's source: its place in the loader's ``sources`` (0 for one dataset)."""
     @property
     def padding(self) -> List[bool]:
         """Rows that repeat a sample (remainder "pad", or a batch topped up)."""

@@ -76,7 +76,7 @@ __all__ = ["Loader"]
 _log = logging.getLogger("sluice")
 
 #: The batch's own keys: no sample field may take their place.
-RESERVED_KEYS = ("image", "label", "__key__", "padding", "geometry")
+RESERVED_KEYS = ("image", "label", "__key__", "__source__", "padding", "geometry")
 
 #: What decides which samples a rank gets and how many steps it takes: every rank of a job
 #: must agree on all of it (compared as ``sluice.Loader`` would take it, defaults filled in).
@@ -382,13 +382,15 @@ class Loader(IterableDataset):
         return self._batches(self._loader(), self._epoch)
 
     def _batches(self, inner: _Loader, epoch: int) -> Iterator[Any]:
+        mixed = bool(inner.sources)
         for images, labels in inner.epoch(epoch):
-            yield self._batch(images, labels)
+            yield self._batch(images, labels, mixed)
         # Finished: the next iter() is the next epoch, unless set_epoch said otherwise.
         if self._epoch == epoch:
             self._epoch = epoch + 1
 
-    def _batch(self, images: Any, labels: Any) -> Union[Dict[str, Any], Tuple[Any, ...]]:
+    def _batch(self, images: Any, labels: Any,
+               mixed: bool = False) -> Union[Dict[str, Any], Tuple[Any, ...]]:
         x = torch.from_dlpack(images)
         y = torch.from_dlpack(labels)
         if self._copy:
@@ -400,6 +402,9 @@ class Loader(IterableDataset):
             "padding": torch.tensor(images.padding, dtype=torch.bool),
             "geometry": images.geometry,
         }
+        if mixed:
+            # A mixture's source of each sample (its place in ``loader.sources``).
+            batch["__source__"] = torch.tensor(images.source, dtype=torch.int64)
         fields = images.fields
         for name in fields:
             key = f"field:{name}" if name in RESERVED_KEYS else name

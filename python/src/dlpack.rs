@@ -239,6 +239,7 @@ pub struct Images {
     device: (i32, i32),
     ids: Vec<(u32, u64)>,
     keys: Vec<String>,
+    sources: Vec<u32>,
     padding: Vec<bool>,
     skipped: Vec<((u32, u64), String)>,
     index: u64,
@@ -329,6 +330,7 @@ pub fn split(held: Held, limits: Arc<Limits>) -> (Images, Labels) {
             b.ids().iter().map(|i| (i.shard, i.index)).collect()
         }),
         keys: host.map_or_else(Vec::new, |b| b.keys().to_vec()),
+        sources: host.map_or_else(Vec::new, |b| b.sources().to_vec()),
         padding: host.map_or_else(Vec::new, |b| b.padding().to_vec()),
         skipped: host.map_or_else(Vec::new, |b| {
             b.skipped()
@@ -422,6 +424,12 @@ impl Images {
     #[getter]
     fn keys(&self) -> Vec<String> {
         self.keys.clone()
+    }
+
+    /// Each sample's source: its place in the loader's `sources` (0 for a single dataset).
+    #[getter]
+    fn source(&self) -> Vec<u32> {
+        self.sources.clone()
     }
 
     /// True for rows that repeat another sample to fill a batch that lost samples.

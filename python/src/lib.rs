@@ -199,7 +199,7 @@ impl Loader {
     #[new]
     #[pyo3(signature = (
         dataset, config, *, device="cpu", dtype="uint8", mean=None, std=None, threads=None,
-        max_decoded_bytes=None, token=None,
+        max_decoded_bytes=None, token=None, sources=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -213,10 +213,14 @@ impl Loader {
         threads: Option<usize>,
         max_decoded_bytes: Option<u64>,
         token: Option<String>,
+        sources: Option<Vec<(String, f64)>>,
     ) -> PyResult<Self> {
         logs::install();
         // The settings first, as a worker will check them: a mistake is a ValueError here.
         let mut config = settings::parse(config)?;
+        if let Some(s) = &sources {
+            config.weights = s.iter().map(|(_, w)| *w).collect();
+        }
         config.validate().map_err(client_error)?;
         let ordinal = parse_device(device)?;
         let wanted = Conversion { dtype, mean, std };
@@ -233,10 +237,30 @@ impl Loader {
                 (Some(a), d)
             }
         };
-        let manifest = py.allow_threads(|| load_dataset(dataset))?;
         let decoded =
             max_decoded_bytes.unwrap_or(config.max_field_bytes.saturating_mul(DECODED_PER_STORED));
-        let mut b = sluice_client::Loader::builder().dataset(manifest);
+        let mut b = match (sources, sluice_dataset::mixture::is_mixture_file(dataset)) {
+            (Some(sources), _) => {
+                let mut loaded = Vec::with_capacity(sources.len());
+                for (name, _) in sources {
+                    let m = py.allow_threads(|| load_dataset(&name))?;
+                    loaded.push((name, m));
+                }
+                sluice_client::Loader::builder().sources(loaded)
+            }
+            (None, true) => {
+                let m = py
+                    .allow_threads(|| sluice_dataset::mixture::load(Path::new(dataset)))
+                    .map_err(|e| PyValueError::new_err(format!("dataset: {e}")))?;
+                config.weights = m.weights;
+                config.epoch_samples = config.epoch_samples.or(m.epoch_samples);
+                sluice_client::Loader::builder().sources(m.sources)
+            }
+            (None, false) => {
+                let manifest = py.allow_threads(|| load_dataset(dataset))?;
+                sluice_client::Loader::builder().dataset(manifest)
+            }
+        };
         if let Some(a) = allocator {
             b = b.allocator(a);
         }
@@ -260,6 +284,13 @@ impl Loader {
                 max_decoded_bytes: decoded,
             }),
         })
+    }
+
+    /// A mixture's sources, in the order `images.source` numbers them (`[]` for a single
+    /// dataset).
+    #[getter]
+    fn sources(&self) -> Vec<String> {
+        self.inner.source_names().to_vec()
     }
 
     /// Samples every rank reads per epoch (after the last-batch policy).

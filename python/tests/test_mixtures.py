@@ -1,0 +1,101 @@
+"""Mixtures as a user writes them: ``dataset=[("a.json", 3), ("b.json", 1)]`` or a mixture
+file, each sample's source in ``images.source``, and a checkpoint resumed with new weights."""
+
+import collections
+import subprocess
+
+import pytest
+
+import sluice
+
+PIPELINE = "decode | resize 32 | center_crop 32"
+
+
+@pytest.fixture(scope="module")
+def small(sluice_bin, tmp_path_factory):
+    """30 generated JPEGs in 2 classes, 10 per shard (the small source)."""
+    d = tmp_path_factory.mktemp("small")
+    subprocess.run([sluice_bin, "synth", "--output", str(d / "images"), "--classes", "2",
+                    "--per-class", "15", "--seed", "9"], check=True, capture_output=True)
+    manifest = d / "shards" / "manifest.json"
+    subprocess.run([sluice_bin, "shard", "--input", str(d / "images"), "--output",
+                    str(d / "shards" / "small-%06d.tar"), "--max-count", "10", "--manifest",
+                    str(manifest)], check=True, capture_output=True)
+    return str(manifest)
+
+
+def read(loader, epoch):
+    """Each sample of ``epoch`` as (source, key), in delivery order."""
+    out = []
+    for images, _ in loader.epoch(epoch):
+        out.extend(zip(images.source, images.keys))
+    return out
+
+
+def test_weights_hold_and_the_small_source_is_upsampled(dataset, small):
+    loader = sluice.Loader([(dataset, 3), (small, 1)], batch_size=16, seed=2, pipeline=PIPELINE)
+    assert loader.sources == [dataset, small]
+    # 120 samples an epoch: 90 of the first source, 30 of the second... at 3:1.
+    samples = read(loader, 0)
+    counts = collections.Counter(s for s, _ in samples)
+    assert counts == {0: 90, 1: 30}
+    for i in range(0, len(samples) - 63, 64):
+        window = [s for s, _ in samples[i:i + 64]]
+        assert abs(window.count(0) / 64 - 0.75) <= 0.10
+    # The same seed, the same batches; a mixture file says the same as the list.
+    assert read(sluice.Loader([(dataset, 3), (small, 1)], batch_size=16, seed=2,
+                              pipeline=PIPELINE), 0) == samples
+
+
+def test_a_mixture_file_is_a_dataset(dataset, small, tmp_path):
+    mix = tmp_path / "mix.toml"
+    mix.write_text(f'[[sources]]\ndataset = "{dataset}"\nweight = 1\n\n'
+                   f'[[sources]]\ndataset = "{small}"\nweight = 1\n')
+    from_file = sluice.Loader(str(mix), batch_size=16, seed=2, pipeline=PIPELINE)
+    from_list = sluice.Loader([(dataset, 1), (small, 1)], batch_size=16, seed=2,
+                              pipeline=PIPELINE)
+    a = read(from_file, 0)
+    assert a == read(from_list, 0)
+    # 1:1 of 120 samples: the 30-sample source comes twice, pass after pass.
+    keys = collections.Counter(k for s, k in a if s == 1)
+    assert len(keys) == 30 and set(keys.values()) == {2}
+
+
+def test_a_checkpoint_resumed_with_new_weights_continues_each_pass(dataset, small):
+    old = sluice.Loader([(dataset, 3), (small, 1)], batch_size=8, seed=4, pipeline=PIPELINE)
+    before = []
+    for i, (images, _) in enumerate(old.epoch(0)):
+        before.extend(zip(images.source, images.keys))
+        if i == 4:
+            state = old.state_dict()
+            break
+    new = sluice.Loader([(dataset, 1), (small, 1)], batch_size=8, seed=4, pipeline=PIPELINE)
+    new.load_state_dict(state)
+    after = read(new, 0)
+    assert len(before) + len(after) == 120
+    share = sum(1 for s, _ in after if s == 0) / len(after)
+    assert abs(share - 0.5) <= 0.03, share
+    # The large source's pass goes on: none of its samples comes twice.
+    first = [k for s, k in before + after if s == 0]
+    assert len(first) == len(set(first))
+
+
+def test_mixture_mistakes_name_the_argument(dataset, small):
+    with pytest.raises(ValueError, match="dataset: expected"):
+        sluice.Loader([(dataset,)], pipeline=PIPELINE)
+    with pytest.raises(ValueError, match="weights"):
+        sluice.Loader([(dataset, -1), (small, 1)], pipeline=PIPELINE)
+    with pytest.raises(ValueError, match="shuffle"):
+        sluice.Loader([(dataset, 1), (small, 1)], shuffle="local", pipeline=PIPELINE)
+    with pytest.raises(ValueError, match="epoch_samples"):
+        sluice.Loader(dataset, epoch_samples=10, pipeline=PIPELINE)
+
+
+def test_torch_batches_carry_each_sample_s_source(dataset, small):
+    torch = pytest.importorskip("torch")
+    import sluice.torch as st
+
+    loader = st.Loader([(dataset, 3), (small, 1)], batch_size=16, seed=2, pipeline=PIPELINE)
+    sources = torch.cat([b["__source__"] for b in loader])
+    assert sources.dtype == torch.int64
+    assert int((sources == 1).sum()) == 30
