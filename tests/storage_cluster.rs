@@ -137,6 +137,7 @@ fn replicated_puts_redirects_and_failover() {
     )
     .unwrap();
     let loc = ShardLocation {
+        tally: Default::default(),
         urls: owners
             .iter()
             .map(|o| format!("{o}/v1/train/{name}"))

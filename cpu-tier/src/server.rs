@@ -255,6 +255,7 @@ pub(crate) fn welcome(state: &State) -> Message {
     Message::Welcome(Welcome {
         worker: state.name.clone(),
         threads: state.runner.threads(),
+        caches: state.runner.caches(),
     })
 }
 

@@ -83,6 +83,10 @@ impl UnitRunner for CpuWorker {
     fn threads(&self) -> u32 {
         self.pool.current_num_threads() as u32
     }
+
+    fn caches(&self) -> bool {
+        self.source.caches()
+    }
 }
 
 struct CpuJob {
@@ -118,6 +122,7 @@ impl JobRunner for CpuJob {
             urls.rotate_left(turn);
         }
         let loc = ShardLocation {
+            tally: Default::default(),
             urls,
             info: ShardInfo {
                 url: shard.urls.first().cloned().unwrap_or_default(),
@@ -271,6 +276,7 @@ impl JobRunner for CpuJob {
                 }
             }
         }
+        (finished.storage_bytes, finished.cached_bytes) = loc.tally.get();
         Ok(finished)
     }
 }

@@ -99,6 +99,7 @@ fn reads_shards_and_ranges_from_an_s3_compatible_store() {
     };
     let source = ShardSource::new(config).unwrap();
     let loc = ShardLocation {
+        tally: Default::default(),
         urls: vec!["s3://data/train/s-00.tar".into()],
         info: shard.info.clone(),
     };
@@ -113,6 +114,7 @@ fn reads_shards_and_ranges_from_an_s3_compatible_store() {
     assert_eq!(keys(2, 5), ["k2", "k3", "k4"]);
 
     let missing = ShardLocation {
+        tally: Default::default(),
         urls: vec!["s3://data/train/nope.tar".into()],
         info: shard.info,
     };

@@ -267,6 +267,7 @@ async fn bad_frames_close_one_connection_and_the_server_goes_on() {
         &Message::Welcome(sluice_wire::Welcome {
             worker: "me".into(),
             threads: 1,
+            caches: false,
         }),
         &[],
     )
@@ -521,7 +522,7 @@ async fn a_client_of_another_protocol_version_is_named_with_both_versions() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert!(
-        text.contains("offered protocol version sluice/1") && text.contains("speaks sluice/2"),
+        text.contains("offered protocol version sluice/1") && text.contains("speaks sluice/3"),
         "{text}"
     );
     r.stop.cancel();

@@ -35,6 +35,7 @@ fn make_shard_as(dir: &Path, n: u64, prefix: &str, width: u32) -> ShardLocation 
     }
     let shard = w.finish().unwrap().remove(0);
     ShardLocation {
+        tally: Default::default(),
         urls: vec![shard.path.display().to_string()],
         info: shard.info,
     }
@@ -163,6 +164,7 @@ fn a_damaged_sample_is_read_from_a_good_replica() {
     let good = std::fs::read(&copy).unwrap();
     let source = Arc::new(ShardSource::new(SourceConfig::default()).unwrap());
     let both = ShardLocation {
+        tally: Default::default(),
         urls: vec![path.display().to_string(), copy.display().to_string()],
         info: loc.info.clone(),
     };
@@ -185,6 +187,7 @@ fn a_damaged_sample_is_read_from_a_good_replica() {
     }
     // One copy only: the damage is reported, as before.
     let only = ShardLocation {
+        tally: Default::default(),
         urls: vec![path.display().to_string()],
         info: loc.info.clone(),
     };
@@ -376,6 +379,7 @@ fn a_replica_that_hangs_is_given_up_after_the_stall_timeout() {
     let (hanging, hanging_requests) = serve_hanging(dir.path().to_path_buf(), cut);
     let (healthy, _) = serve(dir.path().to_path_buf());
     let loc = ShardLocation {
+        tally: Default::default(),
         urls: vec![format!("{hanging}/s-00.tar"), format!("{healthy}/s-00.tar")],
         info: local.info.clone(),
     };
@@ -396,6 +400,7 @@ fn a_replica_that_hangs_is_given_up_after_the_stall_timeout() {
     // A socket that accepts (the kernel's backlog) and never answers: no response head.
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let loc = ShardLocation {
+        tally: Default::default(),
         urls: vec![
             format!("http://{}/s-00.tar", silent.local_addr().unwrap()),
             format!("{healthy}/s-00.tar"),
@@ -418,6 +423,7 @@ fn http_ranges_fail_over_between_replicas() {
     let dead_url = format!("http://{}/s-00.tar", dead.local_addr().unwrap());
     drop(dead);
     let loc = ShardLocation {
+        tally: Default::default(),
         urls: vec![dead_url.clone(), format!("{base}/s-00.tar")],
         info: local.info.clone(),
     };
@@ -437,6 +443,7 @@ fn http_ranges_fail_over_between_replicas() {
 
     // Every replica down: a clear error listing each.
     let gone = ShardLocation {
+        tally: Default::default(),
         urls: vec![dead_url, format!("{base}/missing.tar")],
         info: local.info.clone(),
     };
@@ -462,6 +469,7 @@ fn a_replica_that_dies_mid_unit_is_resumed_on_the_next_from_the_sample_where_it_
     let (dying, _) = serve_cutting(dir.path().to_path_buf(), Some(cut));
     let (healthy, healthy_requests) = serve(dir.path().to_path_buf());
     let loc = ShardLocation {
+        tally: Default::default(),
         urls: vec![format!("{dying}/s-00.tar"), format!("{healthy}/s-00.tar")],
         info: local.info.clone(),
     };
@@ -486,6 +494,7 @@ fn a_replica_that_dies_mid_unit_is_resumed_on_the_next_from_the_sample_where_it_
     // Both replicas dying: the read error stands (the client reassigns the unit).
     let (dying2, _) = serve_cutting(dir.path().to_path_buf(), Some(cut));
     let both = ShardLocation {
+        tally: Default::default(),
         urls: vec![format!("{dying}/s-00.tar"), format!("{dying2}/s-00.tar")],
         info: local.info.clone(),
     };
@@ -538,6 +547,7 @@ fn gzip_shards_stream_whole_and_skip_to_the_range() {
     .unwrap();
     index.write_file(&SampleIndex::sidecar_path(&tgz)).unwrap();
     let loc = ShardLocation {
+        tally: Default::default(),
         urls: vec![tgz.display().to_string()],
         info,
     };
@@ -596,6 +606,7 @@ fn a_reindexed_shard_is_read_with_its_new_index_not_a_cached_old_one() {
     let (base, _) = serve(dir.path().to_path_buf());
     let url = format!("{base}/s-00.tar");
     let at = |loc: &ShardLocation| ShardLocation {
+        tally: Default::default(),
         urls: vec![url.clone()],
         info: loc.info.clone(),
     };
@@ -692,6 +703,7 @@ fn a_shard_and_index_rewritten_in_place_deliver_no_foreign_sample() {
     let source = ShardSource::new(SourceConfig::default()).unwrap();
     for urls in [vec![format!("{base}/s-00.tar")], old.urls.clone()] {
         let at = ShardLocation {
+            tally: Default::default(),
             urls,
             info: old.info.clone(),
         };
@@ -716,6 +728,7 @@ fn a_stale_replica_listed_first_is_demoted_and_the_good_one_read() {
     let (stale, stale_requests) = serve(stale_dir.path().to_path_buf());
     let (fresh, _) = serve(good_dir.path().to_path_buf());
     let loc = ShardLocation {
+        tally: Default::default(),
         urls: vec![format!("{stale}/s-00.tar"), format!("{fresh}/s-00.tar")],
         info: good.info.clone(),
     };
@@ -750,6 +763,7 @@ fn a_replica_serving_wrong_bytes_is_demoted_after_a_repair() {
     let (bad_url, bad_requests) = serve(bad_dir.path().to_path_buf());
     let (good_url, _) = serve(good_dir.path().to_path_buf());
     let loc = ShardLocation {
+        tally: Default::default(),
         urls: vec![
             format!("{bad_url}/s-00.tar"),
             format!("{good_url}/s-00.tar"),
@@ -798,6 +812,7 @@ fn a_dripping_replica_costs_a_slow_window_not_the_unit() {
     };
     let source = Arc::new(ShardSource::new(config).unwrap());
     let alone = ShardLocation {
+        tally: Default::default(),
         urls: vec![format!("{slow}/s-00.tar")],
         info: loc.info.clone(),
     };
@@ -809,6 +824,7 @@ fn a_dripping_replica_costs_a_slow_window_not_the_unit() {
         .expect_err("the drip was read to its end");
     assert!(e.to_string().contains("too slow"), "{e}");
     let both = ShardLocation {
+        tally: Default::default(),
         urls: vec![format!("{slow}/s-00.tar"), format!("{good}/s-00.tar")],
         info: loc.info.clone(),
     };
@@ -839,6 +855,7 @@ fn a_replica_unavailable_for_a_while_costs_a_pause_not_the_unit() {
     };
     let (base, _) = serve_misbehaving(dir.path().to_path_buf(), None, blip);
     let loc = ShardLocation {
+        tally: Default::default(),
         urls: vec![format!("{base}/s-00.tar")],
         info: local.info.clone(),
     };
@@ -855,6 +872,7 @@ fn a_replica_unavailable_for_a_while_costs_a_pause_not_the_unit() {
     };
     let (base, _) = serve_misbehaving(dir.path().to_path_buf(), None, down);
     let loc = ShardLocation {
+        tally: Default::default(),
         urls: vec![format!("{base}/s-00.tar")],
         info: local.info.clone(),
     };

@@ -267,7 +267,8 @@ impl Coordinator {
                 link,
                 generation,
                 shape,
-            } => self.protocol.ready(link, generation, shape)?,
+                caches,
+            } => self.protocol.ready(link, generation, shape, caches)?,
             Event::Sample {
                 link,
                 header,
@@ -276,6 +277,8 @@ impl Coordinator {
             } => self.protocol.sample(link, header, payload, fields, now),
             Event::Skipped { skipped } => self.protocol.skipped(skipped, now),
             Event::UnitDone { link, done } => {
+                self.stats
+                    .shard_bytes(done.storage_bytes, done.cached_bytes);
                 self.protocol
                     .piece_ended(link, done.unit, done.attempt, None)?
             }
@@ -595,6 +598,7 @@ mod tests {
                 link: 0,
                 generation: 1,
                 shape: SHAPE,
+                caches: false,
             })
             .await
             .unwrap();
@@ -623,6 +627,7 @@ mod tests {
                 link: 1,
                 generation: 1,
                 shape: SHAPE,
+                caches: false,
             })
             .await
             .unwrap();
@@ -645,6 +650,8 @@ mod tests {
                     attempt: b.attempt,
                     sent: 5,
                     skipped: 0,
+                    storage_bytes: 0,
+                    cached_bytes: 0,
                 },
             })
             .await

@@ -31,6 +31,7 @@
 //! Links no image decoder: in-process decoding takes a [`sluice_wire::UnitRunner`] from the
 //! caller (the CPU tier's `CpuWorker`).
 
+mod affinity;
 pub mod batch;
 mod buffers;
 pub mod config;

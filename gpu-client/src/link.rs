@@ -36,6 +36,8 @@ pub(crate) enum Event {
         link: usize,
         generation: u64,
         shape: SampleShape,
+        /// The worker keeps a shard cache (see `crate::affinity`).
+        caches: bool,
     },
     Sample {
         link: usize,
@@ -210,8 +212,8 @@ impl RemoteLink {
             quic: Some(conn.clone()),
         };
         let result = match self.open(&mut wire).await {
-            Ok(shape) => {
-                self.talk(wire, shape, None, generation, commands, events)
+            Ok(opened) => {
+                self.talk(wire, opened, None, generation, commands, events)
                     .await
             }
             Err(e) => e,
@@ -262,8 +264,8 @@ impl RemoteLink {
             writer: FrameWriter::new(wr, self.limits),
             quic: None,
         };
-        let shape = match self.open(&mut wire).await {
-            Ok(shape) => shape,
+        let (shape, caches) = match self.open(&mut wire).await {
+            Ok(opened) => opened,
             Err(e) => return e,
         };
         let slots =
@@ -286,12 +288,20 @@ impl RemoteLink {
             Err(e) => return e,
         }
         tracing::debug!(worker = %self.name, slots, "same-host segment attached");
-        self.talk(wire, shape, Some(pool), generation, commands, events)
-            .await
+        self.talk(
+            wire,
+            (shape, caches),
+            Some(pool),
+            generation,
+            commands,
+            events,
+        )
+        .await
     }
 
     /// Hello, then the job: the shape the worker will produce.
-    async fn open<R, W>(&self, wire: &mut Wire<R, W>) -> Result<SampleShape, Ended>
+    /// The job's sample shape, and whether the worker keeps a shard cache.
+    async fn open<R, W>(&self, wire: &mut Wire<R, W>) -> Result<(SampleShape, bool), Ended>
     where
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
@@ -303,10 +313,10 @@ impl RemoteLink {
         if let Err(e) = wire.writer.send(&hello, &[]).await {
             return Err(Ended::Lost(e.to_string()));
         }
-        match self.expect(wire).await? {
-            Message::Welcome(_) => {}
+        let caches = match self.expect(wire).await? {
+            Message::Welcome(w) => w.caches,
             other => return Err(self.unexpected(other, "Welcome")),
-        }
+        };
         if let Err(e) = wire
             .writer
             .send(&Message::OpenJob(self.job.clone()), &[])
@@ -315,7 +325,7 @@ impl RemoteLink {
             return Err(Ended::Lost(e.to_string()));
         }
         match self.expect(wire).await? {
-            Message::JobOpened { job, shape } if job == self.job.job => Ok(shape),
+            Message::JobOpened { job, shape } if job == self.job.job => Ok((shape, caches)),
             other => Err(self.unexpected(other, "JobOpened")),
         }
     }
@@ -323,7 +333,7 @@ impl RemoteLink {
     async fn talk<R, W>(
         &self,
         wire: Wire<R, W>,
-        shape: SampleShape,
+        (shape, caches): (SampleShape, bool),
         pool: Option<Arc<SlotPool>>,
         generation: u64,
         commands: &mut mpsc::Receiver<Command>,
@@ -342,6 +352,7 @@ impl RemoteLink {
                 link: self.link,
                 generation,
                 shape,
+                caches,
             })
             .await
             .is_err()
@@ -761,6 +772,7 @@ pub(crate) async fn run_local(
         link,
         generation: 1,
         shape: job_runner.shape(),
+        caches: false,
     };
     if events.send(ready).await.is_err() {
         return;

@@ -14,11 +14,12 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sluice_shard::Manifest;
 use sluice_wire::{Assign, SampleFields, SampleHeader, SampleShape, ShardRef, SkippedSample};
 
+use crate::affinity::{LinkView, Owner, Owners};
 use crate::batch::{SampleId, SampleMeta};
 use crate::config::EpochSettings;
 use crate::error::ClientError;
@@ -79,6 +80,14 @@ struct LinkState {
     excluded: bool,
 }
 
+/// Queued pieces a free link looks through for one its worker owns.
+const AFFINITY_SCAN: usize = 64;
+
+/// How long the piece the consumer waits for waits for its owner (whose slots are full, or
+/// who is still connecting) before another worker takes it: about one unit's decode, so a
+/// cache hit is worth it, and far below `hedge_after`.
+const AFFINITY_WAIT: Duration = Duration::from_millis(200);
+
 /// One rank's epoch, as the protocol tracks it.
 pub(crate) struct Protocol<P> {
     settings: EpochSettings,
@@ -94,6 +103,8 @@ pub(crate) struct Protocol<P> {
     progressed: Instant,
     failures: Vec<(u32, String)>,
     links: Vec<LinkState>,
+    /// Which worker each unit's shard belongs to (see [`crate::affinity`]).
+    owners: Owners,
     shape: Option<SampleShape>,
     credit_window: u32,
     down_since: Option<Instant>,
@@ -108,6 +119,10 @@ pub(crate) struct Protocol<P> {
     /// No unit is handed out yet (an epoch started early, behind one still handing out its
     /// own).
     held: bool,
+    /// The latest time any event brought (dispatch has none of its own).
+    clock: Instant,
+    /// A worker announced a shard cache: each shard's units go to the worker that owns it.
+    affinity: bool,
 }
 
 impl<P: Tensor> Protocol<P> {
@@ -137,11 +152,16 @@ impl<P: Tensor> Protocol<P> {
                 attempts[*id as usize] += 1;
             }
         }
+        let shards: Vec<u32> = units.iter().map(|(_, u)| u.shard).collect();
+        let owners = Owners::new(&links, &manifest, &shards);
         Protocol {
+            owners,
             next_batch: settings.first_batch,
             in_batch: 0,
             hedged: vec![false; units.len()],
             progressed: now,
+            clock: now,
+            affinity: false,
             reorder,
             attempts,
             failures: vec![(0, String::new()); units.len()],
@@ -180,6 +200,7 @@ impl<P: Tensor> Protocol<P> {
 
     /// Units may go out from `now`; the hedging clock starts then.
     pub(crate) fn unhold(&mut self, now: Instant) {
+        self.clock = self.clock.max(now);
         self.held = false;
         self.waited(now);
     }
@@ -198,6 +219,7 @@ impl<P: Tensor> Protocol<P> {
     /// The delivery order could not move until `now` (the shell waited for a free ring
     /// buffer, or the epoch was held): that time does not count towards hedging.
     pub(crate) fn waited(&mut self, now: Instant) {
+        self.clock = self.clock.max(now);
         self.progressed = self.progressed.max(now);
     }
 
@@ -209,19 +231,33 @@ impl<P: Tensor> Protocol<P> {
         self.actions.pop_front()
     }
 
-    /// When [`Protocol::timeout`] must be called (the hedging or the no-worker deadline).
+    /// When [`Protocol::timeout`] must be called (the hedging, the no-worker or the
+    /// affinity deadline).
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         let wait = self
             .down_since
             .map(|t| t + self.settings.config.worker_wait);
-        match (wait, self.hedge_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        [wait, self.hedge_deadline(), self.affinity_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// When the piece the consumer waits for may go to a worker that does not own it, if it
+    /// is still queued then (see [`Self::dispatch`]).
+    fn affinity_deadline(&self) -> Option<Instant> {
+        if self.held || !self.affinity {
+            return None;
         }
+        let next = self.reorder.next_position()?;
+        let queued = self.queue.iter().any(|Reverse(p)| p.priority <= next);
+        let at = self.progressed + AFFINITY_WAIT;
+        (queued && at > self.clock).then_some(at)
     }
 
     /// Time has reached a deadline: hedge a late unit, or fail with no worker left.
     pub(crate) fn timeout(&mut self, now: Instant) -> Result<(), ClientError> {
+        self.clock = self.clock.max(now);
         if let Some(t) = self.down_since {
             if now >= t + self.settings.config.worker_wait {
                 return Err(ClientError::WorkersLost {
@@ -242,7 +278,10 @@ impl<P: Tensor> Protocol<P> {
         link: usize,
         generation: u64,
         shape: SampleShape,
+        caches: bool,
     ) -> Result<(), ClientError> {
+        // Shard affinity pays only where a worker keeps a cache.
+        self.affinity |= caches;
         match self.shape {
             None => {
                 let bytes = shape.bytes();
@@ -290,6 +329,7 @@ impl<P: Tensor> Protocol<P> {
         fields: SampleFields,
         now: Instant,
     ) {
+        self.clock = self.clock.max(now);
         self.counters.received.fetch_add(1, Ordering::Relaxed);
         self.used_credit(link);
         if let Some(reason) = header
@@ -352,6 +392,7 @@ impl<P: Tensor> Protocol<P> {
 
     /// A sample the worker's decoder rejected.
     pub(crate) fn skipped(&mut self, skipped: SkippedSample, now: Instant) {
+        self.clock = self.clock.max(now);
         match self
             .ledger
             .record(skipped.unit, skipped.shard, skipped.index)
@@ -433,6 +474,7 @@ impl<P: Tensor> Protocol<P> {
 
     /// A link's connection `generation` is gone: its open pieces go back to the queue.
     pub(crate) fn lost(&mut self, link: usize, generation: u64, error: String, now: Instant) {
+        self.clock = self.clock.max(now);
         let l = &mut self.links[link];
         l.last_error = Some(error);
         if l.generation.is_some_and(|g| g != generation) {
@@ -482,32 +524,107 @@ impl<P: Tensor> Protocol<P> {
 
     /// Gives queued pieces to live links with room, least loaded first; in plan order only
     /// pieces the sequence needs within the lookahead.
+    ///
+    /// Without shard caches a link takes the front piece. With them (a worker announced one),
+    /// shard affinity ([`crate::affinity`]): a link takes the first queued piece its worker
+    /// owns (or whose owner is down); only when it has none, the piece holding the sample the
+    /// consumer waits for (in arrival order, any piece), once the consumer has waited
+    /// [`AFFINITY_WAIT`] and if its owner has no free slot or is not connected. Units stay
+    /// within `units_per_worker` per link and the lookahead, as without affinity, so an
+    /// owner's units always finish and free its slots.
     fn dispatch(&mut self) {
         if self.held {
             return;
         }
-        let horizon = self.reorder.next_position().map_or(u64::MAX, |n| {
-            n.saturating_add(self.settings.config.lookahead)
-        });
-        while self
-            .queue
-            .peek()
-            .is_some_and(|Reverse(p)| p.priority < horizon)
-        {
-            let Some(i) = (0..self.links.len())
+        let next = self.reorder.next_position();
+        let lookahead = self.settings.config.lookahead;
+        let horizon = next.map_or(u64::MAX, |n| n.saturating_add(lookahead));
+        // Needed now: the piece holding the sample the consumer waits for.
+        let awaited = next.map_or(u64::MAX, |n| n.saturating_add(1));
+        let slots = self.settings.config.units_per_worker;
+        loop {
+            let mut free: Vec<usize> = (0..self.links.len())
                 .filter(|&i| {
                     let l = &self.links[i];
-                    l.generation.is_some() && l.open.len() < self.settings.config.units_per_worker
+                    l.generation.is_some() && l.open.len() < slots
                 })
-                .min_by_key(|&i| self.links[i].open.len())
-            else {
-                return;
-            };
-            let Some(Reverse(piece)) = self.queue.pop() else {
+                .collect();
+            free.sort_by_key(|&i| self.links[i].open.len());
+            let picked = free
+                .into_iter()
+                .find_map(|i| self.take_piece_for(i, horizon, awaited).map(|p| (i, p)));
+            let Some((i, piece)) = picked else {
                 return;
             };
             self.send_piece(i, piece);
         }
+    }
+
+    /// The piece link `link` runs next (see [`Self::dispatch`]), taken off the queue.
+    fn take_piece_for(&mut self, link: usize, horizon: u64, awaited: u64) -> Option<Piece> {
+        let views: Vec<LinkView> = self
+            .links
+            .iter()
+            .map(|l| LinkView {
+                up: l.generation.is_some(),
+                failed: l.last_error.is_some() || l.excluded,
+                open: l.open.len(),
+            })
+            .collect();
+        let slots = self.settings.config.units_per_worker;
+        if !self.affinity {
+            let Reverse(front) = self.queue.peek()?;
+            return (front.priority < horizon)
+                .then(|| self.queue.pop().map(|Reverse(p)| p))
+                .flatten();
+        }
+        let mine = self.owners.worker(link);
+        // The first piece this worker owns (or nobody can: its owner is down), else the
+        // first another worker owns that is needed now while its owner has no free slot or is
+        // not connected.
+        let mut looked: Vec<(Piece, Owner)> = Vec::new();
+        let mut stealable = None;
+        let mut own = None;
+        while let Some(&Reverse(p)) = self.queue.peek() {
+            if p.priority >= horizon || looked.len() >= AFFINITY_SCAN {
+                break;
+            }
+            self.queue.pop();
+            let owner = self.owners.owner(p.unit, &views);
+            match owner {
+                Owner::Down => own = Some(looked.len()),
+                Owner::Up(w) | Owner::Coming(w) if w == mine => own = Some(looked.len()),
+                Owner::Up(w) if self.owners.has_room(w, &views, slots) => {}
+                Owner::Up(_) | Owner::Coming(_) => {
+                    // The consumer waits for it: its owner had `AFFINITY_WAIT` to take it.
+                    let waited = self.clock >= self.progressed + AFFINITY_WAIT;
+                    if stealable.is_none() && p.priority < awaited && waited {
+                        stealable = Some(looked.len());
+                    }
+                }
+            }
+            looked.push((p, owner));
+            if own.is_some() {
+                break;
+            }
+        }
+        if let (None, Some(i)) = (own, stealable) {
+            let (p, owner) = &looked[i];
+            tracing::debug!(
+                unit = p.unit,
+                to = %self.links[link].name,
+                ?owner,
+                awaited = p.priority < awaited,
+                "shard affinity: another worker takes a unit (its owner is busy or not connected)"
+            );
+            self.counters.elsewhere.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut looked: Vec<Piece> = looked.into_iter().map(|(p, _)| p).collect();
+        let chosen = own.or(stealable).map(|i| looked.remove(i));
+        for p in looked {
+            self.queue.push(Reverse(p));
+        }
+        chosen
     }
 
     /// Gives `piece` to link `i`.

@@ -18,6 +18,8 @@ pub(crate) struct EpochCounters {
     pub batches: AtomicU64,
     pub starved_ns: AtomicU64,
     pub hedged: AtomicU64,
+    /// Units run by a worker other than their shard's owner (shard affinity).
+    pub elsewhere: AtomicU64,
     pub reorder_peak: AtomicU64,
     /// The coordinator is waiting for the consumer to release a ring buffer.
     pub ring_full: std::sync::atomic::AtomicBool,
@@ -51,6 +53,9 @@ pub struct EpochReport {
     pub hedged: u64,
     /// Most samples held at once for their turn (plan order) or in the shuffle buffer.
     pub reorder_peak: u64,
+    /// Units run by a worker other than their shard's owner (with shard caches: units whose
+    /// owner was busy or not connected when they were needed).
+    pub elsewhere: u64,
 }
 
 impl EpochCounters {
@@ -69,6 +74,7 @@ impl EpochCounters {
             starved: Duration::from_nanos(get(&self.starved_ns)),
             hedged: get(&self.hedged),
             reorder_peak: get(&self.reorder_peak),
+            elsewhere: get(&self.elsewhere),
         }
     }
 }
@@ -93,6 +99,10 @@ pub struct StatsSnapshot {
     /// Time the coordinator waited for the consumer to release a ring buffer.
     pub ring_wait: Duration,
     pub workers: Vec<WorkerStats>,
+    /// Bytes of shard data the workers read for this loader's finished units from the
+    /// storage tier, and from their shard caches.
+    pub storage_bytes: u64,
+    pub cached_bytes: u64,
 }
 
 impl StatsSnapshot {
@@ -106,6 +116,13 @@ impl StatsSnapshot {
     pub fn starved_fraction(&self) -> f64 {
         self.starved.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9)
     }
+
+    /// The fraction of the shard bytes the workers read from their caches (`None` before
+    /// any unit finished).
+    pub fn cache_hit_ratio(&self) -> Option<f64> {
+        let all = self.storage_bytes + self.cached_bytes;
+        (all > 0).then(|| self.cached_bytes as f64 / all as f64)
+    }
 }
 
 #[derive(Debug)]
@@ -115,6 +132,8 @@ pub(crate) struct Stats {
     samples: AtomicU64,
     starved_ns: AtomicU64,
     ring_wait_ns: AtomicU64,
+    storage_bytes: AtomicU64,
+    cached_bytes: AtomicU64,
     workers: Mutex<Vec<WorkerStats>>,
 }
 
@@ -126,6 +145,8 @@ impl Stats {
             samples: AtomicU64::new(0),
             starved_ns: AtomicU64::new(0),
             ring_wait_ns: AtomicU64::new(0),
+            storage_bytes: AtomicU64::new(0),
+            cached_bytes: AtomicU64::new(0),
             workers: Mutex::new(Vec::new()),
         }
     }
@@ -160,6 +181,15 @@ impl Stats {
         self.with_worker(link, |w| w.in_flight_units = n);
     }
 
+    /// A unit finished having read `storage` bytes from the storage tier and `cached` from
+    /// its worker's shard cache.
+    pub(crate) fn shard_bytes(&self, storage: u64, cached: u64) {
+        self.storage_bytes.fetch_add(storage, Ordering::Relaxed);
+        self.cached_bytes.fetch_add(cached, Ordering::Relaxed);
+        metrics::counter!("sluice_client_storage_bytes_total").increment(storage);
+        metrics::counter!("sluice_client_cached_bytes_total").increment(cached);
+    }
+
     pub(crate) fn ring_wait(&self, d: Duration) {
         self.ring_wait_ns
             .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
@@ -184,6 +214,8 @@ impl Stats {
             elapsed: self.started.elapsed(),
             starved: Duration::from_nanos(get(&self.starved_ns)),
             ring_wait: Duration::from_nanos(get(&self.ring_wait_ns)),
+            storage_bytes: get(&self.storage_bytes),
+            cached_bytes: get(&self.cached_bytes),
             workers: self.workers.lock().map(|w| w.clone()).unwrap_or_default(),
         }
     }

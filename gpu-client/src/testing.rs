@@ -29,6 +29,6 @@ pub(crate) fn emit_unit(
     }
     Ok(Finished {
         sent: a.end - a.start,
-        skipped: 0,
+        ..Finished::default()
     })
 }

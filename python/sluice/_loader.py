@@ -327,7 +327,9 @@ class Loader:
         self._inner.load_state_dict(state)
 
     def stats(self) -> Dict[str, Any]:
-        """Live figures: batches, samples, samples_per_s, starved_fraction, workers."""
+        """Live figures: batches, samples, samples_per_s, starved_fraction, storage_bytes and
+        cached_bytes (shard bytes the workers read from the storage tier and from their shard
+        caches), cache_hit_ratio (``None`` before a unit finished), workers."""
         return self._inner.stats()
 
     @property

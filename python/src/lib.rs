@@ -393,7 +393,8 @@ impl Loader {
         Ok(())
     }
 
-    /// Live figures: batches, samples, samples_per_s, starved_fraction, workers.
+    /// Live figures: batches, samples, samples_per_s, starved_fraction, the shard bytes the
+    /// workers read from storage and from their caches (and the hit ratio), workers.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.inner.stats();
         let d = PyDict::new(py);
@@ -401,6 +402,9 @@ impl Loader {
         d.set_item("samples", s.samples)?;
         d.set_item("samples_per_s", s.samples_per_s())?;
         d.set_item("starved_fraction", s.starved_fraction())?;
+        d.set_item("storage_bytes", s.storage_bytes)?;
+        d.set_item("cached_bytes", s.cached_bytes)?;
+        d.set_item("cache_hit_ratio", s.cache_hit_ratio())?;
         let workers: Vec<(String, bool, u64, usize)> = s
             .workers
             .iter()

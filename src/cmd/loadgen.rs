@@ -410,6 +410,25 @@ fn report(args: &Args, results: &[RankResult], cfg: &ConsumerConfig) -> Result<(
             }
         }
     }
+    let storage: u64 = results.iter().map(|r| r.storage_bytes).sum();
+    let cached: u64 = results.iter().map(|r| r.cached_bytes).sum();
+    let elsewhere: u64 = results.iter().map(|r| r.elsewhere).sum();
+    let cache_json = (cached > 0).then(|| {
+        let ratio = cached as f64 / (storage + cached) as f64;
+        println!(
+            "worker caches: {:.1}% of shard bytes ({:.1} MB from the caches, {:.1} MB from \
+             storage); {elsewhere} units ran on a worker other than their shard's owner",
+            ratio * 100.0,
+            cached as f64 / 1e6,
+            storage as f64 / 1e6
+        );
+        json!({
+            "hit_ratio": ratio,
+            "cached_bytes": cached,
+            "storage_bytes": storage,
+            "units_elsewhere": elsewhere,
+        })
+    });
     let mut sources_json = Vec::new();
     if !cfg.mixture.is_empty() {
         let mut per_source = vec![0u64; cfg.mixture.len()];
@@ -458,6 +477,7 @@ fn report(args: &Args, results: &[RankResult], cfg: &ConsumerConfig) -> Result<(
             "field_bytes_per_sample": fields_per_sample,
             "mixing": mixing_json,
             "sources": sources_json,
+            "worker_cache": cache_json,
         });
         std::fs::write(path, serde_json::to_vec_pretty(&doc)?)
             .with_context(|| format!("writing {}", path.display()))?;

@@ -219,6 +219,12 @@ pub struct RankResult {
     pub error: Option<String>,
     /// Samples delivered from each source of a mixture (one entry for a single dataset).
     pub per_source: Vec<u64>,
+    /// Bytes of shard data the workers read for this rank from the storage tier, and from
+    /// their shard caches.
+    pub storage_bytes: u64,
+    pub cached_bytes: u64,
+    /// Units run by a worker other than their shard's owner (shard affinity).
+    pub elsewhere: u64,
 }
 
 /// One epoch of a rank's dump lines, in its rank's spool file.
@@ -713,6 +719,7 @@ fn run_rank(
         result.delivered += r.delivered;
         result.skipped += r.skipped;
         result.duplicates_dropped += r.duplicates_dropped;
+        result.elsewhere += r.elsewhere;
         result.starved += r.starved;
         if stop.is_some() {
             // Stopped on purpose mid-epoch: the rest is the checkpoint's, not missing.
@@ -742,6 +749,8 @@ fn run_rank(
     if cfg.keep_state {
         result.checkpoint = loader.state_dict();
     }
+    let stats = loader.stats();
+    (result.storage_bytes, result.cached_bytes) = (stats.storage_bytes, stats.cached_bytes);
     result.elapsed = started.elapsed();
     Ok(result)
 }

@@ -103,6 +103,7 @@ pub fn engine_samples_per_s(
     let mut samples = Vec::new();
     for shard in &manifest.shards {
         let loc = sluice_cpu::ShardLocation {
+            tally: Default::default(),
             urls: shard.urls(),
             info: shard.clone(),
         };

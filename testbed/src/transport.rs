@@ -109,7 +109,7 @@ impl JobRunner for Synthetic {
         }
         Ok(Finished {
             sent: a.end - a.start,
-            skipped: 0,
+            ..Finished::default()
         })
     }
 

@@ -98,6 +98,9 @@ pub struct Welcome {
     pub worker: String,
     /// Decode threads: the client may size its assignments by it.
     pub threads: u32,
+    /// It keeps a shard cache: the client sends each shard's units to the worker that owns
+    /// it (see the client's shard affinity).
+    pub caches: bool,
 }
 
 /// What samples are decoded for: the job's coordinates seed every augmentation.
@@ -229,6 +232,10 @@ pub struct UnitDone {
     pub attempt: u32,
     pub sent: u64,
     pub skipped: u64,
+    /// Bytes of shard data the unit read from the storage tier, and from the worker's shard
+    /// cache (the client's cache hit ratio).
+    pub storage_bytes: u64,
+    pub cached_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -262,5 +269,6 @@ impl std::fmt::Display for ErrorMessage {
     }
 }
 
-/// The TLS application protocol name of a Sluice QUIC connection (version 2 of the frames).
-pub const ALPN: &[u8] = b"sluice/2";
+/// The TLS application protocol name of a Sluice QUIC connection (version 3 of the frames:
+/// a finished unit says where its bytes came from).
+pub const ALPN: &[u8] = b"sluice/3";

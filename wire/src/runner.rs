@@ -17,6 +17,9 @@ pub enum Output {
 pub struct Finished {
     pub sent: u64,
     pub skipped: u64,
+    /// Bytes of shard data read from the storage tier, and from the worker's shard cache.
+    pub storage_bytes: u64,
+    pub cached_bytes: u64,
 }
 
 /// The implementation's own error under a [`RunnerError`] (a decoder's, a storage source's),
@@ -59,6 +62,11 @@ pub trait UnitRunner: Send + Sync {
     fn open_job(&self, spec: &JobSpec) -> Result<Box<dyn JobRunner>, RunnerError>;
     /// Decode threads, for logs and sizing.
     fn threads(&self) -> u32;
+    /// Whether it keeps a shard cache (clients then send each shard's units to the worker
+    /// that owns it).
+    fn caches(&self) -> bool {
+        false
+    }
 }
 
 /// An open job.
@@ -107,6 +115,8 @@ pub fn drive_unit(
             attempt: assign.attempt,
             sent: f.sent,
             skipped: f.skipped,
+            storage_bytes: f.storage_bytes,
+            cached_bytes: f.cached_bytes,
         }),
         Err(error) => UnitEnd::Failed(crate::message::UnitFailed {
             job: assign.job,

@@ -24,8 +24,13 @@ fn arb_message() -> impl Strategy<Value = Message> {
     let s = "[a-z0-9/._-]{0,40}";
     prop_oneof![
         (s, s).prop_map(|(token, client)| Message::Hello(Hello { token, client })),
-        (s, any::<u32>())
-            .prop_map(|(worker, threads)| Message::Welcome(Welcome { worker, threads })),
+        (s, any::<u32>(), any::<bool>()).prop_map(|(worker, threads, caches)| {
+            Message::Welcome(Welcome {
+                worker,
+                threads,
+                caches,
+            })
+        }),
         (
             any::<u64>(),
             s,

@@ -41,6 +41,7 @@ mod verify;
 
 use std::collections::HashMap;
 use std::io::{self, Read};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use object_store::ObjectStore;
@@ -109,6 +110,25 @@ pub struct ShardLocation {
     /// Replica URLs or paths, in order of preference.
     pub urls: Vec<String>,
     pub info: ShardInfo,
+    /// Where the bytes read for it came from (shared by its clones: one unit's reads).
+    pub tally: Arc<ReadTally>,
+}
+
+/// Bytes of shard data a unit read from the storage tier and from the worker's shard cache.
+#[derive(Debug, Default)]
+pub struct ReadTally {
+    pub storage: AtomicU64,
+    pub cached: AtomicU64,
+}
+
+impl ReadTally {
+    /// (storage, cached) bytes so far.
+    pub fn get(&self) -> (u64, u64) {
+        (
+            self.storage.load(Ordering::Relaxed),
+            self.cached.load(Ordering::Relaxed),
+        )
+    }
 }
 
 impl ShardLocation {
@@ -117,6 +137,7 @@ impl ShardLocation {
         ShardLocation {
             urls: vec![url],
             info: self.info.clone(),
+            tally: self.tally.clone(),
         }
     }
 
@@ -208,6 +229,11 @@ pub struct ShardSource {
 }
 
 impl ShardSource {
+    /// Whether it keeps a shard cache on local disk.
+    pub fn caches(&self) -> bool {
+        self.cache.is_some()
+    }
+
     pub fn new(config: SourceConfig) -> Result<Self, SourceError> {
         let http = reqwest::blocking::Client::builder()
             .connect_timeout(config.connect_timeout)
@@ -257,7 +283,10 @@ impl ShardSource {
             });
         }
         let whole = start == 0 && end == loc.info.samples;
-        let ranged = !whole && loc.info.compression == Compression::None;
+        // With a cache a whole shard is read as its samples' range too, as the units that
+        // split it were: the same bytes are then cached and found (the tar's end-of-archive
+        // blocks, which no sample's range holds, would otherwise make every whole read miss).
+        let ranged = (!whole || self.cache.is_some()) && loc.info.compression == Compression::None;
         // Without a usable index no sample can be checked on its own: the unit is read whole
         // and held until the shard has matched the manifest's checksum (`verify = false`, an
         // explicit opt-out, reads it unchecked).
@@ -551,7 +580,11 @@ impl ShardSource {
     /// and whether it is another version's (`true`) rather than missing or unreachable.
     fn index_from(&self, loc: &ShardLocation, url: &str) -> Result<SampleIndex, (String, bool)> {
         let idx_url = SampleIndex::sidecar_url(url);
-        let one = loc.only(idx_url.clone());
+        // The index's bytes are not the unit's shard data: not in its tally.
+        let one = ShardLocation {
+            tally: Default::default(),
+            ..loc.only(idx_url.clone())
+        };
         let body = self
             .fetch(&one, None, Expect::default())
             .map_err(|e| (e.to_string(), false))?;
@@ -678,15 +711,19 @@ impl ShardSource {
         range: Option<(u64, u64)>,
         expect: Expect,
     ) -> Result<Box<dyn Read + Send>, SourceError> {
+        let (offset, len) = range.unwrap_or((0, loc.info.size));
         let Some(cache) = self.cache.as_ref().filter(|_| expect.cached) else {
-            return self.fetch_replicas(loc, range, expect);
+            let body = self.fetch_replicas(loc, range, expect)?;
+            loc.tally.storage.fetch_add(len, Ordering::Relaxed);
+            return Ok(body);
         };
         let key = CacheKey::of(&loc.info);
-        let (offset, len) = range.unwrap_or((0, loc.info.size));
         if let Some(cached) = cache.read(key, offset, len) {
+            loc.tally.cached.fetch_add(len, Ordering::Relaxed);
             return Ok(cached);
         }
         let body = self.fetch_replicas(loc, range, expect)?;
+        loc.tally.storage.fetch_add(len, Ordering::Relaxed);
         Ok(cache.fill(key, offset, len, body))
     }
 

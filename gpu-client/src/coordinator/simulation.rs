@@ -60,6 +60,8 @@ struct SimLink {
     stalled: bool,
     since: tokio::time::Instant,
     sent_any: bool,
+    /// The worker announces a shard cache (the client then dispatches by shard affinity).
+    caches: bool,
 }
 
 /// One simulated epoch: the batches' ids and the epoch's report.
@@ -81,6 +83,7 @@ async fn simulate(seed: u64, world: &World) -> (Vec<Vec<(u32, u64)>>, crate::Epo
             stalled: false,
             since: tokio::time::Instant::now(),
             sent_any: false,
+            caches: world.caches,
         });
     }
     let names: Vec<(String, mpsc::Sender<Command>)> = senders
@@ -200,6 +203,7 @@ async fn step(
                 link: i,
                 generation: l.generation,
                 shape: SHAPE,
+                caches: l.caches,
             };
             let _ = events.send(ready).await;
         }
@@ -250,6 +254,8 @@ async fn step(
         attempt: a.attempt,
         sent: a.end - a.start,
         skipped: 0,
+        storage_bytes: 0,
+        cached_bytes: 0,
     });
     let _ = events.send(event).await;
     if let Some(done) = done {
@@ -304,6 +310,8 @@ struct World {
     max_unit: u64,
     /// Arrival order: exactly once, but in no fixed order.
     arrival: bool,
+    /// The workers keep shard caches: shard affinity decides where units run.
+    caches: bool,
 }
 
 fn world(seed: u64) -> World {
@@ -331,7 +339,7 @@ fn world(seed: u64) -> World {
                 url: format!("file:///s{s}.tar"),
                 size: 1,
                 samples: n,
-                checksum: Checksum(0),
+                checksum: Checksum(s as u64),
                 compression: Compression::None,
                 replicas: Vec::new(),
             })
@@ -346,6 +354,7 @@ fn world(seed: u64) -> World {
         mixing,
         max_unit,
         arrival: seed % 4 == 3,
+        caches: seed % 3 != 0,
     }
 }
 
