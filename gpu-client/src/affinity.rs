@@ -7,8 +7,8 @@
 //! bounded loads ([`shard_owners`]), so equal workers own equal shares and a worker joining
 //! or leaving moves few shards. The protocol's dispatch gives a free link the first queued
 //! piece its worker owns; another worker takes a piece only when the consumer has waited
-//! for it a short while (`AFFINITY_WAIT`) and its owner has no free slot or is not
-//! connected, or when its owner is down. Where a unit runs never changes the batches.
+//! for it a short while (`AFFINITY_WAIT`) and its owner is connected with no free slot, or
+//! when its owner is down (an owner still connecting is waited for). Where a unit runs never changes the batches.
 
 use sluice_shard::Manifest;
 

@@ -279,6 +279,11 @@ impl Coordinator {
             Event::UnitDone { link, done } => {
                 self.stats
                     .shard_bytes(done.storage_bytes, done.cached_bytes);
+                let c = &self.counters;
+                c.storage_bytes
+                    .fetch_add(done.storage_bytes, Ordering::Relaxed);
+                c.cached_bytes
+                    .fetch_add(done.cached_bytes, Ordering::Relaxed);
                 self.protocol
                     .piece_ended(link, done.unit, done.attempt, None)?
             }

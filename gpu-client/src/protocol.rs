@@ -529,7 +529,9 @@ impl<P: Tensor> Protocol<P> {
     /// shard affinity ([`crate::affinity`]): a link takes the first queued piece its worker
     /// owns (or whose owner is down); only when it has none, the piece holding the sample the
     /// consumer waits for (in arrival order, any piece), once the consumer has waited
-    /// [`AFFINITY_WAIT`] and if its owner has no free slot or is not connected. Units stay
+    /// [`AFFINITY_WAIT`] and if its owner is connected with no free slot. The pieces of an
+    /// owner still connecting wait for it (until it connects or fails, within
+    /// `connect_timeout`). Units stay
     /// within `units_per_worker` per link and the lookahead, as without affinity, so an
     /// owner's units always finish and free its slots.
     fn dispatch(&mut self) {
@@ -595,7 +597,10 @@ impl<P: Tensor> Protocol<P> {
                 Owner::Down => own = Some(looked.len()),
                 Owner::Up(w) | Owner::Coming(w) if w == mine => own = Some(looked.len()),
                 Owner::Up(w) if self.owners.has_room(w, &views, slots) => {}
-                Owner::Up(_) | Owner::Coming(_) => {
+                // Still connecting: its shards wait for it (until it connects, or fails within
+                // `connect_timeout` and is down).
+                Owner::Coming(_) => {}
+                Owner::Up(_) => {
                     // The consumer waits for it: its owner had `AFFINITY_WAIT` to take it.
                     let waited = self.clock >= self.progressed + AFFINITY_WAIT;
                     if stealable.is_none() && p.priority < awaited && waited {

@@ -20,6 +20,9 @@ pub(crate) struct EpochCounters {
     pub hedged: AtomicU64,
     /// Units run by a worker other than their shard's owner (shard affinity).
     pub elsewhere: AtomicU64,
+    /// Shard bytes the finished units read from the storage tier and from worker caches.
+    pub storage_bytes: AtomicU64,
+    pub cached_bytes: AtomicU64,
     pub reorder_peak: AtomicU64,
     /// The coordinator is waiting for the consumer to release a ring buffer.
     pub ring_full: std::sync::atomic::AtomicBool,
@@ -56,6 +59,10 @@ pub struct EpochReport {
     /// Units run by a worker other than their shard's owner (with shard caches: units whose
     /// owner was busy or not connected when they were needed).
     pub elsewhere: u64,
+    /// Shard bytes this epoch's finished units read from the storage tier, and from the
+    /// workers' shard caches.
+    pub storage_bytes: u64,
+    pub cached_bytes: u64,
 }
 
 impl EpochCounters {
@@ -75,6 +82,8 @@ impl EpochCounters {
             hedged: get(&self.hedged),
             reorder_peak: get(&self.reorder_peak),
             elsewhere: get(&self.elsewhere),
+            storage_bytes: get(&self.storage_bytes),
+            cached_bytes: get(&self.cached_bytes),
         }
     }
 }

@@ -61,7 +61,7 @@ pub struct Args {
 }
 
 /// `123`, `64K`, `512M`, `50G`, `2T` (powers of 1024).
-fn parse_bytes(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_bytes(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let (digits, shift) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {

@@ -33,6 +33,10 @@ pub struct Args {
     /// Decode threads per worker (0 = this machine's cores divided among the workers).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Each worker's shard cache (`0`: none): epochs after the first read their shards from
+    /// the workers' local disks, not the storage node.
+    #[arg(long, default_value = "1G", value_parser = crate::cmd::cpu::parse_bytes)]
+    cache_size: u64,
     #[command(flatten)]
     consumers: Consumers,
     /// Keep the dataset and state here (default: a temporary folder, removed at the end).
@@ -78,7 +82,8 @@ pub fn run(args: Args) -> Result<()> {
         0 => (cores / args.workers.max(1)).max(1),
         n => n,
     };
-    let (tiers, manifest) = cluster::serve_demo_bucket(&work, args.workers, threads)?;
+    let (tiers, manifest) =
+        cluster::serve_demo_bucket(&work, args.workers, threads, args.cache_size)?;
     let manifest_path = work.join("manifest.json");
     manifest.save(&manifest_path)?;
     println!(
@@ -151,6 +156,24 @@ pub fn run(args: Args) -> Result<()> {
         "whole chain: {chain:.0} samples/s over {chain_secs:.1}s; the storage node served {:.1} MB, the workers sent {sent:.0} samples",
         served / 1e6
     );
+    // Per epoch, where the shards came from: the storage node, or the workers' caches.
+    let mut by_epoch: std::collections::BTreeMap<u64, (u64, u64)> = Default::default();
+    for r in &results {
+        for &(epoch, storage, cached) in &r.epoch_bytes {
+            let e = by_epoch.entry(epoch).or_default();
+            (e.0, e.1) = (e.0 + storage, e.1 + cached);
+        }
+    }
+    for (epoch, (storage, cached)) in &by_epoch {
+        let ratio = *cached as f64 / (storage + cached).max(1) as f64;
+        println!(
+            "epoch {epoch}: {:.1} MB of shards from the storage node, {:.1} MB from the workers' \
+             caches ({:.0}%)",
+            *storage as f64 / 1e6,
+            *cached as f64 / 1e6,
+            ratio * 100.0
+        );
+    }
     // With no step time the consumers take data as fast as it comes, so they always wait:
     // a starved figure would mean nothing there (the JSON keeps the measured fraction).
     if cfg.step_ms > 0.0 {
@@ -180,6 +203,9 @@ pub fn run(args: Args) -> Result<()> {
             "chain_samples_per_s": chain, "bottleneck": bottleneck, "why": why,
             "starved_fraction": starved, "planned": planned, "delivered": delivered,
             "skipped": skipped, "lost": missing, "duplicated": repeated, "contract_kept": ok,
+            "epochs": by_epoch.iter().map(|(e, (s, c))| json!({
+                "epoch": e, "storage_bytes": s, "cached_bytes": c,
+            })).collect::<Vec<_>>(),
         });
         std::fs::write(path, serde_json::to_vec_pretty(&doc)?)
             .with_context(|| format!("writing {}", path.display()))?;

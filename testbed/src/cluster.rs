@@ -47,8 +47,15 @@ fn token() -> String {
 }
 
 /// Starts a storage node serving `data` (one bucket per subfolder) and `workers` CPU workers
-/// of `threads` decode threads each; state (certificates) goes under `state`.
-pub fn start(data: &Path, state: &Path, workers: usize, threads: usize) -> Result<LocalCluster> {
+/// of `threads` decode threads each; state (certificates, and a shard cache of `cache_bytes`
+/// per worker when not 0) goes under `state`.
+pub fn start(
+    data: &Path,
+    state: &Path,
+    workers: usize,
+    threads: usize,
+    cache_bytes: u64,
+) -> Result<LocalCluster> {
     // The storage tier's recorder becomes the process's: every tier's metrics land in it.
     let _ = sluice_storage::metrics_handle();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -100,7 +107,7 @@ pub fn start(data: &Path, state: &Path, workers: usize, threads: usize) -> Resul
             )))?,
         );
         let config = CpuConfig {
-            state_dir: dir,
+            state_dir: dir.clone(),
             threads,
             ..Default::default()
         };
@@ -108,7 +115,14 @@ pub fn start(data: &Path, state: &Path, workers: usize, threads: usize) -> Resul
             threads,
             ..Default::default()
         };
-        let worker = CpuWorker::new(engine, ShardSource::new(SourceConfig::default())?)?;
+        let source = SourceConfig {
+            cache: (cache_bytes > 0).then(|| sluice_cpu::source::CacheConfig {
+                dir: dir.join("cache"),
+                capacity: cache_bytes,
+            }),
+            ..SourceConfig::default()
+        };
+        let worker = CpuWorker::new(engine, ShardSource::new(source)?)?;
         let socket = std::net::UdpSocket::bind("127.0.0.1:0")
             .map_err(TestbedError::io("binding a loopback UDP port"))?;
         addrs.push(
@@ -161,8 +175,15 @@ pub fn serve_demo_bucket(
     work: &Path,
     workers: usize,
     threads: usize,
+    cache_bytes: u64,
 ) -> Result<(LocalCluster, sluice_shard::Manifest)> {
-    let tiers = start(&work.join("data"), &work.join("state"), workers, threads)?;
+    let tiers = start(
+        &work.join("data"),
+        &work.join("state"),
+        workers,
+        threads,
+        cache_bytes,
+    )?;
     let shards = sluice_dataset::locate::shard_count(&work.join("data").join("demo"))?;
     let manifest = sluice_dataset::locate::dataset(&format!(
         "{}/v1/demo/train-{{000000..{:06}}}.tar",
@@ -238,7 +259,7 @@ pub fn generated_chain(
     let what = generate_bucket(samples, work, &bucket)?;
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let threads = (cores / workers.max(1)).max(1);
-    let (tiers, manifest) = serve_demo_bucket(work, workers, threads)?;
+    let (tiers, manifest) = serve_demo_bucket(work, workers, threads, 0)?;
     Ok((
         tiers,
         manifest,

@@ -225,6 +225,8 @@ pub struct RankResult {
     pub cached_bytes: u64,
     /// Units run by a worker other than their shard's owner (shard affinity).
     pub elsewhere: u64,
+    /// Each epoch's (epoch, storage bytes, cached bytes) of shard data the workers read.
+    pub epoch_bytes: Vec<(u64, u64, u64)>,
 }
 
 /// One epoch of a rank's dump lines, in its rank's spool file.
@@ -720,6 +722,9 @@ fn run_rank(
         result.skipped += r.skipped;
         result.duplicates_dropped += r.duplicates_dropped;
         result.elsewhere += r.elsewhere;
+        result
+            .epoch_bytes
+            .push((epoch, r.storage_bytes, r.cached_bytes));
         result.starved += r.starved;
         if stop.is_some() {
             // Stopped on purpose mid-epoch: the rest is the checkpoint's, not missing.

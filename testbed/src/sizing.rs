@@ -559,6 +559,13 @@ impl ChainRun {
         n as f64 / self.seconds.max(1e-9)
     }
 
+    /// Shard bytes the workers read for the run's units: (from storage, from their caches).
+    pub fn shard_bytes(&self) -> (u64, u64) {
+        self.results.iter().fold((0, 0), |(s, c), r| {
+            (s + r.storage_bytes, c + r.cached_bytes)
+        })
+    }
+
     /// Each broken rank-epoch of the exactly-once contract, described.
     pub fn broken(&self) -> Vec<&String> {
         self.results.iter().flat_map(|r| &r.broken).collect()

@@ -146,6 +146,16 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
             run.samples_per_s() / cpu_alone.max(1e-9)
         );
     }
+    for (name, run) in &runs {
+        let (storage, cached) = run.shard_bytes();
+        println!(
+            "shards ({name}): {:.1} MB read from the storage tier, {:.1} MB from the workers' \
+             caches ({:.0}% hits)",
+            storage as f64 / 1e6,
+            cached as f64 / 1e6,
+            cached as f64 / (storage + cached).max(1) as f64 * 100.0
+        );
+    }
     for line in &why {
         println!("{line}");
     }
@@ -171,6 +181,8 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
             "samples_per_s": run.samples_per_s(),
             "seconds": run.seconds,
             "vs_cpu_alone": run.samples_per_s() / cpu_alone.max(1e-9),
+            "storage_bytes": run.shard_bytes().0,
+            "cached_bytes": run.shard_bytes().1,
             "timeline": sizing::timeline(&run.readings, per_sample_stored, cfg),
         })).collect::<Vec<_>>(),
         "bottleneck": bottleneck,
