@@ -56,7 +56,12 @@ fn toml_configs_load() {
             "cpu.toml" => {
                 sluice_cpu::config::CpuConfig::from_toml(&text, "cpu.toml").unwrap();
             }
-            other => panic!("configs/{other}: which daemon reads it?"),
+            "mixture.toml" => {
+                // Loaders read it (`loadgen --mixture`, Python); its datasets are examples.
+                let spec = sluice_dataset::mixture::read_spec(&path).unwrap();
+                assert_eq!(spec.sources.len(), 2);
+            }
+            other => panic!("configs/{other}: which program reads it?"),
         }
     }
 }
