@@ -9,11 +9,10 @@ mod system;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::{path_str, sluice_ok};
-use system::{start_worker, trust_file};
+use system::{run_killing, start_worker, trust_file};
 
 /// A source of `classes × per_class` generated JPEGs in shards of `per_shard`, named
 /// `<name>-NNNNNN.tar`; returns its manifest.
@@ -64,46 +63,27 @@ fn steps(lines: &[Line], epoch: u64, batch: usize) -> Vec<Vec<Line>> {
     out
 }
 
-/// Per source, the `k+1`-th delivery of any sample comes no earlier than one step before
-/// the last `k`-th delivery of any other (a pass ends before the next begins), and every
-/// sample of the source was delivered ⌊T/N⌋ or ⌈T/N⌉ times.
-fn assert_passes(steps: &[Vec<Line>], sizes: &HashMap<String, u64>) {
-    for (source, &size) in sizes {
-        let mut seen: HashMap<&str, u64> = HashMap::new();
-        let mut spans: Vec<(usize, usize)> = Vec::new();
-        for (t, step) in steps.iter().enumerate() {
-            for l in step.iter().filter(|l| &l.3 == source) {
-                let k = seen.entry(&l.2).or_insert(0);
-                if spans.len() <= *k as usize {
-                    spans.push((t, t));
-                }
-                spans[*k as usize].1 = t;
-                *k += 1;
-            }
-        }
-        for k in 1..spans.len() {
-            assert!(
-                spans[k].0 + 1 >= spans[k - 1].1,
-                "{source}: pass {k} began at step {} before pass {} ended at step {}",
-                spans[k].0,
-                k - 1,
-                spans[k - 1].1
-            );
-        }
-        let total: u64 = seen.values().sum();
-        let (lo, hi) = (total / size, total.div_ceil(size));
-        assert!(
-            lo == 0 || seen.len() as u64 == size,
-            "{source}: a sample never came"
-        );
-        assert!(
-            seen.values().all(|&n| n == lo || n == hi),
-            "{source}: {total} deliveries of {size} samples, some outside {lo}..={hi}"
-        );
+/// Per source, nothing delivered again before its pass ends and nothing skipped
+/// (`sluice_plan::mixture::check_passes`); `sources` lists the sources' names and sizes.
+fn assert_passes(steps: &[Vec<Line>], sources: &[(&str, u64)]) {
+    let tagged: Vec<Vec<(usize, &str)>> = steps
+        .iter()
+        .map(|step| {
+            step.iter()
+                .map(|l| {
+                    let s = sources.iter().position(|(name, _)| *name == l.3);
+                    (s.expect("a source the run was given"), l.2.as_str())
+                })
+                .collect()
+        })
+        .collect();
+    let sizes: Vec<u64> = sources.iter().map(|(_, n)| *n).collect();
+    if let Err(e) = sluice_plan::mixture::check_passes(&tagged, &sizes) {
+        panic!("{e}");
     }
 }
 
-fn loadgen_mix(a: &Path, b: &Path, weights: &str, extra: &[&str]) -> String {
+fn loadgen_mix(a: &Path, b: &Path, weights: &str, ranks: &str, dump: &Path, extra: &[&str]) {
     let mut args = vec![
         "loadgen",
         "--dataset",
@@ -116,9 +96,17 @@ fn loadgen_mix(a: &Path, b: &Path, weights: &str, extra: &[&str]) -> String {
         "5",
         "--pipeline",
         "decode | resize 32 | center_crop 32",
+        "--workers",
+        "local",
+        "--batch-size",
+        "8",
+        "--ranks",
+        ranks,
+        "--dump-ids",
+        path_str(dump),
     ];
     args.extend(extra);
-    sluice_ok(&args)
+    sluice_ok(&args);
 }
 
 /// Two sources of 480 and 120 samples at 3:1, one rank, batches of 64: the proportions in
@@ -165,31 +153,8 @@ fn weights_hold_in_every_window_and_quic_with_a_worker_killed_matches_in_process
                     path_str(&dir.path().join("token")).into(),
                 ]);
             }
-            let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-                .args(&args)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            if let Some(w) = victim {
-                let started = Instant::now();
-                assert!(
-                    w.log_shows("job", Duration::from_secs(30)),
-                    "worker never got the job"
-                );
-                std::thread::sleep(Duration::from_millis(500).saturating_sub(started.elapsed()));
-                w.kill9();
-            }
-            let out = child.wait_with_output().unwrap();
-            assert!(
-                out.status.success(),
-                "{name}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            (
-                std::fs::read_to_string(&ids).unwrap(),
-                String::from_utf8_lossy(&out.stdout).into_owned(),
-            )
+            let report = run_killing(name, &args, victim, Duration::from_millis(500));
+            (std::fs::read_to_string(&ids).unwrap(), report)
         };
     let (local, report) = dump("local", "local", None, None);
     assert!(report.contains("sources: delivered"), "{report}");
@@ -211,7 +176,7 @@ fn weights_hold_in_every_window_and_quic_with_a_worker_killed_matches_in_process
         }
         assert!((share(&epoch_lines) - 0.75).abs() <= 0.05);
     }
-    let sizes: HashMap<String, u64> = [(a_name, 480), (b_name, 120)].into_iter().collect();
+    let sizes = [(a_name.as_str(), 480), (b_name.as_str(), 120)];
     let all: Vec<Vec<Line>> = (0..2).flat_map(|e| steps(&lines, e, 64)).collect();
     assert_passes(&all, &sizes);
 
@@ -238,57 +203,12 @@ fn a_mixture_checkpoint_resumes_at_three_ranks_and_with_new_weights() {
     let b_name = path_str(&b).to_string();
     let d = |n: &str| dir.path().join(n);
     // 300 samples: 150 per rank; 6 batches of 8 each leave 204, 68 for each of 3 ranks.
-    loadgen_mix(
-        &a,
-        &b,
-        "3,1",
-        &[
-            "--workers",
-            "local",
-            "--batch-size",
-            "8",
-            "--ranks",
-            "2",
-            "--stop-after-batches",
-            "6",
-            "--save-state",
-            path_str(&d("state.json")),
-            "--dump-ids",
-            path_str(&d("before.tsv")),
-        ],
-    );
-    loadgen_mix(
-        &a,
-        &b,
-        "3,1",
-        &[
-            "--workers",
-            "local",
-            "--batch-size",
-            "8",
-            "--ranks",
-            "2",
-            "--dump-ids",
-            path_str(&d("whole.tsv")),
-        ],
-    );
-    loadgen_mix(
-        &a,
-        &b,
-        "3,1",
-        &[
-            "--workers",
-            "local",
-            "--batch-size",
-            "8",
-            "--ranks",
-            "3",
-            "--resume",
-            path_str(&d("state.json")),
-            "--dump-ids",
-            path_str(&d("after.tsv")),
-        ],
-    );
+    let state = d("state.json");
+    let state = path_str(&state);
+    let stop = ["--stop-after-batches", "6", "--save-state", state];
+    loadgen_mix(&a, &b, "3,1", "2", &d("before.tsv"), &stop);
+    loadgen_mix(&a, &b, "3,1", "2", &d("whole.tsv"), &[]);
+    loadgen_mix(&a, &b, "3,1", "3", &d("after.tsv"), &["--resume", state]);
     let before = read_dump(&d("before.tsv"));
     let after = read_dump(&d("after.tsv"));
     assert_eq!(before.len(), 2 * 6 * 8);
@@ -313,25 +233,8 @@ fn a_mixture_checkpoint_resumes_at_three_ranks_and_with_new_weights() {
     );
 
     // New weights at the checkpoint, and two more epochs under them.
-    loadgen_mix(
-        &a,
-        &b,
-        "1,1",
-        &[
-            "--workers",
-            "local",
-            "--batch-size",
-            "8",
-            "--ranks",
-            "2",
-            "--epochs",
-            "3",
-            "--resume",
-            path_str(&d("state.json")),
-            "--dump-ids",
-            path_str(&d("reweighted.tsv")),
-        ],
-    );
+    let more = ["--epochs", "3", "--resume", state];
+    loadgen_mix(&a, &b, "1,1", "2", &d("reweighted.tsv"), &more);
     let reweighted = read_dump(&d("reweighted.tsv"));
     let rest: Vec<&Line> = reweighted.iter().filter(|l| l.0 == 0).collect();
     let share_a = rest.iter().filter(|l| l.3 == a_name).count() as f64 / rest.len() as f64;
@@ -343,6 +246,6 @@ fn a_mixture_checkpoint_resumes_at_three_ranks_and_with_new_weights() {
     for e in 0..3 {
         all.extend(steps(&reweighted, e, 8));
     }
-    let sizes: HashMap<String, u64> = [(a_name, 240), (b_name, 60)].into_iter().collect();
+    let sizes = [(a_name.as_str(), 240), (b_name.as_str(), 60)];
     assert_passes(&all, &sizes);
 }

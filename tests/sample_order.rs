@@ -9,7 +9,7 @@ mod system;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::{path_str, sluice, sluice_ok, synth_images};
 use system::{dataset, start_worker, trust_file};
@@ -256,28 +256,8 @@ fn dump_with(
             path_str(&dir.join("token")).into(),
         ]);
     }
-    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(w) = victim {
-        // Mid-epoch: the epoch takes ≥ 2 s of steps; the worker has been decoding for a while.
-        let started = Instant::now();
-        assert!(
-            w.log_shows("job", Duration::from_secs(30)),
-            "worker never got the job"
-        );
-        std::thread::sleep(Duration::from_millis(700).saturating_sub(started.elapsed()));
-        w.kill9();
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{name}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // Mid-epoch: the epoch takes ≥ 2 s of steps; the worker has been decoding for a while.
+    system::run_killing(name, &args, victim, Duration::from_millis(700));
     std::fs::read_to_string(&ids).unwrap()
 }
 

@@ -575,6 +575,53 @@ impl Mixture {
     }
 }
 
+/// Checks a mixture's promise about passes from outside, on what was delivered: `steps` holds
+/// each step's samples (batch `b` of every rank) as (source, sample), `sizes` each source's
+/// samples. Per source, the `k+1`-th delivery of any sample comes no earlier than one step
+/// before the last `k`-th delivery of any other (nothing is delivered again before its pass
+/// ends), and every sample was delivered ⌊T/N⌋ or ⌈T/N⌉ times (nothing skipped). Says what
+/// broke, naming the source and steps.
+pub fn check_passes<K: std::hash::Hash + Eq>(
+    steps: &[Vec<(usize, K)>],
+    sizes: &[u64],
+) -> Result<(), String> {
+    for (s, &size) in sizes.iter().enumerate() {
+        let mut seen: std::collections::HashMap<&K, u64> = std::collections::HashMap::new();
+        // Pass k: (the first step with a k-th delivery, the last one).
+        let mut spans: Vec<(usize, usize)> = Vec::new();
+        for (t, step) in steps.iter().enumerate() {
+            for (_, id) in step.iter().filter(|(source, _)| *source == s) {
+                let k = seen.entry(id).or_insert(0);
+                if spans.len() <= *k as usize {
+                    spans.push((t, t));
+                }
+                spans[*k as usize].1 = t;
+                *k += 1;
+            }
+        }
+        if let Some(k) = (1..spans.len()).find(|&k| spans[k].0 + 1 < spans[k - 1].1) {
+            return Err(format!(
+                "source {s}: pass {k} began at step {} before pass {} ended at step {}",
+                spans[k].0,
+                k - 1,
+                spans[k - 1].1
+            ));
+        }
+        let total: u64 = seen.values().sum();
+        let (lo, hi) = (total / size.max(1), total.div_ceil(size.max(1)));
+        if lo > 0 && (seen.len() as u64) < size {
+            let missing = size - seen.len() as u64;
+            return Err(format!("source {s}: {missing} samples never delivered"));
+        }
+        if !seen.values().all(|&n| n == lo || n == hi) {
+            return Err(format!(
+                "source {s}: {total} deliveries of {size} samples, some outside {lo}..={hi}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Merges the sources' orders by their counts: source `s`'s `j`-th item goes at about
 /// `(j + ½) / c_s` of the way (ties to the earlier source), so every window holds each source
 /// in proportion, ±1.

@@ -137,6 +137,39 @@ pub fn start_worker_with(dir: &Path, name: &str, extra: &[&str]) -> Worker {
 }
 
 /// A PEM file pinning every given worker's certificate.
+/// Runs `sluice` with `args` and, once `victim` got its job and about `after` has passed,
+/// kills it (SIGKILL) mid-run; fails the test, with `name` and the stderr, unless the run
+/// succeeds. Returns its stdout.
+pub fn run_killing(
+    name: &str,
+    args: &[String],
+    victim: Option<&mut Worker>,
+    after: Duration,
+) -> String {
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(w) = victim {
+        let started = Instant::now();
+        assert!(
+            w.log_shows("job", Duration::from_secs(30)),
+            "worker never got the job"
+        );
+        std::thread::sleep(after.saturating_sub(started.elapsed()));
+        w.kill9();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 pub fn trust_file(dir: &Path, workers: &[&Worker]) -> PathBuf {
     let mut pem = String::new();
     for w in workers {
