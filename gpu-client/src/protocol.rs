@@ -250,7 +250,12 @@ impl<P: Tensor> Protocol<P> {
             return None;
         }
         let next = self.reorder.next_position()?;
-        let queued = self.queue.iter().any(|Reverse(p)| p.priority <= next);
+        // A queued piece's priority is its earliest undelivered position, never below `next`:
+        // the awaited piece, when queued, is the queue's least.
+        let queued = self
+            .queue
+            .peek()
+            .is_some_and(|Reverse(p)| p.priority <= next);
         let at = self.progressed + AFFINITY_WAIT;
         (queued && at > self.clock).then_some(at)
     }
@@ -564,6 +569,12 @@ impl<P: Tensor> Protocol<P> {
 
     /// The piece link `link` runs next (see [`Self::dispatch`]), taken off the queue.
     fn take_piece_for(&mut self, link: usize, horizon: u64, awaited: u64) -> Option<Piece> {
+        if !self.affinity {
+            let Reverse(front) = self.queue.peek()?;
+            return (front.priority < horizon)
+                .then(|| self.queue.pop().map(|Reverse(p)| p))
+                .flatten();
+        }
         let views: Vec<LinkView> = self
             .links
             .iter()
@@ -574,16 +585,9 @@ impl<P: Tensor> Protocol<P> {
             })
             .collect();
         let slots = self.settings.config.units_per_worker;
-        if !self.affinity {
-            let Reverse(front) = self.queue.peek()?;
-            return (front.priority < horizon)
-                .then(|| self.queue.pop().map(|Reverse(p)| p))
-                .flatten();
-        }
         let mine = self.owners.worker(link);
-        // The first piece this worker owns (or nobody can: its owner is down), else the
-        // first another worker owns that is needed now while its owner has no free slot or is
-        // not connected.
+        // The first piece this worker owns (or whose owner is down), else the one the
+        // consumer waits for, if its owner is connected with every slot busy.
         let mut looked: Vec<(Piece, Owner)> = Vec::new();
         let mut stealable = None;
         let mut own = None;
@@ -619,8 +623,7 @@ impl<P: Tensor> Protocol<P> {
                 unit = p.unit,
                 to = %self.links[link].name,
                 ?owner,
-                awaited = p.priority < awaited,
-                "shard affinity: another worker takes a unit (its owner is busy or not connected)"
+                "shard affinity: another worker takes the awaited unit (its owner is busy)"
             );
             self.counters.elsewhere.fetch_add(1, Ordering::Relaxed);
         }
