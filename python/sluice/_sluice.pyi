@@ -52,8 +52,10 @@ class Epoch:
     def __next__(self) -> Tuple[Images, Labels]: ...
     def __len__(self) -> int:
         """Batches this epoch yields (after a resume, the rest)."""
-    def report(self) -> Dict[str, int]:
-        """planned, delivered, skipped, batches, duplicates_dropped so far."""
+    def report(self) -> Dict[str, Any]:
+        """planned, delivered, skipped, batches, duplicates_dropped so far; per_source (each
+        source's delivered samples), storage_bytes and cached_bytes (shard bytes read from
+        storage and from the workers' caches)."""
 
 class Images:
     """A batch's images (N×H×W×3, or N×3×H×W with a ``chw`` pipeline), through DLPack

@@ -563,20 +563,24 @@ impl Epoch {
             .unwrap_or(0)
     }
 
-    /// What the epoch delivered so far.
+    /// What the epoch delivered so far: counts, each source's delivered samples
+    /// (`per_source`, one entry for a single dataset) and the shard bytes its units read from
+    /// storage and from the workers' caches.
     fn report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let r = self
+        let inner = self
             .inner
             .lock()
-            .map_err(|_| SluiceError::new_err("the epoch's lock is poisoned"))?
-            .host()
-            .report();
+            .map_err(|_| SluiceError::new_err("the epoch's lock is poisoned"))?;
+        let r = inner.host().report();
         let d = PyDict::new(py);
         d.set_item("planned", r.planned)?;
         d.set_item("delivered", r.delivered)?;
         d.set_item("skipped", r.skipped)?;
         d.set_item("batches", r.batches)?;
         d.set_item("duplicates_dropped", r.duplicates_dropped)?;
+        d.set_item("per_source", inner.host().per_source().to_vec())?;
+        d.set_item("storage_bytes", r.storage_bytes)?;
+        d.set_item("cached_bytes", r.cached_bytes)?;
         Ok(d)
     }
 }

@@ -35,10 +35,14 @@ def read(loader, epoch):
 def test_weights_hold_and_the_small_source_is_upsampled(dataset, small):
     loader = sluice.Loader([(dataset, 3), (small, 1)], batch_size=16, seed=2, pipeline=PIPELINE)
     assert loader.sources == [dataset, small]
-    # 120 samples an epoch: 90 of the first source, 30 of the second... at 3:1.
-    samples = read(loader, 0)
+    # 120 samples an epoch: 90 of the first source, 30 of the second, at 3:1.
+    epoch = loader.epoch(0)
+    samples = []
+    for images, _ in epoch:
+        samples.extend(zip(images.source, images.keys))
     counts = collections.Counter(s for s, _ in samples)
     assert counts == {0: 90, 1: 30}
+    assert epoch.report()["per_source"] == [90, 30]
     for i in range(0, len(samples) - 63, 64):
         window = [s for s, _ in samples[i:i + 64]]
         assert abs(window.count(0) / 64 - 0.75) <= 0.10
