@@ -511,3 +511,76 @@ pub fn with_restart_markers(
     unsafe { tj::tj3Free(dst.cast()) };
     out
 }
+
+/// Entropy decoding alone: every DCT coefficient of a JPEG read (libjpeg-turbo's
+/// `jpeg_read_coefficients`, through a lossless transform that writes nothing), with no IDCT,
+/// colour conversion or resize. No decoder of whole images can beat its rate per core, so
+/// `sluice bench cpu` prints the engine's rate as a fraction of it.
+pub struct EntropyReader {
+    handle: tj::tjhandle,
+}
+
+// The handle is owned exclusively and TurboJPEG handles may move between threads.
+unsafe impl Send for EntropyReader {}
+
+impl Drop for EntropyReader {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from tj3Init and is destroyed once.
+        unsafe { tj::tj3Destroy(self.handle) }
+    }
+}
+
+impl EntropyReader {
+    pub fn new() -> Result<Self, DecodeError> {
+        // SAFETY: plain constructor; a null handle is checked.
+        let handle = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_TRANSFORM as i32) };
+        if handle.is_null() {
+            return Err(DecodeError::Decoder("tj3Init (transform) failed".into()));
+        }
+        Ok(EntropyReader { handle })
+    }
+
+    /// Reads every coefficient of `data`; `Err` names what is wrong with it. After an error
+    /// the next image starts on a fresh handle (as [`JpegDecoder`] does).
+    pub fn read(&mut self, data: &[u8]) -> Result<(), DecodeError> {
+        let transform = tj::tjtransform {
+            r: tj::tjregion {
+                x: 0,
+                y: 0,
+                w: 0,
+                h: 0,
+            },
+            op: tj::TJXOP_TJXOP_NONE as i32,
+            options: tj::TJXOPT_NOOUTPUT as i32,
+            data: std::ptr::null_mut(),
+            customFilter: None,
+        };
+        let mut out: *mut u8 = std::ptr::null_mut();
+        let mut size = 0;
+        // SAFETY: the input is a live slice; one transform and one output slot, which
+        // TJXOPT_NOOUTPUT leaves unallocated (freed below if it is not).
+        let rc = unsafe {
+            tj::tj3Transform(
+                self.handle,
+                data.as_ptr(),
+                data.len() as _,
+                1,
+                &mut out,
+                &mut size,
+                &transform,
+            )
+        };
+        if !out.is_null() {
+            // SAFETY: allocated by TurboJPEG for this call.
+            unsafe { tj::tj3Free(out.cast()) };
+        }
+        if rc == 0 {
+            return Ok(());
+        }
+        // SAFETY: a NUL-terminated static or per-handle buffer.
+        let msg = unsafe { CStr::from_ptr(tj::tj3GetErrorStr(self.handle)) };
+        let err = DecodeError::Corrupt(msg.to_string_lossy().into_owned());
+        *self = EntropyReader::new()?;
+        Err(err)
+    }
+}

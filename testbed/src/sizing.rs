@@ -544,6 +544,63 @@ pub fn engine_run(
     })
 }
 
+/// Images per second whose coefficients `threads` threads entropy-decode, each reading every
+/// sample's `jpg` again and again for `seconds` after one pass (no IDCT, colour conversion or
+/// resize: the floor of any decoder of whole images, see [`sluice_cpu::jpeg::EntropyReader`]).
+/// Images it cannot read are left out of the rate.
+pub fn entropy_rate(samples: &[Sample], threads: usize, seconds: f64) -> Result<f64> {
+    let jpegs: Vec<&[u8]> = samples
+        .iter()
+        .filter_map(|s| s.fields.iter().find(|f| f.name == "jpg"))
+        .map(|f| f.data.as_slice())
+        .collect();
+    let readable = |reader: &mut sluice_cpu::jpeg::EntropyReader| {
+        jpegs
+            .iter()
+            .filter(|j| reader.read(j).is_ok())
+            .copied()
+            .collect::<Vec<&[u8]>>()
+    };
+    let reader = || {
+        sluice_cpu::jpeg::EntropyReader::new()
+            .map_err(|e| TestbedError::Setup(format!("the entropy decoder: {e}")))
+    };
+    let good = readable(&mut reader()?);
+    if good.is_empty() {
+        return Err(TestbedError::Setup(
+            "no image's coefficients could be read, so there is no entropy-decode rate".into(),
+        ));
+    }
+    let started = Instant::now();
+    let counts = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads.max(1))
+            .map(|t| {
+                let good = &good;
+                scope.spawn(move || -> Result<u64> {
+                    let mut reader = reader()?;
+                    let mut n = 0u64;
+                    // Each thread starts at its own place in the corpus.
+                    let mut i = t * good.len() / threads.max(1);
+                    while started.elapsed().as_secs_f64() < seconds {
+                        let _ = reader.read(good[i % good.len()]);
+                        n += 1;
+                        i += 1;
+                    }
+                    Ok(n)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(TestbedError::Setup("a thread panicked".into())))
+            })
+            .collect::<Result<Vec<u64>>>()
+    })?;
+    Ok(counts.iter().sum::<u64>() as f64 / started.elapsed().as_secs_f64().max(1e-9))
+}
+
 /// One run of the whole chain: what each rank got, how long it took, and the counters read
 /// every 250 ms while it ran.
 pub struct ChainRun {
@@ -640,6 +697,17 @@ pub fn read_anchor_results(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entropy_decoding_reads_jpegs_and_refuses_garbage() {
+        let (samples, _) = bench_images(None).unwrap();
+        let rate = entropy_rate(&samples[..20], 1, 0.05).unwrap();
+        assert!(rate > 0.0);
+        let mut reader = sluice_cpu::jpeg::EntropyReader::new().unwrap();
+        assert!(reader.read(b"not a jpeg").is_err());
+        // A fresh handle after the error: the next image reads.
+        assert!(reader.read(&samples[0].fields[0].data).is_ok());
+    }
 
     #[test]
     fn anchor_results_take_the_median_and_skip_what_failed() {

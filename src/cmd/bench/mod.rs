@@ -117,9 +117,16 @@ fn cpu(args: CpuArgs) -> Result<()> {
             (1.0 - run.decode_share) * 100.0,
             threads as f64 * 1000.0 / rate
         );
+        // The floor on the same images and threads: entropy decoding alone.
+        let floor = sizing::entropy_rate(&samples, threads, args.seconds)?;
+        println!(
+            "floor\tthreads={threads}\t{floor:.0} images/s\tentropy decoding alone (libjpeg-turbo reading the coefficients: no IDCT, no resize)\tthe engine runs at {:.2} of it",
+            rate / floor.max(1e-9)
+        );
         results.push(serde_json::json!({
             "threads": threads, "images_per_s": rate, "images": run.images,
             "seconds": run.seconds, "decode_share": run.decode_share,
+            "entropy_decode_images_per_s": floor, "of_floor": rate / floor.max(1e-9),
         }));
     }
     if let Some(path) = &args.json {
