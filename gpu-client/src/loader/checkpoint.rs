@@ -2,9 +2,9 @@
 //! checks and arithmetic that resume one, at the same world size or another, from this rank's
 //! state or any other rank's (the resume arithmetic itself is `sluice_plan::resume`).
 
-use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
 use sluice_plan::{EpochPlanner, MixBase, Segment, SourceState, WorkUnit};
 use sluice_shard::Manifest;
 
