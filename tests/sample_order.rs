@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use support::{path_str, sluice, sluice_ok, synth_images};
+use support::{mixing, path_str, sluice, sluice_ok, synth_images};
 use system::{dataset, start_worker, trust_file};
 
 /// Class-sorted ImageFolder data sharded with and without `sluice shard`'s shuffle.
@@ -53,19 +53,6 @@ fn loadgen(extra: &[&str]) -> String {
     ];
     args.extend(extra);
     sluice_ok(&args)
-}
-
-/// The `mixing:` line's (distinct, uniform) figures.
-fn mixing(report: &str) -> (f64, f64) {
-    let line = report
-        .lines()
-        .find(|l| l.starts_with("mixing:"))
-        .unwrap_or_else(|| panic!("no mixing line in:\n{report}"));
-    let nums: Vec<f64> = line
-        .split_whitespace()
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    (nums[0], nums[1])
 }
 
 #[test]

@@ -113,15 +113,6 @@ fn damage_largest(cache: &Path) {
     std::fs::write(&largest, bytes).unwrap();
 }
 
-/// The (distinct, uniform) figures of a report's `mixing:` line.
-fn mixing(report: &str) -> (f64, f64) {
-    let nums: Vec<f64> = mixing_line(report)
-        .split_whitespace()
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    (nums[0], nums[1])
-}
-
 #[test]
 fn a_second_epoch_comes_from_the_workers_caches_in_the_same_order() {
     let dir = tempfile::tempdir().unwrap();
@@ -172,7 +163,7 @@ fn a_second_epoch_comes_from_the_workers_caches_in_the_same_order() {
     );
     // On the real ImageNet sample the plan mixes as uniform sampling does (the generated
     // fallback's shards hold runs of one class, which the plan mixes to about 0.96).
-    let (distinct, uniform) = mixing(&report);
+    let (distinct, uniform) = support::mixing(&report);
     if support::shared_data("imagenet-sample").is_some() {
         assert!(
             (distinct / uniform - 1.0).abs() <= 0.02,

@@ -473,18 +473,7 @@ pub fn with_restart_markers(
     }
     set(tj::TJPARAM_TJPARAM_RESTARTROWS, 1)?;
     set(tj::TJPARAM_TJPARAM_OPTIMIZE, 1)?;
-    let transform = tj::tjtransform {
-        r: tj::tjregion {
-            x: 0,
-            y: 0,
-            w: 0,
-            h: 0,
-        },
-        op: tj::TJXOP_TJXOP_NONE as i32,
-        options: 0,
-        data: std::ptr::null_mut(),
-        customFilter: None,
-    };
+    let transform = whole_image(0);
     let mut dst: *mut u8 = std::ptr::null_mut();
     let mut size: tj::size_t = 0;
     // SAFETY: one transform, one destination; TurboJPEG allocates `dst` (freed below).
@@ -543,18 +532,7 @@ impl EntropyReader {
     /// Reads every coefficient of `data`; `Err` names what is wrong with it. After an error
     /// the next image starts on a fresh handle (as [`JpegDecoder`] does).
     pub fn read(&mut self, data: &[u8]) -> Result<(), DecodeError> {
-        let transform = tj::tjtransform {
-            r: tj::tjregion {
-                x: 0,
-                y: 0,
-                w: 0,
-                h: 0,
-            },
-            op: tj::TJXOP_TJXOP_NONE as i32,
-            options: tj::TJXOPT_NOOUTPUT as i32,
-            data: std::ptr::null_mut(),
-            customFilter: None,
-        };
+        let transform = whole_image(tj::TJXOPT_NOOUTPUT as i32);
         let mut out: *mut u8 = std::ptr::null_mut();
         let mut size = 0;
         // SAFETY: the input is a live slice; one transform and one output slot, which
@@ -582,5 +560,22 @@ impl EntropyReader {
         let err = DecodeError::Corrupt(msg.to_string_lossy().into_owned());
         *self = EntropyReader::new()?;
         Err(err)
+    }
+}
+
+/// A lossless transform of the whole image, as it is (no crop, flip or rotation), with
+/// TurboJPEG's `options`.
+fn whole_image(options: i32) -> tj::tjtransform {
+    tj::tjtransform {
+        r: tj::tjregion {
+            x: 0,
+            y: 0,
+            w: 0,
+            h: 0,
+        },
+        op: tj::TJXOP_TJXOP_NONE as i32,
+        options,
+        data: std::ptr::null_mut(),
+        customFilter: None,
     }
 }

@@ -171,3 +171,17 @@ pub fn rss_kb(pid: u32) -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// The (distinct labels per batch, uniform expectation) figures of a loadgen report's
+/// `mixing:` line.
+pub fn mixing(report: &str) -> (f64, f64) {
+    let line = report
+        .lines()
+        .find(|l| l.starts_with("mixing:"))
+        .unwrap_or_else(|| panic!("no mixing line in:\n{report}"));
+    let nums: Vec<f64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (nums[0], nums[1])
+}
