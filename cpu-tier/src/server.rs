@@ -775,6 +775,11 @@ impl Drop for AbortOnDrop {
 
 /// Runs an assignment on a blocking thread once a unit slot is free; its outputs go to the
 /// connection, each sample against one credit.
+///
+/// A unit out of credit gives its slot back while it waits and queues for one again when the
+/// credit comes: a job whose consumer does not read (a paused trainer, the next epoch opened
+/// early) must not hold the worker's slots against the jobs that do. Held, two such units on a
+/// one-thread worker stopped another job's epoch for good.
 fn spawn_unit(assign: Assign, job: &Job, slots: Arc<Semaphore>, out: mpsc::Sender<Produced>) {
     let (runner, credits, cancel) = (job.runner.clone(), job.credits.clone(), job.cancel.clone());
     let segment = job.slots.clone();
@@ -782,7 +787,7 @@ fn spawn_unit(assign: Assign, job: &Job, slots: Arc<Semaphore>, out: mpsc::Sende
     tokio::spawn(async move {
         let queued = Instant::now();
         let permit = tokio::select! {
-            p = slots.acquire_owned() => p.ok(),
+            p = slots.clone().acquire_owned() => p.ok(),
             _ = cancel.cancelled() => None,
         };
         metrics::histogram!("sluice_cpu_unit_queue_seconds").record(queued.elapsed().as_secs_f64());
@@ -802,17 +807,31 @@ fn spawn_unit(assign: Assign, job: &Job, slots: Arc<Semaphore>, out: mpsc::Sende
         let result = tokio::task::spawn_blocking(move || {
             let _enter = span.enter();
             let dead = AtomicBool::new(false);
+            let mut held = Some(permit);
             let take_credit = || {
+                if let Ok(credit) = credits.try_acquire() {
+                    credit.forget();
+                    return true;
+                }
+                held = None;
                 let waited = Instant::now();
-                let got = rt.block_on(async {
-                    tokio::select! {
+                let again = rt.block_on(async {
+                    let credit = tokio::select! {
                         p = credits.acquire() => p.map(|p| p.forget()).is_ok(),
                         _ = cancel.cancelled() => false,
+                    };
+                    if !credit {
+                        return None;
+                    }
+                    tokio::select! {
+                        p = slots.clone().acquire_owned() => p.ok(),
+                        _ = cancel.cancelled() => None,
                     }
                 });
                 metrics::histogram!("sluice_cpu_credit_wait_seconds")
                     .record(waited.elapsed().as_secs_f64());
-                got
+                held = again;
+                held.is_some()
             };
             let forward = |output: Output| -> bool {
                 let frame = match output {
@@ -861,7 +880,6 @@ fn spawn_unit(assign: Assign, job: &Job, slots: Arc<Semaphore>, out: mpsc::Sende
             }
         })
         .await;
-        drop(permit);
         match result {
             Err(e) if e.is_panic() => warn!(unit, "assignment thread panicked"),
             // Never started: the runtime shut down first.

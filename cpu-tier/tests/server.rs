@@ -401,6 +401,83 @@ async fn a_vanished_client_frees_what_it_held() {
     r.stop.cancel();
 }
 
+/// A job whose consumer reads nothing (a paused trainer, the next epoch opened early) holds no
+/// unit slot while its unit waits for credit: another job on the same worker runs meanwhile,
+/// and the waiting unit finishes once its credits come. With the slot held, the second job
+/// waited for good (a same-host epoch stopped at its last unit that way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_out_of_credit_leaves_the_slots_to_the_others() {
+    let r = start_with(|c| c.limits.max_active_units = 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let first = shard(dir.path(), 4, 1);
+    let mut idle = connect(&r).await;
+    hello(&mut idle).await;
+    idle.1
+        .send(&job("decode | center_crop 16"), &[])
+        .await
+        .unwrap();
+    assert!(matches!(
+        next(&mut idle).await,
+        Some(Message::JobOpened { job: 1, .. })
+    ));
+    idle.1
+        .send(&Message::Assign(first.clone()), &[])
+        .await
+        .unwrap();
+    idle.1
+        .send(&Message::Credit { job: 1, samples: 1 }, &[])
+        .await
+        .unwrap();
+    assert!(matches!(next(&mut idle).await, Some(Message::Sample(_))));
+
+    // The only slot's unit now waits for credit; the other job's unit runs all the same.
+    let mut busy = connect(&r).await;
+    hello(&mut busy).await;
+    busy.1
+        .send(&job_n(2, "decode | center_crop 16"), &[])
+        .await
+        .unwrap();
+    assert!(matches!(
+        next(&mut busy).await,
+        Some(Message::JobOpened { job: 2, .. })
+    ));
+    let mut second = first;
+    second.job = 2;
+    busy.1.send(&Message::Assign(second), &[]).await.unwrap();
+    busy.1
+        .send(&Message::Credit { job: 2, samples: 4 }, &[])
+        .await
+        .unwrap();
+    assert_eq!(finish_unit(&mut busy, 2, 4).await, 4);
+
+    // Credit back: the waiting unit takes a slot again and finishes.
+    idle.1
+        .send(&Message::Credit { job: 1, samples: 3 }, &[])
+        .await
+        .unwrap();
+    assert_eq!(finish_unit(&mut idle, 1, 3).await, 3);
+    r.stop.cancel();
+}
+
+/// Reads a four-sample unit of `job` to its end: how many samples came (at most `credits`).
+async fn finish_unit(c: &mut Conn, job: u64, credits: u64) -> u64 {
+    let mut samples = 0;
+    loop {
+        match next(c).await {
+            Some(Message::Sample(h)) => {
+                assert_eq!(h.job, job);
+                samples += 1;
+                assert!(samples <= credits, "job {job}: more samples than credits");
+            }
+            Some(Message::UnitDone(d)) => {
+                assert_eq!((d.job, d.sent), (job, 4));
+                return samples;
+            }
+            other => panic!("job {job}: unexpected {other:?}"),
+        }
+    }
+}
+
 /// Tensors leave in the largest packets one GSO send can carry: over loopback the server's
 /// path MTU discovery climbs to `MAX_UDP_PAYLOAD` and stays there. A ceiling above what ten
 /// packets per GSO send allow loses every full-size batch, and black-hole detection then
