@@ -7,7 +7,6 @@ mod support;
 mod system;
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,15 +46,8 @@ fn loader(data: &system::Dataset, dir: &Path, workers: &[&Worker], trust: &Path)
 
 /// A counter from a worker's Prometheus text.
 fn counter(worker: &Worker, name: &str) -> f64 {
-    let mut s = std::net::TcpStream::connect(&worker.metrics).unwrap();
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    text.lines()
+    system::metrics_text(worker)
+        .lines()
         .filter(|l| l.starts_with(name))
         .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
         .sum()

@@ -98,9 +98,12 @@ impl Default for SameHost {
 pub struct Limits {
     /// Client connections at most; further ones are refused ("unavailable").
     pub max_connections: usize,
-    /// Assignments being processed at once over all clients (FIFO beyond); 0 = 2 per
-    /// decode thread.
+    /// Assignments being processed at once over all clients; 0 = 2 per decode thread.
+    /// Jobs share them fairly by weight, sample by sample (see `sluice_cpu::fair`).
     pub max_active_units: usize,
+    /// The largest weight a job may ask for (its share of a busy worker against a weight-1
+    /// job's); larger asks are capped to it.
+    pub max_job_weight: u32,
     /// Assignments one connection may have queued or running.
     pub max_units_per_connection: usize,
     /// Most credits (samples in flight) a client may grant one job.
@@ -191,6 +194,7 @@ impl Default for Limits {
             max_connections: 256,
             max_active_units: 0,
             max_units_per_connection: 16,
+            max_job_weight: 16,
             max_credits: 4096,
             max_header_bytes: 1 << 20,
             max_payload_bytes: 256 << 20,
@@ -301,6 +305,9 @@ impl CpuConfig {
         let l = &self.limits;
         if l.max_connections == 0 {
             return invalid("limits.max_connections", "must be at least 1");
+        }
+        if l.max_job_weight == 0 {
+            return invalid("limits.max_job_weight", "must be at least 1");
         }
         if l.max_units_per_connection == 0 {
             return invalid("limits.max_units_per_connection", "must be at least 1");

@@ -16,6 +16,7 @@
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod fair;
 pub mod fields;
 pub mod geometry;
 pub mod jpeg;

@@ -25,6 +25,8 @@ use sluice_wire::{
     UnitFailed, UnitRunner, Welcome,
 };
 use tokio::sync::{mpsc, Semaphore};
+
+use crate::fair::{FairSlots, JobShare};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
@@ -60,8 +62,8 @@ pub(crate) struct State {
     pub(crate) config: CpuConfig,
     token: Option<String>,
     runner: Arc<dyn UnitRunner>,
-    /// Assignments processed at once, over every client; FIFO.
-    unit_slots: Arc<Semaphore>,
+    /// Assignments processed at once, over every client, shared fairly by job.
+    unit_slots: Arc<FairSlots>,
     connections: Arc<Semaphore>,
     pub(crate) draining: CancellationToken,
     pub(crate) limits: Limits,
@@ -131,7 +133,7 @@ pub async fn run(
             max_header: config.limits.max_header_bytes,
             max_payload: config.limits.max_payload_bytes,
         },
-        unit_slots: Arc::new(Semaphore::new(active)),
+        unit_slots: FairSlots::new(active),
         connections: Arc::new(Semaphore::new(config.limits.max_connections)),
         draining: CancellationToken::new(),
         token,
@@ -406,7 +408,9 @@ fn send_failed(e: SendError) -> End {
     }
 }
 
-/// What an assignment thread sends to its connection.
+/// What an assignment thread sends to its connection. Nearly every one is a frame (a sample
+/// each): boxing it would allocate once a sample to save a few bytes on the rare `Finished`.
+#[allow(clippy::large_enum_variant)]
 enum Produced {
     Frame(Message, bytes::Bytes),
     /// The assignment ended (its `UnitDone`/`UnitFailed` is the frame before).
@@ -458,8 +462,20 @@ pub(crate) struct Job {
     runner: Arc<dyn JobRunner>,
     credits: Arc<Semaphore>,
     cancel: CancellationToken,
+    /// Its place in the worker's fair sharing (left when the job closes).
+    share: JobShare,
+    /// Samples sent for the training job (`sluice_cpu_job_samples_total{job}`).
+    sent: metrics::Counter,
     /// Same-host jobs: the client's segment and the slots it granted.
     slots: Option<Arc<crate::same_host::Slots>>,
+}
+
+/// A job dropped in any way (its session ended, the server stopped) cancels its units: one
+/// blocked on credit would otherwise hold a blocking thread, and the runtime's shutdown with it.
+impl Drop for Job {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
 }
 
 pub(crate) struct Session {
@@ -496,6 +512,13 @@ impl Session {
         if self.transport == Transport::SameHost && !self.jobs.is_empty() {
             return bad("a same-host connection carries one job".into());
         }
+        if spec.name.is_empty() || spec.name.len() > 128 || spec.name.chars().any(char::is_control)
+        {
+            return bad(format!(
+                "job {}: its name {:?} must be 1 to 128 printable characters",
+                spec.job, spec.name
+            ));
+        }
         let runner: Arc<dyn JobRunner> = match self.state.runner.open_job(spec) {
             Ok(r) => r.into(),
             Err(e) => {
@@ -504,14 +527,25 @@ impl Session {
             }
         };
         let shape = runner.shape();
-        info!(job = spec.job, dataset = %spec.dataset, pipeline = %spec.pipeline,
-              epoch = spec.epoch, rank = spec.rank, transport = ?self.transport, "job opened");
+        let weight = spec
+            .weight
+            .clamp(1, self.state.config.limits.max_job_weight);
+        info!(job = spec.job, name = %spec.name, weight, dataset = %spec.dataset,
+              pipeline = %spec.pipeline, epoch = spec.epoch, rank = spec.rank,
+              transport = ?self.transport, "job opened");
+        let label = spec.name.clone();
+        metrics::gauge!("sluice_cpu_job_weight", "job" => label.clone()).set(f64::from(weight));
         self.jobs.insert(
             spec.job,
             Job {
                 runner,
                 credits: Arc::new(Semaphore::new(0)),
                 cancel: CancellationToken::new(),
+                share: self
+                    .state
+                    .unit_slots
+                    .open(spec.name.as_str().into(), weight),
+                sent: metrics::counter!("sluice_cpu_job_samples_total", "job" => label),
                 slots: None,
             },
         );
@@ -780,14 +814,15 @@ impl Drop for AbortOnDrop {
 /// credit comes: a job whose consumer does not read (a paused trainer, the next epoch opened
 /// early) must not hold the worker's slots against the jobs that do. Held, two such units on a
 /// one-thread worker stopped another job's epoch for good.
-fn spawn_unit(assign: Assign, job: &Job, slots: Arc<Semaphore>, out: mpsc::Sender<Produced>) {
+fn spawn_unit(assign: Assign, job: &Job, slots: Arc<FairSlots>, out: mpsc::Sender<Produced>) {
     let (runner, credits, cancel) = (job.runner.clone(), job.credits.clone(), job.cancel.clone());
+    let (name, sent) = (job.share.name().clone(), job.sent.clone());
     let segment = job.slots.clone();
     let rt = tokio::runtime::Handle::current();
     tokio::spawn(async move {
         let queued = Instant::now();
         let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => p.ok(),
+            p = slots.clone().acquire(name.clone()) => p,
             _ = cancel.cancelled() => None,
         };
         metrics::histogram!("sluice_cpu_unit_queue_seconds").record(queued.elapsed().as_secs_f64());
@@ -811,7 +846,21 @@ fn spawn_unit(assign: Assign, job: &Job, slots: Arc<Semaphore>, out: mpsc::Sende
             let take_credit = || {
                 if let Ok(credit) = credits.try_acquire() {
                     credit.forget();
-                    return true;
+                    // Another job waiting for a slot may be owed this one's turn.
+                    let Some(permit) = held.take() else {
+                        return false;
+                    };
+                    if slots.keep(&permit) {
+                        held = Some(permit);
+                        return true;
+                    }
+                    held = rt.block_on(async {
+                        tokio::select! {
+                            p = slots.clone().reschedule(permit) => p,
+                            _ = cancel.cancelled() => None,
+                        }
+                    });
+                    return held.is_some();
                 }
                 held = None;
                 let waited = Instant::now();
@@ -824,7 +873,7 @@ fn spawn_unit(assign: Assign, job: &Job, slots: Arc<Semaphore>, out: mpsc::Sende
                         return None;
                     }
                     tokio::select! {
-                        p = slots.clone().acquire_owned() => p.ok(),
+                        p = slots.clone().acquire(name.clone()) => p,
                         _ = cancel.cancelled() => None,
                     }
                 });
@@ -855,9 +904,16 @@ fn spawn_unit(assign: Assign, job: &Job, slots: Arc<Semaphore>, out: mpsc::Sende
                     },
                     Output::Skipped(s) => Produced::Frame(Message::Skipped(s), bytes::Bytes::new()),
                 };
+                let sample = matches!(
+                    frame,
+                    Produced::Frame(Message::Sample(_) | Message::ShmSample { .. }, _)
+                );
                 if cancel.is_cancelled() || out.blocking_send(frame).is_err() {
                     dead.store(true, Ordering::Relaxed);
                     return false;
+                }
+                if sample {
+                    sent.increment(1);
                 }
                 true
             };

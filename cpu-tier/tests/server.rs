@@ -182,6 +182,8 @@ fn job_n(job: u64, pipeline: &str) -> Message {
         // These shards carry images only.
         label: sluice_wire::LabelSource::None,
         max_field_bytes: 1 << 20,
+        name: format!("job {job}"),
+        weight: 1,
     })
 }
 
@@ -599,7 +601,7 @@ async fn a_client_of_another_protocol_version_is_named_with_both_versions() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert!(
-        text.contains("offered protocol version sluice/1") && text.contains("speaks sluice/3"),
+        text.contains("offered protocol version sluice/1") && text.contains("speaks sluice/4"),
         "{text}"
     );
     r.stop.cancel();

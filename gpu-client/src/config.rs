@@ -186,6 +186,13 @@ pub struct LoaderConfig {
     pub weights: Vec<f64>,
     /// Samples in an epoch of a mixture (`None`: all its sources' samples).
     pub epoch_samples: Option<u64>,
+    /// The training job's name on the workers: they share their decode slots among jobs by
+    /// it and label its metrics with it. Every rank of a job should give the same (`None`:
+    /// `dataset_name@client_name`, one job per host).
+    pub job_name: Option<String>,
+    /// The job's share of a busy worker against other jobs' (1: equal; a worker caps it at
+    /// its `limits.max_job_weight`).
+    pub job_weight: u32,
 }
 
 impl Default for LoaderConfig {
@@ -233,11 +240,20 @@ impl Default for LoaderConfig {
             epochs: None,
             weights: Vec::new(),
             epoch_samples: None,
+            job_name: None,
+            job_weight: 1,
         }
     }
 }
 
 impl LoaderConfig {
+    /// The job's name on the workers (see [`LoaderConfig::job_name`]).
+    pub fn job_name(&self) -> String {
+        self.job_name
+            .clone()
+            .unwrap_or_else(|| format!("{}@{}", self.dataset_name, self.client_name))
+    }
+
     /// Checks every setting on its own and against the others, naming the key, and settles
     /// the defaults that follow from others (the lookahead, manifest order's mixing). The
     /// dataset and the world are checked against each other when the loader is built.
@@ -294,6 +310,14 @@ impl LoaderConfig {
         if !self.weights.is_empty() {
             if let Err(e) = sluice_plan::mixture::scale_weights(&self.weights) {
                 return bad("weights", &e.to_string());
+            }
+        }
+        if self.job_weight == 0 {
+            return bad("job_weight", "must be at least 1");
+        }
+        if let Some(name) = &self.job_name {
+            if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
+                return bad("job_name", "must be 1 to 128 printable characters");
             }
         }
         if self.epoch_samples == Some(0) {

@@ -179,6 +179,11 @@ class Loader:
             whose every sample was skipped is not handed out).
         allow_negative_labels: deliver negative labels (by default a sample with one is
             skipped by name: ``cross_entropy`` raises on -3 and silently ignores -100).
+        job_name: this training job's name on the workers, the same on every rank
+            (default ``"<dataset>@<hostname>"``): a worker shares its decode slots fairly
+            among the jobs it serves by name, and labels its per-job metrics with it.
+        job_weight: the job's share of a busy worker against other jobs' (1: equal; a
+            worker caps it at its ``limits.max_job_weight``).
     """
 
     def __init__(
@@ -222,6 +227,8 @@ class Loader:
         max_decoded_bytes: Optional[int] = None,
         top_up: bool = False,
         epoch_samples: Optional[int] = None,
+        job_name: Optional[str] = None,
+        job_weight: int = 1,
         **kwargs: Any,
     ) -> None:
         if kwargs:
@@ -261,6 +268,8 @@ class Loader:
             "prefetch_next_epoch": prefetch_next_epoch,
             "epochs": epochs,
             "epoch_samples": epoch_samples,
+            "job_name": job_name,
+            "job_weight": job_weight,
         }
         # None means "the default" everywhere but the label, where it means "no label".
         config = {k: v for k, v in config.items() if v is not None}

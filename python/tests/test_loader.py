@@ -162,6 +162,8 @@ def test_set_epoch_reshuffles_and_rank_comes_from_the_environment(dataset, monke
         ({"workers": ["127.0.0.1:1"]}, "trust_cert"),
         ({"rank": 3, "world_size": 2}, "rank"),
         ({"world_size": 1000}, "world_size"),
+        ({"job_weight": 0}, "job_weight"),
+        ({"job_name": ""}, "job_name"),
     ],
 )
 def test_bad_arguments_raise_value_errors_that_name_them(dataset, kwargs, message):
@@ -175,9 +177,10 @@ def test_a_missing_dataset_is_a_value_error(tmp_path):
 
 
 def test_against_a_running_worker(dataset, worker):
+    # A named, weighted job, as jobs sharing a pool are (docs/operations.md).
     loader = sluice.Loader(dataset=dataset, workers=[worker.addr], batch_size=16,
                            pipeline=PIPELINE, token_file=worker.token_file,
-                           trust_cert=worker.cert)
+                           trust_cert=worker.cert, job_name="resnet-test", job_weight=2)
     ids = ids_of(loader.epoch(0))
     assert len(ids) == TOTAL and len(set(ids)) == TOTAL
     stats = loader.stats()

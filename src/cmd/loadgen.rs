@@ -128,6 +128,14 @@ pub struct Args {
     /// Start each epoch only when the consumer asks for it, not while the one before drains.
     #[arg(long)]
     no_prefetch_next_epoch: bool,
+    /// The job's name on the workers, which share their decode slots among jobs by name and
+    /// label per-job metrics with it (default: dataset@hostname).
+    #[arg(long)]
+    job_name: Option<String>,
+    /// The job's share of a busy worker against other jobs' (capped by the worker's
+    /// limits.max_job_weight).
+    #[arg(long, default_value_t = 1)]
+    job_weight: u32,
     /// Where batches go: `cpu` (host memory), or `cuda:N` (page-locked ring, uploaded to GPU
     /// N one batch ahead; the starved figure then includes waiting for the copy).
     #[arg(long, default_value = "cpu")]
@@ -202,6 +210,8 @@ fn config(args: &Args) -> Result<ConsumerConfig> {
             .clone()
             .unwrap_or(base.loader.same_host_dir.clone()),
         prefetch_next_epoch: !args.no_prefetch_next_epoch,
+        job_name: args.job_name.clone().or(base.loader.job_name.clone()),
+        job_weight: args.job_weight,
         ..base.loader.clone()
     };
     Ok(ConsumerConfig {

@@ -76,6 +76,20 @@ fn field(line: &str, key: &str) -> Option<String> {
 
 /// Starts `sluice cpu` on ports chosen by the kernel, with the test token and its own state
 /// directory (so its own self-signed certificate), serving QUIC only.
+/// A worker's Prometheus text, from its `/metrics`.
+pub fn metrics_text(worker: &Worker) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(&worker.metrics).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text
+}
+
 pub fn start_worker(dir: &Path, name: &str) -> Worker {
     start_worker_with(dir, name, &["--no-same-host"])
 }

@@ -126,6 +126,13 @@ pub struct JobSpec {
     pub label: LabelSource,
     /// A sent field (or the label's field) longer than this makes its sample a named skip.
     pub max_field_bytes: u64,
+    /// The training job this belongs to: every rank and epoch of one job says the same. A
+    /// worker shares its decode slots among the jobs it serves by this name, and labels its
+    /// per-job metrics with it.
+    pub name: String,
+    /// The job's share of a busy worker against the others' (1 = an equal share; the worker
+    /// caps it at its `limits.max_job_weight`).
+    pub weight: u32,
 }
 
 /// The shape of every sample tensor of a job; the pipeline must fix it.
@@ -269,6 +276,6 @@ impl std::fmt::Display for ErrorMessage {
     }
 }
 
-/// The TLS application protocol name of a Sluice QUIC connection (version 3 of the frames:
-/// a finished unit says where its bytes came from).
-pub const ALPN: &[u8] = b"sluice/3";
+/// The TLS application protocol name of a Sluice QUIC connection (version 4 of the frames:
+/// a job names itself and its weight for the worker's fair sharing).
+pub const ALPN: &[u8] = b"sluice/4";

@@ -58,6 +58,8 @@ fn arb_message() -> impl Strategy<Value = Message> {
                     },
                     label: crate::LabelSource::default(),
                     max_field_bytes: 1 << 20,
+                    name: format!("job-{seed}"),
+                    weight: rank % 8 + 1,
                 })
             ),
         (

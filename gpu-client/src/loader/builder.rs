@@ -67,7 +67,14 @@ impl LoaderBuilder {
         heartbeat: Duration, silence: Duration, connect_timeout: Duration,
         max_unit_attempts: u32, client_name: String, same_host: SameHost,
         same_host_dir: PathBuf, prefetch_next_epoch: bool, weights: Vec<f64>,
+        job_weight: u32,
     );
+
+    /// The training job's name on the workers (see [`LoaderConfig::job_name`]).
+    pub fn job_name(mut self, name: impl Into<String>) -> Self {
+        self.config.job_name = Some(name.into());
+        self
+    }
 
     /// Samples in an epoch of a mixture (default: all its sources' samples).
     pub fn epoch_samples(mut self, samples: u64) -> Self {

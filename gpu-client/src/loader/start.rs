@@ -320,6 +320,8 @@ impl Loader {
             fields: c.fields.clone(),
             label: c.label.clone(),
             max_field_bytes: c.max_field_bytes,
+            name: c.job_name(),
+            weight: c.job_weight,
         }
     }
 

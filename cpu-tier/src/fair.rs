@@ -1,0 +1,326 @@
+//! Fair sharing of a worker's decode slots among the training jobs it serves.
+//!
+//! A worker decodes a few units at once (`limits.max_active_units`). Several jobs share it,
+//! and one that asks for many units must not starve one that asks for few. [`FairQueue`] is
+//! the rule, with no IO and no clock: stride scheduling over jobs, by the name their clients
+//! give (every rank and epoch of a training job says the same). Each sample decoded charges
+//! its job `STRIDE / weight`; a freed slot goes to the waiting job charged least, so busy
+//! jobs get slots in proportion to their weights, and a job that waits for nothing takes
+//! none: its share goes to the others. A job that starts waiting again is charged at least
+//! what the least-charged waiting job was, so time spent idle earns no burst later.
+//!
+//! [`FairSlots`] drives the rule for the worker's unit tasks: a unit holds a slot while it
+//! decodes, gives it back while it waits for credit, and yields it after a sample whenever
+//! another job waits, so shares hold sample by sample, not unit by unit.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::oneshot;
+
+/// The charge of one sample at weight 1 (a weight-`w` job is charged `STRIDE / w`).
+const STRIDE: u128 = 1 << 32;
+
+/// The slots and who waits for them.
+#[derive(Debug)]
+pub struct FairQueue<W> {
+    free: usize,
+    jobs: HashMap<String, Tenant<W>>,
+    /// Orders waiters: of jobs charged alike, the one waiting longest goes first.
+    asked: u64,
+}
+
+#[derive(Debug)]
+struct Tenant<W> {
+    weight: u32,
+    /// What its samples have been charged (stride scheduling's "pass").
+    pass: u128,
+    waiting: VecDeque<(u64, W)>,
+    /// Slots its units hold.
+    running: usize,
+    /// Its jobs open on this worker's connections.
+    open: usize,
+}
+
+impl<W> Tenant<W> {
+    fn new(weight: u32) -> Self {
+        Tenant {
+            weight: weight.max(1),
+            pass: 0,
+            waiting: VecDeque::new(),
+            running: 0,
+            open: 0,
+        }
+    }
+
+    fn active(&self) -> bool {
+        self.running > 0 || !self.waiting.is_empty()
+    }
+}
+
+impl<W> FairQueue<W> {
+    pub fn new(slots: usize) -> Self {
+        FairQueue {
+            free: slots,
+            jobs: HashMap::new(),
+            asked: 0,
+        }
+    }
+
+    /// A connection opened a job of `name`; `weight` (already capped) is its share from now.
+    pub fn open(&mut self, name: &str, weight: u32) {
+        let t = self.tenant(name);
+        t.weight = weight.max(1);
+        t.open += 1;
+    }
+
+    /// A job of `name` closed; the name is forgotten with its last job, unit and waiter.
+    pub fn close(&mut self, name: &str) {
+        if let Some(t) = self.jobs.get_mut(name) {
+            t.open = t.open.saturating_sub(1);
+        }
+        self.forget_if_done(name);
+    }
+
+    /// `waiter` of job `name` asks for a slot: handed back when one is free now (and the job
+    /// charged), else queued for [`FairQueue::release`].
+    pub fn request(&mut self, name: &str, waiter: W) -> Option<W> {
+        if self.free > 0 {
+            // Free slots mean nobody waits: release hands a slot to a waiter before it frees it.
+            self.free -= 1;
+            self.grant(name);
+            return Some(waiter);
+        }
+        let floor = self.floor();
+        self.asked += 1;
+        let asked = self.asked;
+        let t = self.tenant(name);
+        if !t.active() {
+            // Back from idle: no credit for the time it asked for nothing.
+            if let Some(floor) = floor {
+                t.pass = t.pass.max(floor);
+            }
+        }
+        t.waiting.push_back((asked, waiter));
+        None
+    }
+
+    /// A unit of `name` gave its slot back: the waiter the slot goes to (its job charged),
+    /// skipping waiters that gave up (`alive` false); `None` leaves the slot free.
+    pub fn release(&mut self, name: &str, alive: impl Fn(&W) -> bool) -> Option<W> {
+        if let Some(t) = self.jobs.get_mut(name) {
+            t.running = t.running.saturating_sub(1);
+        }
+        self.forget_if_done(name);
+        self.hand_on(alive)
+    }
+
+    /// A unit of `name` that holds a slot is about to decode another sample: it keeps the
+    /// slot (and is charged) unless a waiter is queued, in which case it should
+    /// [`FairQueue::requeue`] (`false`).
+    pub fn keep(&mut self, name: &str) -> bool {
+        if self.waiting() > 0 {
+            return false;
+        }
+        self.charge(name);
+        true
+    }
+
+    /// A unit of `name` holding a slot offers it to whoever is charged least, itself
+    /// (`waiter`) included: the waiter the slot goes to.
+    pub fn requeue(&mut self, name: &str, waiter: W, alive: impl Fn(&W) -> bool) -> Option<W> {
+        self.asked += 1;
+        let asked = self.asked;
+        let t = self.tenant(name);
+        t.waiting.push_back((asked, waiter));
+        t.running = t.running.saturating_sub(1);
+        self.hand_on(alive)
+    }
+
+    /// Waiters queued, over every job.
+    pub fn waiting(&self) -> usize {
+        self.jobs.values().map(|t| t.waiting.len()).sum()
+    }
+
+    fn hand_on(&mut self, alive: impl Fn(&W) -> bool) -> Option<W> {
+        loop {
+            let Some(name) = self
+                .jobs
+                .iter()
+                .filter_map(|(n, t)| Some(((t.pass, t.waiting.front()?.0), n)))
+                .min()
+                .map(|(_, n)| n.clone())
+            else {
+                self.free += 1;
+                return None;
+            };
+            let Some((_, waiter)) = self.jobs.get_mut(&name).and_then(|t| t.waiting.pop_front())
+            else {
+                continue;
+            };
+            if alive(&waiter) {
+                self.grant(&name);
+                return Some(waiter);
+            }
+            self.forget_if_done(&name);
+        }
+    }
+
+    fn tenant(&mut self, name: &str) -> &mut Tenant<W> {
+        self.jobs
+            .entry(name.to_string())
+            .or_insert_with(|| Tenant::new(1))
+    }
+
+    fn grant(&mut self, name: &str) {
+        self.tenant(name).running += 1;
+        self.charge(name);
+    }
+
+    fn charge(&mut self, name: &str) {
+        if let Some(t) = self.jobs.get_mut(name) {
+            t.pass += STRIDE / u128::from(t.weight);
+        }
+    }
+
+    fn forget_if_done(&mut self, name: &str) {
+        if self
+            .jobs
+            .get(name)
+            .is_some_and(|t| t.open == 0 && !t.active())
+        {
+            self.jobs.remove(name);
+        }
+    }
+
+    /// The least charge among the jobs that run or wait.
+    fn floor(&self) -> Option<u128> {
+        self.jobs
+            .values()
+            .filter(|t| t.active())
+            .map(|t| t.pass)
+            .min()
+    }
+}
+
+/// A unit waiting for a slot: its job, and where its permit goes.
+type Waiter = (Arc<str>, oneshot::Sender<SlotPermit>);
+
+/// The worker's slots, shared by its connections' unit tasks.
+pub struct FairSlots {
+    queue: Mutex<FairQueue<Waiter>>,
+}
+
+/// A slot, held while a unit decodes; dropping it hands the slot to the next waiter.
+pub struct SlotPermit {
+    slots: Arc<FairSlots>,
+    name: Arc<str>,
+    /// False once the slot was handed on under the queue's lock (by `reschedule`).
+    held: bool,
+}
+
+impl Drop for SlotPermit {
+    fn drop(&mut self) {
+        if self.held {
+            let next = self.slots.lock().release(&self.name, alive);
+            self.slots.send(next);
+        }
+    }
+}
+
+fn alive(w: &Waiter) -> bool {
+    !w.1.is_closed()
+}
+
+impl FairSlots {
+    pub fn new(slots: usize) -> Arc<Self> {
+        Arc::new(FairSlots {
+            queue: Mutex::new(FairQueue::new(slots)),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FairQueue<Waiter>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a job of `name` until the guard drops.
+    pub fn open(self: &Arc<Self>, name: Arc<str>, weight: u32) -> JobShare {
+        self.lock().open(&name, weight);
+        JobShare {
+            slots: self.clone(),
+            name,
+        }
+    }
+
+    /// Waits for a slot for job `name`; `None` only if the slots are gone.
+    pub async fn acquire(self: Arc<Self>, name: Arc<str>) -> Option<SlotPermit> {
+        let (tx, rx) = oneshot::channel();
+        let granted = self.lock().request(&name, (name.clone(), tx)).is_some();
+        if granted {
+            return Some(SlotPermit {
+                slots: self,
+                name,
+                held: true,
+            });
+        }
+        // Dropped while queued: the waiter is skipped; dropped with a permit in the channel:
+        // the permit drops and hands the slot on.
+        rx.await.ok()
+    }
+
+    /// Before another sample: whether `permit`'s unit keeps its slot (no one waits; its job
+    /// is charged the sample). If not, [`FairSlots::reschedule`] it.
+    pub fn keep(&self, permit: &SlotPermit) -> bool {
+        self.lock().keep(&permit.name)
+    }
+
+    /// Offers `permit`'s slot to the job charged least (its own included) and waits its turn.
+    pub async fn reschedule(self: Arc<Self>, mut permit: SlotPermit) -> Option<SlotPermit> {
+        let (tx, rx) = oneshot::channel();
+        let next = self
+            .lock()
+            .requeue(&permit.name, (permit.name.clone(), tx), alive);
+        permit.held = false;
+        drop(permit);
+        self.send(next);
+        rx.await.ok()
+    }
+
+    /// Units waiting for a slot, over every job.
+    pub fn waiting(&self) -> usize {
+        self.lock().waiting()
+    }
+
+    /// Gives a slot to the waiter the queue chose.
+    fn send(self: &Arc<Self>, next: Option<Waiter>) {
+        if let Some((name, tx)) = next {
+            // A receiver gone since: the permit comes back, drops, and hands the slot on.
+            let _ = tx.send(SlotPermit {
+                slots: self.clone(),
+                name,
+                held: true,
+            });
+        }
+    }
+}
+
+/// A job's registration with the worker's fair sharing, for as long as the job is open.
+pub struct JobShare {
+    slots: Arc<FairSlots>,
+    name: Arc<str>,
+}
+
+impl JobShare {
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+}
+
+impl Drop for JobShare {
+    fn drop(&mut self) {
+        self.slots.lock().close(&self.name);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,145 @@
+use super::*;
+
+/// Units of several jobs on `slots` slots, step by step: a running unit decodes a sample,
+/// then keeps its slot or gives it back and queues again, as the worker's units do. Returns
+/// the samples each job decoded.
+struct Sim {
+    queue: FairQueue<(String, u32)>,
+    running: VecDeque<(String, u32)>,
+    samples: HashMap<String, u64>,
+}
+
+impl Sim {
+    fn new(slots: usize) -> Self {
+        Sim {
+            queue: FairQueue::new(slots),
+            running: VecDeque::new(),
+            samples: HashMap::new(),
+        }
+    }
+
+    /// `units` units of job `name` ask for slots.
+    fn start(&mut self, name: &str, weight: u32, units: u32) {
+        self.queue.open(name, weight);
+        for u in 0..units {
+            if let Some(w) = self.queue.request(name, (name.to_string(), u)) {
+                self.running.push_back(w);
+            }
+        }
+    }
+
+    fn run(&mut self, samples: u64) -> HashMap<String, u64> {
+        let mut got = HashMap::new();
+        for _ in 0..samples {
+            let Some((name, u)) = self.running.pop_front() else {
+                panic!("no unit runs: slots leaked");
+            };
+            *got.entry(name.clone()).or_insert(0) += 1;
+            *self.samples.entry(name.clone()).or_insert(0) += 1;
+            if self.queue.keep(&name) {
+                self.running.push_back((name, u));
+                continue;
+            }
+            if let Some(next) = self.queue.requeue(&name.clone(), (name, u), |_| true) {
+                self.running.push_back(next);
+            }
+        }
+        got
+    }
+}
+
+fn share(got: &HashMap<String, u64>, name: &str) -> f64 {
+    let total: u64 = got.values().sum();
+    got.get(name).copied().unwrap_or(0) as f64 / total as f64
+}
+
+#[test]
+fn a_greedy_job_does_not_starve_a_light_one() {
+    let mut sim = Sim::new(2);
+    sim.start("greedy", 1, 16);
+    sim.start("light", 1, 1);
+    let got = sim.run(10_000);
+    let light = share(&got, "light");
+    assert!((0.49..=0.51).contains(&light), "light job's share {light}");
+}
+
+#[test]
+fn weights_set_the_shares() {
+    let mut sim = Sim::new(4);
+    sim.start("three", 3, 4);
+    sim.start("one", 1, 8);
+    let got = sim.run(20_000);
+    let three = share(&got, "three");
+    assert!((0.74..=0.76).contains(&three), "weight 3 of 4: {three}");
+}
+
+#[test]
+fn a_job_alone_takes_every_slot_and_a_later_one_gets_its_share_at_once() {
+    let mut sim = Sim::new(2);
+    sim.start("a", 1, 4);
+    assert_eq!(share(&sim.run(1_000), "a"), 1.0);
+    sim.start("b", 1, 4);
+    // No burst for b (it was not owed the time it did not wait), and no wait either.
+    let next = sim.run(60);
+    let b = share(&next, "b");
+    assert!(
+        (0.4..=0.6).contains(&b),
+        "the newcomer's share of the next 60: {b}"
+    );
+    sim.start("c", 2, 4);
+    let got = sim.run(4_000);
+    let c = share(&got, "c");
+    assert!((0.48..=0.52).contains(&c), "weight 2 of 4: {c}");
+}
+
+#[test]
+fn a_job_that_stops_asking_leaves_its_share_to_the_others() {
+    let mut queue: FairQueue<u32> = FairQueue::new(1);
+    queue.open("a", 1);
+    queue.open("b", 1);
+    assert_eq!(queue.request("a", 1), Some(1));
+    assert_eq!(queue.request("b", 2), None);
+    assert_eq!(queue.request("a", 3), None);
+    // b is charged least; a's next waiter after it.
+    assert_eq!(queue.release("a", |_| true), Some(2));
+    // A waiter that gave up is skipped, and with nobody left the slot is free.
+    assert_eq!(queue.release("b", |&w| w != 3), None);
+    assert_eq!(queue.waiting(), 0);
+    assert_eq!(queue.request("b", 4), Some(4));
+    assert_eq!(queue.release("b", |_| true), None);
+    queue.close("a");
+    queue.close("b");
+    assert!(queue.jobs.is_empty(), "closed jobs are forgotten");
+}
+
+#[tokio::test]
+async fn permits_hand_the_slot_on_and_a_cancelled_wait_loses_none() {
+    let slots = FairSlots::new(1);
+    let a: Arc<str> = "a".into();
+    let b: Arc<str> = "b".into();
+    let _ja = slots.open(a.clone(), 1);
+    let _jb = slots.open(b.clone(), 1);
+    let held = slots.clone().acquire(a.clone()).await.expect("a free slot");
+    // b's wait is given up; a later wait still gets the slot when a lets go.
+    let gave_up = tokio::time::timeout(
+        std::time::Duration::from_millis(20),
+        slots.clone().acquire(b.clone()),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the only slot is held");
+    let waiting = tokio::spawn(slots.clone().acquire(b.clone()));
+    while slots.waiting() == 0 {
+        tokio::task::yield_now().await;
+    }
+    // b waits and is charged less: a's unit yields the slot to it at its next sample.
+    assert!(!slots.keep(&held), "b waits");
+    let yielding = tokio::spawn(slots.clone().reschedule(held));
+    let permit = waiting.await.expect("task").expect("the slot");
+    assert_eq!(&*permit.name, "b");
+    drop(permit);
+    let again = yielding.await.expect("task").expect("a's turn again");
+    assert_eq!(&*again.name, "a");
+    drop(again);
+    // Free again: granted at once.
+    assert!(slots.clone().acquire(a).await.is_some());
+}
