@@ -11,7 +11,8 @@
 //!
 //! [`FairSlots`] drives the rule for the worker's unit tasks: a unit holds a slot while it
 //! decodes, gives it back while it waits for credit, and yields it after a sample whenever
-//! another job waits, so shares hold sample by sample, not unit by unit.
+//! another job waits, so shares hold sample by sample, not unit by unit. Units of one job
+//! take the job's slots first come, first served.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -116,10 +117,16 @@ impl<W> FairQueue<W> {
     }
 
     /// A unit of `name` that holds a slot is about to decode another sample: it keeps the
-    /// slot (and is charged) unless a waiter is queued, in which case it should
-    /// [`FairQueue::requeue`] (`false`).
+    /// slot (and is charged) unless another job's waiter is queued, in which case it should
+    /// [`FairQueue::requeue`] (`false`). Within a job, units run first come, first served:
+    /// taking turns sample by sample would only finish each later, the one the client waits
+    /// for included.
     pub fn keep(&mut self, name: &str) -> bool {
-        if self.waiting() > 0 {
+        if self
+            .jobs
+            .iter()
+            .any(|(n, t)| n != name && !t.waiting.is_empty())
+        {
             return false;
         }
         self.charge(name);

@@ -527,9 +527,11 @@ impl Session {
             }
         };
         let shape = runner.shape();
+        // Not `clamp`: a hand-made config's cap of 0 must not panic here.
         let weight = spec
             .weight
-            .clamp(1, self.state.config.limits.max_job_weight);
+            .min(self.state.config.limits.max_job_weight)
+            .max(1);
         info!(job = spec.job, name = %spec.name, weight, dataset = %spec.dataset,
               pipeline = %spec.pipeline, epoch = spec.epoch, rank = spec.rank,
               transport = ?self.transport, "job opened");

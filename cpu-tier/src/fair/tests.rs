@@ -93,6 +93,22 @@ fn a_job_alone_takes_every_slot_and_a_later_one_gets_its_share_at_once() {
 }
 
 #[test]
+fn units_of_one_job_run_first_come_first_served() {
+    let mut queue: FairQueue<u32> = FairQueue::new(1);
+    queue.open("a", 1);
+    assert_eq!(queue.request("a", 1), Some(1));
+    assert_eq!(queue.request("a", 2), None);
+    // Only its own job waits: unit 1 keeps the slot to its end.
+    assert!(queue.keep("a"));
+    assert!(queue.keep("a"));
+    assert_eq!(queue.release("a", |_| true), Some(2));
+    // Another job's waiter makes the running unit offer its slot.
+    queue.open("b", 1);
+    assert_eq!(queue.request("b", 3), None);
+    assert!(!queue.keep("a"));
+}
+
+#[test]
 fn a_job_that_stops_asking_leaves_its_share_to_the_others() {
     let mut queue: FairQueue<u32> = FairQueue::new(1);
     queue.open("a", 1);
