@@ -25,13 +25,12 @@ use sluice_wire::{
     UnitFailed, UnitRunner, Welcome,
 };
 use tokio::sync::{mpsc, Semaphore};
-
-use crate::fair::{FairSlots, JobShare};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::config::CpuConfig;
+use crate::fair::{FairSlots, JobShare};
 use crate::tls::{self, Identity, TlsError};
 
 #[derive(Debug, thiserror::Error)]
