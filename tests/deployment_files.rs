@@ -281,4 +281,27 @@ fn kubernetes_manifests_parse_and_agree_on_ports() {
         }
     }
     assert_eq!(workloads, 2);
+    // The CPU pool's autoscaler scales its Deployment on a gauge the worker exports.
+    let hpa = kind("HorizontalPodAutoscaler")
+        .find(|h| h["metadata"]["name"] == "sluice-cpu")
+        .expect("an autoscaler for the CPU pool");
+    let target = &hpa["spec"]["scaleTargetRef"];
+    assert_eq!(
+        (&target["kind"], &target["name"]),
+        (&"Deployment".into(), &"sluice-cpu".into())
+    );
+    let metric = hpa["spec"]["metrics"][0]["pods"]["metric"]["name"]
+        .as_str()
+        .unwrap();
+    let source =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("cpu-tier/src/fair.rs"))
+            .unwrap();
+    assert!(
+        source.contains(&format!("\"{metric}\"")),
+        "the worker exports no {metric}"
+    );
+    assert!(
+        hpa["spec"]["minReplicas"].as_u64().unwrap() >= 1
+            && hpa["spec"]["maxReplicas"].as_u64() >= hpa["spec"]["minReplicas"].as_u64()
+    );
 }

@@ -134,6 +134,22 @@ fn jobs_share_a_worker_by_weight_and_a_late_one_gets_its_share_at_once() {
     wait_running(&worker, &names);
     let s = shares(&worker, &names, Duration::from_secs(3));
     eprintln!("weights 3:1:1 after the third joined: {s:.3?}");
+    // What an autoscaler reads: the slots, and units queued for them (three busy jobs on two
+    // slots keep some waiting).
+    let text = metrics_text(&worker);
+    let gauge = |name: &str| -> f64 {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .and_then(|l| l.split_whitespace().last()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in the worker's metrics"))
+    };
+    assert_eq!(gauge("sluice_cpu_unit_slots"), 2.0);
+    let per_slot = gauge("sluice_cpu_units_waiting_per_slot");
+    eprintln!("units waiting per slot with three busy jobs: {per_slot}");
+    assert!(
+        per_slot > 0.0,
+        "three busy jobs on two slots leave none waiting?"
+    );
     stop(jobs);
     assert!((0.1..=0.3).contains(&s[2]), "the late job's share: {s:?}");
     assert!((0.5..=0.7).contains(&s[0]), "weight 3 of 5: {s:?}");

@@ -216,6 +216,7 @@ type Waiter = (Arc<str>, oneshot::Sender<SlotPermit>);
 /// The worker's slots, shared by its connections' unit tasks.
 pub struct FairSlots {
     queue: Mutex<FairQueue<Waiter>>,
+    slots: usize,
 }
 
 /// A slot, held while a unit decodes; dropping it hands the slot to the next waiter.
@@ -229,7 +230,12 @@ pub struct SlotPermit {
 impl Drop for SlotPermit {
     fn drop(&mut self) {
         if self.held {
-            let next = self.slots.lock().release(&self.name, alive);
+            let next = {
+                let mut queue = self.slots.lock();
+                let next = queue.release(&self.name, alive);
+                self.slots.publish(&queue);
+                next
+            };
             self.slots.send(next);
         }
     }
@@ -243,7 +249,19 @@ impl FairSlots {
     pub fn new(slots: usize) -> Arc<Self> {
         Arc::new(FairSlots {
             queue: Mutex::new(FairQueue::new(slots)),
+            slots,
         })
+    }
+
+    /// Units waiting for a slot, as a gauge and per slot: "jobs wait for this worker", the
+    /// figure a pool scales on (`configs/kubernetes/cpu.yaml`'s autoscaler).
+    fn publish(&self, queue: &FairQueue<Waiter>) {
+        let waiting = queue.waiting() as f64;
+        // Set here, not once at start: the recorder may be installed after the slots are made.
+        metrics::gauge!("sluice_cpu_unit_slots").set(self.slots as f64);
+        metrics::gauge!("sluice_cpu_units_waiting").set(waiting);
+        metrics::gauge!("sluice_cpu_units_waiting_per_slot")
+            .set(waiting / self.slots.max(1) as f64);
     }
 
     fn lock(&self) -> MutexGuard<'_, FairQueue<Waiter>> {
@@ -262,7 +280,12 @@ impl FairSlots {
     /// Waits for a slot for job `name`; `None` only if the slots are gone.
     pub async fn acquire(self: Arc<Self>, name: Arc<str>) -> Option<SlotPermit> {
         let (tx, rx) = oneshot::channel();
-        let granted = self.lock().request(&name, (name.clone(), tx)).is_some();
+        let granted = {
+            let mut queue = self.lock();
+            let granted = queue.request(&name, (name.clone(), tx)).is_some();
+            self.publish(&queue);
+            granted
+        };
         if granted {
             return Some(SlotPermit {
                 slots: self,
@@ -284,9 +307,12 @@ impl FairSlots {
     /// Offers `permit`'s slot to the job charged least (its own included) and waits its turn.
     pub async fn reschedule(self: Arc<Self>, mut permit: SlotPermit) -> Option<SlotPermit> {
         let (tx, rx) = oneshot::channel();
-        let next = self
-            .lock()
-            .requeue(&permit.name, (permit.name.clone(), tx), alive);
+        let next = {
+            let mut queue = self.lock();
+            let next = queue.requeue(&permit.name, (permit.name.clone(), tx), alive);
+            self.publish(&queue);
+            next
+        };
         permit.held = false;
         drop(permit);
         self.send(next);
