@@ -6,8 +6,9 @@
 //! give (every rank and epoch of a training job says the same). Each sample decoded charges
 //! its job `STRIDE / weight`; a freed slot goes to the waiting job charged least, so busy
 //! jobs get slots in proportion to their weights, and a job that waits for nothing takes
-//! none: its share goes to the others. A job that starts waiting again is charged at least
-//! what the least-charged waiting job was, so time spent idle earns no burst later.
+//! none: its share goes to the others. A job that starts asking again is charged at least
+//! what the least-charged job still running or waiting was, so time spent idle earns no
+//! burst later.
 //!
 //! [`FairSlots`] drives the rule for the worker's unit tasks: a unit holds a slot while it
 //! decodes, gives it back while it waits for credit, and yields it after a sample whenever
