@@ -299,8 +299,8 @@ impl FairSlots {
         rx.await.ok()
     }
 
-    /// Before another sample: whether `permit`'s unit keeps its slot (no one waits; its job
-    /// is charged the sample). If not, [`FairSlots::reschedule`] it.
+    /// Before another sample: whether `permit`'s unit keeps its slot (no other job waits;
+    /// its job is charged the sample). If not, [`FairSlots::reschedule`] it.
     pub fn keep(&self, permit: &SlotPermit) -> bool {
         self.lock().keep(&permit.name)
     }

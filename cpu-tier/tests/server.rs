@@ -380,26 +380,7 @@ async fn a_vanished_client_frees_what_it_held() {
     c.1.send(&Message::Credit { job: 2, samples: 4 }, &[])
         .await
         .unwrap();
-    let mut samples = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the slot was never freed"
-        );
-        match next(&mut c).await {
-            Some(Message::Sample(h)) => {
-                assert_eq!(h.tensor_bytes, 16 * 16 * 3);
-                samples += 1;
-            }
-            Some(Message::UnitDone(d)) => {
-                assert_eq!((d.job, d.sent), (2, 4));
-                break;
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-    assert_eq!(samples, 4);
+    assert_eq!(finish_unit(&mut c, 2, 4).await, 4, "the slot was freed");
     r.stop.cancel();
 }
 
@@ -461,13 +442,19 @@ async fn a_job_out_of_credit_leaves_the_slots_to_the_others() {
     r.stop.cancel();
 }
 
-/// Reads a four-sample unit of `job` to its end: how many samples came (at most `credits`).
+/// Reads a four-sample `center_crop 16` unit of `job` to its end, within 30 s: how many
+/// samples came (at most `credits`).
 async fn finish_unit(c: &mut Conn, job: u64, credits: u64) -> u64 {
     let mut samples = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "job {job}: the unit never finished (no slot freed?)"
+        );
         match next(c).await {
             Some(Message::Sample(h)) => {
-                assert_eq!(h.job, job);
+                assert_eq!((h.job, h.tensor_bytes), (job, 16 * 16 * 3));
                 samples += 1;
                 assert!(samples <= credits, "job {job}: more samples than credits");
             }
