@@ -15,14 +15,21 @@ use system::{dataset, metrics_text, start_worker, trust_file, Worker};
 
 const PIPELINE: &str = "decode | random_resized_crop 64 | hflip 0.5";
 
-/// A job that reads for as long as it lives: `credits` samples in flight (a greedy job asks
-/// for many, a light one for few).
-fn job(data: &Path, dir: &Path, worker: &Worker, trust: &Path, name: &str, weight: u32) -> Child {
-    let credits = if name.starts_with("greedy") {
-        "512"
-    } else {
-        "16"
-    };
+/// Samples in flight a greedy job asks for, and a light one.
+const GREEDY: u32 = 512;
+const LIGHT: u32 = 16;
+
+/// A job of `name` and `weight` that reads for as long as it lives, with `credits` samples in
+/// flight.
+fn job(
+    data: &Path,
+    dir: &Path,
+    worker: &Worker,
+    trust: &Path,
+    name: &str,
+    weight: u32,
+    credits: u32,
+) -> Child {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args([
             "loadgen",
@@ -43,7 +50,7 @@ fn job(data: &Path, dir: &Path, worker: &Worker, trust: &Path, name: &str, weigh
             "--epochs",
             "10000",
             "--credits",
-            credits,
+            &credits.to_string(),
             "--job-name",
             name,
             "--job-weight",
@@ -103,7 +110,7 @@ fn jobs_share_a_worker_by_weight_and_a_late_one_gets_its_share_at_once() {
     let data = dataset(dir.path(), 40);
     let worker = start_worker(dir.path(), "w");
     let trust = trust_file(dir.path(), &[&worker]);
-    let run = |name: &str, weight: u32| {
+    let run = |name: &str, weight: u32, credits: u32| {
         job(
             &data.manifest_path,
             dir.path(),
@@ -111,11 +118,12 @@ fn jobs_share_a_worker_by_weight_and_a_late_one_gets_its_share_at_once() {
             &trust,
             name,
             weight,
+            credits,
         )
     };
 
     // Equal weights: a job with 512 samples in flight and one with 16 get half each.
-    let jobs = vec![run("greedy", 1), run("light", 1)];
+    let jobs = vec![run("greedy", 1, GREEDY), run("light", 1, LIGHT)];
     wait_running(&worker, &["greedy", "light"]);
     let s = shares(&worker, &["greedy", "light"], Duration::from_secs(4));
     eprintln!("equal weights, greedy and light: {s:.3?}");
@@ -124,12 +132,12 @@ fn jobs_share_a_worker_by_weight_and_a_late_one_gets_its_share_at_once() {
 
     // Weights 3:1, and a third job of weight 1 that joins later: 3/4 of the worker, then
     // 3/5 : 1/5 : 1/5 within a few seconds of the third's start.
-    let mut jobs = vec![run("greedy-3", 3), run("light-1", 1)];
+    let mut jobs = vec![run("greedy-3", 3, GREEDY), run("light-1", 1, LIGHT)];
     wait_running(&worker, &["greedy-3", "light-1"]);
     let s = shares(&worker, &["greedy-3", "light-1"], Duration::from_secs(4));
     eprintln!("weights 3:1: {s:.3?}");
     assert!((0.65..=0.85).contains(&s[0]), "weight 3 against 1: {s:?}");
-    jobs.push(run("late-1", 1));
+    jobs.push(run("late-1", 1, LIGHT));
     let names = ["greedy-3", "light-1", "late-1"];
     wait_running(&worker, &names);
     let s = shares(&worker, &names, Duration::from_secs(3));
