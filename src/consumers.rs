@@ -114,10 +114,13 @@ impl Observer for Bars {
     fn batch(&self, rank: u32, epoch: u64, s: &StatsSnapshot) {
         if let Some(bar) = self.bars.get(rank as usize) {
             bar.inc(1);
+            // Live workers, as the pool grows and shrinks (a workers file, DNS).
+            let workers = s.workers.iter().filter(|w| w.alive && !w.left).count();
             bar.set_message(format!(
-                "epoch {epoch}, {:.0} samples/s{}",
+                "epoch {epoch}, {:.0} samples/s{}, {workers} worker{}",
                 s.samples_per_s(),
-                starved_note(self.step_ms, s.starved_fraction())
+                starved_note(self.step_ms, s.starved_fraction()),
+                if workers == 1 { "" } else { "s" }
             ));
         }
     }

@@ -40,12 +40,20 @@ pub(crate) struct Owners {
 
 impl Owners {
     /// Owners for the units whose shards `unit_shards` lists (in unit order), over the
-    /// workers behind `links` (see [`shard_owners`]).
-    pub fn new(links: &[String], manifest: &Manifest, unit_shards: &[u32]) -> Self {
+    /// workers behind `links` (see [`shard_owners`]); a link given as `None` (its worker
+    /// left the pool) owns nothing.
+    pub fn new<'a>(
+        links: impl IntoIterator<Item = Option<&'a str>>,
+        manifest: &Manifest,
+        unit_shards: &[u32],
+    ) -> Self {
         let mut workers: Vec<&str> = Vec::new();
         let link_worker = links
-            .iter()
+            .into_iter()
             .map(|l| {
+                let Some(l) = l else {
+                    return usize::MAX;
+                };
                 let w = worker_of(l);
                 workers.iter().position(|x| *x == w).unwrap_or_else(|| {
                     workers.push(w);
@@ -81,7 +89,9 @@ impl Owners {
                 .filter(move |(w, _)| **w == owner)
                 .map(|(_, l)| l)
         };
-        if mine().any(|l| l.up) {
+        if mine().next().is_none() {
+            Owner::Down // no link to it (it left the pool)
+        } else if mine().any(|l| l.up) {
             Owner::Up(owner)
         } else if mine().all(|l| !l.failed) {
             Owner::Coming(owner)

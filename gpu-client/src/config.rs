@@ -104,6 +104,15 @@ pub struct LoaderConfig {
     /// `sluice cpu` daemons as `host:port` (a name may resolve to several, as a Kubernetes
     /// headless Service does); empty: decode in this process.
     pub workers: Vec<String>,
+    /// A file of more workers, one `host:port` a line (`#` starts a comment), re-read while
+    /// epochs run: a worker added to it gets units within `workers_refresh`, one removed from
+    /// it is drained (its open units finish; nothing new goes to it). Names in it and in
+    /// `workers` are re-resolved as often, so a DNS name's records (a headless Service's pods)
+    /// come and go the same way.
+    pub workers_file: Option<PathBuf>,
+    /// How often the workers file is re-read and worker names re-resolved while an epoch runs.
+    #[serde(with = "seconds")]
+    pub workers_refresh: Duration,
     /// The pipeline spec, e.g. `decode | random_resized_crop 224 | hflip 0.5`.
     pub pipeline: String,
     pub batch_size: u32,
@@ -200,6 +209,8 @@ impl Default for LoaderConfig {
         LoaderConfig {
             dataset_name: "dataset".into(),
             workers: Vec::new(),
+            workers_file: None,
+            workers_refresh: Duration::from_secs(1),
             pipeline: "decode | random_resized_crop 224 | hflip 0.5".into(),
             batch_size: 256,
             seed: 0,
@@ -254,6 +265,11 @@ impl LoaderConfig {
             .unwrap_or_else(|| format!("{}@{}", self.dataset_name, self.client_name))
     }
 
+    /// Workers are `sluice cpu` daemons (a list, a workers file or both), not this process.
+    pub fn remote(&self) -> bool {
+        !self.workers.is_empty() || self.workers_file.is_some()
+    }
+
     /// Checks every setting on its own and against the others, naming the key, and settles
     /// the defaults that follow from others (the lookahead, manifest order's mixing). The
     /// dataset and the world are checked against each other when the loader is built.
@@ -274,7 +290,15 @@ impl LoaderConfig {
             );
             return bad("rank", &detail);
         }
-        if !self.workers.is_empty() && self.trust_cert.is_none() {
+        if self.workers_refresh < Duration::from_millis(10) {
+            return bad("workers_refresh", "must be at least 0.01 s");
+        }
+        if let Some(file) = &self.workers_file {
+            if let Err(e) = crate::membership::read_workers_file(file) {
+                return bad("workers_file", &e.to_string());
+            }
+        }
+        if self.remote() && self.trust_cert.is_none() {
             return bad(
                 "trust_cert",
                 "remote workers need a certificate to trust (a worker's state_dir/cert.pem, or their CA)",

@@ -107,7 +107,8 @@ impl Tensor for Payload {
 
 pub(crate) struct Coordinator {
     protocol: Protocol<Payload>,
-    commands: Vec<mpsc::Sender<Command>>,
+    /// Each link's command queue; `None` once released (its worker left the pool).
+    commands: Vec<Option<mpsc::Sender<Command>>>,
     epoch: u64,
     batch_plan: BatchPlan,
     short_batch: ShortBatch,
@@ -161,7 +162,7 @@ impl Coordinator {
                 (counters.clone(), stats.clone()),
                 now(),
             ),
-            commands,
+            commands: commands.into_iter().map(Some).collect(),
             shape: None,
             ring: None,
             allocator,
@@ -291,6 +292,24 @@ impl Coordinator {
                 self.protocol
                     .piece_ended(link, failed.unit, failed.attempt, Some(failed.error))?
             }
+            Event::Joined {
+                link,
+                name,
+                commands,
+            } => {
+                let at = self.protocol.join(name.clone());
+                if at != link || self.commands.len() != link {
+                    return Err(ClientError::Runtime(format!(
+                        "worker {name} joined as link {link}, expected {at}"
+                    )));
+                }
+                self.stats.joined(link, &name);
+                self.commands.push(Some(commands));
+            }
+            Event::Left { link } => {
+                self.stats.left(link);
+                self.protocol.leave(link, now);
+            }
             Event::Lost {
                 link,
                 generation,
@@ -323,16 +342,17 @@ impl Coordinator {
     ) -> Result<(), ClientError> {
         while let Some(action) = self.protocol.poll_action() {
             match action {
-                // A send fails only when the link task ended; its loss event requeues.
                 Action::Assign(link, generation, assign) => {
-                    let _ = self.commands[link]
-                        .send(Command::Assign(generation, assign))
-                        .await;
+                    send(self.link(link), Command::Assign(generation, assign)).await;
                 }
                 Action::Credit(link, generation, n) => {
-                    let _ = self.commands[link]
-                        .send(Command::Credit(generation, n))
-                        .await;
+                    send(self.link(link), Command::Credit(generation, n)).await;
+                }
+                // Dropping its command queue ends the link and closes its connection.
+                Action::Release(link) => {
+                    if let Some(c) = self.commands.get_mut(link) {
+                        *c = None;
+                    }
                 }
                 Action::Ring(shape) => {
                     self.shape = Some(shape);
@@ -357,6 +377,11 @@ impl Coordinator {
             }
         }
         Ok(())
+    }
+
+    /// Link `link`'s command queue, unless it is released.
+    fn link(&self, link: usize) -> Option<mpsc::Sender<Command>> {
+        self.commands.get(link).cloned().flatten()
     }
 
     fn batch_bytes(&self) -> usize {
@@ -477,6 +502,14 @@ async fn acquire_shared(
                 }
             }
         }
+    }
+}
+
+/// Sends `command` down a link's queue, if it has one. A send fails only when the link task
+/// ended; its loss event requeues.
+async fn send(link: Option<mpsc::Sender<Command>>, command: Command) {
+    if let Some(tx) = link {
+        let _ = tx.send(command).await;
     }
 }
 

@@ -64,6 +64,18 @@ pub(crate) enum Event {
         /// A refusal that retrying cannot fix.
         fatal: Option<crate::ClientError>,
     },
+    /// A worker joined the pool while the epoch ran (`crate::membership`): link `link` (the
+    /// next number) goes to it, commanded through `commands`. Sent before the link's task
+    /// starts, so it comes before anything the link says.
+    Joined {
+        link: usize,
+        name: String,
+        commands: mpsc::Sender<Command>,
+    },
+    /// Link `link`'s worker left the pool: drain it.
+    Left {
+        link: usize,
+    },
 }
 
 /// What the coordinator tells a link, for one generation of its connection.
@@ -143,9 +155,10 @@ impl RemoteLink {
                 }
                 e => e,
             };
-            // An epoch that ended (or a loader shutting down) takes its links with it: a
-            // connection that broke on the way is no news.
-            if cancel.is_cancelled() || events.is_closed() {
+            // An epoch that ended (or a loader shutting down) takes its links with it, and a
+            // link released (its worker left the pool) is not dialed again: a connection that
+            // broke on the way is no news.
+            if cancel.is_cancelled() || events.is_closed() || commands.is_closed() {
                 return;
             }
             let (error, fatal) = match ended {
@@ -169,6 +182,9 @@ impl RemoteLink {
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {}
                 _ = cancel.cancelled() => return,
+            }
+            if commands.is_closed() {
+                return;
             }
             backoff = (backoff * 2).min(Duration::from_secs(2));
         }

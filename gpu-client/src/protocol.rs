@@ -52,6 +52,8 @@ pub(crate) enum Action<P> {
     Fill(Arrival<P>),
     /// The batch being filled is complete: finish it and hand it to the consumer.
     Close,
+    /// The link's worker left the pool and has nothing open: close the link.
+    Release(usize),
 }
 
 /// A sample range of a unit, as given to one worker in one attempt.
@@ -78,6 +80,26 @@ struct LinkState {
     last_error: Option<String>,
     /// It refused the handshake: left out for the rest of the epoch.
     excluded: bool,
+    /// Its worker left the pool: it gets no new piece, and is released once it has none.
+    leaving: bool,
+    /// Released (see [`Action::Release`]): it is gone for the rest of the epoch.
+    released: bool,
+}
+
+impl LinkState {
+    fn new(name: String) -> Self {
+        LinkState {
+            name,
+            generation: None,
+            open: Vec::new(),
+            outstanding: 0,
+            owed: 0,
+            last_error: None,
+            excluded: false,
+            leaving: false,
+            released: false,
+        }
+    }
 }
 
 /// Queued pieces a free link looks through for one its worker owns.
@@ -105,6 +127,8 @@ pub(crate) struct Protocol<P> {
     links: Vec<LinkState>,
     /// Which worker each unit's shard belongs to (see [`crate::affinity`]).
     owners: Owners,
+    /// Each unit's shard, to work the owners out again when the pool changes.
+    unit_shards: Vec<u32>,
     shape: Option<SampleShape>,
     credit_window: u32,
     down_since: Option<Instant>,
@@ -153,9 +177,10 @@ impl<P: Tensor> Protocol<P> {
             }
         }
         let shards: Vec<u32> = units.iter().map(|(_, u)| u.shard).collect();
-        let owners = Owners::new(&links, &manifest, &shards);
+        let owners = Owners::new(links.iter().map(|l| Some(l.as_str())), &manifest, &shards);
         Protocol {
             owners,
+            unit_shards: shards,
             next_batch: settings.first_batch,
             in_batch: 0,
             hedged: vec![false; units.len()],
@@ -169,18 +194,7 @@ impl<P: Tensor> Protocol<P> {
             manifest,
             ledger,
             queue,
-            links: links
-                .into_iter()
-                .map(|name| LinkState {
-                    name,
-                    generation: None,
-                    open: Vec::new(),
-                    outstanding: 0,
-                    owed: 0,
-                    last_error: None,
-                    excluded: false,
-                })
-                .collect(),
+            links: links.into_iter().map(LinkState::new).collect(),
             shape: None,
             credit_window: 0,
             down_since: Some(now),
@@ -203,6 +217,55 @@ impl<P: Tensor> Protocol<P> {
         self.clock = self.clock.max(now);
         self.held = false;
         self.waited(now);
+    }
+
+    /// A worker joined the pool: a new link `name`, returned as its number (the next one).
+    pub(crate) fn join(&mut self, name: String) -> usize {
+        self.links.push(LinkState::new(name));
+        self.reown();
+        self.links.len() - 1
+    }
+
+    /// Link `link`'s worker left the pool: it gets no new piece; what it has open finishes
+    /// there (or comes back to the queue if it is lost), and then it is released.
+    pub(crate) fn leave(&mut self, link: usize, now: Instant) {
+        self.clock = self.clock.max(now);
+        let Some(l) = self.links.get_mut(link) else {
+            return;
+        };
+        if l.leaving {
+            return;
+        }
+        l.leaving = true;
+        tracing::debug!(worker = %l.name, open = l.open.len(), "draining a worker that left the pool");
+        self.reown();
+        self.release_if_drained(link, now);
+    }
+
+    /// Releases `link` if it is leaving and has nothing open.
+    fn release_if_drained(&mut self, link: usize, now: Instant) {
+        let l = &mut self.links[link];
+        if !l.leaving || l.released || !l.open.is_empty() {
+            return;
+        }
+        l.released = true;
+        l.generation = None;
+        l.outstanding = 0;
+        self.stats.set_alive(link, false);
+        self.stats.set_in_flight(link, 0);
+        self.actions.push_back(Action::Release(link));
+        if self.alive() == 0 && self.down_since.is_none() {
+            self.down_since = Some(now);
+        }
+    }
+
+    /// Works out the units' owners again over the links still in the pool.
+    fn reown(&mut self) {
+        let names = self
+            .links
+            .iter()
+            .map(|l| (!l.leaving).then_some(l.name.as_str()));
+        self.owners = Owners::new(names, &self.manifest, &self.unit_shards);
     }
 
     /// Every batch of the epoch has been closed.
@@ -285,6 +348,9 @@ impl<P: Tensor> Protocol<P> {
         shape: SampleShape,
         caches: bool,
     ) -> Result<(), ClientError> {
+        if self.links.get(link).is_none_or(|l| l.leaving) {
+            return Ok(()); // its worker left the pool: it is being closed
+        }
         // Shard affinity pays only where a worker keeps a cache.
         self.affinity |= caches;
         match self.shape {
@@ -474,6 +540,7 @@ impl<P: Tensor> Protocol<P> {
             }
         }
         self.requeue(piece);
+        self.release_if_drained(link, self.clock);
         Ok(())
     }
 
@@ -494,6 +561,7 @@ impl<P: Tensor> Protocol<P> {
         for piece in open {
             self.requeue(piece);
         }
+        self.release_if_drained(link, now);
         if self.alive() == 0 && self.down_since.is_none() {
             self.down_since = Some(now);
         }
@@ -505,13 +573,17 @@ impl<P: Tensor> Protocol<P> {
         if let Some(l) = self.links.get_mut(link) {
             l.excluded = true;
         }
-        self.links.iter().filter(|l| !l.excluded).count()
+        self.links
+            .iter()
+            .filter(|l| !l.excluded && !l.released)
+            .count()
     }
 
     fn last_errors(&self) -> String {
         let errors: Vec<String> = self
             .links
             .iter()
+            .filter(|l| !l.released)
             .map(|l| {
                 format!(
                     "{}: {}",
@@ -553,7 +625,7 @@ impl<P: Tensor> Protocol<P> {
             let mut free: Vec<usize> = (0..self.links.len())
                 .filter(|&i| {
                     let l = &self.links[i];
-                    l.generation.is_some() && l.open.len() < slots
+                    l.generation.is_some() && !l.leaving && l.open.len() < slots
                 })
                 .collect();
             free.sort_by_key(|&i| self.links[i].open.len());
@@ -696,7 +768,10 @@ impl<P: Tensor> Protocol<P> {
             return; // still queued (no worker has it): dispatch will send it
         };
         let Some(other) = (0..self.links.len())
-            .filter(|&i| i != holder && self.links[i].generation.is_some())
+            .filter(|&i| {
+                let l = &self.links[i];
+                i != holder && l.generation.is_some() && !l.leaving
+            })
             .min_by_key(|&i| self.links[i].open.len())
         else {
             // Nobody to hedge to: say what the epoch waits for (a storage node restarting

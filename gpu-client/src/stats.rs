@@ -95,6 +95,8 @@ pub struct WorkerStats {
     pub alive: bool,
     pub samples: u64,
     pub in_flight_units: usize,
+    /// It left the pool (its workers file line or DNS record went): drained, then closed.
+    pub left: bool,
 }
 
 /// Live figures of a loader across epochs.
@@ -112,6 +114,8 @@ pub struct StatsSnapshot {
     /// storage tier, and from their shard caches.
     pub storage_bytes: u64,
     pub cached_bytes: u64,
+    /// Workers that joined or left the pool while epochs ran (workers file, DNS).
+    pub pool_changes: u64,
 }
 
 impl StatsSnapshot {
@@ -144,6 +148,9 @@ pub(crate) struct Stats {
     storage_bytes: AtomicU64,
     cached_bytes: AtomicU64,
     workers: Mutex<Vec<WorkerStats>>,
+    /// The workers in the pool as last seen (`None` before the first epoch's).
+    pool: Mutex<Option<std::collections::BTreeSet<String>>>,
+    pool_changes: AtomicU64,
 }
 
 impl Stats {
@@ -157,6 +164,8 @@ impl Stats {
             storage_bytes: AtomicU64::new(0),
             cached_bytes: AtomicU64::new(0),
             workers: Mutex::new(Vec::new()),
+            pool: Mutex::new(None),
+            pool_changes: AtomicU64::new(0),
         }
     }
 
@@ -170,6 +179,48 @@ impl Stats {
                 })
                 .collect();
         }
+    }
+
+    /// Link `link` (joined while its epoch ran) goes to worker `name`.
+    pub(crate) fn joined(&self, link: usize, name: &str) {
+        if let Ok(mut w) = self.workers.lock() {
+            if w.len() <= link {
+                w.resize(link + 1, WorkerStats::default());
+            }
+            if w[link].name != name {
+                w[link] = WorkerStats {
+                    name: name.to_string(),
+                    ..WorkerStats::default()
+                };
+            }
+        }
+    }
+
+    /// Link `link`'s worker left the pool.
+    pub(crate) fn left(&self, link: usize) {
+        self.with_worker(link, |w| w.left = true);
+    }
+
+    /// The pool is now `workers`: which joined and which left since it was last told (each
+    /// change once, however many epochs' watchers report it; the first pool is no change).
+    pub(crate) fn pool_is(&self, workers: &[String]) -> (Vec<String>, Vec<String>) {
+        let now: std::collections::BTreeSet<String> = workers.iter().cloned().collect();
+        let Ok(mut pool) = self.pool.lock() else {
+            return (Vec::new(), Vec::new());
+        };
+        let changes = match pool.as_ref() {
+            None => (Vec::new(), Vec::new()),
+            Some(was) => (
+                now.difference(was).cloned().collect::<Vec<_>>(),
+                was.difference(&now).cloned().collect::<Vec<_>>(),
+            ),
+        };
+        let n = (changes.0.len() + changes.1.len()) as u64;
+        self.pool_changes.fetch_add(n, Ordering::Relaxed);
+        metrics::counter!("sluice_client_pool_changes_total").increment(n);
+        metrics::gauge!("sluice_client_pool_workers").set(now.len() as f64);
+        *pool = Some(now);
+        changes
     }
 
     fn with_worker(&self, i: usize, f: impl FnOnce(&mut WorkerStats)) {
@@ -226,6 +277,7 @@ impl Stats {
             storage_bytes: get(&self.storage_bytes),
             cached_bytes: get(&self.cached_bytes),
             workers: self.workers.lock().map(|w| w.clone()).unwrap_or_default(),
+            pool_changes: get(&self.pool_changes),
         }
     }
 }

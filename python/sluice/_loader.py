@@ -184,6 +184,16 @@ class Loader:
             among the jobs it serves by name, and labels its per-job metrics with it.
         job_weight: the job's share of a busy worker against other jobs' (1: equal; a
             worker caps it at its ``limits.max_job_weight``).
+        workers_file: a file of workers, one ``host:port`` a line (``#`` comments), re-read
+            while epochs run: a worker added to it gets units within ``workers_refresh``
+            seconds, one removed from it is drained (its open units finish, it gets no new
+            ones). With ``workers=`` too, the pool is both. A name in either that is not an
+            address (a Kubernetes headless Service) is re-resolved as often, each of its
+            records a worker. The batches are the same whatever joins or leaves; the
+            ``sluice`` logger says when the pool changes, and ``stats()["pool_changes"]``
+            counts it.
+        workers_refresh: seconds between re-reads of ``workers_file`` and re-resolutions
+            of worker names (default 1).
     """
 
     def __init__(
@@ -229,6 +239,8 @@ class Loader:
         epoch_samples: Optional[int] = None,
         job_name: Optional[str] = None,
         job_weight: int = 1,
+        workers_file: Union[None, str, PathLike] = None,
+        workers_refresh: float = 1.0,
         **kwargs: Any,
     ) -> None:
         if kwargs:
@@ -270,11 +282,14 @@ class Loader:
             "epoch_samples": epoch_samples,
             "job_name": job_name,
             "job_weight": job_weight,
+            "workers_file": None if workers_file is None else os.fspath(workers_file),
+            "workers_refresh": _seconds(workers_refresh),
         }
         # None means "the default" everywhere but the label, where it means "no label".
         config = {k: v for k, v in config.items() if v is not None}
         config["label"] = label
-        if not workers and threads is None:
+        remote = bool(workers) or workers_file is not None
+        if not remote and threads is None:
             threads = _env.threads_per_rank()
         self._inner = _Loader(
             name,
@@ -286,7 +301,7 @@ class Loader:
             std=std,
             threads=threads,
             max_decoded_bytes=max_decoded_bytes,
-            token=_env.env_token(token_file) if workers else None,
+            token=_env.env_token(token_file) if remote else None,
         )
         if config["shuffle"] == "none" and remainder is None:
             self._warn_unscored()

@@ -269,7 +269,7 @@ impl Loader {
                 .map_err(|e| PyValueError::new_err(e.to_string()))?;
             b = b.token(t);
         }
-        if config.workers.is_empty() {
+        if !config.remote() {
             b = b.in_process(in_process_worker(py, threads.unwrap_or(1))?);
         }
         let b = b.config(config);
@@ -394,7 +394,9 @@ impl Loader {
     }
 
     /// Live figures: batches, samples, samples_per_s, starved_fraction, the shard bytes the
-    /// workers read from storage and from their caches (and the hit ratio), workers.
+    /// workers read from storage and from their caches (and the hit ratio), workers (name,
+    /// alive, samples, units in flight), and pool_changes (workers that joined or left the
+    /// pool while epochs ran).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.inner.stats();
         let d = PyDict::new(py);
@@ -411,6 +413,7 @@ impl Loader {
             .map(|w| (w.name.clone(), w.alive, w.samples, w.in_flight_units))
             .collect();
         d.set_item("workers", workers)?;
+        d.set_item("pool_changes", s.pool_changes)?;
         Ok(d)
     }
 }

@@ -534,6 +534,53 @@ def test_a_worker_that_refuses_the_handshake_is_left_out(dataset, sluice_bin, tm
         b.stop()
 
 
+def test_a_workers_file_grows_and_shrinks_the_pool_mid_epoch(dataset, sluice_bin, tmp_path,
+                                                             caplog):
+    """The pool as a workers file that changes while the epoch runs, as an operator (or a
+    script watching the cluster) edits it: a worker added mid-epoch gets units, one removed
+    is drained, the logger says so, and the batches are those of decoding in process."""
+    import logging
+    import time
+
+    from conftest import Worker
+
+    caplog.set_level(logging.INFO, logger="sluice")
+    token = tmp_path / "token"
+    token.write_text("python-test-token-1234\n")
+    a = Worker(sluice_bin, tmp_path / "a", ["--token-file", str(token)])
+    b = Worker(sluice_bin, tmp_path / "b", ["--token-file", str(token)])
+    try:
+        trust = tmp_path / "trust.pem"
+        trust.write_text(open(a.cert).read() + open(b.cert).read())
+        pool = tmp_path / "workers"
+        pool.write_text(f"# the pool\n{a.addr}\n")
+        # Units of 10 samples, one after the other, started only 12 places ahead of the
+        # consumer: the first worker cannot decode the epoch before the second joins.
+        common = dict(dataset=dataset, batch_size=6, seed=5, pipeline=PIPELINE,
+                      max_unit_samples=10, mix_units=1, mix_buffer=0, lookahead=12)
+        want = ids_of(sluice.Loader(**common, threads=1).epoch(0))
+        loader = sluice.Loader(**common, workers_file=pool, workers_refresh=0.05, epochs=1,
+                               token_file=str(token), trust_cert=trust)
+        got = []
+        for n, (images, _) in enumerate(loader.epoch(0)):
+            got.extend(images.ids)
+            if n == 1:
+                pool.write_text(f"{a.addr}\n{b.addr}\n")  # b joins
+            if n == 8:
+                pool.write_text(f"{b.addr}\n")  # a leaves: drained
+            time.sleep(0.05)
+        assert got == want, "the same batches whatever joined or left"
+        stats = loader.stats()
+        served = {name: samples for name, _, samples, _ in stats["workers"]}
+        assert served.get(b.addr, 0) > 0, stats["workers"]
+        assert stats["pool_changes"] == 2, stats
+        said = " ".join(r.getMessage() for r in caplog.records)
+        assert "joined the pool" in said and "left the pool" in said, said
+    finally:
+        a.stop()
+        b.stop()
+
+
 def test_a_field_no_sample_has_is_warned_about_once(dataset, caplog):
     import logging
 

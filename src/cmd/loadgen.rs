@@ -34,9 +34,17 @@ pub struct Args {
     /// Samples per epoch of a mixture (default: all its sources' samples).
     #[arg(long)]
     epoch_samples: Option<u64>,
-    /// CPU workers, host:port, comma-separated; `local` decodes in this process.
-    #[arg(long, value_delimiter = ',', required = true)]
+    /// CPU workers, host:port, comma-separated; `local` decodes in this process. A DNS name
+    /// stands for each of its records, re-resolved while epochs run (a headless Service).
+    #[arg(long, value_delimiter = ',', required_unless_present = "workers_file")]
     workers: Vec<String>,
+    /// A file of CPU workers, one host:port a line, re-read while epochs run: a worker added
+    /// to it gets units within --workers-refresh, one removed from it is drained.
+    #[arg(long)]
+    workers_file: Option<PathBuf>,
+    /// Seconds between re-reads of --workers-file and re-resolutions of worker names.
+    #[arg(long, default_value_t = 1.0)]
+    workers_refresh: f64,
     /// Ranks to simulate (threads in this process); they form the whole world.
     #[arg(long, default_value_t = 1)]
     ranks: u32,
@@ -212,6 +220,8 @@ fn config(args: &Args) -> Result<ConsumerConfig> {
         prefetch_next_epoch: !args.no_prefetch_next_epoch,
         job_name: args.job_name.clone().or(base.loader.job_name.clone()),
         job_weight: args.job_weight,
+        workers_file: args.workers_file.clone(),
+        workers_refresh: Duration::from_secs_f64(args.workers_refresh.max(0.0)),
         ..base.loader.clone()
     };
     Ok(ConsumerConfig {

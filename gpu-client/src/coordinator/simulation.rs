@@ -2,7 +2,9 @@
 //! and interleaving, workers that die and come back (a new connection generation), frames of
 //! a dead connection read late, duplicates, decoder skips, and workers that stall on a unit
 //! until silence detection gives up on them. Time is tokio's paused clock, so hedging and
-//! silence deadlines pass in simulated seconds and a run takes milliseconds.
+//! silence deadlines pass in simulated seconds and a run takes milliseconds. The pool changes
+//! as it runs: workers join (a new link, as a workers file or DNS adds one) and leave (drained:
+//! a worker that left must get nothing new, and is released only with nothing open).
 //!
 //! Every run checks, from the batches alone: every planned sample exactly once (delivered or
 //! skipped), in the plan's order, in the planned number of batches, with intact tensors; and
@@ -62,10 +64,47 @@ struct SimLink {
     sent_any: bool,
     /// The worker announces a shard cache (the client then dispatches by shard affinity).
     caches: bool,
+    /// It left the pool (the coordinator was told), and was then released (its command queue
+    /// closed).
+    left: bool,
+    released: bool,
 }
 
-/// One simulated epoch: the batches' ids and the epoch's report.
-async fn simulate(seed: u64, world: &World) -> (Vec<Vec<(u32, u64)>>, crate::EpochReport) {
+/// Most links a simulated epoch grows to.
+const MAX_LINKS: usize = 8;
+
+impl SimLink {
+    fn new(commands: mpsc::Receiver<Command>, caches: bool) -> Self {
+        SimLink {
+            commands,
+            generation: 0,
+            alive: false,
+            credits: 0,
+            open: Vec::new(),
+            stalled: false,
+            since: tokio::time::Instant::now(),
+            sent_any: false,
+            caches,
+            left: false,
+            released: false,
+        }
+    }
+}
+
+/// What became of a simulated epoch's pool: links that joined, left, and were released
+/// before the epoch ended.
+#[derive(Default)]
+struct PoolChanges {
+    joined: usize,
+    left: usize,
+    released: usize,
+}
+
+/// One simulated epoch: the batches' ids, the epoch's report and its pool's changes.
+async fn simulate(
+    seed: u64,
+    world: &World,
+) -> (Vec<Vec<(u32, u64)>>, crate::EpochReport, PoolChanges) {
     let mut rng = stream(seed, Domain::Sample, 0, 1);
     let links = 1 + rng.below(4) as usize;
     let counters = Arc::new(EpochCounters::default());
@@ -74,17 +113,7 @@ async fn simulate(seed: u64, world: &World) -> (Vec<Vec<(u32, u64)>>, crate::Epo
     for _ in 0..links {
         let (tx, rx) = mpsc::channel(1024);
         senders.push(tx);
-        sims.push(SimLink {
-            commands: rx,
-            generation: 0,
-            alive: false,
-            credits: 0,
-            open: Vec::new(),
-            stalled: false,
-            since: tokio::time::Instant::now(),
-            sent_any: false,
-            caches: world.caches,
-        });
+        sims.push(SimLink::new(rx, world.caches));
     }
     let names: Vec<(String, mpsc::Sender<Command>)> = senders
         .into_iter()
@@ -152,12 +181,43 @@ async fn simulate(seed: u64, world: &World) -> (Vec<Vec<(u32, u64)>>, crate::Epo
     });
     let mut late: Vec<Event> = Vec::new();
     while !consumer.is_finished() {
-        step(&mut sims, &mut rng, &events, &mut late).await;
+        step(&mut sims, &mut rng, &events, &mut late, task.is_finished()).await;
+        change_pool(&mut sims, &mut rng, &events).await;
         tokio::time::sleep(Duration::from_millis(rng.below(3))).await;
     }
     let got = consumer.await.expect("consumer");
     task.await.expect("coordinator");
-    (got, counters.report(0, 0))
+    let changes = PoolChanges {
+        joined: sims.len() - links,
+        left: sims.iter().filter(|l| l.left).count(),
+        released: sims.iter().filter(|l| l.released).count(),
+    };
+    (got, counters.report(0, 0), changes)
+}
+
+/// Now and then a worker joins the pool, or one leaves it (never the last one in it).
+async fn change_pool(sims: &mut Vec<SimLink>, rng: &mut Stream, events: &mpsc::Sender<Event>) {
+    match rng.below(600) {
+        0 if sims.len() < MAX_LINKS => {
+            let (tx, rx) = mpsc::channel(1024);
+            let link = sims.len();
+            let caches = sims[0].caches;
+            sims.push(SimLink::new(rx, caches));
+            let joined = Event::Joined {
+                link,
+                name: format!("w{link}"),
+                commands: tx,
+            };
+            let _ = events.send(joined).await;
+        }
+        1 if sims.iter().filter(|l| !l.left).count() > 1 => {
+            let staying: Vec<usize> = (0..sims.len()).filter(|&i| !sims[i].left).collect();
+            let link = staying[rng.below(staying.len() as u64) as usize];
+            sims[link].left = true;
+            let _ = events.send(Event::Left { link }).await;
+        }
+        _ => {}
+    }
 }
 
 /// One random step of the simulated workers.
@@ -166,10 +226,26 @@ async fn step(
     rng: &mut Stream,
     events: &mpsc::Sender<Event>,
     late: &mut Vec<Event>,
+    ended: bool,
 ) {
     let now = tokio::time::Instant::now();
     for (i, l) in sims.iter_mut().enumerate() {
-        while let Ok(c) = l.commands.try_recv() {
+        loop {
+            let c = match l.commands.try_recv() {
+                Ok(c) => c,
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    // Released: only a worker that left, and only once it holds nothing
+                    // (at the epoch's end every link is).
+                    if !l.released && !ended {
+                        assert!(l.left, "link {i} released without leaving the pool");
+                        assert!(l.open.is_empty(), "link {i} released holding {:?}", l.open);
+                        l.released = true;
+                        l.alive = false;
+                    }
+                    break;
+                }
+            };
             match c {
                 Command::Credit(g, n) if g == l.generation && l.alive => l.credits += n,
                 Command::Assign(g, a) if g == l.generation && l.alive => {
@@ -192,8 +268,12 @@ async fn step(
     let several = sims.len() > 1;
     let i = rng.below(sims.len() as u64) as usize;
     let l = &mut sims[i];
+    if l.released {
+        return;
+    }
     if !l.alive {
-        if rng.below(3) == 0 {
+        // A worker that left the pool is not dialed again.
+        if !l.left && rng.below(3) == 0 {
             l.generation += 1;
             l.alive = true;
             l.stalled = false;
@@ -381,6 +461,7 @@ fn many_seeds_of_failures_keep_exactly_once_plan_order_and_bounds() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(3000);
     let (mut hedged, mut reassigned, mut duplicates) = (0, 0, 0);
+    let mut pool = PoolChanges::default();
     let mut by_seed: HashMap<u64, u64> = HashMap::new();
     for seed in 0..seeds {
         let w = world(seed);
@@ -389,7 +470,7 @@ fn many_seeds_of_failures_keep_exactly_once_plan_order_and_bounds() {
             .start_paused(true)
             .build()
             .expect("runtime");
-        let (got, report) = rt.block_on(async {
+        let (got, report, changes) = rt.block_on(async {
             tokio::time::timeout(Duration::from_secs(3600), simulate(seed, &w))
                 .await
                 .unwrap_or_else(|_| panic!("seed {seed}: the epoch never finished"))
@@ -417,12 +498,23 @@ fn many_seeds_of_failures_keep_exactly_once_plan_order_and_bounds() {
         reassigned += report.reassigned;
         duplicates += report.duplicates_dropped;
         by_seed.insert(seed, peak);
+        pool.joined += changes.joined;
+        pool.left += changes.left;
+        pool.released += changes.released;
     }
     eprintln!(
         "{seeds} seeds: {hedged} hedged units, {reassigned} reassigned pieces, {duplicates} \
-         duplicates dropped, largest reorder peak {}",
-        by_seed.values().max().copied().unwrap_or(0)
+         duplicates dropped, largest reorder peak {}; {} workers joined, {} left ({} drained \
+         and released before their epoch ended)",
+        by_seed.values().max().copied().unwrap_or(0),
+        pool.joined,
+        pool.left,
+        pool.released
     );
-    // The simulation has teeth: stalls were hedged, losses reassigned, copies dropped.
+    // The simulation has teeth: stalls were hedged, losses reassigned, copies dropped, and
+    // workers joined and left (and were drained) while epochs ran.
     assert!(hedged > 0 && reassigned > 0 && duplicates > 0);
+    if seeds >= 1000 {
+        assert!(pool.joined > 0 && pool.left > 0 && pool.released > 0);
+    }
 }

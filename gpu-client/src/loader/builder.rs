@@ -115,6 +115,20 @@ impl LoaderBuilder {
         self
     }
 
+    /// A file of remote workers, one `host:port` a line, re-read while epochs run: workers
+    /// added to it join the pool, workers removed from it are drained (see
+    /// [`LoaderConfig::workers_file`]). With [`Self::workers`] too, the pool is both.
+    pub fn workers_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.config.workers_file = Some(path.into());
+        self
+    }
+
+    /// How often the workers file is re-read and worker names re-resolved (default 1 s).
+    pub fn workers_refresh(mut self, every: std::time::Duration) -> Self {
+        self.config.workers_refresh = every;
+        self
+    }
+
     /// Decode in this process with `runner` (no daemons).
     pub fn in_process(mut self, runner: Arc<dyn UnitRunner>) -> Self {
         self.runner = Some(runner);
@@ -153,7 +167,7 @@ impl LoaderBuilder {
             return Err(bad("dataset", "no dataset given"));
         }
         let (manifest, mixture) = combine(self.sources, &config)?;
-        let workers = match (self.runner, config.workers.is_empty()) {
+        let workers = match (self.runner, !config.remote()) {
             (Some(runner), true) => Workers::InProcess(runner),
             (None, false) => Workers::Remote(config.workers.clone()),
             (Some(_), false) => {
@@ -336,7 +350,10 @@ fn plan_world(
 /// (see `crate::reorder`) and every worker's credits.
 fn held_samples(config: &LoaderConfig, workers: &Workers) -> usize {
     let links = match workers {
-        Workers::Remote(names) => names.len() as u64 * u64::from(config.connections_per_worker),
+        // A pool that changes (a workers file, DNS names) is sized for what it starts with.
+        Workers::Remote(names) => {
+            names.len().max(1) as u64 * u64::from(config.connections_per_worker)
+        }
         Workers::InProcess(_) => 0,
     };
     let held = config.lookahead

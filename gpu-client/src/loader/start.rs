@@ -2,14 +2,11 @@
 //! (QUIC, same-host shared memory, or the engine in this process), and its coordinator on
 //! the loader's runtime; and starting the next epoch early, behind the one being read.
 
-use std::future::Future;
-use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use sluice_plan::{Segment, ShuffleBuffer};
-use sluice_wire::{JobSpec, Limits};
+use sluice_wire::JobSpec;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -20,9 +17,9 @@ use crate::config::{EpochSettings, Order};
 use crate::coordinator::{handoff, Coordinator, Predecessor};
 use crate::error::ClientError;
 use crate::ledger::Ledger;
-use crate::link::{run_local, Command, Event, RemoteLink, SameHostRoute};
+use crate::link::{run_local, Command, Event};
+use crate::membership::{self, Dialer, Source, Task, Watcher};
 use crate::reorder::Reorder;
-use crate::same_host::SameHost;
 use crate::stats::EpochCounters;
 
 /// What the consumer has been handed in the current epoch.
@@ -86,8 +83,6 @@ struct Run {
     reorder: Reorder<crate::same_host::Payload>,
     progress: Progress,
 }
-
-type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The links of one epoch: each one's name and command queue, and the tasks that run them.
 #[derive(Default)]
@@ -187,7 +182,8 @@ impl Loader {
         // Room for every credit of every link, so a reader waits only on a slow consumer.
         let links_max = match &self.workers {
             Workers::InProcess(_) => 1,
-            Workers::Remote(w) => w.len().max(1) * 4 * c.connections_per_worker as usize,
+            // A pool that may grow is sized for a few more workers than it starts with.
+            Workers::Remote(w) => (w.len() + 4) * 4 * c.connections_per_worker as usize,
         };
         let (event_tx, event_rx) = mpsc::channel(links_max * c.credits_per_worker as usize + 64);
         let (out_tx, out_rx) = mpsc::channel(c.ring_batches);
@@ -325,7 +321,8 @@ impl Loader {
         }
     }
 
-    /// A link to every worker (or the engine in this process), not yet running.
+    /// A link to every worker (or the engine in this process), not yet running; and, where
+    /// the pool can change while the epoch runs, the task that watches it.
     fn links(
         &self,
         spec: &JobSpec,
@@ -333,143 +330,64 @@ impl Loader {
         cancel: &CancellationToken,
     ) -> Result<Links, ClientError> {
         let mut out = Links::default();
-        let names = match &self.workers {
-            Workers::InProcess(runner) => {
-                let (tx, rx) = mpsc::channel(64);
-                out.links.push(("in-process".to_string(), tx));
-                let run = run_local(
-                    0,
-                    runner.clone(),
-                    spec.clone(),
-                    rx,
-                    events.clone(),
-                    cancel.clone(),
-                );
-                out.tasks.push(Box::pin(run));
-                return Ok(out);
-            }
-            Workers::Remote(names) => names,
-        };
-        for (name, addr) in self.resolve(names)? {
-            let same_host = self.same_host_route(&name, addr)?;
-            // Several QUIC connections spread one worker's packets over tasks on both
-            // sides; same-host needs none.
-            let connections = match same_host {
-                Some(_) => 1,
-                None => self.config.connections_per_worker,
-            };
-            for c in 1..=connections {
-                let label = match connections {
-                    1 => name.clone(),
-                    _ => format!("{name} #{c}"),
-                };
-                let link = self.remote_link(out.links.len(), label.clone(), addr, spec)?;
-                let link = RemoteLink {
-                    same_host: same_host.clone(),
-                    ..link
-                };
-                let (tx, rx) = mpsc::channel(64);
-                out.links.push((label, tx));
-                out.tasks
-                    .push(Box::pin(link.run(rx, events.clone(), cancel.clone())));
-            }
+        if let Workers::InProcess(runner) = &self.workers {
+            let (tx, rx) = mpsc::channel(64);
+            out.links.push(("in-process".to_string(), tx));
+            let run = run_local(
+                0,
+                runner.clone(),
+                spec.clone(),
+                rx,
+                events.clone(),
+                cancel.clone(),
+            );
+            out.tasks.push(Box::pin(run));
+            return Ok(out);
         }
-        Ok(out)
-    }
-
-    /// A QUIC link (number `link`) to the worker at `addr`.
-    fn remote_link(
-        &self,
-        link: usize,
-        name: String,
-        addr: SocketAddr,
-        spec: &JobSpec,
-    ) -> Result<RemoteLink, ClientError> {
-        let c = &self.config;
-        let (endpoint, client_config) = self
-            .quic
-            .clone()
-            .ok_or_else(|| ClientError::Runtime("no QUIC endpoint".into()))?;
-        Ok(RemoteLink {
-            link,
-            addr,
-            name,
-            endpoint,
-            client_config,
-            same_host: None,
-            credits: c.credits_per_worker,
-            receive_window: c.receive_window,
-            token: self.token.clone().unwrap_or_default(),
-            client: format!("{} rank {}", c.client_name, c.rank),
-            job: spec.clone(),
-            heartbeat: c.heartbeat,
-            silence: c.silence,
-            connect_timeout: c.connect_timeout,
-            limits: Limits::default(),
+        let source = Source::new(&self.config);
+        let changes = source.changes();
+        // A fixed list must resolve now; a pool that changes starts with what it has (none
+        // at all: the epoch waits `worker_wait` for one to join).
+        let (members, unresolved) = membership::pool(&source.names()?, &[], changes)?;
+        for e in unresolved {
+            tracing::warn!("{e}: the epoch starts without it, and takes it when it resolves");
+        }
+        let dialer = Dialer {
+            config: self.config.clone(),
+            quic: self.quic.clone(),
+            token: self.token.clone(),
             buffers: self.buffers.clone(),
-        })
-    }
-
-    /// The same-host route to worker `name` at `addr`, when `same_host` allows and finds one.
-    fn same_host_route(
-        &self,
-        name: &str,
-        addr: SocketAddr,
-    ) -> Result<Option<SameHostRoute>, ClientError> {
-        let c = &self.config;
-        let route = match c.same_host {
-            SameHost::Off => None,
-            mode => match crate::same_host::socket_for(&c.same_host_dir, addr) {
-                Ok(socket) => Some(SameHostRoute {
-                    socket,
-                    required: mode == SameHost::Require,
-                }),
-                Err(why) if mode == SameHost::Require => {
-                    return Err(ClientError::Config {
-                        key: "same_host",
-                        detail: format!("required, but worker {name}: {why}"),
-                    });
-                }
-                Err(why) => {
-                    tracing::info!(worker = %name, "QUIC, not same-host: {why}");
-                    None
-                }
-            },
+            spec: spec.clone(),
+            events: events.clone(),
+            cancel: cancel.clone(),
         };
-        if let Some(r) = &route {
-            tracing::info!(worker = %name, socket = %r.socket.display(), "same-host transport");
+        let mut pool = Vec::new();
+        for m in members {
+            let first = out.links.len();
+            for (label, tx, task) in dialer.dial(first, &m)? {
+                out.links.push((label, tx));
+                out.tasks.push(task);
+            }
+            pool.push((m, (first..out.links.len()).collect()));
         }
-        Ok(route)
-    }
-
-    /// Each worker name as its socket addresses (a DNS name may give several).
-    fn resolve(&self, names: &[String]) -> Result<Vec<(String, SocketAddr)>, ClientError> {
-        use std::net::ToSocketAddrs;
-        let mut out = Vec::new();
-        for name in names {
-            let addrs: Vec<SocketAddr> = name
-                .to_socket_addrs()
-                .map_err(|e| ClientError::Resolve {
-                    worker: name.clone(),
-                    detail: e.to_string(),
-                })?
-                .filter(|a| a.is_ipv4())
-                .collect();
-            if addrs.is_empty() {
-                return Err(ClientError::Resolve {
-                    worker: name.clone(),
-                    detail: "resolves to no IPv4 address".into(),
-                });
-            }
-            let many = addrs.len() > 1;
-            for a in addrs {
-                let label = if many {
-                    format!("{name} ({a})")
-                } else {
-                    name.clone()
-                };
-                out.push((label, a));
-            }
+        let labels: Vec<String> = pool.iter().map(|(m, _)| m.label.clone()).collect();
+        let (came, went) = self.stats.pool_is(&labels);
+        if !came.is_empty() || !went.is_empty() {
+            tracing::info!(
+                "the pool changed between epochs: {} workers (joined: {came:?}; left: {went:?})",
+                labels.len()
+            );
+        }
+        if changes {
+            let watcher = Watcher {
+                source,
+                every: self.config.workers_refresh,
+                next_link: out.links.len(),
+                dialer,
+                pool,
+                stats: self.stats.clone(),
+            };
+            out.tasks.push(Box::pin(watcher.run()));
         }
         Ok(out)
     }

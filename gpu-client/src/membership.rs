@@ -1,0 +1,487 @@
+//! The pool of workers an epoch runs on, and how it changes while the epoch runs.
+//!
+//! A loader's workers come from a fixed list (`workers`), a file (`workers_file`, one
+//! `host:port` a line) or both; every name in them may be a DNS name, each of whose records
+//! is a worker (a Kubernetes headless Service's pods). Each epoch resolves them when it
+//! starts and dials a link to each worker ([`Dialer`]); where the pool can change (a workers
+//! file, or a name that is not an address), a [`Watcher`] re-reads and re-resolves them
+//! every `workers_refresh` while the epoch runs. A worker that appears gets a link at once
+//! (the coordinator hears [`Event::Joined`] before anything the link says); a worker that
+//! goes is drained ([`Event::Left`]: its open units finish there, or are reassigned if it
+//! dies, and it gets no new ones). Where a unit is decoded never changes which batch its
+//! samples land in, so the batches stay the plan's whatever joins or leaves.
+//!
+//! A source that cannot be read or resolved for a moment (a file being rewritten, a DNS
+//! server restarting) changes nothing: the pool stays as it was, and the failure is logged
+//! once until it clears. An empty source changes nothing either: emptying a pool is done by
+//! stopping its workers, whose units then move to the others.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_wire::{BufferPool, JobSpec, Limits};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::LoaderConfig;
+use crate::error::ClientError;
+use crate::link::{Command, Event, RemoteLink, SameHostRoute};
+use crate::same_host::SameHost;
+use crate::stats::Stats;
+
+pub(crate) type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The workers a workers file names: one `host:port` a line; blank lines and `#` comments
+/// are ignored.
+pub(crate) fn read_workers_file(path: &Path) -> Result<Vec<String>, ClientError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ClientError::Config {
+        key: "workers_file",
+        detail: format!("{}: {e}", path.display()),
+    })?;
+    let mut names = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        if line.split_whitespace().count() > 1 || !line.contains(':') {
+            return Err(ClientError::Config {
+                key: "workers_file",
+                detail: format!(
+                    "{} line {}: {line:?} is not one host:port",
+                    path.display(),
+                    n + 1
+                ),
+            });
+        }
+        names.push(line.to_string());
+    }
+    Ok(names)
+}
+
+/// Where the pool's workers are named: the fixed list and the workers file.
+#[derive(Clone, Debug)]
+pub(crate) struct Source {
+    list: Vec<String>,
+    file: Option<PathBuf>,
+}
+
+impl Source {
+    pub(crate) fn new(config: &LoaderConfig) -> Self {
+        Source {
+            list: config.workers.clone(),
+            file: config.workers_file.clone(),
+        }
+    }
+
+    /// The pool can change while an epoch runs: a workers file, or a name that is not an
+    /// address (DNS).
+    pub(crate) fn changes(&self) -> bool {
+        self.file.is_some() || self.list.iter().any(|n| n.parse::<SocketAddr>().is_err())
+    }
+
+    /// The names it gives now, the list's first, each once.
+    pub(crate) fn names(&self) -> Result<Vec<String>, ClientError> {
+        let mut names = self.list.clone();
+        if let Some(file) = &self.file {
+            for n in read_workers_file(file)? {
+                if !names.contains(&n) {
+                    names.push(n);
+                }
+            }
+        }
+        Ok(names)
+    }
+}
+
+/// A worker of the pool: the name it came from, the label its links carry, its address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Member {
+    pub name: String,
+    pub label: String,
+    pub addr: SocketAddr,
+}
+
+/// The workers `name` resolves to now (IPv4; the client's QUIC endpoint is IPv4), each with
+/// its label: the name itself, or `name (address)` when it gives several. Blocks on DNS.
+pub(crate) fn resolve(name: &str) -> Result<Vec<Member>, ClientError> {
+    use std::net::ToSocketAddrs;
+    let failed = |detail: String| ClientError::Resolve {
+        worker: name.to_string(),
+        detail,
+    };
+    let mut addrs: Vec<SocketAddr> = name
+        .to_socket_addrs()
+        .map_err(|e| failed(e.to_string()))?
+        .filter(SocketAddr::is_ipv4)
+        .collect();
+    addrs.sort();
+    addrs.dedup();
+    if addrs.is_empty() {
+        return Err(failed("resolves to no IPv4 address".into()));
+    }
+    let many = addrs.len() > 1;
+    Ok(addrs
+        .into_iter()
+        .map(|addr| Member {
+            name: name.to_string(),
+            label: if many {
+                format!("{name} ({addr})")
+            } else {
+                name.to_string()
+            },
+            addr,
+        })
+        .collect())
+}
+
+/// The pool as `names` give it now, each worker once (the first name that gives an address
+/// labels it). `keep`: a name that does not resolve keeps the workers it gave before, from
+/// `before` (a DNS hiccup drains nobody), and is returned among the errors; otherwise the
+/// first such error is returned. Blocks on DNS.
+pub(crate) fn pool(
+    names: &[String],
+    before: &[Member],
+    keep: bool,
+) -> Result<(Vec<Member>, Vec<ClientError>), ClientError> {
+    let mut out: Vec<Member> = Vec::new();
+    let mut errors = Vec::new();
+    for name in names {
+        let members = match resolve(name) {
+            Ok(m) => m,
+            Err(e) if keep => {
+                errors.push(e);
+                before.iter().filter(|m| &m.name == name).cloned().collect()
+            }
+            Err(e) => return Err(e),
+        };
+        for m in members {
+            if !out.iter().any(|o| o.addr == m.addr) {
+                out.push(m);
+            }
+        }
+    }
+    Ok((out, errors))
+}
+
+/// Makes the links of one epoch's job to a worker: everything a link needs but its address.
+pub(crate) struct Dialer {
+    pub config: Arc<LoaderConfig>,
+    pub quic: Option<(quinn::Endpoint, quinn::ClientConfig)>,
+    pub token: Option<String>,
+    pub buffers: Arc<BufferPool>,
+    pub spec: JobSpec,
+    pub events: mpsc::Sender<Event>,
+    pub cancel: CancellationToken,
+}
+
+/// A link, ready to run: its label, its command queue and its task.
+pub(crate) type Dialed = (String, mpsc::Sender<Command>, Task);
+
+impl Dialer {
+    /// The links to `worker`, numbered from `first`: one for a same-host worker, else
+    /// `connections_per_worker` QUIC connections (they spread one worker's packets over
+    /// tasks on both sides).
+    pub(crate) fn dial(&self, first: usize, worker: &Member) -> Result<Vec<Dialed>, ClientError> {
+        let same_host = self.same_host_route(&worker.label, worker.addr)?;
+        let connections = match same_host {
+            Some(_) => 1,
+            None => self.config.connections_per_worker,
+        };
+        let mut out = Vec::new();
+        for c in 1..=connections {
+            let label = match connections {
+                1 => worker.label.clone(),
+                _ => format!("{} #{c}", worker.label),
+            };
+            let link = RemoteLink {
+                same_host: same_host.clone(),
+                ..self.remote_link(first + out.len(), label.clone(), worker.addr)?
+            };
+            let (tx, rx) = mpsc::channel(64);
+            let task: Task = Box::pin(link.run(rx, self.events.clone(), self.cancel.clone()));
+            out.push((label, tx, task));
+        }
+        Ok(out)
+    }
+
+    /// A QUIC link (number `link`) to the worker at `addr`.
+    fn remote_link(
+        &self,
+        link: usize,
+        name: String,
+        addr: SocketAddr,
+    ) -> Result<RemoteLink, ClientError> {
+        let c = &self.config;
+        let (endpoint, client_config) = self
+            .quic
+            .clone()
+            .ok_or_else(|| ClientError::Runtime("no QUIC endpoint".into()))?;
+        Ok(RemoteLink {
+            link,
+            addr,
+            name,
+            endpoint,
+            client_config,
+            same_host: None,
+            credits: c.credits_per_worker,
+            receive_window: c.receive_window,
+            token: self.token.clone().unwrap_or_default(),
+            client: format!("{} rank {}", c.client_name, c.rank),
+            job: self.spec.clone(),
+            heartbeat: c.heartbeat,
+            silence: c.silence,
+            connect_timeout: c.connect_timeout,
+            limits: Limits::default(),
+            buffers: self.buffers.clone(),
+        })
+    }
+
+    /// The same-host route to worker `name` at `addr`, when `same_host` allows and finds one.
+    fn same_host_route(
+        &self,
+        name: &str,
+        addr: SocketAddr,
+    ) -> Result<Option<SameHostRoute>, ClientError> {
+        let c = &self.config;
+        let route = match c.same_host {
+            SameHost::Off => None,
+            mode => match crate::same_host::socket_for(&c.same_host_dir, addr) {
+                Ok(socket) => Some(SameHostRoute {
+                    socket,
+                    required: mode == SameHost::Require,
+                }),
+                Err(why) if mode == SameHost::Require => {
+                    return Err(ClientError::Config {
+                        key: "same_host",
+                        detail: format!("required, but worker {name}: {why}"),
+                    });
+                }
+                Err(why) => {
+                    tracing::info!(worker = %name, "QUIC, not same-host: {why}");
+                    None
+                }
+            },
+        };
+        if let Some(r) = &route {
+            tracing::info!(worker = %name, socket = %r.socket.display(), "same-host transport");
+        }
+        Ok(route)
+    }
+}
+
+/// Watches one epoch's pool while it runs (see the module's comment).
+pub(crate) struct Watcher {
+    pub source: Source,
+    pub every: Duration,
+    pub dialer: Dialer,
+    /// The workers the epoch has links to, with their links' numbers.
+    pub pool: Vec<(Member, Vec<usize>)>,
+    /// The number the next link gets.
+    pub next_link: usize,
+    pub stats: Arc<Stats>,
+}
+
+impl Watcher {
+    /// Runs until the epoch ends (its coordinator stops listening, or it is cancelled).
+    pub(crate) async fn run(mut self) {
+        let events = self.dialer.events.clone();
+        let cancel = self.dialer.cancel.clone();
+        let mut failing: Option<String> = None;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(self.every) => {}
+                _ = events.closed() => return,
+                _ = cancel.cancelled() => return,
+            }
+            match self.refresh().await {
+                Ok(()) => {
+                    if failing.take().is_some() {
+                        tracing::info!("the workers' source reads again");
+                    }
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    if failing.as_ref() != Some(&e) {
+                        tracing::warn!("the pool stays as it is: {e}");
+                    }
+                    failing = Some(e);
+                }
+            }
+        }
+    }
+
+    /// Reads the source once and brings the epoch's links in line with it.
+    async fn refresh(&mut self) -> Result<(), ClientError> {
+        let source = self.source.clone();
+        let before: Vec<Member> = self.pool.iter().map(|(m, _)| m.clone()).collect();
+        let was = before.clone();
+        // DNS blocks: off the runtime's threads.
+        let (now, errors) = tokio::task::spawn_blocking(move || pool(&source.names()?, &was, true))
+            .await
+            .map_err(|e| ClientError::Runtime(e.to_string()))??;
+        if now.is_empty() {
+            return Err(ClientError::Runtime(
+                "the workers' source names no worker now".into(),
+            ));
+        }
+        let (joined, left) = diff(&before, &now);
+        let mut result = Ok(());
+        for m in joined {
+            // One that cannot be dialed (same-host required but not found) stays out; the
+            // next refresh tries again.
+            if let Err(e) = self.join(m).await {
+                result = Err(e);
+            }
+        }
+        for m in left {
+            self.leave(&m).await;
+        }
+        let labels: Vec<String> = self.pool.iter().map(|(m, _)| m.label.clone()).collect();
+        let (came, went) = self.stats.pool_is(&labels);
+        let n = labels.len();
+        for w in came {
+            tracing::info!("worker {w} joined the pool ({n} workers)");
+        }
+        for w in went {
+            tracing::info!(
+                "worker {w} left the pool ({n} workers): draining it (its open units finish \
+                 there, it gets no new ones)"
+            );
+        }
+        match errors.into_iter().next() {
+            Some(e) => Err(e),
+            None => result,
+        }
+    }
+
+    async fn join(&mut self, member: Member) -> Result<(), ClientError> {
+        let dialed = self.dialer.dial(self.next_link, &member)?;
+        let mut links = Vec::new();
+        for (label, commands, task) in dialed {
+            let link = self.next_link;
+            let joined = Event::Joined {
+                link,
+                name: label,
+                commands,
+            };
+            if self.dialer.events.send(joined).await.is_err() {
+                return Ok(()); // the epoch ended
+            }
+            tokio::spawn(task);
+            links.push(link);
+            self.next_link += 1;
+        }
+        self.pool.push((member, links));
+        Ok(())
+    }
+
+    async fn leave(&mut self, member: &Member) {
+        let Some(i) = self.pool.iter().position(|(m, _)| m.addr == member.addr) else {
+            return;
+        };
+        let (_, links) = self.pool.remove(i);
+        for link in links {
+            let _ = self.dialer.events.send(Event::Left { link }).await;
+        }
+    }
+}
+
+/// Who is in `now` and not `before` (by address), and who went.
+fn diff(before: &[Member], now: &[Member]) -> (Vec<Member>, Vec<Member>) {
+    let index = |ms: &[Member]| -> BTreeMap<SocketAddr, Member> {
+        ms.iter().map(|m| (m.addr, m.clone())).collect()
+    };
+    let (b, n) = (index(before), index(now));
+    let joined = now
+        .iter()
+        .filter(|m| !b.contains_key(&m.addr))
+        .cloned()
+        .collect();
+    let left = before
+        .iter()
+        .filter(|m| !n.contains_key(&m.addr))
+        .cloned()
+        .collect();
+    (joined, left)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(name: &str, addr: &str) -> Member {
+        Member {
+            name: name.into(),
+            label: name.into(),
+            addr: addr.parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_workers_file_reads_one_worker_a_line_and_names_a_bad_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("workers");
+        std::fs::write(
+            &path,
+            "# the pool\n10.0.0.1:7100\n\n  cpu.pool.svc:7100   # a headless Service\n",
+        )
+        .unwrap();
+        assert_eq!(
+            read_workers_file(&path).unwrap(),
+            ["10.0.0.1:7100", "cpu.pool.svc:7100"]
+        );
+        std::fs::write(&path, "10.0.0.1:7100\n10.0.0.2 7100\n").unwrap();
+        let e = read_workers_file(&path).unwrap_err().to_string();
+        assert!(e.contains("workers_file") && e.contains("line 2"), "{e}");
+        let e = read_workers_file(&dir.path().join("none"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("workers_file") && e.contains("none"), "{e}");
+    }
+
+    #[test]
+    fn only_a_file_or_a_name_makes_a_pool_that_changes() {
+        let mut c = LoaderConfig {
+            workers: vec!["10.0.0.1:7100".into()],
+            ..LoaderConfig::default()
+        };
+        assert!(!Source::new(&c).changes());
+        c.workers.push("cpu.pool.svc:7100".into());
+        assert!(Source::new(&c).changes());
+        c.workers.truncate(1);
+        c.workers_file = Some("/etc/sluice/workers".into());
+        assert!(Source::new(&c).changes());
+    }
+
+    #[test]
+    fn the_pool_changes_by_address() {
+        let a = member("a:1", "10.0.0.1:1");
+        let b = member("b:1", "10.0.0.2:1");
+        let c = member("c:1", "10.0.0.3:1");
+        let (joined, left) = diff(&[a.clone(), b.clone()], &[b.clone(), c.clone()]);
+        assert_eq!((joined, left), (vec![c], vec![a]));
+        // The same address under another label is the same worker.
+        let b2 = Member {
+            label: "svc:1 (10.0.0.2:1)".into(),
+            ..b.clone()
+        };
+        assert_eq!(diff(&[b], &[b2]), (vec![], vec![]));
+    }
+
+    #[test]
+    fn a_name_that_stops_resolving_keeps_its_workers() {
+        let before = vec![member("nowhere.invalid:7100", "10.0.0.9:7100")];
+        let names = vec!["127.0.0.1:7100".into(), "nowhere.invalid:7100".into()];
+        let (now, errors) = pool(&names, &before, true).unwrap();
+        let addrs: Vec<String> = now.iter().map(|m| m.addr.to_string()).collect();
+        assert_eq!(addrs, ["127.0.0.1:7100", "10.0.0.9:7100"]);
+        assert_eq!(errors.len(), 1);
+        assert!(pool(&names, &before, false).is_err());
+    }
+}
