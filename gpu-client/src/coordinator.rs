@@ -348,6 +348,7 @@ impl Coordinator {
                 Action::Credit(link, generation, n) => {
                     send(self.link(link), Command::Credit(generation, n)).await;
                 }
+                Action::Drain(link) => send(self.link(link), Command::Drain).await,
                 // Dropping its command queue ends the link and closes its connection.
                 Action::Release(link) => {
                     if let Some(c) = self.commands.get_mut(link) {

@@ -82,6 +82,10 @@ pub(crate) enum Event {
 pub(crate) enum Command {
     Assign(u64, Assign),
     Credit(u64, u32),
+    /// Its worker left the pool: its open units should finish, and a worker that left
+    /// because it died must not keep them for the whole `silence`, so a short silence (three
+    /// heartbeats) now declares it lost.
+    Drain,
 }
 
 /// Settings of a link to a `sluice cpu` daemon.
@@ -396,6 +400,7 @@ impl RemoteLink {
         let _abort = AbortOnDrop(reader_task);
         let mut tick = tokio::time::interval(self.heartbeat);
         let mut seq = 0;
+        let mut silence = self.silence;
         loop {
             tokio::select! {
                 ended = end_rx.recv() => {
@@ -404,6 +409,10 @@ impl RemoteLink {
                 command = commands.recv() => {
                     let frame = match (command, &pool) {
                         (None, _) => return Ended::Cancelled,
+                        (Some(Command::Drain), _) => {
+                            silence = silence.min(self.heartbeat * 3);
+                            continue;
+                        }
                         (Some(Command::Assign(g, a)), _) if g == generation => Message::Assign(a),
                         (Some(Command::Credit(g, n)), None) if g == generation => {
                             Message::Credit { job: self.job.job, samples: n }
@@ -431,9 +440,9 @@ impl RemoteLink {
                     }
                 }
                 _ = tick.tick() => {
-                    if heard.since() > self.silence {
+                    if heard.since() > silence {
                         return Ended::Lost(format!(
-                            "no frame from the worker for {:?}", self.silence));
+                            "no frame from the worker for {silence:?}"));
                     }
                     seq += 1;
                     if let Err(e) = writer.send(&Message::Heartbeat { seq }, &[]).await {
@@ -535,6 +544,10 @@ fn classify_connection_error(worker: &str, e: quinn::ConnectionError) -> Ended {
 
 /// The TLS name to ask for: the host part of `host:port`.
 fn server_name(worker: &str) -> String {
+    // A link's label: `name`, `name (address)` for one of a DNS name's workers, and ` #n`
+    // after either for one of several connections.
+    let worker = worker.split(" (").next().unwrap_or(worker);
+    let worker = worker.split(" #").next().unwrap_or(worker);
     let host = worker.rsplit_once(':').map_or(worker, |(h, _)| h);
     let host = host.trim_start_matches('[').trim_end_matches(']');
     if host.is_empty() {
@@ -803,6 +816,7 @@ pub(crate) async fn run_local(
         match command {
             None => return,
             Some(Command::Credit(_, n)) => credits.add_permits(n as usize),
+            Some(Command::Drain) => {}
             Some(Command::Assign(_, assign)) => {
                 let (runner, credits, events, cancel) = (
                     job_runner.clone(),

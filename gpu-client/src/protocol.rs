@@ -52,6 +52,9 @@ pub(crate) enum Action<P> {
     Fill(Arrival<P>),
     /// The batch being filled is complete: finish it and hand it to the consumer.
     Close,
+    /// The link's worker left the pool: tell its link (a dead worker is declared lost
+    /// sooner).
+    Drain(usize),
     /// The link's worker left the pool and has nothing open: close the link.
     Release(usize),
 }
@@ -239,6 +242,7 @@ impl<P: Tensor> Protocol<P> {
         l.leaving = true;
         tracing::debug!(worker = %l.name, open = l.open.len(), "draining a worker that left the pool");
         self.reown();
+        self.actions.push_back(Action::Drain(link));
         self.release_if_drained(link, now);
     }
 

@@ -28,6 +28,8 @@ pub struct Bed {
     switch: String,
     pub hosts: Vec<Host>,
     children: Vec<(String, Child)>,
+    /// Per-namespace files under /etc/netns the bed made.
+    etc: Vec<std::path::PathBuf>,
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -75,6 +77,7 @@ impl Bed {
             switch: switch.clone(),
             hosts: Vec::new(),
             children: Vec::new(),
+            etc: Vec::new(),
         };
         let setup = (|| -> Result<(), String> {
             in_ns(&switch, &["ip", "link", "add", "br0", "type", "bridge"])?;
@@ -183,6 +186,13 @@ impl Bed {
         false
     }
 
+    /// The exit code of the program started as `tag`, once it has exited (`None` before, or
+    /// when a signal ended it).
+    pub fn exit_code(&mut self, tag: &str) -> Option<i32> {
+        let (_, child) = self.children.iter_mut().find(|(t, _)| t == tag)?;
+        child.try_wait().ok().flatten()?.code()
+    }
+
     /// SIGKILLs the daemon started as `tag`.
     pub fn kill9(&mut self, tag: &str) {
         for (t, child) in &mut self.children {
@@ -232,6 +242,20 @@ impl Bed {
         .unwrap();
     }
 
+    /// Makes `host`'s programs resolve names through the DNS server at `nameserver`: `ip
+    /// netns exec` mounts `/etc/netns/NS/resolv.conf` over `/etc/resolv.conf` (removed on
+    /// drop).
+    pub fn nameserver(&mut self, host: &str, nameserver: Ipv4Addr) {
+        let dir = Path::new("/etc/netns").join(&self.host(host).ns);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("resolv.conf"),
+            format!("nameserver {nameserver}\noptions timeout:1 attempts:2\n"),
+        )
+        .unwrap();
+        self.etc.push(dir);
+    }
+
     /// Caps `host`'s outgoing traffic (a token bucket, `tc tbf`), e.g. "1gbit".
     pub fn cap(&self, host: &str, rate: &str) {
         let h = self.host(host);
@@ -256,6 +280,9 @@ impl Drop for Bed {
             let _ = ip(&["netns", "del", &h.ns]);
         }
         let _ = ip(&["netns", "del", &self.switch]);
+        for dir in &self.etc {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
