@@ -8,7 +8,9 @@
 //! - daemon support (`sluice-daemon`: config files, the recorder, the admin listener) is shared
 //!   by the two daemon tiers and depends on no Sluice crate; the client does not use it;
 //! - the dataset tools sit beside the shard format and depend on no tier;
-//! - `anyhow` is for the binary's edge only.
+//! - `anyhow` is for the binary's edge only;
+//! - no library installs the process's metrics recorder: the binary (or the test bed) does,
+//!   and hands the tiers its handle.
 
 use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
@@ -222,4 +224,40 @@ fn dataset_tools_depend_on_no_tier() {
     let all = graph().transitive("sluice-dataset");
     let bad: Vec<_> = TIERS.iter().filter(|t| all.contains(**t)).collect();
     assert!(bad.is_empty(), "sluice-dataset depends on {bad:?}");
+}
+
+#[test]
+fn only_the_binary_and_the_test_bed_install_the_metrics_recorder() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let libraries = [
+        "storage-tier",
+        "cpu-tier",
+        "gpu-client",
+        "wire",
+        "plan",
+        "shard",
+        "dataset",
+        "python",
+    ];
+    let mut found = Vec::new();
+    for lib in libraries {
+        let mut dirs = vec![root.join(lib).join("src")];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    if text.contains("metrics_handle(") || text.contains("set_global_recorder") {
+                        found.push(path.strip_prefix(root).unwrap().display().to_string());
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "libraries that install the metrics recorder (take a PrometheusHandle instead): {found:?}"
+    );
 }

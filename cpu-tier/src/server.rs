@@ -43,6 +43,21 @@ pub enum ServerError {
     Metrics(#[source] std::io::Error),
 }
 
+/// Why a worker could not be set up from its config.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("the state directory {} (state_dir in the config, or --state-dir): {source}", .dir.display())]
+    StateDir {
+        dir: std::path::PathBuf,
+        #[source]
+        source: TlsError,
+    },
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error(transparent)]
+    Engine(#[from] crate::error::EngineError),
+}
+
 /// What a worker daemon runs with.
 pub struct Setup {
     pub config: CpuConfig,
@@ -54,8 +69,64 @@ pub struct Setup {
     pub same_host: Option<crate::same_host::Listener>,
 }
 
-/// The process-wide Prometheus recorder every tier in the process shares.
-pub use sluice_daemon::metrics_handle;
+impl Setup {
+    /// A worker as its (validated) config describes it, serving clients with `token`: its
+    /// identity (`cert` and `key`, else a self-signed certificate kept in `state_dir` for the
+    /// names `listen` answers to), its decoder over the config's shard source, and, when
+    /// `same_host.enabled`, its same-host socket for the QUIC `port` (registered with
+    /// `runtime`; a worker that cannot make it says why and serves QUIC alone). The one way
+    /// the binary, the test bed and the tests set a worker up. Call it off the runtime's
+    /// threads: the shard source's HTTP client blocks.
+    pub fn from_config(
+        config: CpuConfig,
+        token: Option<String>,
+        port: u16,
+        runtime: &tokio::runtime::Handle,
+    ) -> Result<Setup, SetupError> {
+        let identity = match (&config.cert, &config.key) {
+            (Some(c), Some(k)) => tls::load(c, k)?,
+            _ => {
+                let names = certificate_names(config.listen);
+                let id = tls::self_signed(&config.state_dir, &names).map_err(|source| {
+                    SetupError::StateDir {
+                        dir: config.state_dir.clone(),
+                        source,
+                    }
+                })?;
+                info!(cert = %id.cert_path.display(),
+                    "using the self-signed certificate; clients pin it with --trust-cert");
+                id
+            }
+        };
+        let source = crate::source::ShardSource::new(config.source())
+            .map_err(crate::error::EngineError::from)?;
+        let worker = crate::worker::CpuWorker::new(config.engine(), source)?
+            .with_max_sample_bytes(u64::from(config.limits.max_payload_bytes));
+        let same_host = match config.same_host.enabled {
+            false => None,
+            true => {
+                let _in_runtime = runtime.enter();
+                match crate::same_host::bind(&config.same_host, port) {
+                    Ok(l) => {
+                        info!(socket = %l.path().display(), "same-host transport on");
+                        Some(l)
+                    }
+                    Err(e) => {
+                        warn!("same-host transport off: {e}");
+                        None
+                    }
+                }
+            }
+        };
+        Ok(Setup {
+            config,
+            identity,
+            token,
+            runner: Arc::new(worker),
+            same_host,
+        })
+    }
+}
 
 pub(crate) struct State {
     pub(crate) config: CpuConfig,
@@ -89,10 +160,11 @@ fn transport(config: &CpuConfig) -> quinn::TransportConfig {
 }
 
 /// Serves clients on `socket` until `shutdown`, then drains. `metrics` (when given) serves
-/// `/metrics` and `/healthz`.
+/// `/metrics` (the recorder the caller installed, `sluice_daemon::metrics_handle`: the
+/// library installs none) and `/healthz`.
 pub async fn run(
     socket: std::net::UdpSocket,
-    metrics: Option<tokio::net::TcpListener>,
+    metrics: Option<(tokio::net::TcpListener, sluice_daemon::PrometheusHandle)>,
     setup: Setup,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
@@ -143,11 +215,11 @@ pub async fn run(
     let mut tasks = JoinSet::new();
     let admin_stop = CancellationToken::new();
     let _stop_admin = admin_stop.clone().drop_guard();
-    if let Some(listener) = metrics {
+    if let Some((listener, handle)) = metrics {
         // /healthz turns 503 when the drain starts and answers until the worker stops.
         tasks.spawn(sluice_daemon::serve_admin(
             listener,
-            metrics_handle(),
+            handle,
             state.draining.clone(),
             admin_stop.clone(),
         ));

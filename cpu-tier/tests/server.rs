@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use sluice_cpu::config::CpuConfig;
 use sluice_cpu::server::{self, Setup};
-use sluice_cpu::{CpuWorker, EngineConfig, ShardSource, SourceConfig};
 use sluice_wire::io::{FrameReader, FrameWriter};
 use sluice_wire::{encode_frame, ErrorCode, Hello, JobSpec, Limits, Message};
 use tokio_util::sync::CancellationToken;
@@ -35,32 +34,20 @@ async fn start_with(tune: impl FnOnce(&mut CpuConfig)) -> Running {
         ..CpuConfig::default()
     };
     tune(&mut config);
-    let identity = sluice_cpu::tls::self_signed(dir.path(), &["localhost".into()]).unwrap();
-    let cert = identity.certs[0].clone();
-    let client = client_config(&cert, sluice_wire::message::ALPN);
+    config.listen = ([127, 0, 0, 1], 0).into();
+    config.same_host.enabled = false;
+    let socket = std::net::UdpSocket::bind(config.listen).unwrap();
+    let addr = socket.local_addr().unwrap();
     // The blocking HTTP client behind the shard source must not be made on a runtime thread.
-    let worker = tokio::task::spawn_blocking(|| {
-        CpuWorker::new(
-            EngineConfig {
-                threads: 1,
-                ..Default::default()
-            },
-            ShardSource::new(SourceConfig::default()).unwrap(),
-        )
-        .unwrap()
+    let runtime = tokio::runtime::Handle::current();
+    let setup = tokio::task::spawn_blocking(move || {
+        Setup::from_config(config, Some(TOKEN.into()), addr.port(), &runtime).unwrap()
     })
     .await
     .unwrap();
-    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let addr = socket.local_addr().unwrap();
+    let cert = setup.identity.certs[0].clone();
+    let client = client_config(&cert, sluice_wire::message::ALPN);
     let stop = CancellationToken::new();
-    let setup = Setup {
-        config,
-        identity,
-        token: Some(TOKEN.into()),
-        runner: Arc::new(worker),
-        same_host: None,
-    };
     tokio::spawn(server::run(socket, None, setup, stop.clone()));
     Running {
         addr,

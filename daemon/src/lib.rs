@@ -17,7 +17,8 @@ use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusBuilder;
+pub use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
 /// Why a daemon's configuration is unusable: the file, or a key (named) with a bad value.
@@ -78,8 +79,9 @@ pub trait DaemonConfig: serde::de::DeserializeOwned {
 /// How often the recorder folds recorded histogram values into its summaries.
 pub const METRICS_UPKEEP: Duration = Duration::from_secs(5);
 
-/// The process-wide Prometheus recorder, installed on first use. Every tier and client in the
-/// process records into it, so one `/metrics` shows them all. If something else installed a
+/// The process-wide Prometheus recorder, installed on first use: the binary (or a test bed)
+/// calls it and hands the handle to the tiers it runs, which never install one themselves.
+/// Every tier and client in the process records into it, so one `/metrics` shows them all. If something else installed a
 /// global recorder first (a test harness), this handle renders only its own (empty) registry.
 ///
 /// A thread folds recorded histogram values into their summaries every [`METRICS_UPKEEP`]:

@@ -5,12 +5,10 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use sluice_cpu::config::CpuConfig;
 use sluice_cpu::server::{self, Setup};
-use sluice_cpu::{CpuWorker, ShardSource};
 use sluice_daemon::DaemonConfig;
 
 use crate::daemon;
@@ -153,71 +151,33 @@ pub fn run(args: Args) -> Result<()> {
              SLUICE_TOKEN; --no-auth runs without one, on loopback only"
         ),
     };
-    let identity = match (&config.cert, &config.key) {
-        (Some(c), Some(k)) => sluice_cpu::tls::load(c, k)?,
-        _ => {
-            let id = sluice_cpu::tls::self_signed(
-                &config.state_dir,
-                &server::certificate_names(config.listen),
-            )
-            .with_context(|| {
-                format!(
-                    "the state directory {} (state_dir in the config, or --state-dir)",
-                    config.state_dir.display()
-                )
-            })?;
-            tracing::info!(cert = %id.cert_path.display(),
-                "using the self-signed certificate; clients pin it with --trust-cert");
-            id
-        }
-    };
-    let source = ShardSource::new(config.source())?;
-    let worker = CpuWorker::new(config.engine(), source)?
-        .with_max_sample_bytes(u64::from(config.limits.max_payload_bytes));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(2)
         .thread_name("sluice-cpu")
         .build()?;
+    let socket = std::net::UdpSocket::bind(config.listen)
+        .with_context(|| format!("binding UDP {}", config.listen))?;
+    let listen = socket.local_addr()?;
+    let metrics_listen = config.metrics_listen;
+    // This process's recorder: the tiers record into it, /metrics renders it.
+    let recorder = sluice_daemon::metrics_handle();
+    let setup = Setup::from_config(config, token, listen.port(), runtime.handle())?;
     runtime.block_on(async move {
-        let socket = std::net::UdpSocket::bind(config.listen)
-            .with_context(|| format!("binding UDP {}", config.listen))?;
-        let listen = socket.local_addr()?;
-        let metrics = match config.metrics_listen {
-            Some(addr) => Some(
+        let metrics = match metrics_listen {
+            Some(addr) => Some((
                 tokio::net::TcpListener::bind(addr)
                     .await
                     .with_context(|| format!("binding metrics address {addr}"))?,
-            ),
+                recorder,
+            )),
             None => None,
         };
-        let metrics_addr = metrics.as_ref().and_then(|m| m.local_addr().ok());
-        // The same-host transport is an optimisation: a worker that cannot make its socket
-        // (no such directory, no permission) says so and serves QUIC alone.
-        let same_host = match config.same_host.enabled {
-            false => None,
-            true => match sluice_cpu::same_host::bind(&config.same_host, listen.port()) {
-                Ok(l) => {
-                    tracing::info!(socket = %l.path().display(), "same-host transport on");
-                    Some(l)
-                }
-                Err(e) => {
-                    tracing::warn!("same-host transport off: {e}");
-                    None
-                }
-            },
-        };
-        tracing::info!(%listen, metrics = ?metrics_addr, threads = sluice_wire::UnitRunner::threads(&worker),
-            auth = token.is_some(), "sluice cpu serving");
+        let metrics_addr = metrics.as_ref().and_then(|(m, _)| m.local_addr().ok());
+        tracing::info!(%listen, metrics = ?metrics_addr, threads = setup.runner.threads(),
+            auth = setup.token.is_some(), "sluice cpu serving");
         let shutdown = daemon::shutdown_on_signals()?;
         daemon::notify_ready(&shutdown);
-        let setup = Setup {
-            config,
-            identity,
-            token,
-            runner: Arc::new(worker),
-            same_host,
-        };
         let result = server::run(socket, metrics, setup, shutdown).await;
         daemon::notify_stopping();
         result?;

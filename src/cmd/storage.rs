@@ -55,7 +55,7 @@ pub fn run(args: Args) -> Result<()> {
         daemon::notify_ready(&shutdown);
         // On a worker, not in block_on's thread: each accepted connection's task then starts
         // on the accepting worker instead of waking another thread (0.2 ms per connection).
-        let result = tokio::spawn(sluice_storage::run(listener, config, shutdown))
+        let result = tokio::spawn(sluice_storage::run(listener, config, sluice_daemon::metrics_handle(), shutdown))
             .await
             .context("the storage server task")?;
         daemon::notify_stopping();

@@ -24,4 +24,4 @@ pub mod server;
 
 pub use config::{ConfigError, StorageConfig};
 pub use objects::CHECKSUM_HEADER;
-pub use server::{metrics_handle, run, StorageError};
+pub use server::{run, StorageError};

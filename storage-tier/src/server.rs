@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex};
 
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -39,14 +40,13 @@ pub enum StorageError {
     Accept(#[source] io::Error),
 }
 
-/// The process-wide Prometheus recorder every tier in the process shares.
-pub use sluice_daemon::metrics_handle;
-
 /// Serves until `shutdown` is cancelled, then lets in-flight requests finish for up to the
-/// configured drain time.
+/// configured drain time. `/metrics` renders `metrics`, the recorder the caller installed
+/// (`sluice_daemon::metrics_handle`): the library installs none.
 pub async fn run(
     listener: TcpListener,
     config: StorageConfig,
+    metrics: PrometheusHandle,
     shutdown: CancellationToken,
 ) -> Result<(), StorageError> {
     let admin_stop = CancellationToken::new();
@@ -72,7 +72,7 @@ pub async fn run(
         labels: mountpaths.iter().map(|m| m.label.clone()).collect(),
         mountpaths,
         uploaded: Mutex::new(HashMap::new()),
-        metrics: metrics_handle(),
+        metrics,
         shutdown: shutdown.clone(),
         config,
     });

@@ -4,11 +4,9 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use sluice_cpu::config::CpuConfig;
 use sluice_cpu::server::Setup;
-use sluice_cpu::{CpuWorker, EngineConfig, ShardSource, SourceConfig};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Result, TestbedError};
@@ -56,8 +54,8 @@ pub fn start(
     threads: usize,
     cache_bytes: u64,
 ) -> Result<LocalCluster> {
-    // The storage tier's recorder becomes the process's: every tier's metrics land in it.
-    let _ = sluice_storage::metrics_handle();
+    // The process's recorder, installed here: every tier's metrics land in it.
+    let recorder = sluice_daemon::metrics_handle();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("sluice-tiers")
@@ -84,7 +82,7 @@ pub fn start(
             .map_err(TestbedError::io("listening on a loopback port"))?;
         let stop = stop.clone();
         runtime.spawn(async move {
-            if let Err(e) = sluice_storage::run(listener, storage, stop).await {
+            if let Err(e) = sluice_storage::run(listener, storage, recorder, stop).await {
                 tracing::error!("storage node: {e}");
             }
         });
@@ -99,50 +97,38 @@ pub fn start(
     )))?;
     for i in 0..workers {
         let dir = state.join(format!("worker-{i}"));
-        let identity = sluice_cpu::tls::self_signed(&dir, &["localhost".into()])?;
-        pem.push_str(
-            &std::fs::read_to_string(&identity.cert_path).map_err(TestbedError::io(format!(
-                "reading {}",
-                identity.cert_path.display()
-            )))?,
-        );
-        let config = CpuConfig {
+        let mut config = CpuConfig {
+            listen: "127.0.0.1:0"
+                .parse()
+                .map_err(|_| TestbedError::Setup("loopback".into()))?,
             state_dir: dir.clone(),
             threads,
             ..Default::default()
         };
-        let engine = EngineConfig {
-            threads,
-            ..Default::default()
-        };
-        let source = SourceConfig {
-            cache: (cache_bytes > 0).then(|| sluice_cpu::source::CacheConfig {
-                dir: dir.join("cache"),
-                capacity: cache_bytes,
-            }),
-            ..SourceConfig::default()
-        };
-        let worker = CpuWorker::new(engine, ShardSource::new(source)?)?;
-        let socket = std::net::UdpSocket::bind("127.0.0.1:0")
+        if cache_bytes > 0 {
+            config.cache.dir = Some(dir.join("cache"));
+            config.cache.size_bytes = cache_bytes;
+        }
+        config.same_host = config.same_host_in(&same_host_dir);
+        let socket = std::net::UdpSocket::bind(config.listen)
             .map_err(TestbedError::io("binding a loopback UDP port"))?;
-        addrs.push(
-            socket
-                .local_addr()
-                .map_err(TestbedError::io("binding a loopback UDP port"))?,
+        let addr = socket
+            .local_addr()
+            .map_err(TestbedError::io("binding a loopback UDP port"))?;
+        addrs.push(addr);
+        let setup = Setup::from_config(config, Some(token.clone()), addr.port(), runtime.handle())
+            .map_err(|e| TestbedError::Setup(format!("worker {i}: {e}")))?;
+        if setup.same_host.is_none() {
+            return Err(TestbedError::Setup(format!(
+                "worker {i}: no same-host socket in {}",
+                same_host_dir.display()
+            )));
+        }
+        let cert = &setup.identity.cert_path;
+        pem.push_str(
+            &std::fs::read_to_string(cert)
+                .map_err(TestbedError::io(format!("reading {}", cert.display())))?,
         );
-        let port = addrs.last().map_or(0, |a: &SocketAddr| a.port());
-        let same_host = {
-            let _in_runtime = runtime.enter();
-            sluice_cpu::same_host::bind(&config.same_host_in(&same_host_dir), port)
-                .map_err(|e| TestbedError::Setup(format!("worker {i}'s same-host socket: {e}")))?
-        };
-        let setup = Setup {
-            config,
-            identity,
-            token: Some(token.clone()),
-            runner: Arc::new(worker),
-            same_host: Some(same_host),
-        };
         let stop = stop.clone();
         runtime.spawn(async move {
             if let Err(e) = sluice_cpu::server::run(socket, None, setup, stop).await {
@@ -166,7 +152,7 @@ pub fn start(
 
 /// The sum of a counter's series in the process's Prometheus text.
 pub fn counter(name: &str) -> f64 {
-    crate::sizing::counter_in(&sluice_storage::metrics_handle().render(), name)
+    crate::sizing::counter_in(&sluice_daemon::metrics_handle().render(), name)
 }
 
 /// Starts the tiers over `work/data` (whose `demo` bucket holds `train-NNNNNN.tar` shards) and

@@ -319,7 +319,7 @@ pub struct Reading {
 impl Reading {
     /// Reads the counters now; a daemon that does not answer counts as zero.
     pub fn take(metrics: &[String], started: Instant) -> Reading {
-        let mut text = sluice_storage::metrics_handle().render();
+        let mut text = sluice_daemon::metrics_handle().render();
         for url in metrics {
             if let Ok(body) = reqwest::blocking::get(url).and_then(|r| r.text()) {
                 text.push_str(&body);

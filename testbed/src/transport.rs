@@ -121,14 +121,21 @@ impl JobRunner for Synthetic {
 /// Bytes/s through the real server and `Loader`, over QUIC or the same-host socket.
 pub fn loader_once(args: &TransportProbe, runner: Arc<Synthetic>, same_host: bool) -> Result<f64> {
     let dir = tempfile::tempdir().map_err(TestbedError::io("making a temporary folder"))?;
-    let identity = sluice_cpu::tls::self_signed(dir.path(), &["localhost".into()])?;
-    let config = sluice_cpu::config::CpuConfig {
+    let mut config = sluice_cpu::config::CpuConfig {
+        listen: ([127, 0, 0, 1], 0).into(),
         state_dir: dir.path().to_path_buf(),
         threads: 1,
         ..Default::default()
     };
+    config.same_host = match same_host {
+        true => config.same_host_in(dir.path()),
+        false => sluice_cpu::config::SameHost {
+            enabled: false,
+            ..config.same_host.clone()
+        },
+    };
     let udp = TestbedError::io("binding a loopback UDP port");
-    let socket = std::net::UdpSocket::bind("127.0.0.1:0").map_err(udp)?;
+    let socket = std::net::UdpSocket::bind(config.listen).map_err(udp)?;
     let addr = socket
         .local_addr()
         .map_err(TestbedError::io("binding a loopback UDP port"))?;
@@ -139,22 +146,20 @@ pub fn loader_once(args: &TransportProbe, runner: Arc<Synthetic>, same_host: boo
         .enable_all()
         .build()
         .map_err(TestbedError::io("starting a runtime"))?;
-    let listener = match same_host {
-        false => None,
-        true => {
-            let _in_runtime = runtime.enter();
-            Some(
-                sluice_cpu::same_host::bind(&config.same_host_in(dir.path()), addr.port())
-                    .map_err(|e| TestbedError::Setup(format!("same-host transport: {e}")))?,
-            )
-        }
-    };
-    let setup = sluice_cpu::server::Setup {
+    // The worker as its config sets it up, decoding with the synthetic runner instead.
+    let setup = sluice_cpu::server::Setup::from_config(
         config,
-        identity,
-        token: Some("bench-token".into()),
+        Some("bench-token".into()),
+        addr.port(),
+        runtime.handle(),
+    )
+    .map_err(|e| TestbedError::Setup(format!("the worker: {e}")))?;
+    if same_host && setup.same_host.is_none() {
+        return Err(TestbedError::Setup("no same-host socket".into()));
+    }
+    let setup = sluice_cpu::server::Setup {
         runner: runner.clone(),
-        same_host: listener,
+        ..setup
     };
     runtime.spawn(sluice_cpu::server::run(socket, None, setup, stop.clone()));
     let manifest = Manifest::new(vec![ShardInfo {

@@ -232,7 +232,9 @@ pub fn run_storage(listener: std::net::TcpListener, config: StorageConfig) -> St
         rt.block_on(async move {
             listener.set_nonblocking(true).unwrap();
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            sluice_storage::run(listener, config, token).await.unwrap();
+            sluice_storage::run(listener, config, sluice_daemon::metrics_handle(), token)
+                .await
+                .unwrap();
         });
     });
     Storage {

@@ -89,7 +89,7 @@ fn anchors(args: &AllArgs) -> Result<(BTreeMap<String, f64>, String)> {
 
 pub fn run(args: AllArgs) -> Result<()> {
     crate::daemon::init_logs_at("warn");
-    let _ = sluice_storage::metrics_handle();
+    let _ = sluice_daemon::metrics_handle();
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let (anchor, anchor_source) = anchors(&args)?;
 

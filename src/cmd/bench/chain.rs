@@ -58,7 +58,7 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
             .push(format!("{}/metrics", url.trim_end_matches('/')));
     }
     // The process's recorder: the client's (and in-process tiers') counters land here.
-    let _ = sluice_storage::metrics_handle();
+    let _ = sluice_daemon::metrics_handle();
     let (_, sample_bytes) = sizing::tensor_size(&args.consumers.pipeline)?;
     let temp = tempfile::tempdir()?;
     let (local, manifest, workers, token, trust) = match &args.dataset {

@@ -47,7 +47,9 @@ pub fn start(config: StorageConfig) -> Node {
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
-            sluice_storage::run(listener, config, token).await.unwrap();
+            sluice_storage::run(listener, config, sluice_daemon::metrics_handle(), token)
+                .await
+                .unwrap();
         });
     });
     Node {
