@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use netbed::Bed;
-use support::{path_str, rss_kb, synth_images};
+use support::{eventually, path_str, rss_kb, synth_images};
 
 const TOKEN: &str = "cluster-token-0123456789";
 const SAMPLES: usize = 120;
@@ -113,18 +113,6 @@ fn start_worker_as(
         &dir.join(format!("{name}.log")),
     );
     state.join("cert.pem")
-}
-
-/// Retries `f` for up to `secs` seconds.
-fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    false
 }
 
 /// What a loadgen run delivered.
@@ -350,14 +338,9 @@ fn cluster() -> Option<(Bed, tempfile::TempDir)> {
         start_worker(&mut bed, dir, 1),
     ];
     assert!(
-        eventually(30, || certs.iter().all(|c| c.exists())),
+        Bed::pin_certificates(&certs, &dir.join("trust.pem"), 30),
         "workers did not start"
     );
-    let pem: String = certs
-        .iter()
-        .map(|c| std::fs::read_to_string(c).unwrap())
-        .collect();
-    std::fs::write(dir.join("trust.pem"), pem).unwrap();
     Some((bed, temp))
 }
 
@@ -838,12 +821,7 @@ fn throughput_grows_with_storage_nodes_and_with_workers() {
                 start_worker_as(&mut bed, dir, i, &name, Some(i % cores))
             })
             .collect();
-        assert!(eventually(30, || certs.iter().all(|c| c.exists())));
-        let pem: String = certs
-            .iter()
-            .map(|c| std::fs::read_to_string(c).unwrap())
-            .collect();
-        std::fs::write(dir.join("trust.pem"), &pem).unwrap();
+        assert!(Bed::pin_certificates(&certs, &dir.join("trust.pem"), 30));
         let s0 = bed.host("s0").addr;
         let dataset = format!(
             "http://{s0}:7000/v1/train/s-{{000..{:03}}}.tar",

@@ -423,26 +423,27 @@ mod tests {
         }
     }
 
+    /// What [`read_workers_file`] makes of a file holding `text`.
+    fn read(text: &str) -> Result<Vec<String>, ClientError> {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), text).unwrap();
+        read_workers_file(file.path())
+    }
+
     #[test]
     fn a_workers_file_reads_one_worker_a_line_and_names_a_bad_line() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("workers");
-        std::fs::write(
-            &path,
-            "# the pool\n10.0.0.1:7100\n\n  cpu.pool.svc:7100   # a headless Service\n",
-        )
-        .unwrap();
-        assert_eq!(
-            read_workers_file(&path).unwrap(),
-            ["10.0.0.1:7100", "cpu.pool.svc:7100"]
-        );
-        std::fs::write(&path, "10.0.0.1:7100\n10.0.0.2 7100\n").unwrap();
-        let e = read_workers_file(&path).unwrap_err().to_string();
-        assert!(e.contains("workers_file") && e.contains("line 2"), "{e}");
-        let e = read_workers_file(&dir.path().join("none"))
+        let pool = "# the pool\n10.0.0.1:7100\n\n  cpu.pool.svc:7100   # a headless Service\n";
+        assert_eq!(read(pool).unwrap(), ["10.0.0.1:7100", "cpu.pool.svc:7100"]);
+        let e = read("10.0.0.1:7100\n10.0.0.2 7100\n")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("workers_file") && e.contains("none"), "{e}");
+        assert!(e.contains("workers_file") && e.contains("line 2"), "{e}");
+        let none = Path::new("/nonexistent/sluice-workers");
+        let e = read_workers_file(none).unwrap_err().to_string();
+        assert!(
+            e.contains("workers_file") && e.contains("sluice-workers"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -83,11 +83,29 @@ def storage_node(sluice_bin, root):
         proc.wait()
 
 
+def token_file(tmp_path):
+    """The cluster token the tests' workers and loaders share, in tmp_path/token."""
+    token = tmp_path / "token"
+    token.write_text("python-test-token-1234\n")
+    return token
+
+
+@contextlib.contextmanager
+def two_workers(sluice_bin, tmp_path):
+    """Two `sluice cpu` daemons (`a`, `b`) with one token; yields (a, b, token file)."""
+    token = token_file(tmp_path)
+    pool = [Worker(sluice_bin, tmp_path / name, ["--token-file", str(token)]) for name in "ab"]
+    try:
+        yield (*pool, token)
+    finally:
+        for w in pool:
+            w.stop()
+
+
 @pytest.fixture
 def worker(sluice_bin, tmp_path):
     """A `sluice cpu` with the token in tmp_path/token."""
-    token = tmp_path / "token"
-    token.write_text("python-test-token-1234\n")
+    token = token_file(tmp_path)
     w = Worker(sluice_bin, tmp_path / "state", ["--token-file", str(token)])
     w.token_file = str(token)
     yield w

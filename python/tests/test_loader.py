@@ -164,6 +164,10 @@ def test_set_epoch_reshuffles_and_rank_comes_from_the_environment(dataset, monke
         ({"world_size": 1000}, "world_size"),
         ({"job_weight": 0}, "job_weight"),
         ({"job_name": ""}, "job_name"),
+        ({"workers_file": "/nonexistent/sluice-workers"}, "workers_file"),
+        ({"workers_file": __file__}, "workers_file"),  # not one host:port a line
+        ({"workers": ["127.0.0.1:1"], "trust_cert": __file__, "workers_refresh": 0},
+         "workers_refresh"),
     ],
 )
 def test_bad_arguments_raise_value_errors_that_name_them(dataset, kwargs, message):
@@ -507,14 +511,10 @@ def test_a_worker_that_refuses_the_handshake_is_left_out(dataset, sluice_bin, tm
     epoch on the other worker, with an error naming it and the fix."""
     import logging
 
-    from conftest import Worker
+    from conftest import two_workers
 
     caplog.set_level(logging.ERROR, logger="sluice")
-    token = tmp_path / "token"
-    token.write_text("python-test-token-1234\n")
-    a = Worker(sluice_bin, tmp_path / "a", ["--token-file", str(token)])
-    b = Worker(sluice_bin, tmp_path / "b", ["--token-file", str(token)])
-    try:
+    with two_workers(sluice_bin, tmp_path) as (a, b, token):
         loader = sluice.Loader(dataset=dataset, workers=[a.addr, b.addr], batch_size=8,
                                pipeline=PIPELINE, token_file=str(token), trust_cert=a.cert,
                                epochs=1)
@@ -529,9 +529,6 @@ def test_a_worker_that_refuses_the_handshake_is_left_out(dataset, sluice_bin, tm
                                pipeline=PIPELINE, token_file=str(token), trust_cert=other)
         with pytest.raises(sluice.SluiceError, match="TLS"):
             next(iter(loader))
-    finally:
-        a.stop()
-        b.stop()
 
 
 def test_a_workers_file_grows_and_shrinks_the_pool_mid_epoch(dataset, sluice_bin, tmp_path,
@@ -542,14 +539,10 @@ def test_a_workers_file_grows_and_shrinks_the_pool_mid_epoch(dataset, sluice_bin
     import logging
     import time
 
-    from conftest import Worker
+    from conftest import two_workers
 
     caplog.set_level(logging.INFO, logger="sluice")
-    token = tmp_path / "token"
-    token.write_text("python-test-token-1234\n")
-    a = Worker(sluice_bin, tmp_path / "a", ["--token-file", str(token)])
-    b = Worker(sluice_bin, tmp_path / "b", ["--token-file", str(token)])
-    try:
+    with two_workers(sluice_bin, tmp_path) as (a, b, token):
         trust = tmp_path / "trust.pem"
         trust.write_text(open(a.cert).read() + open(b.cert).read())
         pool = tmp_path / "workers"
@@ -576,9 +569,6 @@ def test_a_workers_file_grows_and_shrinks_the_pool_mid_epoch(dataset, sluice_bin
         assert stats["pool_changes"] == 2, stats
         said = " ".join(r.getMessage() for r in caplog.records)
         assert "joined the pool" in said and "left the pool" in said, said
-    finally:
-        a.stop()
-        b.stop()
 
 
 def test_a_field_no_sample_has_is_warned_about_once(dataset, caplog):

@@ -30,6 +30,9 @@ pub struct Bed {
     children: Vec<(String, Child)>,
     /// Per-namespace files under /etc/netns the bed made.
     etc: Vec<std::path::PathBuf>,
+    /// CPU cgroups the bed made (removed on drop, once their processes are gone).
+    cgroups: Vec<std::path::PathBuf>,
+    prefix: String,
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -78,6 +81,8 @@ impl Bed {
             hosts: Vec::new(),
             children: Vec::new(),
             etc: Vec::new(),
+            cgroups: Vec::new(),
+            prefix: prefix.clone(),
         };
         let setup = (|| -> Result<(), String> {
             in_ns(&switch, &["ip", "link", "add", "br0", "type", "bridge"])?;
@@ -242,6 +247,55 @@ impl Bed {
         .unwrap();
     }
 
+    /// Waits (up to `secs`) for the workers started with these certificate paths to write
+    /// them, and pins them all in `trust`, as a client's `--trust-cert`; whether they came.
+    pub fn pin_certificates(certs: &[std::path::PathBuf], trust: &Path, secs: u64) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        while !certs.iter().all(|c| c.exists()) {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        let pem: String = certs
+            .iter()
+            .map(|c| std::fs::read_to_string(c).unwrap())
+            .collect();
+        std::fs::write(trust, pem).unwrap();
+        true
+    }
+
+    /// Caps the program started as `tag` at `millicores` thousandths of a core, as a
+    /// Kubernetes CPU limit does (a CFS quota in a cgroup of its own, v2 or v1). Returns why
+    /// it could not, where the machine has no writable CPU controller.
+    pub fn cap_cpu(&mut self, tag: &str, millicores: u32) -> Result<(), String> {
+        let pid = self.pid(tag).ok_or_else(|| format!("no program {tag}"))?;
+        let (period, quota) = (100_000u64, u64::from(millicores) * 100);
+        let name = format!("{}-{tag}", self.prefix);
+        let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+        let group = match v2 {
+            true => Path::new("/sys/fs/cgroup").join(&name),
+            false => Path::new("/sys/fs/cgroup/cpu").join(&name),
+        };
+        let fail = |what: &str, e: std::io::Error| format!("{what} {}: {e}", group.display());
+        if !group.exists() {
+            std::fs::create_dir(&group).map_err(|e| fail("making", e))?;
+            self.cgroups.push(group.clone());
+        }
+        match v2 {
+            true => std::fs::write(group.join("cpu.max"), format!("{quota} {period}"))
+                .map_err(|e| fail("writing cpu.max in", e))?,
+            false => {
+                std::fs::write(group.join("cpu.cfs_period_us"), period.to_string())
+                    .map_err(|e| fail("writing the period in", e))?;
+                std::fs::write(group.join("cpu.cfs_quota_us"), quota.to_string())
+                    .map_err(|e| fail("writing the quota in", e))?;
+            }
+        }
+        std::fs::write(group.join("cgroup.procs"), pid.to_string())
+            .map_err(|e| fail("moving the program into", e))
+    }
+
     /// Makes `host`'s programs resolve names through the DNS server at `nameserver`: `ip
     /// netns exec` mounts `/etc/netns/NS/resolv.conf` over `/etc/resolv.conf` (removed on
     /// drop).
@@ -282,6 +336,9 @@ impl Drop for Bed {
         let _ = ip(&["netns", "del", &self.switch]);
         for dir in &self.etc {
             let _ = std::fs::remove_dir_all(dir);
+        }
+        for group in &self.cgroups {
+            let _ = std::fs::remove_dir(group);
         }
     }
 }

@@ -57,6 +57,38 @@ pub fn webdataset_python() -> Option<PathBuf> {
     None
 }
 
+/// Retries `f` for up to `secs` seconds, a fifth of a second apart; whether it held.
+pub fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    false
+}
+
+/// Shards the real ImageNet sample (`../shared/data/imagenet-sample`, with its labels) into
+/// `pattern`, `per_shard` samples a shard; without it, 400 generated JPEGs in 10 classes
+/// (made under `dir`), saying so.
+pub fn shard_sample_images(dir: &Path, pattern: &Path, per_shard: u32) {
+    let (images, labels) = match shared_data("imagenet-sample") {
+        Some(real) => (real.clone(), Some(real.join("labels.tsv"))),
+        None => {
+            eprintln!("../shared/data/imagenet-sample absent: using generated JPEGs");
+            (synth_images(dir, 10, 40), None)
+        }
+    };
+    let per_shard = per_shard.to_string();
+    let mut args = vec!["shard", "--input", path_str(&images)];
+    if let Some(l) = &labels {
+        args.extend(["--labels", path_str(l)]);
+    }
+    args.extend(["--output", path_str(pattern), "--max-count", &per_shard]);
+    sluice_ok(&args);
+}
+
 pub fn path_str(p: &Path) -> &str {
     p.to_str().expect("test paths are UTF-8")
 }

@@ -15,7 +15,7 @@ use sluice_shard::{Manifest, ReadOptions, SampleReader};
 use sluice_storage::StorageConfig;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{path_str, shared_data, sluice_ok, synth_images};
+use crate::support::{path_str, sluice_ok};
 
 pub const TOKEN: &str = "system-test-cluster-token-42";
 
@@ -267,31 +267,7 @@ pub struct Dataset {
 pub fn dataset(dir: &Path, per_shard: u32) -> Dataset {
     let bucket = dir.join("data").join("train");
     std::fs::create_dir_all(&bucket).unwrap();
-    let pattern = bucket.join("train-%06d.tar");
-    let mut args = vec!["shard".to_string()];
-    match shared_data("imagenet-sample") {
-        Some(real) => {
-            args.extend([
-                "--input".into(),
-                path_str(&real).into(),
-                "--labels".into(),
-                path_str(&real.join("labels.tsv")).into(),
-            ]);
-        }
-        None => {
-            eprintln!("../shared/data/imagenet-sample absent: using generated JPEGs");
-            let images = synth_images(dir, 10, 40);
-            args.extend(["--input".into(), path_str(&images).into()]);
-        }
-    }
-    args.extend([
-        "--output".into(),
-        path_str(&pattern).into(),
-        "--max-count".into(),
-        per_shard.to_string(),
-    ]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    sluice_ok(&args);
+    crate::support::shard_sample_images(dir, &bucket.join("train-%06d.tar"), per_shard);
     let storage = start_storage(&dir.join("data"));
     let shards = crate::support::shard_files(&bucket);
     let last = shards.len() - 1;
