@@ -12,8 +12,11 @@
 # datagrams), lossy links (5% loss, 50 ms delay, 1% reordering; a 5 s blackhole; needs
 # iptables, skipped without it), epoch boundaries over 50 ms links (each epoch started when
 # asked, or the next one started early), and scaling (storage nodes with capped links; workers pinned
-# to cores). CI runs the short version inside `cargo test --workspace`: node loss,
-# corruption and churn; the rest are `#[ignore]`d benchmarks that this script includes.
+# to cores), and a pool that changes mid-epoch (tests/pool_membership.rs, its epoch 8 times
+# CI's: workers capped at 400 millicores join at 30% and one is SIGKILLed at 60%; the
+# thirds' throughput). CI runs the short version inside `cargo test --workspace`: node loss,
+# corruption, churn and the pool; the rest are `#[ignore]`d benchmarks that this script
+# includes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log="$(mktemp)"
@@ -23,6 +26,8 @@ set +e
 timeout 900 cargo test --release --locked --test cluster -- --include-ignored --nocapture \
     --test-threads 1 2>&1 | tee "$log" |
     grep -E '^(cluster |test |skipped)'
+SLUICE_POOL_COPIES=8 timeout 600 cargo test --release --locked --test pool_membership -- \
+    --nocapture 2>&1 | tee -a "$log" | grep -E '^(pool-membership |test |skipped)'
 set -e
 # The scenarios' own output interleaves with libtest's lines; its summary line does not.
 passed=$(grep -oE 'test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')

@@ -12,12 +12,14 @@ mod netbed;
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use netbed::Bed;
-use support::path_str;
+use support::{eventually, path_str};
 
 const TOKEN: &str = "pool-token-0123456789abc";
+/// Each worker's CPU limit, thousandths of a core.
+const WORKER_MILLICORES: u32 = 400;
 /// The DNS name the test serves, standing for every worker in the pool.
 const POOL_NAME: &str = "pool.sluice.test";
 
@@ -37,31 +39,10 @@ impl Cluster {
         let dir = tempfile::tempdir().unwrap();
         let train = dir.path().join("data").join("train");
         std::fs::create_dir_all(&train).unwrap();
-        let pattern = train.join("s-%03d.tar");
-        let mut args: Vec<String> = vec!["shard".into()];
-        match support::shared_data("imagenet-sample") {
-            Some(real) => args.extend([
-                "--input".into(),
-                path_str(&real).into(),
-                "--labels".into(),
-                path_str(&real.join("labels.tsv")).into(),
-            ]),
-            None => {
-                eprintln!("../shared/data/imagenet-sample absent: using generated JPEGs");
-                let images = support::synth_images(dir.path(), 10, 40);
-                args.extend(["--input".into(), path_str(&images).into()]);
-            }
-        }
-        args.extend([
-            "--output".into(),
-            path_str(&pattern).into(),
-            "--max-count".into(),
-            "32".into(),
-        ]);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        support::sluice_ok(&args);
+        support::shard_sample_images(dir.path(), &train.join("s-%03d.tar"), 32);
         // SLUICE_POOL_COPIES=N makes the epoch N times longer (copies of the shards under new
-        // names), so the thirds' throughput is measured over seconds, not one (bench/cluster.sh).
+        // names), so the thirds' throughput is measured over seconds, not one, and the kill's
+        // detection (about 3 s) is a small part of the last (bench/cluster.sh uses 8).
         let copies: usize = std::env::var("SLUICE_POOL_COPIES")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -110,14 +91,9 @@ impl Cluster {
             .map(|i| start_worker(&mut bed, dir.path(), i))
             .collect();
         assert!(
-            eventually(60, || certs.iter().all(|c| c.exists())),
+            Bed::pin_certificates(&certs, &dir.path().join("trust.pem"), 60),
             "the workers did not start"
         );
-        let pem: String = certs
-            .iter()
-            .map(|c| std::fs::read_to_string(c).unwrap())
-            .collect();
-        std::fs::write(dir.path().join("trust.pem"), pem).unwrap();
         let dataset = format!(
             "http://{s0}:7000/v1/train/s-{{000..{:03}}}.tar",
             shards.len() - 1
@@ -140,33 +116,22 @@ impl Cluster {
 
     /// The `sluice loadgen` arguments of one epoch on `workers`, dumping to `name.ids`.
     fn loadgen(&self, name: &str, workers: &[&str]) -> Vec<String> {
-        let mut args: Vec<String> = [
-            "loadgen",
-            "--dataset",
-            &self.dataset,
-            "--ranks",
-            "1",
-            "--batch-size",
-            "16",
-            "--epochs",
-            "1",
-            "--seed",
-            "11",
-            // Large crops: decoding, not the client, sets the pace, so a second worker counts.
-            "--pipeline",
-            "decode | resize 480 | center_crop 448 | hflip 0.5",
-            "--token-file",
-            path_str(&self.path("token")),
-            "--trust-cert",
-            path_str(&self.path("trust.pem")),
-            "--dump-ids",
-            path_str(&self.path(&format!("{name}.ids"))),
-            "--worker-wait",
-            "60",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let fixed = "loadgen --ranks 1 --batch-size 16 --epochs 1 --seed 11 --worker-wait 60";
+        let mut args: Vec<String> = fixed.split(' ').map(String::from).collect();
+        let files = [
+            ("--token-file", self.path("token")),
+            ("--trust-cert", self.path("trust.pem")),
+            ("--dump-ids", self.path(&format!("{name}.ids"))),
+        ];
+        for (flag, path) in files {
+            args.extend([flag.to_string(), path_str(&path).to_string()]);
+        }
+        args.extend([
+            "--dataset".into(),
+            self.dataset.clone(),
+            "--pipeline".into(),
+            "decode | resize 256 | center_crop 224 | hflip 0.5".into(),
+        ]);
         args.extend(workers.iter().map(|s| s.to_string()));
         args
     }
@@ -215,12 +180,13 @@ impl Cluster {
 /// `sluice cpu` on host `c{i}` (QUIC on 7100, metrics on 9100, one decode thread), its state
 /// and log under `dir`; started as the bed's daemon `worker{i}`. Returns its certificate.
 fn start_worker(bed: &mut Bed, dir: &Path, i: usize) -> PathBuf {
+    let tag = format!("worker{i}");
     let host = bed.host(&format!("c{i}")).addr;
     let state = dir.join(format!("worker{i}"));
     let (listen, metrics) = (format!("{host}:7100"), format!("{host}:9100"));
     bed.start(
         &format!("c{i}"),
-        &format!("worker{i}"),
+        &tag,
         &[
             "cpu",
             "--listen",
@@ -237,6 +203,11 @@ fn start_worker(bed: &mut Bed, dir: &Path, i: usize) -> PathBuf {
         ],
         &dir.join(format!("worker{i}-{}.log", unique())),
     );
+    // Each worker a small pod (`limits.cpu: 400m`): the workers, not this machine's two cores
+    // shared with the client, set the pace, so a pool that grows runs faster.
+    if let Err(why) = bed.cap_cpu(&tag, WORKER_MILLICORES) {
+        eprintln!("workers run uncapped ({why}): the thirds' throughput is not comparable");
+    }
     state.join("cert.pem")
 }
 
@@ -244,18 +215,6 @@ fn unique() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos())
-}
-
-/// Retries `f` for up to `secs` seconds.
-fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    false
 }
 
 /// How a run's pool is named, and how the test changes it.
@@ -461,19 +420,14 @@ fn workers_joining_and_dying_mid_epoch_change_no_batch() {
         "the workers' metrics do not answer"
     );
     // What decoding in process delivers for the same seed, on the client host.
-    let reference_args = c.loadgen("reference", &["--workers", "local", "--threads", "2"]);
-    let args: Vec<&str> = reference_args.iter().map(String::as_str).collect();
-    let out = c
-        .bed
-        .command("g0", Path::new(env!("CARGO_BIN_EXE_sluice")))
-        .args(&args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "in-process reference: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args = c.loadgen("reference", &["--workers", "local", "--threads", "2"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let log = c.path("reference.log");
+    c.bed.start("g0", "reference", &args, &log);
+    let done = eventually(300, || c.bed.exit_code("reference").is_some());
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(done, "the in-process reference did not finish: {}", said());
+    assert_eq!(c.bed.exit_code("reference"), Some(0), "{}", said());
     let reference = std::fs::read_to_string(c.path("reference.ids")).unwrap();
     assert_eq!(reference.lines().count() as u64, c.samples);
 
