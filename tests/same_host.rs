@@ -23,9 +23,16 @@ fn same_host_worker(dir: &Path, name: &str) -> Worker {
 }
 
 fn loader(data: &system::Dataset, dir: &Path, workers: &[&Worker], trust: &Path) -> Loader {
+    builder(data, dir, trust)
+        .workers(workers.iter().map(|w| w.addr.clone()).collect::<Vec<_>>())
+        .build()
+        .unwrap()
+}
+
+/// The tests' loader settings, but the workers.
+fn builder(data: &system::Dataset, dir: &Path, trust: &Path) -> sluice_client::LoaderBuilder {
     Loader::builder()
         .dataset(data.manifest.clone())
-        .workers(workers.iter().map(|w| w.addr.clone()).collect::<Vec<_>>())
         .token(TOKEN)
         .trust_cert(trust)
         .same_host(SameHost::Require)
@@ -40,8 +47,6 @@ fn loader(data: &system::Dataset, dir: &Path, workers: &[&Worker], trust: &Path)
         .silence(Duration::from_millis(1500))
         .worker_wait(Duration::from_secs(20))
         .seed(3)
-        .build()
-        .unwrap()
 }
 
 /// A counter from a worker's Prometheus text.
@@ -153,6 +158,54 @@ fn samples_arrive_once_and_intact_through_shared_memory_even_when_a_worker_is_ki
     assert!(
         shared > 0.0 && framed == 0.0,
         "same-host {shared}, QUIC {framed}"
+    );
+}
+
+/// The pool as a workers file that changes mid-epoch, over shared memory: a worker added to
+/// it gets units (and its samples come through its segments), the first one, removed, is
+/// drained; the batches and their bytes are the in-process engine's.
+#[test]
+fn a_pool_that_grows_and_shrinks_mid_epoch_keeps_batches_over_shared_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 40);
+    let a = same_host_worker(dir.path(), "a");
+    let b = same_host_worker(dir.path(), "b");
+    let trust = trust_file(dir.path(), &[&a, &b]);
+    let pool = dir.path().join("workers");
+    std::fs::write(&pool, format!("{}\n", a.addr)).unwrap();
+    let (expected, order) = reference(&data, 0);
+    let l = builder(&data, dir.path(), &trust)
+        .workers_file(&pool)
+        .workers_refresh(Duration::from_millis(50))
+        .epochs(1)
+        .build()
+        .unwrap();
+    let batches = l.batches_per_epoch();
+    let (mut got, mut digests) = (Vec::new(), HashMap::new());
+    for (n, batch) in l.epoch(0).unwrap().enumerate() {
+        let batch = batch.unwrap();
+        got.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
+        digest_into(&batch, &mut digests);
+        let n = n as u64;
+        if n == batches / 5 {
+            std::fs::write(&pool, format!("{}\n{}\n", a.addr, b.addr)).unwrap();
+        }
+        if n == batches / 2 {
+            std::fs::write(&pool, format!("{}\n", b.addr)).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(got == order, "the pool's changes changed the batches");
+    assert!(
+        expected.iter().all(|(id, d)| digests.get(id) == Some(d)),
+        "a sample's bytes differ from the in-process engine's"
+    );
+    let stats = l.stats();
+    assert_eq!(stats.pool_changes, 2, "{stats:?}");
+    let shared = counter(&b, "sluice_cpu_same_host_samples_total");
+    assert!(
+        shared > 0.0,
+        "the worker that joined sent nothing through shared memory"
     );
 }
 
