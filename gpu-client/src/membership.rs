@@ -308,7 +308,7 @@ impl Watcher {
                 Err(e) => {
                     let e = e.to_string();
                     if failing.as_ref() != Some(&e) {
-                        tracing::warn!("the pool stays as it is: {e}");
+                        tracing::warn!("the workers' source: {e} (what it gave before stays)");
                     }
                     failing = Some(e);
                 }
