@@ -342,18 +342,7 @@ impl Watcher {
         for m in left {
             self.leave(&m).await;
         }
-        let labels: Vec<String> = self.pool.iter().map(|(m, _)| m.label.clone()).collect();
-        let (came, went) = self.stats.pool_is(&labels);
-        let n = labels.len();
-        for w in came {
-            tracing::info!("worker {w} joined the pool ({n} workers)");
-        }
-        for w in went {
-            tracing::info!(
-                "worker {w} left the pool ({n} workers): draining it (its open units finish \
-                 there, it gets no new ones)"
-            );
-        }
+        report(&self.stats, &self.pool);
         match errors.into_iter().next() {
             Some(e) => Err(e),
             None => result,
@@ -389,6 +378,23 @@ impl Watcher {
         for link in links {
             let _ = self.dialer.events.send(Event::Left { link }).await;
         }
+    }
+}
+
+/// Tells `stats` the pool is now `pool`, and logs each change it had not heard of (an epoch
+/// and the one started early behind it report the same changes; each is logged once).
+pub(crate) fn report(stats: &Stats, pool: &[(Member, Vec<usize>)]) {
+    let labels: Vec<String> = pool.iter().map(|(m, _)| m.label.clone()).collect();
+    let (came, went) = stats.pool_is(&labels);
+    let n = labels.len();
+    for w in came {
+        tracing::info!("worker {w} joined the pool ({n} workers)");
+    }
+    for w in went {
+        tracing::info!(
+            "worker {w} left the pool ({n} workers): it gets no new units; those it holds \
+             finish there"
+        );
     }
 }
 

@@ -370,14 +370,8 @@ impl Loader {
             }
             pool.push((m, (first..out.links.len()).collect()));
         }
-        let labels: Vec<String> = pool.iter().map(|(m, _)| m.label.clone()).collect();
-        let (came, went) = self.stats.pool_is(&labels);
-        if !came.is_empty() || !went.is_empty() {
-            tracing::info!(
-                "the pool changed between epochs: {} workers (joined: {came:?}; left: {went:?})",
-                labels.len()
-            );
-        }
+        // A change since the epoch before is reported as one while an epoch runs is.
+        membership::report(&self.stats, &pool);
         if changes {
             let watcher = Watcher {
                 source,
