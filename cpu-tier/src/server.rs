@@ -83,6 +83,22 @@ impl Setup {
         port: u16,
         runtime: &tokio::runtime::Handle,
     ) -> Result<Setup, SetupError> {
+        let source = crate::source::ShardSource::new(config.source())
+            .map_err(crate::error::EngineError::from)?;
+        let worker = crate::worker::CpuWorker::new(config.engine(), source)?
+            .with_max_sample_bytes(u64::from(config.limits.max_payload_bytes));
+        Setup::with_runner(config, token, port, runtime, Arc::new(worker))
+    }
+
+    /// [`Setup::from_config`] decoding with `runner` instead of the config's engine (a
+    /// synthetic runner, for transport benchmarks).
+    pub fn with_runner(
+        config: CpuConfig,
+        token: Option<String>,
+        port: u16,
+        runtime: &tokio::runtime::Handle,
+        runner: Arc<dyn UnitRunner>,
+    ) -> Result<Setup, SetupError> {
         let identity = match (&config.cert, &config.key) {
             (Some(c), Some(k)) => tls::load(c, k)?,
             _ => {
@@ -98,10 +114,6 @@ impl Setup {
                 id
             }
         };
-        let source = crate::source::ShardSource::new(config.source())
-            .map_err(crate::error::EngineError::from)?;
-        let worker = crate::worker::CpuWorker::new(config.engine(), source)?
-            .with_max_sample_bytes(u64::from(config.limits.max_payload_bytes));
         let same_host = match config.same_host.enabled {
             false => None,
             true => {
@@ -122,7 +134,7 @@ impl Setup {
             config,
             identity,
             token,
-            runner: Arc::new(worker),
+            runner,
             same_host,
         })
     }

@@ -146,21 +146,18 @@ pub fn loader_once(args: &TransportProbe, runner: Arc<Synthetic>, same_host: boo
         .enable_all()
         .build()
         .map_err(TestbedError::io("starting a runtime"))?;
-    // The worker as its config sets it up, decoding with the synthetic runner instead.
-    let setup = sluice_cpu::server::Setup::from_config(
+    // The worker as its config sets it up, decoding with the synthetic runner.
+    let setup = sluice_cpu::server::Setup::with_runner(
         config,
         Some("bench-token".into()),
         addr.port(),
         runtime.handle(),
+        runner.clone(),
     )
     .map_err(|e| TestbedError::Setup(format!("the worker: {e}")))?;
     if same_host && setup.same_host.is_none() {
         return Err(TestbedError::Setup("no same-host socket".into()));
     }
-    let setup = sluice_cpu::server::Setup {
-        runner: runner.clone(),
-        ..setup
-    };
     runtime.spawn(sluice_cpu::server::run(socket, None, setup, stop.clone()));
     let manifest = Manifest::new(vec![ShardInfo {
         url: "synthetic://bench".into(),
