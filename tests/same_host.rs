@@ -22,6 +22,16 @@ fn same_host_worker(dir: &Path, name: &str) -> Worker {
     start_worker_with(dir, name, &["--same-host-dir", path_str(&sockets)])
 }
 
+/// The dataset (40 samples a shard) and two same-host workers, `a` and `b`, with the
+/// certificates that pin them.
+fn two_workers(dir: &Path) -> (system::Dataset, Worker, Worker, std::path::PathBuf) {
+    let data = dataset(dir, 40);
+    let a = same_host_worker(dir, "a");
+    let b = same_host_worker(dir, "b");
+    let trust = trust_file(dir, &[&a, &b]);
+    (data, a, b, trust)
+}
+
 fn loader(data: &system::Dataset, dir: &Path, workers: &[&Worker], trust: &Path) -> Loader {
     builder(data, dir, trust)
         .workers(workers.iter().map(|w| w.addr.clone()).collect::<Vec<_>>())
@@ -106,10 +116,7 @@ fn digest_into(batch: &sluice_client::Batch, m: &mut HashMap<(u32, u64), u64>) {
 #[test]
 fn samples_arrive_once_and_intact_through_shared_memory_even_when_a_worker_is_killed() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dataset(dir.path(), 40);
-    let mut a = same_host_worker(dir.path(), "a");
-    let b = same_host_worker(dir.path(), "b");
-    let trust = trust_file(dir.path(), &[&a, &b]);
+    let (data, mut a, b, trust) = two_workers(dir.path());
     for epoch in 0..2u64 {
         let (expected, order) = reference(&data, epoch);
         let l = loader(&data, dir.path(), &[&a, &b], &trust);
@@ -167,10 +174,7 @@ fn samples_arrive_once_and_intact_through_shared_memory_even_when_a_worker_is_ki
 #[test]
 fn a_pool_that_grows_and_shrinks_mid_epoch_keeps_batches_over_shared_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dataset(dir.path(), 40);
-    let a = same_host_worker(dir.path(), "a");
-    let b = same_host_worker(dir.path(), "b");
-    let trust = trust_file(dir.path(), &[&a, &b]);
+    let (data, a, b, trust) = two_workers(dir.path());
     let pool = dir.path().join("workers");
     std::fs::write(&pool, format!("{}\n", a.addr)).unwrap();
     let (expected, order) = reference(&data, 0);
