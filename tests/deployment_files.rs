@@ -293,9 +293,10 @@ fn kubernetes_manifests_parse_and_agree_on_ports() {
     let metric = hpa["spec"]["metrics"][0]["pods"]["metric"]["name"]
         .as_str()
         .unwrap();
-    let source =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("cpu-tier/src/fair.rs"))
-            .unwrap();
+    let source = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("cpu-tier/src/connection.rs"),
+    )
+    .unwrap();
     assert!(
         source.contains(&format!("\"{metric}\"")),
         "the worker exports no {metric}"

@@ -8,15 +8,17 @@
 //! - [`fields`]: a sample's label (from the field a job names) and the fields sent beside it.
 //!
 //! - [`worker`]: the engine as a wire-protocol worker (jobs sharing one pool).
-//! - [`server`]: the `sluice cpu` daemon: QUIC, TLS, tokens, credits, heartbeats, drain.
+//! - [`server`]: the `sluice cpu` daemon: QUIC, TLS, its start-up and drain.
+//! - `connection`: the shell that serves a connection by the worker's rules (tokens,
+//!   credits, fair slots, heartbeats: `sluice_wire::session`), running units on threads.
 //! - [`same_host`]: its Unix-socket transport for clients on the same machine (tensors
 //!   written into the client's shared memory).
 //! - [`config`], [`tls`]: its configuration and TLS identity.
 
 pub mod config;
+mod connection;
 pub mod engine;
 pub mod error;
-pub mod fair;
 pub mod fields;
 pub mod geometry;
 pub mod jpeg;

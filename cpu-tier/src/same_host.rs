@@ -37,7 +37,9 @@ use tokio::net::{UnixListener, UnixStream};
 use tracing::{info, warn};
 
 use crate::config::SameHost;
-use crate::server::{self, End, Outbound, SendError, Session, State, Transport};
+use crate::connection::{Connection, Ended, Outbound, SendError};
+use crate::server::State;
+use sluice_wire::session::{End, Transport};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SameHostError {
@@ -211,41 +213,41 @@ pub(crate) async fn serve(stream: UnixStream, state: Arc<State>) {
     let mut reader = FrameReader::new(rd, state.limits);
     let mut writer = FrameWriter::new(wr, state.limits);
     let handshake = state.config.timeouts.handshake();
-    let mut session = Session::new(state.clone(), Transport::SameHost);
+    let mut connection = Connection::new(state.clone(), Transport::Slots);
     let opened = tokio::time::timeout(
         handshake,
-        open(&state, &peer, &mut session, &mut reader, &mut writer),
+        open(&state, &peer, &mut connection, &mut reader, &mut writer),
     )
     .await
     .unwrap_or_else(|_| Err((ErrorCode::BadRequest, "no handshake in time".into())));
-    let client = match opened {
-        Ok(client) => client,
-        Err((code, message)) => {
-            warn!(
-                pid = peer.pid,
-                uid = peer.uid,
-                "same-host client refused: {message}"
-            );
-            let _ = writer
-                .send(&Message::Error(ErrorMessage { code, message }), &[])
-                .await;
-            session.close_all();
-            return;
+    if let Err((code, message)) = opened {
+        warn!(
+            pid = peer.pid,
+            uid = peer.uid,
+            "same-host client refused: {message}"
+        );
+        if code == ErrorCode::Unauthorized {
+            metrics::counter!("sluice_cpu_auth_failures_total").increment(1);
         }
-    };
+        let _ = writer
+            .send(&Message::Error(ErrorMessage { code, message }), &[])
+            .await;
+        return;
+    }
+    let client = connection.client().to_string();
     info!(client = %client, pid = peer.pid, uid = peer.uid, "same-host client connected");
     metrics::gauge!("sluice_cpu_connections").increment(1.0);
     let mut out = UnixOut(FrameWriter::new(
         tokio::io::BufWriter::new(writer.into_inner()),
         state.limits,
     ));
-    let end = session.run(reader, &mut out).await;
-    session.close_all();
+    let end = connection.run(reader, &mut out).await;
+    drop(connection);
     metrics::gauge!("sluice_cpu_connections").decrement(1.0);
     match end {
-        End::ClientClosed => info!(client = %client, "same-host client left"),
-        End::Drained => info!(client = %client, "closed for shutdown"),
-        End::Error(code, message) => {
+        Ended::ClientClosed => info!(client = %client, "same-host client left"),
+        Ended::Worker(End::Drained) => info!(client = %client, "closed for shutdown"),
+        Ended::Worker(End::Error(code, message)) => {
             warn!(client = %client, "closing: {message}");
             let _ = out
                 .frame(
@@ -260,17 +262,17 @@ pub(crate) async fn serve(stream: UnixStream, state: Arc<State>) {
 
 type Refusal = (ErrorCode, String);
 
-/// The handshake up to `ShmAttached`: the client's name, or why it was refused.
+/// The handshake up to `ShmAttached`, each step checked by the worker's session; why the
+/// client was refused, if it was.
 async fn open(
     state: &State,
     peer: &shm::Peer,
-    session: &mut Session,
+    connection: &mut Connection,
     reader: &mut FrameReader<tokio::net::unix::OwnedReadHalf>,
     writer: &mut FrameWriter<OwnedWriteHalf>,
-) -> Result<String, Refusal> {
+) -> Result<(), Refusal> {
     let config = &state.config.same_host;
     if !may_attach(config, shm::current_user(), peer) {
-        metrics::counter!("sluice_cpu_auth_failures_total").increment(1);
         return Err((
             ErrorCode::Unauthorized,
             format!(
@@ -282,27 +284,32 @@ async fn open(
     let bad = |m: String| (ErrorCode::BadRequest, m);
     let io = |e: sluice_wire::io::IoError| bad(e.to_string());
     let send = |e: sluice_wire::io::IoError| (ErrorCode::Internal, e.to_string());
-    let hello = match reader.next().await.map_err(io)? {
-        Some(Message::Hello(h)) => h,
-        Some(other) => return Err(bad(format!("expected Hello first, got {}", other.kind()))),
-        None => return Err(bad("closed before Hello".into())),
+    let refused = |end: End| match end {
+        End::Error(code, why) => (code, why),
+        End::Drained => (ErrorCode::Unavailable, "worker is draining".into()),
     };
-    server::admit(state, &hello)?;
-    writer
-        .send(&server::welcome(state), &[])
-        .await
-        .map_err(send)?;
+    let hello = reader.next().await.map_err(io)?;
+    let hello = hello.ok_or_else(|| bad("closed before Hello".into()))?;
+    for m in connection.handshake(hello).map_err(refused)? {
+        writer.send(&m, &[]).await.map_err(send)?;
+    }
     let spec = match reader.next().await.map_err(io)? {
         Some(Message::OpenJob(spec)) => spec,
         Some(other) => return Err(bad(format!("expected OpenJob, got {}", other.kind()))),
         None => return Err(bad("closed before OpenJob".into())),
     };
-    let shape = session.open_job(&spec)?;
-    let opened = Message::JobOpened {
-        job: spec.job,
-        shape,
-    };
-    writer.send(&opened, &[]).await.map_err(send)?;
+    let job = spec.job;
+    let mut shape = None;
+    for m in connection
+        .handshake(Message::OpenJob(spec))
+        .map_err(refused)?
+    {
+        if let Message::JobOpened { shape: s, .. } = &m {
+            shape = Some(*s);
+        }
+        writer.send(&m, &[]).await.map_err(send)?;
+    }
+    let shape = shape.ok_or_else(|| (ErrorCode::Internal, "the job did not open".into()))?;
     let attach = match reader.next().await.map_err(io)? {
         Some(Message::ShmAttach(a)) => a,
         Some(other) => return Err(bad(format!("expected ShmAttach, got {}", other.kind()))),
@@ -312,19 +319,19 @@ async fn open(
         config,
         state.config.limits.max_credits,
         &attach,
-        spec.job,
+        job,
         shape.bytes(),
     )?;
     let fd = shm::recv_fd(reader.get_ref().as_ref())
         .await
         .map_err(|e| bad(e.to_string()))?;
     let segment = Segment::open(fd, &attach).map_err(|e| bad(e.to_string()))?;
-    session.attach(spec.job, Arc::new(Slots::new(segment)));
+    connection.attach(job, Arc::new(Slots::new(segment)));
     writer
-        .send(&Message::ShmAttached { job: spec.job }, &[])
+        .send(&Message::ShmAttached { job }, &[])
         .await
         .map_err(send)?;
-    Ok(hello.client)
+    Ok(())
 }
 
 fn check_attach(

@@ -1,36 +1,30 @@
 //! `sluice cpu`: the worker daemon. A QUIC endpoint (TLS 1.3, a cluster token in the first
 //! frame) where each client connection carries one bidirectional stream of frames.
 //!
-//! Per connection: a reader task turns the stream into messages; the connection task opens
-//! jobs, starts each assignment on a blocking thread once a unit slot is free (one FIFO
-//! semaphore for the whole worker, so clients share the decode pool in arrival order), and
-//! writes what the assignments produce. A sample leaves only against a credit: credits are a
-//! semaphore per job that the client's `Credit` frames fill. Heartbeats go both ways; a client
-//! silent for `client_silence_secs` (or whose connection drops) has its jobs cancelled, which
-//! stops its assignments and frees their buffers.
+//! Each connection is served by [`crate::connection`], the shell around the worker's rules
+//! (`sluice_wire::session::Worker`, one for the whole worker): the Hello and its token,
+//! jobs, credits, unit slots shared fairly by job, heartbeats both ways and client silence
+//! (a client silent for `client_silence_secs`, or whose connection drops, has its jobs
+//! cancelled, which stops its assignments and frees their buffers).
 //!
 //! SIGTERM (the `shutdown` token): stop accepting connections and assignments (new ones are
 //! answered `UnitFailed`, so clients move them at once), let running ones finish for up to
 //! `drain_secs`, then close.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use sluice_wire::io::{FrameReader, FrameWriter, IoError};
-use sluice_wire::{
-    drive_unit, Assign, ErrorCode, ErrorMessage, JobRunner, Limits, Message, Output, UnitEnd,
-    UnitFailed, UnitRunner, Welcome,
-};
-use tokio::sync::{mpsc, Semaphore};
+use sluice_wire::io::{FrameReader, FrameWriter};
+use sluice_wire::session::{self, End, Transport, Worker};
+use sluice_wire::{ErrorCode, ErrorMessage, Limits, Message, UnitRunner, Welcome};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::config::CpuConfig;
-use crate::fair::{FairSlots, JobShare};
+use crate::connection::{Connection, Ended, Outbound, Rules, SendError};
 use crate::tls::{self, Identity, TlsError};
 
 #[derive(Debug, thiserror::Error)]
@@ -142,14 +136,28 @@ impl Setup {
 
 pub(crate) struct State {
     pub(crate) config: CpuConfig,
-    token: Option<String>,
-    runner: Arc<dyn UnitRunner>,
-    /// Assignments processed at once, over every client, shared fairly by job.
-    unit_slots: Arc<FairSlots>,
+    pub(crate) runner: Arc<dyn UnitRunner>,
+    /// The worker's rules over every connection and unit (`sluice_wire::session`), with
+    /// its assignments processed at once and shared fairly by job.
+    pub(crate) rules: Rules,
     connections: Arc<Semaphore>,
     pub(crate) draining: CancellationToken,
     pub(crate) limits: Limits,
-    name: String,
+}
+
+/// The worker's rules from its config.
+fn rules(config: &CpuConfig, token: Option<String>, welcome: Welcome) -> session::Rules {
+    let t = &config.timeouts;
+    session::Rules {
+        token,
+        welcome,
+        max_credits: config.limits.max_credits,
+        max_units_per_connection: config.limits.max_units_per_connection,
+        max_job_weight: config.limits.max_job_weight,
+        heartbeat: t.heartbeat(),
+        client_silence: t.client_silence(),
+        handshake: t.handshake(),
+    }
 }
 
 /// The QUIC transport settings. A worker receives only small control frames, so its receive
@@ -211,17 +219,20 @@ pub async fn run(
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
+    let welcome = Welcome {
+        worker: name,
+        threads: runner.threads(),
+        caches: runner.caches(),
+    };
     let state = Arc::new(State {
         limits: Limits {
             max_header: config.limits.max_header_bytes,
             max_payload: config.limits.max_payload_bytes,
         },
-        unit_slots: FairSlots::new(active),
+        rules: Mutex::new(Worker::new(rules(&config, token, welcome), active)),
         connections: Arc::new(Semaphore::new(config.limits.max_connections)),
         draining: CancellationToken::new(),
-        token,
         runner,
-        name,
         config,
     });
     let mut tasks = JoinSet::new();
@@ -276,6 +287,9 @@ pub async fn run(
     }
     // No new same-host clients either (the socket file goes with the listener).
     drop(same_host);
+    // New clients and assignments are refused from now; each connection closes once its
+    // running units are done (the session's rule), or at the deadline below.
+    crate::connection::lock(&state.rules).drain();
     state.draining.cancel();
     endpoint.set_server_config(None);
     let drain = state.config.timeouts.drain();
@@ -313,41 +327,6 @@ async fn accept_same_host(
         Some(l) => l.accept().await,
         None => std::future::pending().await,
     }
-}
-
-/// Checks a client's Hello: its token, and that the worker still takes clients.
-pub(crate) fn admit(state: &State, hello: &sluice_wire::Hello) -> Result<(), (ErrorCode, String)> {
-    if let Some(expected) = &state.token {
-        if !token_matches(expected, &hello.token) {
-            metrics::counter!("sluice_cpu_auth_failures_total").increment(1);
-            let why = if hello.token.is_empty() {
-                "no cluster token given"
-            } else {
-                "wrong cluster token"
-            };
-            warn!(client = %hello.client, "refused: {why}");
-            return Err((ErrorCode::Unauthorized, why.into()));
-        }
-    }
-    if state.draining.is_cancelled() {
-        return Err((ErrorCode::Unavailable, "worker is draining".into()));
-    }
-    Ok(())
-}
-
-/// The worker's Welcome.
-pub(crate) fn welcome(state: &State) -> Message {
-    Message::Welcome(Welcome {
-        worker: state.name.clone(),
-        threads: state.runner.threads(),
-        caches: state.runner.caches(),
-    })
-}
-
-/// Constant-time comparison, so a token cannot be guessed byte by byte from timings.
-fn token_matches(expected: &str, given: &str) -> bool {
-    let (a, b) = (expected.as_bytes(), given.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// An application close code for each refusal, so the client's error says why.
@@ -396,60 +375,40 @@ async fn serve_connection(incoming: quinn::Incoming, state: Arc<State>) {
             return;
         }
     };
-    let mut reader = FrameReader::new(recv, state.limits);
-    let mut writer = FrameWriter::new(send, state.limits);
-    let hello = match tokio::time::timeout(handshake, reader.next()).await {
-        Ok(Ok(Some(Message::Hello(h)))) => h,
-        Ok(Ok(Some(other))) => {
-            let msg = format!("expected Hello first, got {}", other.kind());
-            refuse(&conn, &mut writer, ErrorCode::BadRequest, &msg).await;
-            return;
-        }
-        Ok(Ok(None)) => return,
-        Ok(Err(e)) => {
-            refuse(&conn, &mut writer, ErrorCode::BadRequest, &e.to_string()).await;
-            return;
-        }
-        Err(_) => {
-            refuse(
-                &conn,
-                &mut writer,
-                ErrorCode::BadRequest,
-                "no Hello in time",
-            )
-            .await;
-            return;
-        }
-    };
-    if let Err((code, why)) = admit(&state, &hello) {
-        refuse(&conn, &mut writer, code, &why).await;
-        return;
-    }
-    if writer.send(&welcome(&state), &[]).await.is_err() {
-        return;
-    }
-    info!(client = %hello.client, "client connected");
+    let reader = FrameReader::new(recv, state.limits);
+    let mut out = QuicOut(FrameWriter::new(send, state.limits), state.limits);
+    // The session checks the Hello (and its time), opens jobs, and runs them.
+    let mut connection = Connection::new(state.clone(), Transport::Frames);
     metrics::gauge!("sluice_cpu_connections").increment(1.0);
-    let mut session = Session::new(state.clone(), Transport::Quic);
-    let mut out = QuicOut(writer, state.limits);
-    let reason = session.run(reader, &mut out).await;
-    let mut writer = out.0;
-    session.close_all();
+    let ended = connection.run(reader, &mut out).await;
+    let client = connection.client().to_string();
+    drop(connection);
     metrics::gauge!("sluice_cpu_connections").decrement(1.0);
-    match reason {
-        End::ClientClosed => info!(client = %hello.client, "client left"),
-        End::Drained => {
+    let mut writer = out.0;
+    match ended {
+        Ended::ClientClosed => info!(client = %client, "client left"),
+        Ended::Worker(End::Drained) => {
             let _ = writer.get_mut().finish();
             conn.close(
                 close_code(ErrorCode::Unavailable).into(),
                 b"worker is draining",
             );
-            info!(client = %hello.client, "closed for shutdown");
+            info!(client = %client, "closed for shutdown");
         }
-        End::Error(code, msg) => {
-            warn!(client = %hello.client, "closing: {msg}");
+        Ended::Worker(End::Error(code, msg)) => {
+            refused(code, &client, &msg);
             refuse(&conn, &mut writer, code, &msg).await;
         }
+    }
+}
+
+/// Logs (and counts) why a client was turned away or closed.
+pub(crate) fn refused(code: ErrorCode, client: &str, why: &str) {
+    if code == ErrorCode::Unauthorized {
+        metrics::counter!("sluice_cpu_auth_failures_total").increment(1);
+        warn!(client = %client, "refused: {why}");
+    } else {
+        warn!(client = %client, "closing: {why}");
     }
 }
 
@@ -472,382 +431,6 @@ async fn refuse(
     conn.close(close_code(code).into(), message.as_bytes());
 }
 
-pub(crate) enum End {
-    ClientClosed,
-    Drained,
-    Error(ErrorCode, String),
-}
-
-/// A frame that could not be sent: the stream gone means the client left; a frame this side
-/// could not encode (over a limit) is this worker's error, said to the client and logged,
-/// never taken for a client leaving.
-fn send_failed(e: SendError) -> End {
-    match e {
-        SendError::Encode(w) | SendError::Stream(sluice_wire::io::IoError::Wire(w)) => End::Error(
-            ErrorCode::Internal,
-            format!("the worker could not send a frame: {w}"),
-        ),
-        SendError::Quic(_) | SendError::Stream(_) => End::ClientClosed,
-    }
-}
-
-/// What an assignment thread sends to its connection. Nearly every one is a frame (a sample
-/// each): boxing it would allocate once a sample to save a few bytes on the rare `Finished`.
-#[allow(clippy::large_enum_variant)]
-enum Produced {
-    Frame(Message, bytes::Bytes),
-    /// The assignment ended (its `UnitDone`/`UnitFailed` is the frame before).
-    Finished,
-}
-
-/// Why a frame could not reach a client.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum SendError {
-    #[error("encoding a frame: {0}")]
-    Encode(#[from] sluice_wire::WireError),
-    #[error("QUIC stream: {0}")]
-    Quic(#[from] quinn::WriteError),
-    #[error(transparent)]
-    Stream(#[from] sluice_wire::io::IoError),
-}
-
-/// Where a session's frames go.
-pub(crate) trait Outbound: Send {
-    /// Sends one frame, taking its payload over (a buffered transport may hold it until
-    /// [`Outbound::flush`]).
-    async fn frame(&mut self, message: &Message, payload: bytes::Bytes) -> Result<(), SendError>;
-
-    /// Sends what `frame` buffered.
-    async fn flush(&mut self) -> Result<(), SendError> {
-        Ok(())
-    }
-}
-
-/// A QUIC stream: payloads are handed to quinn as they are (no copy into its buffers).
-pub(crate) struct QuicOut(FrameWriter<quinn::SendStream>, Limits);
-
-impl Outbound for QuicOut {
-    async fn frame(&mut self, message: &Message, payload: bytes::Bytes) -> Result<(), SendError> {
-        send_owned(&mut self.0, message, payload, &self.1).await
-    }
-}
-
-/// How a session's samples reach its client.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Transport {
-    /// Tensors travel in the frames.
-    Quic,
-    /// Tensors are written into the client's shared-memory slots; one job per connection.
-    SameHost,
-}
-
-pub(crate) struct Job {
-    runner: Arc<dyn JobRunner>,
-    credits: Arc<Semaphore>,
-    cancel: CancellationToken,
-    /// Its place in the worker's fair sharing (left when the job closes).
-    share: JobShare,
-    /// Samples sent for the training job (`sluice_cpu_job_samples_total{job}`).
-    sent: metrics::Counter,
-    /// Same-host jobs: the client's segment and the slots it granted.
-    slots: Option<Arc<crate::same_host::Slots>>,
-}
-
-/// A job dropped in any way (its session ended, the server stopped) cancels its units: one
-/// blocked on credit would otherwise hold a blocking thread, and the runtime's shutdown with it.
-impl Drop for Job {
-    fn drop(&mut self) {
-        self.cancel.cancel();
-    }
-}
-
-pub(crate) struct Session {
-    state: Arc<State>,
-    transport: Transport,
-    jobs: HashMap<u64, Job>,
-    running: usize,
-    out_tx: mpsc::Sender<Produced>,
-    out_rx: mpsc::Receiver<Produced>,
-}
-
-impl Session {
-    pub(crate) fn new(state: Arc<State>, transport: Transport) -> Self {
-        let (out_tx, out_rx) = mpsc::channel(64);
-        Session {
-            state,
-            transport,
-            jobs: HashMap::new(),
-            running: 0,
-            out_tx,
-            out_rx,
-        }
-    }
-
-    /// Opens a job: its pipeline is checked and its shape returned.
-    pub(crate) fn open_job(
-        &mut self,
-        spec: &sluice_wire::JobSpec,
-    ) -> Result<sluice_wire::SampleShape, (ErrorCode, String)> {
-        let bad = |msg: String| Err((ErrorCode::BadRequest, msg));
-        if self.jobs.contains_key(&spec.job) {
-            return bad(format!("job {} is already open", spec.job));
-        }
-        if self.transport == Transport::SameHost && !self.jobs.is_empty() {
-            return bad("a same-host connection carries one job".into());
-        }
-        if spec.name.is_empty() || spec.name.len() > 128 || spec.name.chars().any(char::is_control)
-        {
-            return bad(format!(
-                "job {}: its name {:?} must be 1 to 128 printable characters",
-                spec.job, spec.name
-            ));
-        }
-        let runner: Arc<dyn JobRunner> = match self.state.runner.open_job(spec) {
-            Ok(r) => r.into(),
-            Err(e) => {
-                let why = sluice_wire::error_chain(&e);
-                return bad(format!("job {} ({}): {why}", spec.job, spec.dataset));
-            }
-        };
-        let shape = runner.shape();
-        // Not `clamp`: a hand-made config's cap of 0 must not panic here.
-        let weight = spec
-            .weight
-            .min(self.state.config.limits.max_job_weight)
-            .max(1);
-        info!(job = spec.job, name = %spec.name, weight, dataset = %spec.dataset,
-              pipeline = %spec.pipeline, epoch = spec.epoch, rank = spec.rank,
-              transport = ?self.transport, "job opened");
-        let label = spec.name.clone();
-        metrics::gauge!("sluice_cpu_job_weight", "job" => label.clone()).set(f64::from(weight));
-        self.jobs.insert(
-            spec.job,
-            Job {
-                runner,
-                credits: Arc::new(Semaphore::new(0)),
-                cancel: CancellationToken::new(),
-                share: self
-                    .state
-                    .unit_slots
-                    .open(spec.name.as_str().into(), weight),
-                sent: metrics::counter!("sluice_cpu_job_samples_total", "job" => label),
-                slots: None,
-            },
-        );
-        Ok(shape)
-    }
-
-    /// Gives a same-host job its client's segment.
-    pub(crate) fn attach(&mut self, job: u64, slots: Arc<crate::same_host::Slots>) -> bool {
-        match self.jobs.get_mut(&job) {
-            Some(j) => {
-                j.slots = Some(slots);
-                true
-            }
-            None => false,
-        }
-    }
-
-    pub(crate) async fn run<R, W>(&mut self, mut reader: FrameReader<R>, writer: &mut W) -> End
-    where
-        R: tokio::io::AsyncRead + Unpin + Send + 'static,
-        W: Outbound,
-    {
-        // The reader is not cancel-safe mid-frame, so it runs on its own task.
-        let (in_tx, mut in_rx) = mpsc::channel::<Result<Message, IoError>>(16);
-        let reader_task = tokio::spawn(async move {
-            loop {
-                let next = reader.next().await;
-                let end = !matches!(next, Ok(Some(_)));
-                let item = match next {
-                    Ok(Some(m)) => Ok(m),
-                    Ok(None) => break,
-                    Err(e) => Err(e),
-                };
-                if in_tx.send(item).await.is_err() || end {
-                    break;
-                }
-            }
-        });
-        let _abort = AbortOnDrop(reader_task);
-        let timeouts = self.state.config.timeouts.clone();
-        let mut tick = tokio::time::interval(timeouts.heartbeat());
-        let mut last_heard = Instant::now();
-        let mut seq = 0u64;
-        let mut draining = false;
-        loop {
-            tokio::select! {
-                incoming = in_rx.recv() => {
-                    last_heard = Instant::now();
-                    match incoming {
-                        None => return End::ClientClosed,
-                        Some(Err(e)) => {
-                            return match e {
-                                IoError::Wire(w) => End::Error(ErrorCode::BadRequest, w.to_string()),
-                                _ => End::ClientClosed,
-                            };
-                        }
-                        Some(Ok(m)) => {
-                            if let Err((code, msg)) = self.handle(m, writer, draining).await {
-                                return End::Error(code, msg);
-                            }
-                        }
-                    }
-                }
-                Some(produced) = self.out_rx.recv() => {
-                    match produced {
-                        Produced::Frame(m, payload) => {
-                            if let Message::Sample(_) = &m {
-                                metrics::counter!("sluice_cpu_samples_sent_total").increment(1);
-                                metrics::counter!("sluice_cpu_bytes_sent_total").increment(payload.len() as u64);
-                            }
-                            if let Message::ShmSample { header, .. } = &m {
-                                metrics::counter!("sluice_cpu_same_host_samples_total").increment(1);
-                                metrics::counter!("sluice_cpu_bytes_sent_total")
-                                    .increment(header.payload_len());
-                            }
-                            if let Err(e) = writer.frame(&m, payload).await {
-                                return send_failed(e);
-                            }
-                        }
-                        Produced::Finished => {
-                            self.running -= 1;
-                            if draining && self.running == 0 {
-                                return End::Drained;
-                            }
-                        }
-                    }
-                }
-                _ = tick.tick() => {
-                    if last_heard.elapsed() > timeouts.client_silence() {
-                        return End::Error(ErrorCode::BadRequest, format!(
-                            "no frame from the client for {:?}", timeouts.client_silence()));
-                    }
-                    seq += 1;
-                    if writer.frame(&Message::Heartbeat { seq }, bytes::Bytes::new()).await.is_err() {
-                        return End::ClientClosed;
-                    }
-                }
-                _ = self.state.draining.cancelled(), if !draining => {
-                    draining = true;
-                    if self.running == 0 {
-                        return End::Drained;
-                    }
-                }
-            }
-            // Frames queued behind this one go out in the same write.
-            if self.out_rx.is_empty() && writer.flush().await.is_err() {
-                return End::ClientClosed;
-            }
-        }
-    }
-
-    /// Handles one client frame; `Err` closes the connection with that code.
-    async fn handle<W: Outbound>(
-        &mut self,
-        message: Message,
-        writer: &mut W,
-        draining: bool,
-    ) -> Result<(), (ErrorCode, String)> {
-        let bad = |msg: String| Err((ErrorCode::BadRequest, msg));
-        match message {
-            Message::Heartbeat { .. } => Ok(()),
-            Message::OpenJob(spec) => {
-                let shape = self.open_job(&spec)?;
-                let opened = Message::JobOpened {
-                    job: spec.job,
-                    shape,
-                };
-                writer
-                    .frame(&opened, bytes::Bytes::new())
-                    .await
-                    .map_err(|e| (ErrorCode::Internal, e.to_string()))
-            }
-            Message::SlotCredit { job, slots } => {
-                let Some(j) = self.jobs.get(&job) else {
-                    return Ok(()); // a job cancelled a moment ago
-                };
-                let Some(pool) = &j.slots else {
-                    return bad(format!("slot credits for job {job}, which has no segment"));
-                };
-                let n = pool.grant(&slots).map_err(|e| (ErrorCode::BadRequest, e))?;
-                j.credits.add_permits(n);
-                Ok(())
-            }
-            Message::Credit { job, samples } => {
-                let Some(j) = self.jobs.get(&job) else {
-                    return Ok(()); // a job cancelled a moment ago
-                };
-                if j.slots.is_some() {
-                    return bad(format!("job {job} takes slot credits, not counts"));
-                }
-                let max = self.state.config.limits.max_credits as usize;
-                let room = max.saturating_sub(j.credits.available_permits());
-                j.credits.add_permits((samples as usize).min(room));
-                Ok(())
-            }
-            Message::Assign(assign) => {
-                let Some(job) = self.jobs.get(&assign.job) else {
-                    return bad(format!(
-                        "assignment for job {}, which is not open",
-                        assign.job
-                    ));
-                };
-                if draining {
-                    let failed = Message::UnitFailed(UnitFailed {
-                        job: assign.job,
-                        unit: assign.unit,
-                        attempt: assign.attempt,
-                        error: "worker is draining".into(),
-                    });
-                    return writer
-                        .frame(&failed, bytes::Bytes::new())
-                        .await
-                        .map_err(|e| (ErrorCode::Internal, e.to_string()));
-                }
-                if self.running >= self.state.config.limits.max_units_per_connection {
-                    return bad(format!(
-                        "more than limits.max_units_per_connection = {} assignments at once",
-                        self.state.config.limits.max_units_per_connection
-                    ));
-                }
-                if self.transport == Transport::SameHost && job.slots.is_none() {
-                    return bad(format!("job {} has no segment attached", assign.job));
-                }
-                if assign.start >= assign.end || assign.end > assign.shard.samples {
-                    return bad(format!(
-                        "unit {}: samples {}..{} of a {}-sample shard",
-                        assign.unit, assign.start, assign.end, assign.shard.samples
-                    ));
-                }
-                self.running += 1;
-                spawn_unit(
-                    assign,
-                    job,
-                    self.state.unit_slots.clone(),
-                    self.out_tx.clone(),
-                );
-                Ok(())
-            }
-            Message::Cancel { job } => {
-                if let Some(j) = self.jobs.remove(&job) {
-                    j.cancel.cancel();
-                    info!(job, "job cancelled by the client");
-                }
-                Ok(())
-            }
-            Message::Error(e) => Err((e.code, format!("the client reported: {}", e.message))),
-            other => bad(format!("a client does not send {}", other.kind())),
-        }
-    }
-
-    pub(crate) fn close_all(&mut self) {
-        for (_, job) in self.jobs.drain() {
-            job.cancel.cancel();
-        }
-    }
-}
-
 /// Sends a frame whose payload buffer QUIC takes over as is (no copy into its send buffer).
 async fn send_owned(
     writer: &mut FrameWriter<quinn::SendStream>,
@@ -865,170 +448,13 @@ async fn send_owned(
     Ok(())
 }
 
-/// A sample's payload on its way out over QUIC: returned to the job's runner for reuse when
-/// quinn has sent it and lets go of it.
-struct Returning {
-    payload: Vec<u8>,
-    runner: Arc<dyn JobRunner>,
-}
+/// A QUIC stream: payloads are handed to quinn as they are (no copy into its buffers).
+pub(crate) struct QuicOut(FrameWriter<quinn::SendStream>, Limits);
 
-impl AsRef<[u8]> for Returning {
-    fn as_ref(&self) -> &[u8] {
-        &self.payload
+impl Outbound for QuicOut {
+    async fn frame(&mut self, message: &Message, payload: bytes::Bytes) -> Result<(), SendError> {
+        send_owned(&mut self.0, message, payload, &self.1).await
     }
-}
-
-impl Drop for Returning {
-    fn drop(&mut self) {
-        self.runner.recycle(std::mem::take(&mut self.payload));
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// Runs an assignment on a blocking thread once a unit slot is free; its outputs go to the
-/// connection, each sample against one credit.
-///
-/// A unit out of credit gives its slot back while it waits and queues for one again when the
-/// credit comes: a job whose consumer does not read (a paused trainer, the next epoch opened
-/// early) must not hold the worker's slots against the jobs that do. Held, two such units on a
-/// one-thread worker stopped another job's epoch for good.
-fn spawn_unit(assign: Assign, job: &Job, slots: Arc<FairSlots>, out: mpsc::Sender<Produced>) {
-    let (runner, credits, cancel) = (job.runner.clone(), job.credits.clone(), job.cancel.clone());
-    let (name, sent) = (job.share.name().clone(), job.sent.clone());
-    let segment = job.slots.clone();
-    let rt = tokio::runtime::Handle::current();
-    tokio::spawn(async move {
-        let queued = Instant::now();
-        let permit = tokio::select! {
-            p = slots.clone().acquire(name.clone()) => p,
-            _ = cancel.cancelled() => None,
-        };
-        metrics::histogram!("sluice_cpu_unit_queue_seconds").record(queued.elapsed().as_secs_f64());
-        let Some(permit) = permit else {
-            let _ = out.send(Produced::Finished).await;
-            return;
-        };
-        let unit = assign.unit;
-        let span = tracing::info_span!(
-            "unit",
-            job = assign.job,
-            unit,
-            attempt = assign.attempt,
-            shard = assign.shard.index
-        );
-        let out_done = out.clone();
-        let result = tokio::task::spawn_blocking(move || {
-            let _enter = span.enter();
-            let dead = AtomicBool::new(false);
-            let mut held = Some(permit);
-            let take_credit = || {
-                if let Ok(credit) = credits.try_acquire() {
-                    credit.forget();
-                    // Another job waiting for a slot may be owed this one's turn.
-                    let Some(permit) = held.take() else {
-                        return false;
-                    };
-                    if slots.keep(&permit) {
-                        held = Some(permit);
-                        return true;
-                    }
-                    held = rt.block_on(async {
-                        tokio::select! {
-                            p = slots.clone().reschedule(permit) => p,
-                            _ = cancel.cancelled() => None,
-                        }
-                    });
-                    return held.is_some();
-                }
-                held = None;
-                let waited = Instant::now();
-                let again = rt.block_on(async {
-                    let credit = tokio::select! {
-                        p = credits.acquire() => p.map(|p| p.forget()).is_ok(),
-                        _ = cancel.cancelled() => false,
-                    };
-                    if !credit {
-                        return None;
-                    }
-                    tokio::select! {
-                        p = slots.clone().acquire(name.clone()) => p,
-                        _ = cancel.cancelled() => None,
-                    }
-                });
-                metrics::histogram!("sluice_cpu_credit_wait_seconds")
-                    .record(waited.elapsed().as_secs_f64());
-                held = again;
-                held.is_some()
-            };
-            let forward = |output: Output| -> bool {
-                let frame = match output {
-                    Output::Sample(h, payload) => match &segment {
-                        None => {
-                            let runner = runner.clone();
-                            let payload = bytes::Bytes::from_owner(Returning { payload, runner });
-                            Produced::Frame(Message::Sample(h), payload)
-                        }
-                        Some(segment) => match segment.place(h, &payload) {
-                            Ok((m, fields)) => {
-                                runner.recycle(payload);
-                                Produced::Frame(m, fields.into())
-                            }
-                            Err(e) => {
-                                // The unit fails (and is reassigned); the connection lives.
-                                warn!("same-host slot: {e}");
-                                return false;
-                            }
-                        },
-                    },
-                    Output::Skipped(s) => Produced::Frame(Message::Skipped(s), bytes::Bytes::new()),
-                };
-                let sample = matches!(
-                    frame,
-                    Produced::Frame(Message::Sample(_) | Message::ShmSample { .. }, _)
-                );
-                if cancel.is_cancelled() || out.blocking_send(frame).is_err() {
-                    dead.store(true, Ordering::Relaxed);
-                    return false;
-                }
-                if sample {
-                    sent.increment(1);
-                }
-                true
-            };
-            let end = match drive_unit(&*runner, &assign, take_credit, forward) {
-                UnitEnd::Done(done) => {
-                    metrics::counter!("sluice_cpu_units_total", "result" => "done").increment(1);
-                    Message::UnitDone(done)
-                }
-                UnitEnd::Failed(failed) => {
-                    if !cancel.is_cancelled() {
-                        metrics::counter!("sluice_cpu_units_total", "result" => "failed")
-                            .increment(1);
-                        warn!("assignment failed: {}", failed.error);
-                    }
-                    Message::UnitFailed(failed)
-                }
-            };
-            if !dead.load(Ordering::Relaxed) && !cancel.is_cancelled() {
-                let _ = out.blocking_send(Produced::Frame(end, bytes::Bytes::new()));
-            }
-        })
-        .await;
-        match result {
-            Err(e) if e.is_panic() => warn!(unit, "assignment thread panicked"),
-            // Never started: the runtime shut down first.
-            Err(_) => tracing::debug!(unit, "assignment dropped at shutdown"),
-            Ok(()) => {}
-        }
-        let _ = out_done.send(Produced::Finished).await;
-    });
 }
 
 /// The names a self-signed certificate should cover for a listen address.

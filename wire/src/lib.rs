@@ -1,7 +1,7 @@
 //! The wire protocol between GPU clients and CPU workers: versioned message headers
 //! ([`message`]), a sans-IO length-prefixed frame codec ([`codec`]), the worker's job interface
 //! shared by the daemon and the in-process mode ([`runner`]), the tensor buffers both ends
-//! reuse ([`buffers`]), the QUIC datagram and socket-buffer sizes both ends use ([`quic`];
+//! reuse ([`buffers`]), the worker's rules as a state machine ([`session`]), the QUIC datagram and socket-buffer sizes both ends use ([`quic`];
 //! behind `udp`, the call that grows a socket's buffer), and, behind the `io` feature, a
 //! thin async shell over any byte stream ([`io`]); behind `shm`, the same-host transport's
 //! shared-memory segments and descriptor passing ([`shm`]).
@@ -20,6 +20,7 @@ pub mod message;
 pub mod payload;
 pub mod quic;
 pub mod runner;
+pub mod session;
 #[cfg(feature = "shm")]
 pub mod shm;
 pub mod spec;

@@ -92,7 +92,7 @@ pub struct Hello {
     pub client: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Welcome {
     /// A name for logs.
     pub worker: String,
@@ -104,7 +104,7 @@ pub struct Welcome {
 }
 
 /// What samples are decoded for: the job's coordinates seed every augmentation.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
     /// Chosen by the client, unique on its connection.
     pub job: u64,

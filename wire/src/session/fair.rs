@@ -10,15 +10,12 @@
 //! what the least-charged job still running or waiting was, so time spent idle earns no
 //! burst later.
 //!
-//! [`FairSlots`] drives the rule for the worker's unit tasks: a unit holds a slot while it
+//! [`super::Worker`] drives the rule for the worker's units: a unit holds a slot while it
 //! decodes, gives it back while it waits for credit, and yields it after a sample whenever
 //! another job waits, so shares hold sample by sample, not unit by unit. Units of one job
 //! take the job's slots first come, first served.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
-
-use tokio::sync::oneshot;
 
 /// The charge of one sample at weight 1 (a weight-`w` job is charged `STRIDE / w`).
 const STRIDE: u128 = 1 << 32;
@@ -150,6 +147,19 @@ impl<W> FairQueue<W> {
         self.jobs.values().map(|t| t.waiting.len()).sum()
     }
 
+    /// Waiters queued for job `name`.
+    pub fn waiting_for(&self, name: &str) -> usize {
+        self.jobs.get(name).map_or(0, |t| t.waiting.len())
+    }
+
+    /// The jobs with waiters queued, with their weights.
+    pub fn backlogged(&self) -> impl Iterator<Item = (&str, u32)> + '_ {
+        self.jobs
+            .iter()
+            .filter(|(_, t)| !t.waiting.is_empty())
+            .map(|(n, t)| (n.as_str(), t.weight))
+    }
+
     fn hand_on(&mut self, alive: impl Fn(&W) -> bool) -> Option<W> {
         loop {
             let Some(name) = self
@@ -211,150 +221,6 @@ impl<W> FairQueue<W> {
     }
 }
 
-/// A unit waiting for a slot: its job, and where its permit goes.
-type Waiter = (Arc<str>, oneshot::Sender<SlotPermit>);
-
-/// The worker's slots, shared by its connections' unit tasks.
-pub struct FairSlots {
-    queue: Mutex<FairQueue<Waiter>>,
-    slots: usize,
-}
-
-/// A slot, held while a unit decodes; dropping it hands the slot to the next waiter.
-pub struct SlotPermit {
-    slots: Arc<FairSlots>,
-    name: Arc<str>,
-    /// False once the slot was handed on under the queue's lock (by `reschedule`).
-    held: bool,
-}
-
-impl Drop for SlotPermit {
-    fn drop(&mut self) {
-        if self.held {
-            let next = {
-                let mut queue = self.slots.lock();
-                let next = queue.release(&self.name, alive);
-                self.slots.publish(&queue);
-                next
-            };
-            self.slots.send(next);
-        }
-    }
-}
-
-fn alive(w: &Waiter) -> bool {
-    !w.1.is_closed()
-}
-
-impl FairSlots {
-    pub fn new(slots: usize) -> Arc<Self> {
-        Arc::new(FairSlots {
-            queue: Mutex::new(FairQueue::new(slots)),
-            slots,
-        })
-    }
-
-    /// Units waiting for a slot, as a gauge and per slot: "jobs wait for this worker", the
-    /// figure a pool scales on (`configs/kubernetes/cpu.yaml`'s autoscaler).
-    fn publish(&self, queue: &FairQueue<Waiter>) {
-        let waiting = queue.waiting() as f64;
-        // Set here, not once at start: the recorder may be installed after the slots are made.
-        metrics::gauge!("sluice_cpu_unit_slots").set(self.slots as f64);
-        metrics::gauge!("sluice_cpu_units_waiting").set(waiting);
-        metrics::gauge!("sluice_cpu_units_waiting_per_slot")
-            .set(waiting / self.slots.max(1) as f64);
-    }
-
-    fn lock(&self) -> MutexGuard<'_, FairQueue<Waiter>> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Registers a job of `name` until the guard drops.
-    pub fn open(self: &Arc<Self>, name: Arc<str>, weight: u32) -> JobShare {
-        self.lock().open(&name, weight);
-        JobShare {
-            slots: self.clone(),
-            name,
-        }
-    }
-
-    /// Waits for a slot for job `name`; `None` only if the slots are gone.
-    pub async fn acquire(self: Arc<Self>, name: Arc<str>) -> Option<SlotPermit> {
-        let (tx, rx) = oneshot::channel();
-        let granted = {
-            let mut queue = self.lock();
-            let granted = queue.request(&name, (name.clone(), tx)).is_some();
-            self.publish(&queue);
-            granted
-        };
-        if granted {
-            return Some(SlotPermit {
-                slots: self,
-                name,
-                held: true,
-            });
-        }
-        // Dropped while queued: the waiter is skipped; dropped with a permit in the channel:
-        // the permit drops and hands the slot on.
-        rx.await.ok()
-    }
-
-    /// Before another sample: whether `permit`'s unit keeps its slot (no other job waits;
-    /// its job is charged the sample). If not, [`FairSlots::reschedule`] it.
-    pub fn keep(&self, permit: &SlotPermit) -> bool {
-        self.lock().keep(&permit.name)
-    }
-
-    /// Offers `permit`'s slot to the job charged least (its own included) and waits its turn.
-    pub async fn reschedule(self: Arc<Self>, mut permit: SlotPermit) -> Option<SlotPermit> {
-        let (tx, rx) = oneshot::channel();
-        let next = {
-            let mut queue = self.lock();
-            let next = queue.requeue(&permit.name, (permit.name.clone(), tx), alive);
-            self.publish(&queue);
-            next
-        };
-        permit.held = false;
-        drop(permit);
-        self.send(next);
-        rx.await.ok()
-    }
-
-    /// Units waiting for a slot, over every job.
-    pub fn waiting(&self) -> usize {
-        self.lock().waiting()
-    }
-
-    /// Gives a slot to the waiter the queue chose.
-    fn send(self: &Arc<Self>, next: Option<Waiter>) {
-        if let Some((name, tx)) = next {
-            // A receiver gone since: the permit comes back, drops, and hands the slot on.
-            let _ = tx.send(SlotPermit {
-                slots: self.clone(),
-                name,
-                held: true,
-            });
-        }
-    }
-}
-
-/// A job's registration with the worker's fair sharing, for as long as the job is open.
-pub struct JobShare {
-    slots: Arc<FairSlots>,
-    name: Arc<str>,
-}
-
-impl JobShare {
-    pub fn name(&self) -> &Arc<str> {
-        &self.name
-    }
-}
-
-impl Drop for JobShare {
-    fn drop(&mut self) {
-        self.slots.lock().close(&self.name);
-    }
-}
-
 #[cfg(test)]
+#[path = "fair_tests.rs"]
 mod tests;

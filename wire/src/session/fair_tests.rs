@@ -127,35 +127,3 @@ fn a_job_that_stops_asking_leaves_its_share_to_the_others() {
     queue.close("b");
     assert!(queue.jobs.is_empty(), "closed jobs are forgotten");
 }
-
-#[tokio::test]
-async fn permits_hand_the_slot_on_and_a_cancelled_wait_loses_none() {
-    let slots = FairSlots::new(1);
-    let a: Arc<str> = "a".into();
-    let b: Arc<str> = "b".into();
-    let _ja = slots.open(a.clone(), 1);
-    let _jb = slots.open(b.clone(), 1);
-    let held = slots.clone().acquire(a.clone()).await.expect("a free slot");
-    // b's wait is given up; a later wait still gets the slot when a lets go.
-    let gave_up = tokio::time::timeout(
-        std::time::Duration::from_millis(20),
-        slots.clone().acquire(b.clone()),
-    )
-    .await;
-    assert!(gave_up.is_err(), "the only slot is held");
-    let waiting = tokio::spawn(slots.clone().acquire(b.clone()));
-    while slots.waiting() == 0 {
-        tokio::task::yield_now().await;
-    }
-    // b waits and is charged less: a's unit yields the slot to it at its next sample.
-    assert!(!slots.keep(&held), "b waits");
-    let yielding = tokio::spawn(slots.clone().reschedule(held));
-    let permit = waiting.await.expect("task").expect("the slot");
-    assert_eq!(&*permit.name, "b");
-    drop(permit);
-    let again = yielding.await.expect("task").expect("a's turn again");
-    assert_eq!(&*again.name, "a");
-    drop(again);
-    // Free again: granted at once.
-    assert!(slots.clone().acquire(a).await.is_some());
-}

@@ -1,0 +1,517 @@
+//! The async shell around the worker's rules (`sluice_wire::session::Worker`), shared by the
+//! QUIC and the same-host transports: a connection's task feeds the worker what its client
+//! says and the time, writes what the worker says to send, and runs each unit the worker
+//! starts on a blocking thread ([`UnitThread`]), whose outputs come back to the task as
+//! frames. The rules themselves (admission, credits, fair sharing, drain, silence) are all in
+//! the worker; nothing here decides.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use sluice_wire::io::{FrameReader, IoError};
+use sluice_wire::session::{
+    ConnId, Effect, End, Parker, Transport, UnitId, UnitThread, Waiting, Wake, Worker,
+};
+use sluice_wire::{Assign, ErrorCode, JobRunner, JobSpec, Message, Output};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::server::State;
+
+/// The worker's rules, behind the one lock its connections and units share.
+pub(crate) type Rules = Mutex<Worker<Arc<Launch>>>;
+
+pub(crate) fn lock(rules: &Rules) -> MutexGuard<'_, Worker<Arc<Launch>>> {
+    rules.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Why a connection ended.
+#[derive(Debug)]
+pub(crate) enum Ended {
+    ClientClosed,
+    Worker(End),
+}
+
+/// A frame that could not be sent: the stream gone means the client left; a frame this side
+/// could not encode (over a limit) is this worker's error, said to the client and logged,
+/// never taken for a client leaving.
+fn send_failed(e: SendError) -> Ended {
+    match e {
+        SendError::Encode(w) | SendError::Stream(IoError::Wire(w)) => Ended::Worker(End::Error(
+            ErrorCode::Internal,
+            format!("the worker could not send a frame: {w}"),
+        )),
+        SendError::Quic(_) | SendError::Stream(_) => Ended::ClientClosed,
+    }
+}
+
+/// Why a frame could not reach a client.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SendError {
+    #[error("encoding a frame: {0}")]
+    Encode(#[from] sluice_wire::WireError),
+    #[error("QUIC stream: {0}")]
+    Quic(#[from] quinn::WriteError),
+    #[error(transparent)]
+    Stream(#[from] IoError),
+}
+
+/// Where a connection's frames go.
+pub(crate) trait Outbound: Send {
+    /// Sends one frame, taking its payload over (a buffered transport may hold it until
+    /// [`Outbound::flush`]).
+    async fn frame(&mut self, message: &Message, payload: bytes::Bytes) -> Result<(), SendError>;
+
+    /// Sends what `frame` buffered.
+    async fn flush(&mut self) -> Result<(), SendError> {
+        Ok(())
+    }
+}
+
+/// What a unit's thread sends to its connection. Nearly every one is a frame (a sample
+/// each): boxing it would allocate once a sample to save a few bytes on the rare `Finished`.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Produced {
+    Frame(Message, bytes::Bytes),
+    /// The unit ended (its `UnitDone`/`UnitFailed`, if any, is the frame before).
+    Finished,
+}
+
+/// What the shell keeps for an open job.
+pub(crate) struct Job {
+    runner: Arc<dyn JobRunner>,
+    /// Samples sent for the training job (`sluice_cpu_job_samples_total{job}`).
+    sent: metrics::Counter,
+    /// Same-host jobs: the client's segment and the slots it granted.
+    slots: Option<Arc<crate::same_host::Slots>>,
+}
+
+/// What a unit runs with, registered with the worker when it accepts the assignment.
+pub(crate) struct Launch {
+    id: UnitId,
+    assign: Assign,
+    job: Arc<Job>,
+    out: mpsc::Sender<Produced>,
+    /// Where its thread waits; stopped (see [`Wake::Stop`]) once its job is gone.
+    parker: Parker,
+    accepted: Instant,
+}
+
+/// Carries out the worker's wakes: a unit given a slot starts on a blocking thread; one
+/// waiting is unparked; one whose job is gone stops.
+pub(crate) fn wake(state: &Arc<State>, wakes: Vec<Wake<Arc<Launch>>>) {
+    for launch in wakes.into_iter().filter_map(|w| w.carry_out(|l| &l.parker)) {
+        metrics::histogram!("sluice_cpu_unit_queue_seconds")
+            .record(launch.accepted.elapsed().as_secs_f64());
+        let state = state.clone();
+        // Not on the runtime's threads: decoding blocks.
+        tokio::task::spawn_blocking(move || run_unit(&state, &launch));
+    }
+}
+
+/// A unit on its blocking thread: its outputs go to its connection, each sample once the
+/// worker's gate lets it.
+fn run_unit(state: &Arc<State>, launch: &Arc<Launch>) {
+    let assign = &launch.assign;
+    let span = tracing::info_span!(
+        "unit",
+        job = assign.job,
+        unit = assign.unit,
+        attempt = assign.attempt,
+        shard = assign.shard.index
+    );
+    let _enter = span.enter();
+    let job = &launch.job;
+    let dead = AtomicBool::new(false);
+    let forward = |output: Output| -> bool {
+        let frame = match output {
+            Output::Sample(h, payload) => match &job.slots {
+                None => {
+                    let runner = job.runner.clone();
+                    let payload = bytes::Bytes::from_owner(Returning { payload, runner });
+                    Produced::Frame(Message::Sample(h), payload)
+                }
+                Some(segment) => match segment.place(h, &payload) {
+                    Ok((m, fields)) => {
+                        job.runner.recycle(payload);
+                        Produced::Frame(m, fields.into())
+                    }
+                    Err(e) => {
+                        // The unit fails (and is reassigned); the connection lives.
+                        warn!("same-host slot: {e}");
+                        return false;
+                    }
+                },
+            },
+            Output::Skipped(s) => Produced::Frame(Message::Skipped(s), bytes::Bytes::new()),
+        };
+        let sample = matches!(
+            frame,
+            Produced::Frame(Message::Sample(_) | Message::ShmSample { .. }, _)
+        );
+        if launch.parker.stopped() || launch.out.blocking_send(frame).is_err() {
+            dead.store(true, Ordering::Relaxed);
+            return false;
+        }
+        if sample {
+            job.sent.increment(1);
+        }
+        true
+    };
+    let unit = UnitThread {
+        worker: &state.rules,
+        id: launch.id,
+        parker: &launch.parker,
+        runner: &*job.runner,
+        assign,
+    };
+    let end = unit.run(
+        forward,
+        |wakes| wake(state, wakes),
+        |why, waited| {
+            if why == Waiting::Credit {
+                metrics::histogram!("sluice_cpu_credit_wait_seconds").record(waited.as_secs_f64());
+            }
+        },
+    );
+    match &end {
+        Some(Message::UnitDone(_)) => {
+            metrics::counter!("sluice_cpu_units_total", "result" => "done").increment(1);
+        }
+        Some(Message::UnitFailed(failed)) => {
+            metrics::counter!("sluice_cpu_units_total", "result" => "failed").increment(1);
+            warn!("assignment failed: {}", failed.error);
+        }
+        _ => {}
+    }
+    if let Some(frame) = end.filter(|_| !dead.load(Ordering::Relaxed)) {
+        let _ = launch
+            .out
+            .blocking_send(Produced::Frame(frame, bytes::Bytes::new()));
+    }
+    let _ = launch.out.blocking_send(Produced::Finished);
+}
+
+/// A sample's payload on its way out over QUIC: returned to the job's runner for reuse when
+/// quinn has sent it and lets go of it.
+struct Returning {
+    payload: Vec<u8>,
+    runner: Arc<dyn JobRunner>,
+}
+
+impl AsRef<[u8]> for Returning {
+    fn as_ref(&self) -> &[u8] {
+        &self.payload
+    }
+}
+
+impl Drop for Returning {
+    fn drop(&mut self) {
+        self.runner.recycle(std::mem::take(&mut self.payload));
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What drives a connection's session one step.
+enum Input {
+    Message(Message),
+    Timeout,
+    /// A unit ended and its frames went out.
+    Finished,
+    /// The worker started draining.
+    Drain,
+}
+
+/// One client connection, as the worker's session sees it. Dropping it disconnects the
+/// session: its jobs are cancelled and its units stop.
+pub(crate) struct Connection {
+    state: Arc<State>,
+    conn: ConnId,
+    transport: Transport,
+    client: String,
+    jobs: HashMap<u64, Arc<Job>>,
+    out_tx: mpsc::Sender<Produced>,
+    out_rx: mpsc::Receiver<Produced>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        let wakes = {
+            let mut w = lock(&self.state.rules);
+            w.disconnect(self.conn);
+            w.take_wakes()
+        };
+        wake(&self.state, wakes);
+    }
+}
+
+impl Connection {
+    pub(crate) fn new(state: Arc<State>, transport: Transport) -> Self {
+        let (out_tx, out_rx) = mpsc::channel(64);
+        let conn = lock(&state.rules).connect(transport, Instant::now());
+        Connection {
+            state,
+            conn,
+            transport,
+            client: String::new(),
+            jobs: HashMap::new(),
+            out_tx,
+            out_rx,
+        }
+    }
+
+    /// The client's name, once it said Hello.
+    pub(crate) fn client(&self) -> &str {
+        &self.client
+    }
+
+    /// Same-host: gives the open job its client's segment.
+    pub(crate) fn attach(&mut self, job: u64, slots: Arc<crate::same_host::Slots>) -> bool {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return false;
+        };
+        *j = Arc::new(Job {
+            runner: j.runner.clone(),
+            sent: j.sent.clone(),
+            slots: Some(slots),
+        });
+        lock(&self.state.rules).attach(self.conn, job)
+    }
+
+    /// Feeds the session one message (a handshake step, outside [`Connection::run`]): the
+    /// frames to send, or why the connection ends.
+    pub(crate) fn handshake(&mut self, message: Message) -> Result<Vec<Message>, End> {
+        let (send, end) = self.step(Input::Message(message));
+        match end {
+            Some(end) => Err(end),
+            None => Ok(send),
+        }
+    }
+
+    /// Serves the connection until it ends.
+    pub(crate) async fn run<R, W>(&mut self, mut reader: FrameReader<R>, writer: &mut W) -> Ended
+    where
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+        W: Outbound,
+    {
+        // The reader is not cancel-safe mid-frame, so it runs on its own task.
+        let (in_tx, mut in_rx) = mpsc::channel::<Result<Message, IoError>>(16);
+        let reader_task = tokio::spawn(async move {
+            loop {
+                let next = reader.next().await;
+                let end = !matches!(next, Ok(Some(_)));
+                let item = match next {
+                    Ok(Some(m)) => Ok(m),
+                    Ok(None) => break,
+                    Err(e) => Err(e),
+                };
+                if in_tx.send(item).await.is_err() || end {
+                    break;
+                }
+            }
+        });
+        let _abort = AbortOnDrop(reader_task);
+        let draining = self.state.draining.clone();
+        let mut drain_seen = false;
+        loop {
+            let deadline = lock(&self.state.rules)
+                .poll_timeout(self.conn)
+                .map(tokio::time::Instant::from_std);
+            let input = tokio::select! {
+                incoming = in_rx.recv() => match incoming {
+                    None => return Ended::ClientClosed,
+                    Some(Err(IoError::Wire(w))) => {
+                        return Ended::Worker(End::Error(ErrorCode::BadRequest, w.to_string()));
+                    }
+                    Some(Err(_)) => return Ended::ClientClosed,
+                    Some(Ok(m)) => Input::Message(m),
+                },
+                Some(produced) = self.out_rx.recv() => match produced {
+                    Produced::Frame(m, payload) => {
+                        count_sent(&m, payload.len());
+                        if let Err(e) = writer.frame(&m, payload).await {
+                            return send_failed(e);
+                        }
+                        if self.out_rx.is_empty() && writer.flush().await.is_err() {
+                            return Ended::ClientClosed;
+                        }
+                        continue;
+                    }
+                    Produced::Finished => Input::Finished,
+                },
+                _ = sleep_until(deadline) => Input::Timeout,
+                _ = draining.cancelled(), if !drain_seen => {
+                    drain_seen = true;
+                    Input::Drain
+                }
+            };
+            let (send, end) = self.step(input);
+            for m in send {
+                if let Err(e) = writer.frame(&m, bytes::Bytes::new()).await {
+                    return send_failed(e);
+                }
+            }
+            if let Some(end) = end {
+                return Ended::Worker(end);
+            }
+            // Frames queued behind this one go out in the same write.
+            if self.out_rx.is_empty() && writer.flush().await.is_err() {
+                return Ended::ClientClosed;
+            }
+        }
+    }
+
+    /// Feeds the session one input and carries out what it says: the frames to send, and the
+    /// end if the session is over.
+    fn step(&mut self, input: Input) -> (Vec<Message>, Option<End>) {
+        let state = self.state.clone();
+        let mut send = Vec::new();
+        let mut end = None;
+        let wakes = {
+            let mut w = lock(&state.rules);
+            let now = Instant::now();
+            match input {
+                Input::Message(m) => {
+                    if let Message::Hello(h) = &m {
+                        self.client.clone_from(&h.client);
+                    }
+                    let (jobs, out) = (&self.jobs, &self.out_tx);
+                    w.handle(self.conn, m, now, |id, assign| {
+                        launch(id, assign, jobs, out)
+                    });
+                }
+                Input::Timeout => w.handle_timeout(self.conn, now),
+                Input::Finished => w.finished(self.conn),
+                Input::Drain => w.drain(),
+            }
+            while let Some(effect) = w.poll_effect(self.conn) {
+                match effect {
+                    Effect::Send(m) => {
+                        if let Message::Welcome(_) = &m {
+                            info!(client = %self.client, transport = ?self.transport, "client connected");
+                        }
+                        send.push(m);
+                    }
+                    Effect::Open(spec) => {
+                        let opened = self.open_job(&spec);
+                        let shape = opened
+                            .as_ref()
+                            .map(|j| j.runner.shape())
+                            .map_err(Clone::clone);
+                        if let Some(weight) = w.opened(self.conn, &spec, shape) {
+                            let job = opened.expect("opened");
+                            info!(job = spec.job, name = %spec.name, weight, dataset = %spec.dataset,
+                                  pipeline = %spec.pipeline, epoch = spec.epoch, rank = spec.rank,
+                                  transport = ?self.transport, "job opened");
+                            metrics::gauge!("sluice_cpu_job_weight", "job" => spec.name.clone())
+                                .set(f64::from(weight));
+                            self.jobs.insert(spec.job, Arc::new(job));
+                        }
+                    }
+                    Effect::Grant { job, slots } => {
+                        let granted = self
+                            .jobs
+                            .get(&job)
+                            .and_then(|j| j.slots.as_ref())
+                            .map(|pool| pool.grant(&slots));
+                        match granted {
+                            Some(Ok(n)) => w.credit(self.conn, job, n as u32),
+                            Some(Err(why)) => {
+                                end = Some(End::Error(ErrorCode::BadRequest, why));
+                                break;
+                            }
+                            None => {}
+                        }
+                    }
+                    Effect::Cancelled(job) => {
+                        self.jobs.remove(&job);
+                        info!(job, "job cancelled by the client");
+                    }
+                    Effect::Close(e) => {
+                        end = Some(e);
+                        break;
+                    }
+                }
+            }
+            let (slots, waiting) = w.slots();
+            publish(slots, waiting);
+            w.take_wakes()
+        };
+        wake(&state, wakes);
+        (send, end)
+    }
+
+    /// Opens a job with the worker's runner.
+    fn open_job(&mut self, spec: &JobSpec) -> Result<Job, String> {
+        let runner: Arc<dyn JobRunner> = self
+            .state
+            .runner
+            .open_job(spec)
+            .map_err(|e| sluice_wire::error_chain(&e))?
+            .into();
+        Ok(Job {
+            runner,
+            sent: metrics::counter!("sluice_cpu_job_samples_total", "job" => spec.name.clone()),
+            slots: None,
+        })
+    }
+}
+
+fn launch(
+    id: UnitId,
+    assign: &Assign,
+    jobs: &HashMap<u64, Arc<Job>>,
+    out: &mpsc::Sender<Produced>,
+) -> Arc<Launch> {
+    let job = jobs
+        .get(&assign.job)
+        .cloned()
+        .expect("the worker accepts assignments only for jobs this connection opened");
+    Arc::new(Launch {
+        id,
+        assign: assign.clone(),
+        job,
+        out: out.clone(),
+        parker: Parker::new(),
+        accepted: Instant::now(),
+    })
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn count_sent(m: &Message, payload: usize) {
+    match m {
+        Message::Sample(_) => {
+            metrics::counter!("sluice_cpu_samples_sent_total").increment(1);
+            metrics::counter!("sluice_cpu_bytes_sent_total").increment(payload as u64);
+        }
+        Message::ShmSample { header, .. } => {
+            metrics::counter!("sluice_cpu_same_host_samples_total").increment(1);
+            metrics::counter!("sluice_cpu_bytes_sent_total").increment(header.payload_len());
+        }
+        _ => {}
+    }
+}
+
+/// Units waiting for a slot, as a gauge and per slot: "jobs wait for this worker", the
+/// figure a pool scales on (`configs/kubernetes/cpu.yaml`'s autoscaler).
+fn publish(slots: usize, waiting: usize) {
+    // Set here, not once at start: the recorder may be installed after the worker is made.
+    metrics::gauge!("sluice_cpu_unit_slots").set(slots as f64);
+    metrics::gauge!("sluice_cpu_units_waiting").set(waiting as f64);
+    metrics::gauge!("sluice_cpu_units_waiting_per_slot").set(waiting as f64 / slots.max(1) as f64);
+}

@@ -1,0 +1,818 @@
+//! The worker's half of the protocol as a state machine with no IO, in the manner of
+//! `quinn-proto`: a [`Worker`] takes what its clients say, what its units do and the time,
+//! and says what to send, which units to start, wake or stop, and when to call it again. It
+//! holds the worker's rules once: admission (the cluster token, a draining worker), opening
+//! jobs, credits, which assignments are accepted, fair sharing of the unit slots across jobs
+//! ([`FairQueue`]), drain, heartbeats and client silence.
+//!
+//! Three shells drive it: the QUIC daemon and its same-host socket (`sluice_cpu::server`,
+//! `sluice_cpu::same_host`), and the client's in-process worker (`sluice_client`'s links);
+//! the client's paired simulation drives it with no runtime at all. A shell keeps the worker
+//! behind one lock, feeds it, and carries out:
+//!
+//! - per connection, [`Worker::poll_effect`]: frames to send, jobs to open with the runner,
+//!   slot grants to place (same-host), the session's end;
+//! - for the whole worker, [`Worker::take_wakes`]: units to start (a slot is theirs),
+//!   resume (after waiting for a slot or a credit) or stop (their job is gone). A unit asks
+//!   [`Worker::next_sample`] before each sample it sends, and reports its end with
+//!   [`Worker::unit_ended`]; [`UnitThread`] is that loop for a unit on a thread of its own.
+//!
+//! A unit holds a slot while it decodes. Out of credit, it gives the slot back (a job whose
+//! consumer does not read must not hold the slots the other jobs need) and queues for one
+//! again when a credit comes; after each sample it keeps its slot unless another job waits,
+//! in which case the job charged least gets it.
+
+mod fair;
+mod threads;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use fair::FairQueue;
+pub use threads::{Parker, UnitThread};
+
+use crate::message::{Assign, ErrorCode, JobSpec, Message, SampleShape, UnitFailed, Welcome};
+use crate::runner::UnitEnd;
+
+/// What a worker enforces, from its config.
+#[derive(Clone, Debug)]
+pub struct Rules {
+    /// The cluster token a client must present; `None` admits anyone.
+    pub token: Option<String>,
+    /// What the worker says of itself to each client.
+    pub welcome: Welcome,
+    /// Most unspent credits a job may hold (counted credits; slot grants are bounded by the
+    /// segment).
+    pub max_credits: u32,
+    /// Most assignments one connection may have open.
+    pub max_units_per_connection: usize,
+    /// The cap on the weight a job asks for.
+    pub max_job_weight: u32,
+    /// Between heartbeats to each client.
+    pub heartbeat: Duration,
+    /// A client silent this long has its connection closed (and its jobs cancelled).
+    pub client_silence: Duration,
+    /// From connecting to `Hello`.
+    pub handshake: Duration,
+}
+
+impl Rules {
+    /// A worker that says `welcome` and admits clients with `token`, with the limits and
+    /// times of `sluice cpu`'s default config.
+    pub fn new(token: Option<String>, welcome: Welcome) -> Rules {
+        Rules {
+            token,
+            welcome,
+            max_credits: 4096,
+            max_units_per_connection: 16,
+            max_job_weight: 16,
+            heartbeat: Duration::from_secs(1),
+            client_silence: Duration::from_secs(10),
+            handshake: Duration::from_secs(5),
+        }
+    }
+}
+
+/// How a connection's samples reach its client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Tensors travel in the frames; credits are counts (QUIC, in-process).
+    Frames,
+    /// Tensors are written into the client's shared-memory slots; one job per connection,
+    /// credits are the slots granted (same-host).
+    Slots,
+}
+
+/// A connection, as the worker numbers them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConnId(u64);
+
+/// A unit (one assignment), as the worker numbers them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct UnitId(u64);
+
+/// Why a session ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum End {
+    /// The worker drained (SIGTERM) and the connection has nothing left to run.
+    Drained,
+    /// Close with this error (said to the client first).
+    Error(ErrorCode, String),
+}
+
+/// What the shell must do for one connection, in order.
+#[derive(Debug, PartialEq)]
+pub enum Effect {
+    Send(Message),
+    /// Open this job with the runner and report it with [`Worker::opened`].
+    Open(JobSpec),
+    /// Same-host: place the client's slot grant in the job's segment and report how many
+    /// slots it gave with [`Worker::credit`] (or end the session, if the grant is wrong).
+    Grant {
+        job: u64,
+        slots: Vec<u32>,
+    },
+    /// The client cancelled the job: drop what the shell keeps for it.
+    Cancelled(u64),
+    /// The session is over.
+    Close(End),
+}
+
+/// What the shell must do for a unit, given the launch data it registered the unit with.
+#[derive(Debug)]
+pub enum Wake<L> {
+    /// The unit has a slot: start it.
+    Start(L),
+    /// The unit waited (for a slot or a credit) and may go on: ask [`Worker::next_sample`].
+    Resume(L),
+    /// The unit's job is gone: it stops (its next [`Worker::next_sample`] says so).
+    Stop(L),
+}
+
+impl<L> Wake<L> {
+    /// Carries out a resume or a stop on the unit's `parker`; the unit to start, if that is
+    /// what the wake says.
+    pub fn carry_out(self, parker: impl Fn(&L) -> &Parker) -> Option<L> {
+        match self {
+            Wake::Start(unit) => Some(unit),
+            Wake::Resume(unit) => {
+                parker(&unit).unpark();
+                None
+            }
+            Wake::Stop(unit) => {
+                parker(&unit).stop();
+                None
+            }
+        }
+    }
+}
+
+/// Whether a unit may send its next sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    Go,
+    /// Not yet: ask again after its [`Wake::Resume`] (or [`Wake::Stop`]).
+    Wait(Waiting),
+    /// Its job is gone: end it.
+    Stop,
+}
+
+/// What a unit waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waiting {
+    /// A slot: the worker is busy with other units (the CPU tier is the bottleneck).
+    Slot,
+    /// A credit: its client has not asked for more (the consumer is).
+    Credit,
+}
+
+struct Session {
+    transport: Transport,
+    jobs: HashMap<u64, Job>,
+    /// Jobs handed to the shell to open and not yet reported.
+    opening: HashSet<u64>,
+    /// Units accepted and not yet finished ([`Worker::finished`]).
+    running: usize,
+    greeted: bool,
+    draining: bool,
+    closed: bool,
+    connected: Instant,
+    last_heard: Instant,
+    next_heartbeat: Instant,
+    seq: u64,
+    effects: VecDeque<Effect>,
+}
+
+struct Job {
+    name: Arc<str>,
+    credits: u32,
+    /// Units that gave their slot back for want of a credit, in the order they did.
+    starved: VecDeque<UnitId>,
+    /// Same-host: the client's segment is attached.
+    segment: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Waiting in the fair queue for a slot.
+    Queued,
+    /// Holding a slot.
+    Running,
+    /// Waiting for a credit, with no slot.
+    Starved,
+}
+
+struct Unit<L> {
+    conn: ConnId,
+    job: u64,
+    name: Arc<str>,
+    launch: L,
+    state: State,
+    /// A thread runs it (it was given a slot once).
+    started: bool,
+    /// Its job is gone: its next gate is [`Gate::Stop`].
+    stopped: bool,
+    /// It took its next sample's credit already.
+    prepaid: bool,
+    /// The slot's grant charged its job for the next sample already.
+    charged: bool,
+}
+
+/// A CPU worker's rules over all its connections and units.
+pub struct Worker<L> {
+    rules: Rules,
+    slots: usize,
+    fair: FairQueue<UnitId>,
+    sessions: HashMap<ConnId, Session>,
+    units: HashMap<UnitId, Unit<L>>,
+    wakes: Vec<Wake<L>>,
+    next_conn: u64,
+    next_unit: u64,
+    draining: bool,
+}
+
+impl<L: Clone> Worker<L> {
+    /// A worker decoding `slots` units at once.
+    pub fn new(rules: Rules, slots: usize) -> Self {
+        Worker {
+            rules,
+            slots: slots.max(1),
+            fair: FairQueue::new(slots.max(1)),
+            sessions: HashMap::new(),
+            units: HashMap::new(),
+            wakes: Vec::new(),
+            next_conn: 0,
+            next_unit: 0,
+            draining: false,
+        }
+    }
+
+    pub fn rules(&self) -> &Rules {
+        &self.rules
+    }
+
+    /// The unit slots, and the units waiting for one over every job (what a pool scales on).
+    pub fn slots(&self) -> (usize, usize) {
+        (self.slots, self.fair.waiting())
+    }
+
+    /// The jobs waiting for a slot, by name, with their weights.
+    pub fn backlogged(&self) -> impl Iterator<Item = (&str, u32)> + '_ {
+        self.fair.backlogged()
+    }
+
+    /// A client connected at `now`; it must say `Hello` within the handshake time.
+    pub fn connect(&mut self, transport: Transport, now: Instant) -> ConnId {
+        self.next_conn += 1;
+        let conn = ConnId(self.next_conn);
+        let session = Session {
+            transport,
+            jobs: HashMap::new(),
+            opening: HashSet::new(),
+            running: 0,
+            greeted: false,
+            draining: self.draining,
+            closed: false,
+            connected: now,
+            last_heard: now,
+            next_heartbeat: now + self.rules.heartbeat,
+            seq: 0,
+            effects: VecDeque::new(),
+        };
+        self.sessions.insert(conn, session);
+        conn
+    }
+
+    /// The connection is gone (or its shell stops serving it): its jobs are cancelled and
+    /// its units stopped.
+    pub fn disconnect(&mut self, conn: ConnId) {
+        let Some(session) = self.sessions.remove(&conn) else {
+            return;
+        };
+        for job in session.jobs.values() {
+            self.fair.close(&job.name);
+        }
+        let units: Vec<UnitId> = self
+            .units
+            .iter()
+            .filter(|(_, u)| u.conn == conn)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in units {
+            self.stop(id);
+        }
+    }
+
+    /// What the client said. `launch` makes the shell's handle for an assignment the worker
+    /// accepts (called only then).
+    pub fn handle(
+        &mut self,
+        conn: ConnId,
+        message: Message,
+        now: Instant,
+        launch: impl FnOnce(UnitId, &Assign) -> L,
+    ) {
+        let Some(s) = self.sessions.get_mut(&conn) else {
+            return;
+        };
+        if s.closed {
+            return;
+        }
+        s.last_heard = now;
+        if !s.greeted {
+            let hello = match message {
+                Message::Hello(h) => h,
+                other => {
+                    let why = format!("expected Hello first, got {}", other.kind());
+                    return self.close(conn, ErrorCode::BadRequest, why);
+                }
+            };
+            if let Some(expected) = &self.rules.token {
+                if !token_matches(expected, &hello.token) {
+                    let why = match hello.token.is_empty() {
+                        true => "no cluster token given",
+                        false => "wrong cluster token",
+                    };
+                    return self.close(conn, ErrorCode::Unauthorized, why.into());
+                }
+            }
+            if self.draining {
+                let why = "worker is draining".into();
+                return self.close(conn, ErrorCode::Unavailable, why);
+            }
+            s.greeted = true;
+            let welcome = Message::Welcome(self.rules.welcome.clone());
+            s.effects.push_back(Effect::Send(welcome));
+            return;
+        }
+        let bad = |m: String| (ErrorCode::BadRequest, m);
+        let refusal = match message {
+            Message::Heartbeat { .. } => None,
+            Message::OpenJob(spec) => self.open(conn, spec).err(),
+            Message::Credit { job, samples } => {
+                let Some(j) = s.jobs.get_mut(&job) else {
+                    return; // a job cancelled a moment ago
+                };
+                if s.transport == Transport::Slots {
+                    Some(bad(format!("job {job} takes slot credits, not counts")))
+                } else {
+                    let room = self.rules.max_credits.saturating_sub(j.credits);
+                    j.credits += samples.min(room);
+                    self.feed(conn, job);
+                    None
+                }
+            }
+            Message::SlotCredit { job, slots } => match s.jobs.get(&job) {
+                None => None, // a job cancelled a moment ago
+                Some(j) if !j.segment => Some(bad(format!(
+                    "slot credits for job {job}, which has no segment"
+                ))),
+                Some(_) => {
+                    s.effects.push_back(Effect::Grant { job, slots });
+                    None
+                }
+            },
+            Message::Assign(assign) => self.assign(conn, assign, launch).err(),
+            Message::Cancel { job } => {
+                self.cancel(conn, job);
+                None
+            }
+            Message::Error(e) => Some((e.code, format!("the client reported: {}", e.message))),
+            other => Some(bad(format!("a client does not send {}", other.kind()))),
+        };
+        if let Some((code, why)) = refusal {
+            self.close(conn, code, why);
+        }
+    }
+
+    /// The shell opened (or could not open) a job the client asked for: the weight it runs
+    /// with, if it is open now.
+    pub fn opened(
+        &mut self,
+        conn: ConnId,
+        spec: &JobSpec,
+        result: Result<SampleShape, String>,
+    ) -> Option<u32> {
+        let s = self.sessions.get_mut(&conn)?;
+        if !s.opening.remove(&spec.job) || s.closed {
+            return None;
+        }
+        let shape = match result {
+            Ok(shape) => shape,
+            Err(why) => {
+                let why = format!("job {} ({}): {why}", spec.job, spec.dataset);
+                self.close(conn, ErrorCode::BadRequest, why);
+                return None;
+            }
+        };
+        // Not `clamp`: a hand-made config's cap of 0 must not panic here.
+        let weight = spec.weight.min(self.rules.max_job_weight).max(1);
+        let name: Arc<str> = spec.name.as_str().into();
+        self.fair.open(&name, weight);
+        s.jobs.insert(
+            spec.job,
+            Job {
+                name,
+                credits: 0,
+                starved: VecDeque::new(),
+                segment: false,
+            },
+        );
+        let opened = Message::JobOpened {
+            job: spec.job,
+            shape,
+        };
+        s.effects.push_back(Effect::Send(opened));
+        Some(weight)
+    }
+
+    /// Same-host: the client's segment for `job` is attached; slot credits may come.
+    pub fn attach(&mut self, conn: ConnId, job: u64) -> bool {
+        let job = self
+            .sessions
+            .get_mut(&conn)
+            .and_then(|s| s.jobs.get_mut(&job));
+        match job {
+            Some(j) => {
+                j.segment = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `n` credits for `job` (same-host: the slots a grant placed).
+    pub fn credit(&mut self, conn: ConnId, job: u64, n: u32) {
+        let job_state = self
+            .sessions
+            .get_mut(&conn)
+            .and_then(|s| s.jobs.get_mut(&job));
+        if let Some(j) = job_state {
+            j.credits = j.credits.saturating_add(n);
+            self.feed(conn, job);
+        }
+    }
+
+    /// The worker stops taking clients and assignments (SIGTERM): each connection ends once
+    /// its running units have finished.
+    pub fn drain(&mut self) {
+        self.draining = true;
+        for s in self.sessions.values_mut() {
+            s.draining = true;
+            if s.running == 0 && !s.closed {
+                s.closed = true;
+                s.effects.push_back(Effect::Close(End::Drained));
+            }
+        }
+    }
+
+    /// Whether [`Worker::drain`] was called.
+    pub fn draining(&self) -> bool {
+        self.draining
+    }
+
+    /// The next thing to do for `conn`.
+    pub fn poll_effect(&mut self, conn: ConnId) -> Option<Effect> {
+        self.sessions.get_mut(&conn)?.effects.pop_front()
+    }
+
+    /// Units to start, resume or stop, over every connection.
+    pub fn take_wakes(&mut self) -> Vec<Wake<L>> {
+        std::mem::take(&mut self.wakes)
+    }
+
+    /// When [`Worker::handle_timeout`] must be called for `conn`.
+    pub fn poll_timeout(&self, conn: ConnId) -> Option<Instant> {
+        let s = self.sessions.get(&conn)?;
+        if s.closed {
+            return None;
+        }
+        if !s.greeted {
+            return Some(s.connected + self.rules.handshake);
+        }
+        Some(
+            s.next_heartbeat
+                .min(s.last_heard + self.rules.client_silence),
+        )
+    }
+
+    /// Time has reached `conn`'s deadline: a heartbeat is due, or the client said nothing
+    /// for too long.
+    pub fn handle_timeout(&mut self, conn: ConnId, now: Instant) {
+        let Some(s) = self.sessions.get_mut(&conn) else {
+            return;
+        };
+        if s.closed {
+            return;
+        }
+        if !s.greeted {
+            if now >= s.connected + self.rules.handshake {
+                self.close(conn, ErrorCode::BadRequest, "no Hello in time".into());
+            }
+            return;
+        }
+        let silence = self.rules.client_silence;
+        if now >= s.last_heard + silence {
+            let why = format!("no frame from the client for {silence:?}");
+            return self.close(conn, ErrorCode::BadRequest, why);
+        }
+        if now >= s.next_heartbeat {
+            s.seq += 1;
+            s.next_heartbeat = now + self.rules.heartbeat;
+            let beat = Message::Heartbeat { seq: s.seq };
+            s.effects.push_back(Effect::Send(beat));
+        }
+    }
+
+    /// Unit `id` is about to send a sample: whether it may.
+    pub fn next_sample(&mut self, id: UnitId) -> Gate {
+        let Some(u) = self.units.get_mut(&id) else {
+            return Gate::Stop;
+        };
+        if u.stopped {
+            return Gate::Stop;
+        }
+        match u.state {
+            State::Running => {}
+            State::Queued => return Gate::Wait(Waiting::Slot),
+            State::Starved => return Gate::Wait(Waiting::Credit),
+        }
+        if !u.prepaid {
+            let job = self
+                .sessions
+                .get_mut(&u.conn)
+                .and_then(|s| s.jobs.get_mut(&u.job));
+            let Some(j) = job else {
+                return Gate::Stop; // its session went with its job; `stop` follows
+            };
+            if j.credits == 0 {
+                // Out of credit: the slot goes to whoever waits, and back when credit comes.
+                u.state = State::Starved;
+                j.starved.push_back(id);
+                let name = u.name.clone();
+                self.release_slot(&name);
+                return Gate::Wait(Waiting::Credit);
+            }
+            j.credits -= 1;
+        }
+        u.prepaid = false;
+        if std::mem::take(&mut u.charged) || self.fair.keep(&u.name) {
+            return Gate::Go;
+        }
+        // Another job waits: the slot goes to the job charged least, this one included.
+        u.state = State::Queued;
+        u.prepaid = true;
+        let name = u.name.clone();
+        let next = self.fair.requeue(&name, id, queued(&self.units));
+        match next {
+            Some(n) if n == id => {
+                let u = self.units.get_mut(&id).expect("the unit asking");
+                u.state = State::Running;
+                u.prepaid = false;
+                Gate::Go
+            }
+            next => {
+                if let Some(n) = next {
+                    self.hand(n);
+                }
+                Gate::Wait(Waiting::Slot)
+            }
+        }
+    }
+
+    /// Unit `id` ended (its runner returned): the frame that reports it, unless its job is
+    /// gone. Send it, then call [`Worker::finished`].
+    pub fn unit_ended(&mut self, id: UnitId, end: UnitEnd) -> Option<Message> {
+        let u = self.units.remove(&id)?;
+        if u.state == State::Running {
+            self.release_slot(&u.name);
+        }
+        let open = self
+            .sessions
+            .get(&u.conn)
+            .is_some_and(|s| !s.closed && s.jobs.contains_key(&u.job));
+        if u.stopped || !open {
+            return None;
+        }
+        Some(match end {
+            UnitEnd::Done(done) => Message::UnitDone(done),
+            UnitEnd::Failed(failed) => Message::UnitFailed(failed),
+        })
+    }
+
+    /// A unit of `conn` has ended and its frames are sent: a draining session with nothing
+    /// left closes.
+    pub fn finished(&mut self, conn: ConnId) {
+        let Some(s) = self.sessions.get_mut(&conn) else {
+            return;
+        };
+        s.running = s.running.saturating_sub(1);
+        if s.draining && s.running == 0 && !s.closed {
+            s.closed = true;
+            s.effects.push_back(Effect::Close(End::Drained));
+        }
+    }
+
+    fn close(&mut self, conn: ConnId, code: ErrorCode, why: String) {
+        if let Some(s) = self.sessions.get_mut(&conn) {
+            if !s.closed {
+                s.closed = true;
+                s.effects.push_back(Effect::Close(End::Error(code, why)));
+            }
+        }
+    }
+
+    /// Checks an `OpenJob` and hands it to the shell to open.
+    fn open(&mut self, conn: ConnId, spec: JobSpec) -> Result<(), (ErrorCode, String)> {
+        let s = self.sessions.get_mut(&conn).expect("the session handling");
+        let bad = |msg: String| Err((ErrorCode::BadRequest, msg));
+        if s.jobs.contains_key(&spec.job) || s.opening.contains(&spec.job) {
+            return bad(format!("job {} is already open", spec.job));
+        }
+        if s.transport == Transport::Slots && !(s.jobs.is_empty() && s.opening.is_empty()) {
+            return bad("a same-host connection carries one job".into());
+        }
+        if spec.name.is_empty() || spec.name.len() > 128 || spec.name.chars().any(char::is_control)
+        {
+            return bad(format!(
+                "job {}: its name {:?} must be 1 to 128 printable characters",
+                spec.job, spec.name
+            ));
+        }
+        s.opening.insert(spec.job);
+        s.effects.push_back(Effect::Open(spec));
+        Ok(())
+    }
+
+    /// Checks an assignment and queues it for a slot (or, draining, fails it at once).
+    fn assign(
+        &mut self,
+        conn: ConnId,
+        assign: Assign,
+        launch: impl FnOnce(UnitId, &Assign) -> L,
+    ) -> Result<(), (ErrorCode, String)> {
+        let s = self.sessions.get_mut(&conn).expect("the session handling");
+        let bad = |msg: String| Err((ErrorCode::BadRequest, msg));
+        let Some(job) = s.jobs.get(&assign.job) else {
+            return bad(format!(
+                "assignment for job {}, which is not open",
+                assign.job
+            ));
+        };
+        if s.draining {
+            let failed = Message::UnitFailed(UnitFailed {
+                job: assign.job,
+                unit: assign.unit,
+                attempt: assign.attempt,
+                error: "worker is draining".into(),
+            });
+            s.effects.push_back(Effect::Send(failed));
+            return Ok(());
+        }
+        let max = self.rules.max_units_per_connection;
+        if s.running >= max {
+            return bad(format!(
+                "more than limits.max_units_per_connection = {max} assignments at once"
+            ));
+        }
+        if s.transport == Transport::Slots && !job.segment {
+            return bad(format!("job {} has no segment attached", assign.job));
+        }
+        if assign.start >= assign.end || assign.end > assign.shard.samples {
+            return bad(format!(
+                "unit {}: samples {}..{} of a {}-sample shard",
+                assign.unit, assign.start, assign.end, assign.shard.samples
+            ));
+        }
+        s.running += 1;
+        let name = job.name.clone();
+        self.next_unit += 1;
+        let id = UnitId(self.next_unit);
+        let unit = Unit {
+            conn,
+            job: assign.job,
+            name: name.clone(),
+            launch: launch(id, &assign),
+            state: State::Queued,
+            started: false,
+            stopped: false,
+            prepaid: false,
+            charged: false,
+        };
+        self.units.insert(id, unit);
+        if let Some(granted) = self.fair.request(&name, id) {
+            self.hand(granted);
+        }
+        Ok(())
+    }
+
+    /// The client cancelled `job`: its units stop.
+    fn cancel(&mut self, conn: ConnId, job: u64) {
+        let Some(s) = self.sessions.get_mut(&conn) else {
+            return;
+        };
+        let Some(j) = s.jobs.remove(&job) else {
+            return;
+        };
+        s.effects.push_back(Effect::Cancelled(job));
+        self.fair.close(&j.name);
+        let units: Vec<UnitId> = self
+            .units
+            .iter()
+            .filter(|(_, u)| u.conn == conn && u.job == job)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in units {
+            self.stop(id);
+        }
+    }
+
+    /// A unit's job is gone. One that never started is forgotten (its slot request lapses);
+    /// one that runs is told to stop, and gives its slot back when it ends.
+    fn stop(&mut self, id: UnitId) {
+        let Some(u) = self.units.get_mut(&id) else {
+            return;
+        };
+        if u.started {
+            u.stopped = true;
+            self.wakes.push(Wake::Stop(u.launch.clone()));
+            return;
+        }
+        let conn = u.conn;
+        self.units.remove(&id);
+        self.finished(conn);
+    }
+
+    /// Credits came for `job`: units that starved for want of them queue for a slot again,
+    /// each with its credit taken.
+    fn feed(&mut self, conn: ConnId, job: u64) {
+        loop {
+            let Some(j) = self
+                .sessions
+                .get_mut(&conn)
+                .and_then(|s| s.jobs.get_mut(&job))
+            else {
+                return;
+            };
+            if j.credits == 0 {
+                return;
+            }
+            let Some(id) = j.starved.pop_front() else {
+                return;
+            };
+            let Some(u) = self.units.get_mut(&id) else {
+                continue;
+            };
+            if u.stopped || u.state != State::Starved {
+                continue;
+            }
+            j.credits -= 1;
+            u.prepaid = true;
+            u.state = State::Queued;
+            let name = u.name.clone();
+            if let Some(granted) = self.fair.request(&name, id) {
+                self.hand(granted);
+            }
+        }
+    }
+
+    /// A unit of `name` gave its slot back: the next waiter gets it.
+    fn release_slot(&mut self, name: &str) {
+        if let Some(next) = self.fair.release(name, queued(&self.units)) {
+            self.hand(next);
+        }
+    }
+
+    /// Unit `id` was granted a slot (and its job charged for its next sample).
+    fn hand(&mut self, id: UnitId) {
+        let Some(u) = self.units.get_mut(&id) else {
+            return;
+        };
+        u.state = State::Running;
+        u.charged = true;
+        let wake = match std::mem::replace(&mut u.started, true) {
+            false => Wake::Start(u.launch.clone()),
+            true => Wake::Resume(u.launch.clone()),
+        };
+        self.wakes.push(wake);
+    }
+}
+
+/// Whether a fair-queue waiter still wants its slot (it may have stopped or ended since).
+fn queued<L>(units: &HashMap<UnitId, Unit<L>>) -> impl Fn(&UnitId) -> bool + '_ {
+    |id| {
+        units
+            .get(id)
+            .is_some_and(|u| u.state == State::Queued && !u.stopped)
+    }
+}
+
+/// Constant-time comparison, so a token cannot be guessed byte by byte from timings.
+fn token_matches(expected: &str, given: &str) -> bool {
+    let (a, b) = (expected.as_bytes(), given.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,356 @@
+use super::*;
+use crate::message::{Hello, ShardRef, UnitDone};
+
+fn rules() -> Rules {
+    let welcome = Welcome {
+        worker: "w".into(),
+        ..Welcome::default()
+    };
+    Rules {
+        max_credits: 100,
+        max_units_per_connection: 4,
+        max_job_weight: 8,
+        ..Rules::new(Some("secret".into()), welcome)
+    }
+}
+
+fn hello(token: &str) -> Message {
+    Message::Hello(Hello {
+        token: token.into(),
+        client: "test".into(),
+    })
+}
+
+fn spec(job: u64, name: &str, weight: u32) -> JobSpec {
+    JobSpec {
+        job,
+        dataset: "d".into(),
+        name: name.into(),
+        weight,
+        ..JobSpec::default()
+    }
+}
+
+fn assign(job: u64, unit: u64) -> Assign {
+    Assign {
+        job,
+        unit,
+        attempt: 0,
+        shard: ShardRef {
+            index: 0,
+            urls: vec![],
+            size: 0,
+            samples: 100,
+            checksum: 0,
+            gzip: false,
+        },
+        start: 0,
+        end: 10,
+    }
+}
+
+const SHAPE: SampleShape = SampleShape {
+    height: 1,
+    width: 1,
+    channels: 1,
+    elem_bytes: 1,
+    chw: false,
+};
+
+/// The launch handle the tests register units with: the unit's number.
+type W = Worker<u64>;
+
+fn effects(w: &mut W, conn: ConnId) -> Vec<Effect> {
+    std::iter::from_fn(|| w.poll_effect(conn)).collect()
+}
+
+/// A connection with job `job` open under `name`.
+fn open(w: &mut W, job: u64, name: &str, weight: u32, now: Instant) -> ConnId {
+    let conn = w.connect(Transport::Frames, now);
+    w.handle(conn, hello("secret"), now, |_, _| 0);
+    w.handle(
+        conn,
+        Message::OpenJob(spec(job, name, weight)),
+        now,
+        |_, _| 0,
+    );
+    assert!(matches!(
+        effects(w, conn)[..],
+        [Effect::Send(Message::Welcome(_)), Effect::Open(_)]
+    ));
+    w.opened(conn, &spec(job, name, weight), Ok(SHAPE));
+    assert!(matches!(
+        effects(w, conn)[..],
+        [Effect::Send(Message::JobOpened { .. })]
+    ));
+    conn
+}
+
+fn send(w: &mut W, conn: ConnId, m: Message, now: Instant) {
+    let unit = match &m {
+        Message::Assign(a) => a.unit,
+        _ => 0,
+    };
+    w.handle(conn, m, now, |_, _| unit);
+}
+
+fn closed(w: &mut W, conn: ConnId) -> Option<End> {
+    effects(w, conn).into_iter().find_map(|e| match e {
+        Effect::Close(end) => Some(end),
+        _ => None,
+    })
+}
+
+/// A one-slot worker with job 1 ("a") open on a connection.
+fn one_job() -> (W, ConnId, Instant) {
+    let now = Instant::now();
+    let mut w = W::new(rules(), 1);
+    let a = open(&mut w, 1, "a", 1, now);
+    (w, a, now)
+}
+
+/// Asserts that `conn` was closed with an error that says `why`.
+#[track_caller]
+fn assert_closed(w: &mut W, conn: ConnId, why: &str) {
+    match closed(w, conn) {
+        Some(End::Error(_, m)) => assert!(m.contains(why), "closed with {m:?}, not {why:?}"),
+        other => panic!("{other:?}, not closed with {why:?}"),
+    }
+}
+
+#[test]
+fn admission_checks_the_token_the_first_frame_and_the_drain() {
+    let now = Instant::now();
+    let mut w = W::new(rules(), 1);
+    let cases = [
+        (hello("wrong"), "wrong cluster token"),
+        (hello(""), "no cluster token given"),
+        (
+            Message::Heartbeat { seq: 1 },
+            "expected Hello first, got Heartbeat",
+        ),
+    ];
+    for (first, why) in cases {
+        let conn = w.connect(Transport::Frames, now);
+        w.handle(conn, first, now, |_, _| 0);
+        assert_closed(&mut w, conn, why);
+    }
+    let late = w.connect(Transport::Frames, now);
+    w.handle_timeout(late, now + Duration::from_secs(5));
+    assert_eq!(
+        closed(&mut w, late),
+        Some(End::Error(ErrorCode::BadRequest, "no Hello in time".into()))
+    );
+    w.drain();
+    let conn = w.connect(Transport::Frames, now);
+    w.handle(conn, hello("secret"), now, |_, _| 0);
+    assert!(matches!(
+        closed(&mut w, conn),
+        Some(End::Error(ErrorCode::Unavailable, _))
+    ));
+}
+
+#[test]
+fn jobs_are_checked_and_their_weight_capped() {
+    let now = Instant::now();
+    let mut w = W::new(rules(), 1);
+    let conn = w.connect(Transport::Frames, now);
+    w.handle(conn, hello("secret"), now, |_, _| 0);
+    w.handle(conn, Message::OpenJob(spec(1, "a", 50)), now, |_, _| 0);
+    assert_eq!(w.opened(conn, &spec(1, "a", 50), Ok(SHAPE)), Some(8));
+    w.handle(conn, Message::OpenJob(spec(1, "a", 1)), now, |_, _| 0);
+    assert_closed(&mut w, conn, "already open");
+    let conn = w.connect(Transport::Frames, now);
+    w.handle(conn, hello("secret"), now, |_, _| 0);
+    w.handle(conn, Message::OpenJob(spec(2, "", 1)), now, |_, _| 0);
+    assert_closed(&mut w, conn, "printable");
+    let conn = w.connect(Transport::Frames, now);
+    w.handle(conn, hello("secret"), now, |_, _| 0);
+    w.handle(conn, Message::OpenJob(spec(3, "c", 1)), now, |_, _| 0);
+    assert_eq!(
+        w.opened(conn, &spec(3, "c", 1), Err("no such pipeline".into())),
+        None
+    );
+    assert_closed(&mut w, conn, "no such pipeline");
+}
+
+#[test]
+fn assignments_are_checked() {
+    let now = Instant::now();
+    let mut w = W::new(rules(), 1);
+    let bad = [
+        (assign(9, 0), "which is not open"),
+        (
+            Assign {
+                start: 5,
+                end: 5,
+                ..assign(1, 0)
+            },
+            "samples 5..5",
+        ),
+        (
+            Assign {
+                end: 101,
+                ..assign(1, 0)
+            },
+            "of a 100-sample shard",
+        ),
+    ];
+    for (a, why) in bad {
+        let conn = open(&mut w, 1, "a", 1, now);
+        send(&mut w, conn, Message::Assign(a), now);
+        assert_closed(&mut w, conn, why);
+    }
+    let conn = open(&mut w, 1, "a", 1, now);
+    for u in 0..5 {
+        send(&mut w, conn, Message::Assign(assign(1, u)), now);
+    }
+    assert_closed(&mut w, conn, "max_units_per_connection");
+}
+
+/// The regression of aaaf27c: a unit out of credit gives its slot to another job's unit.
+#[test]
+fn a_unit_out_of_credit_gives_its_slot_to_another_job() {
+    let (mut w, a, now) = one_job();
+    let b = open(&mut w, 2, "b", 1, now);
+    send(&mut w, a, Message::Assign(assign(1, 10)), now);
+    let started = w.take_wakes();
+    assert!(matches!(started[..], [Wake::Start(10)]));
+    send(&mut w, b, Message::Assign(assign(2, 20)), now);
+    assert!(w.take_wakes().is_empty(), "one slot, held by a's unit");
+    let (ua, ub) = (UnitId(1), UnitId(2));
+    // No credit for a: its unit waits, and b's unit gets the slot.
+    assert_eq!(w.next_sample(ua), Gate::Wait(Waiting::Credit));
+    assert!(matches!(w.take_wakes()[..], [Wake::Start(20)]));
+    send(&mut w, b, Message::Credit { job: 2, samples: 2 }, now);
+    assert_eq!(w.next_sample(ub), Gate::Go);
+    // a's credit comes: its unit queues for the slot, which b's unit yields at its next sample.
+    send(&mut w, a, Message::Credit { job: 1, samples: 1 }, now);
+    assert!(w.take_wakes().is_empty());
+    assert_eq!(w.next_sample(ub), Gate::Wait(Waiting::Slot));
+    assert!(matches!(w.take_wakes()[..], [Wake::Resume(10)]));
+    assert_eq!(
+        w.next_sample(ua),
+        Gate::Go,
+        "its credit was taken while it queued"
+    );
+    assert_eq!(w.next_sample(ua), Gate::Wait(Waiting::Credit));
+    assert!(matches!(w.take_wakes()[..], [Wake::Resume(20)]));
+    assert_eq!(w.next_sample(ub), Gate::Go);
+    let done = UnitEnd::Done(UnitDone {
+        job: 2,
+        unit: 20,
+        attempt: 0,
+        sent: 2,
+        skipped: 0,
+        storage_bytes: 0,
+        cached_bytes: 0,
+    });
+    assert!(matches!(w.unit_ended(ub, done), Some(Message::UnitDone(_))));
+    assert!(w.take_wakes().is_empty(), "a's unit still has no credit");
+}
+
+#[test]
+fn a_cancelled_job_stops_its_units_and_forgets_those_not_started() {
+    let (mut w, a, now) = one_job();
+    send(&mut w, a, Message::Assign(assign(1, 10)), now);
+    send(&mut w, a, Message::Assign(assign(1, 11)), now);
+    assert!(matches!(w.take_wakes()[..], [Wake::Start(10)]));
+    send(&mut w, a, Message::Cancel { job: 1 }, now);
+    assert!(matches!(w.take_wakes()[..], [Wake::Stop(10)]));
+    assert_eq!(effects(&mut w, a), [Effect::Cancelled(1)]);
+    assert_eq!(w.next_sample(UnitId(1)), Gate::Stop);
+    let failed = UnitEnd::Failed(UnitFailed {
+        job: 1,
+        unit: 10,
+        attempt: 0,
+        error: "cancelled".into(),
+    });
+    assert_eq!(
+        w.unit_ended(UnitId(1), failed),
+        None,
+        "no frame for a cancelled job"
+    );
+    assert!(
+        w.take_wakes().is_empty(),
+        "unit 11 was forgotten, not started"
+    );
+    // The slot is free again for another job.
+    let b = open(&mut w, 2, "b", 1, now);
+    send(&mut w, b, Message::Assign(assign(2, 20)), now);
+    assert!(matches!(w.take_wakes()[..], [Wake::Start(20)]));
+}
+
+#[test]
+fn a_drain_fails_new_assignments_and_closes_when_the_units_are_done() {
+    let (mut w, a, now) = one_job();
+    send(&mut w, a, Message::Assign(assign(1, 10)), now);
+    w.take_wakes();
+    w.drain();
+    send(&mut w, a, Message::Assign(assign(1, 11)), now);
+    let failed = effects(&mut w, a);
+    assert!(matches!(&failed[..], [Effect::Send(Message::UnitFailed(f))] if f.unit == 11));
+    w.finished(a);
+    assert_eq!(closed(&mut w, a), Some(End::Drained));
+}
+
+#[test]
+fn heartbeats_go_out_and_a_silent_client_is_closed() {
+    let (mut w, a, t0) = one_job();
+    let at = w.poll_timeout(a).expect("a deadline");
+    assert_eq!(at, t0 + Duration::from_secs(1));
+    w.handle_timeout(a, at);
+    assert_eq!(
+        effects(&mut w, a),
+        [Effect::Send(Message::Heartbeat { seq: 1 })]
+    );
+    w.handle_timeout(a, t0 + Duration::from_secs(10));
+    assert_closed(&mut w, a, "no frame from the client");
+}
+
+/// Jobs on connections of their own share one worker's slots by weight, sample by sample.
+#[test]
+fn connections_share_the_slots_by_their_jobs_weights() {
+    let now = Instant::now();
+    let mut w = W::new(rules(), 2);
+    let jobs = [(1, "three", 3), (2, "one", 1)];
+    let mut conns = Vec::new();
+    for (job, name, weight) in jobs {
+        let conn = open(&mut w, job, name, weight, now);
+        send(&mut w, conn, Message::Credit { job, samples: 100 }, now);
+        for u in 0..4 {
+            send(
+                &mut w,
+                conn,
+                Message::Assign(assign(job, job * 10 + u)),
+                now,
+            );
+        }
+        conns.push(conn);
+    }
+    // Units are numbered in the order they were assigned; the launch handle is the unit.
+    let id = |unit: u64| UnitId(if unit < 20 { unit - 9 } else { unit - 15 });
+    let mut runnable: VecDeque<u64> = VecDeque::new();
+    let mut got = [0u32; 2];
+    for _ in 0..4000 {
+        for wake in w.take_wakes() {
+            if let Wake::Start(u) | Wake::Resume(u) = wake {
+                runnable.push_back(u);
+            }
+        }
+        let u = runnable.pop_front().expect("a unit runs");
+        match w.next_sample(id(u)) {
+            Gate::Go => {
+                got[(u / 10 - 1) as usize] += 1;
+                runnable.push_back(u);
+            }
+            Gate::Wait(Waiting::Slot) => {}
+            other => panic!("{other:?}"),
+        }
+        for (job, conn) in [1, 2].into_iter().zip(&conns) {
+            send(&mut w, *conn, Message::Credit { job, samples: 1 }, now);
+        }
+    }
+    let share = f64::from(got[0]) / f64::from(got[0] + got[1]);
+    assert!((0.73..=0.77).contains(&share), "weight 3 of 4: {share}");
+}
