@@ -42,6 +42,7 @@ pub mod error;
 pub mod ledger;
 mod link;
 pub mod loader;
+mod local;
 mod membership;
 #[cfg(feature = "cuda")]
 mod nvrtc;

@@ -5,8 +5,8 @@
 //! until the connection drops or the worker falls silent for `silence`; it then reports the
 //! loss and reconnects with backoff (each connection is a new `generation`, and commands meant
 //! for an older one are dropped). Refusals (token, certificate, pipeline) are fatal: retrying
-//! cannot fix a configuration. An in-process link runs the same job through a
-//! [`UnitRunner`] on blocking threads, under the same credits.
+//! cannot fix a configuration. An in-process link (`crate::local`) runs the same
+//! job in this process, under the same worker rules.
 //!
 //! A remote link goes over QUIC, or, for a worker on this machine that serves a same-host
 //! socket, over that socket with the tensors in a shared-memory segment this link creates
@@ -20,12 +20,11 @@ use std::time::{Duration, Instant};
 
 use sluice_wire::io::{FrameReader, FrameWriter, IoError};
 use sluice_wire::{
-    drive_unit, Assign, BufferPool, ErrorCode, Hello, JobRunner, JobSpec, Limits, Message, Output,
-    SampleFields, SampleHeader, SamplePayload, SampleShape, SkippedSample, UnitDone, UnitEnd,
-    UnitFailed, UnitRunner,
+    Assign, BufferPool, ErrorCode, Hello, JobSpec, Limits, Message, SampleFields, SampleHeader,
+    SamplePayload, SampleShape, SkippedSample, UnitDone, UnitFailed,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::same_host::{Payload, SlotPool};
@@ -755,130 +754,5 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
-    }
-}
-
-/// A worker in this process: the job runs on blocking threads, under the same credits.
-pub(crate) async fn run_local(
-    link: usize,
-    runner: Arc<dyn UnitRunner>,
-    job: JobSpec,
-    mut commands: mpsc::Receiver<Command>,
-    events: mpsc::Sender<Event>,
-    cancel: CancellationToken,
-) {
-    let opened: Result<Arc<dyn JobRunner>, String> = {
-        let runner = runner.clone();
-        let job = job.clone();
-        tokio::task::spawn_blocking(move || {
-            runner
-                .open_job(&job)
-                .map(Arc::from)
-                .map_err(|e| sluice_wire::error_chain(&e))
-        })
-        .await
-        .unwrap_or_else(|e| Err(e.to_string()))
-    };
-    let job_runner = match opened {
-        Ok(r) => r,
-        Err(message) => {
-            let fatal = crate::ClientError::Refused {
-                worker: "in-process".into(),
-                message,
-            };
-            let _ = events
-                .send(Event::Lost {
-                    link,
-                    generation: 1,
-                    error: fatal.to_string(),
-                    fatal: Some(fatal),
-                })
-                .await;
-            return;
-        }
-    };
-    let ready = Event::Ready {
-        link,
-        generation: 1,
-        shape: job_runner.shape(),
-        caches: false,
-    };
-    if events.send(ready).await.is_err() {
-        return;
-    }
-    let credits = Arc::new(Semaphore::new(0));
-    let _stop = cancel.clone().drop_guard();
-    loop {
-        let command = tokio::select! {
-            c = commands.recv() => c,
-            _ = cancel.cancelled() => None,
-        };
-        match command {
-            None => return,
-            Some(Command::Credit(_, n)) => credits.add_permits(n as usize),
-            Some(Command::Drain) => {}
-            Some(Command::Assign(_, assign)) => {
-                let (runner, credits, events, cancel) = (
-                    job_runner.clone(),
-                    credits.clone(),
-                    events.clone(),
-                    cancel.clone(),
-                );
-                let rt = tokio::runtime::Handle::current();
-                tokio::task::spawn_blocking(move || {
-                    run_local_unit(link, &*runner, &assign, &credits, &events, &cancel, &rt)
-                });
-            }
-        }
-    }
-}
-
-fn run_local_unit(
-    link: usize,
-    runner: &dyn JobRunner,
-    assign: &Assign,
-    credits: &Semaphore,
-    events: &mpsc::Sender<Event>,
-    cancel: &CancellationToken,
-    rt: &tokio::runtime::Handle,
-) {
-    let take_credit = || {
-        rt.block_on(async {
-            tokio::select! {
-                p = credits.acquire() => p.map(|p| p.forget()).is_ok(),
-                _ = cancel.cancelled() => false,
-            }
-        })
-    };
-    let forward = |output: Output| -> bool {
-        let event = match output {
-            Output::Sample(mut header, mut payload) => {
-                let fields = SamplePayload::split(&mut header, &mut payload).unwrap_or_else(|e| {
-                    tracing::error!(key = %header.key, "in-process sample: {e}");
-                    SampleFields::default()
-                });
-                Event::Sample {
-                    link,
-                    header,
-                    payload: Payload::Bytes(payload.into()),
-                    fields,
-                }
-            }
-            Output::Skipped(skipped) => Event::Skipped { skipped },
-        };
-        !cancel.is_cancelled() && events.blocking_send(event).is_ok()
-    };
-    let started = Instant::now();
-    let event = match drive_unit(runner, assign, take_credit, forward) {
-        UnitEnd::Done(done) => Event::UnitDone { link, done },
-        UnitEnd::Failed(failed) => Event::UnitFailed { link, failed },
-    };
-    tracing::debug!(
-        unit = assign.unit,
-        "in-process unit took {:?}",
-        started.elapsed()
-    );
-    if !cancel.is_cancelled() {
-        let _ = events.blocking_send(event);
     }
 }
