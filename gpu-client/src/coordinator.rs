@@ -536,7 +536,7 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 }
 
 #[cfg(test)]
-mod simulation;
+pub(crate) mod simulation;
 
 #[cfg(test)]
 mod tests {

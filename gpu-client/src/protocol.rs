@@ -907,3 +907,6 @@ pub(crate) fn credit_window(credits: u32, receive_window: u64, sample_bytes: u64
     let fit = (receive_window / sample_bytes.max(1)).max(1);
     u64::from(credits).min(fit) as u32
 }
+
+#[cfg(test)]
+mod paired;

@@ -31,7 +31,7 @@ use crate::reorder::Reorder;
 use crate::same_host::Payload;
 use crate::stats::{EpochCounters, Stats};
 
-const SHAPE: SampleShape = SampleShape {
+pub(crate) const SHAPE: SampleShape = SampleShape {
     height: 1,
     width: 1,
     channels: 4,
@@ -40,12 +40,12 @@ const SHAPE: SampleShape = SampleShape {
 };
 
 /// The decoder rejects these samples, whichever worker decodes them.
-fn bad(shard: u32, index: u64) -> bool {
+pub(crate) fn bad(shard: u32, index: u64) -> bool {
     (u64::from(shard) * 31 + index) % 41 == 7
 }
 
 /// A sample's tensor: its identity, so a torn or misplaced copy shows.
-fn tensor(shard: u32, index: u64) -> Vec<u8> {
+pub(crate) fn tensor(shard: u32, index: u64) -> Vec<u8> {
     let mut t = (index as u16).to_le_bytes().to_vec();
     t.extend((shard as u16).to_le_bytes());
     t
@@ -120,41 +120,12 @@ async fn simulate(
         .enumerate()
         .map(|(i, tx)| (format!("w{i}"), tx))
         .collect();
-    let settings = EpochSettings {
-        config: Arc::new(LoaderConfig {
-            short_batch: ShortBatch::Deliver,
-            credits_per_worker: 1 + rng.below(12) as u32,
-            receive_window: 1 << 20,
-            units_per_worker: 1 + rng.below(3) as usize,
-            ring_batches: 2 + rng.below(3) as usize,
-            worker_wait: Duration::from_secs(600),
-            max_unit_attempts: 1000,
-            lookahead: world.lookahead,
-            hedge_after: Duration::from_secs(3),
-            labels: Default::default(),
-            ..LoaderConfig::default()
-        }),
-        job: 1,
-        epoch: 0,
-        batch_plan: world.batch_plan,
-        first_batch: 0,
-    };
+    let ring_batches = 2 + rng.below(3) as usize;
+    let settings = world.settings(&mut rng, 1, ring_batches);
     let coordinator = Coordinator::new(
         settings,
         world.manifest.clone(),
-        (
-            Ledger::new(&world.units),
-            if world.arrival {
-                Reorder::arrival(sluice_plan::ShuffleBuffer::new(
-                    world.mixing.buffer_samples as usize,
-                    seed,
-                    0,
-                    0,
-                ))
-            } else {
-                Reorder::plan(world.sequence.clone(), 0)
-            },
-        ),
+        world.order(seed),
         names,
         Arc::new(HeapAllocator),
         counters.clone(),
@@ -309,15 +280,7 @@ async fn step(
     let skipped = bad(shard, index);
     let event = if skipped {
         Event::Skipped {
-            skipped: SkippedSample {
-                job: 1,
-                unit: a.unit,
-                attempt: a.attempt,
-                shard,
-                index,
-                key: format!("{shard}/{index}"),
-                reason: "simulated decode failure".into(),
-            },
+            skipped: rejected(a, index),
         }
     } else {
         l.credits -= 1;
@@ -344,23 +307,51 @@ async fn step(
     }
 }
 
+/// The header a simulated worker sends for sample `index` of assignment `a`.
+pub(crate) fn decoded(a: &Assign, index: u64) -> SampleHeader {
+    let shard = a.shard.index;
+    SampleHeader {
+        job: a.job,
+        unit: a.unit,
+        attempt: a.attempt,
+        shard,
+        index,
+        key: format!("{shard}/{index}"),
+        label: Some(i64::from(shard)),
+        tensor_bytes: 4,
+        fields: Vec::new(),
+        geometry: Default::default(),
+    }
+}
+
+/// What a simulated worker says of sample `index` of `a` when its decoder rejects it.
+pub(crate) fn rejected(a: &Assign, index: u64) -> SkippedSample {
+    let shard = a.shard.index;
+    SkippedSample {
+        key: format!("{shard}/{index}"),
+        reason: "simulated decode failure".into(),
+        shard,
+        index,
+        job: a.job,
+        unit: a.unit,
+        attempt: a.attempt,
+    }
+}
+
+/// How many seeds a simulation runs: `SLUICE_SIM_SEEDS`, else `default`.
+pub(crate) fn seeds(default: u64) -> u64 {
+    std::env::var("SLUICE_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 /// The frame of sample `index` of assignment `a`, as link `link` sends it.
 fn sample_event(link: usize, a: &Assign, index: u64) -> Event {
     let shard = a.shard.index;
     Event::Sample {
         link,
-        header: SampleHeader {
-            job: 1,
-            unit: a.unit,
-            attempt: a.attempt,
-            shard,
-            index,
-            key: format!("{shard}/{index}"),
-            label: Some(i64::from(shard)),
-            tensor_bytes: 4,
-            fields: Vec::new(),
-            geometry: Default::default(),
-        },
+        header: decoded(a, index),
         payload: Payload::Bytes(tensor(shard, index).into()),
         fields: Default::default(),
     }
@@ -380,8 +371,8 @@ async fn lose(i: usize, l: &mut SimLink, events: &mpsc::Sender<Event>) {
 }
 
 /// The planned epoch a simulation runs.
-struct World {
-    manifest: Arc<Manifest>,
+pub(crate) struct World {
+    pub(crate) manifest: Arc<Manifest>,
     units: Vec<WorkUnit>,
     sequence: Arc<Sequence>,
     batch_plan: BatchPlan,
@@ -391,10 +382,86 @@ struct World {
     /// Arrival order: exactly once, but in no fixed order.
     arrival: bool,
     /// The workers keep shard caches: shard affinity decides where units run.
-    caches: bool,
+    pub(crate) caches: bool,
 }
 
-fn world(seed: u64) -> World {
+impl World {
+    /// An epoch of this world as rank 0 of job `job` sees it, with a loader config drawn
+    /// from `rng` (`ring_batches` ring buffers).
+    pub(crate) fn settings(
+        &self,
+        rng: &mut Stream,
+        job: u64,
+        ring_batches: usize,
+    ) -> EpochSettings {
+        EpochSettings {
+            config: Arc::new(LoaderConfig {
+                short_batch: ShortBatch::Deliver,
+                credits_per_worker: 1 + rng.below(12) as u32,
+                receive_window: 1 << 20,
+                units_per_worker: 1 + rng.below(3) as usize,
+                ring_batches,
+                worker_wait: Duration::from_secs(600),
+                max_unit_attempts: 1000,
+                lookahead: self.lookahead,
+                hedge_after: Duration::from_secs(3),
+                labels: Default::default(),
+                ..LoaderConfig::default()
+            }),
+            job,
+            epoch: 0,
+            batch_plan: self.batch_plan,
+            first_batch: 0,
+        }
+    }
+
+    /// The ledger and the delivery order an epoch starts with.
+    pub(crate) fn order<P>(&self, seed: u64) -> (Ledger, Reorder<P>) {
+        let reorder = match self.arrival {
+            true => Reorder::arrival(sluice_plan::ShuffleBuffer::new(
+                self.mixing.buffer_samples as usize,
+                seed,
+                0,
+                0,
+            )),
+            false => Reorder::plan(self.sequence.clone(), 0),
+        };
+        (Ledger::new(&self.units), reorder)
+    }
+
+    /// Checks an epoch's batches against the plan (`what` names the run in a failure) and
+    /// its reorder area against its bound; the area's peak.
+    pub(crate) fn check(
+        &self,
+        got: &[Vec<(u32, u64)>],
+        report: &crate::EpochReport,
+        what: &str,
+    ) -> u64 {
+        let want = expected(self);
+        if self.arrival {
+            let sorted = |b: &[Vec<(u32, u64)>]| {
+                let mut v: Vec<(u32, u64)> = b.iter().flatten().copied().collect();
+                v.sort_unstable();
+                v
+            };
+            assert_eq!(got.len(), want.len(), "{what}: batch count");
+            assert_eq!(sorted(got), sorted(&want), "{what}: not exactly once");
+        } else {
+            assert_eq!(got, want, "{what}: batches differ from the plan");
+        }
+        let peak = report.reorder_peak;
+        // What can wait for its turn: units started within the lookahead, plus those the
+        // shuffle buffer and the open window still hold samples of, each at most a unit.
+        let bound = (self.lookahead
+            + u64::from(self.mixing.buffer_samples)
+            + u64::from(self.mixing.window_units))
+            * self.max_unit;
+        assert!(peak <= bound, "{what}: {peak} held, bound {bound}");
+        peak
+    }
+}
+
+pub(crate) fn world(seed: u64) -> World {
     let mut rng = stream(seed, Domain::Sample, 0, 3);
     let shards = 1 + rng.below(6) as usize;
     let counts: Vec<u64> = (0..shards).map(|_| 1 + rng.below(60)).collect();
@@ -456,10 +523,7 @@ fn expected(world: &World) -> Vec<Vec<(u32, u64)>> {
 
 #[test]
 fn many_seeds_of_failures_keep_exactly_once_plan_order_and_bounds() {
-    let seeds: u64 = std::env::var("SLUICE_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3000);
+    let seeds = seeds(3000);
     let (mut hedged, mut reassigned, mut duplicates) = (0, 0, 0);
     let mut pool = PoolChanges::default();
     let mut by_seed: HashMap<u64, u64> = HashMap::new();
@@ -475,25 +539,7 @@ fn many_seeds_of_failures_keep_exactly_once_plan_order_and_bounds() {
                 .await
                 .unwrap_or_else(|_| panic!("seed {seed}: the epoch never finished"))
         });
-        let want = expected(&w);
-        if w.arrival {
-            let sorted = |b: &[Vec<(u32, u64)>]| {
-                let mut v: Vec<(u32, u64)> = b.iter().flatten().copied().collect();
-                v.sort_unstable();
-                v
-            };
-            assert_eq!(got.len(), want.len(), "seed {seed}: batch count");
-            assert_eq!(sorted(&got), sorted(&want), "seed {seed}: not exactly once");
-        } else {
-            assert_eq!(got, want, "seed {seed}: batches differ from the plan");
-        }
-        let peak = report.reorder_peak;
-        // What can wait for its turn: units started within the lookahead, plus those the
-        // shuffle buffer and the open window still hold samples of, each at most a unit.
-        let bound =
-            (w.lookahead + u64::from(w.mixing.buffer_samples) + u64::from(w.mixing.window_units))
-                * w.max_unit;
-        assert!(peak <= bound, "seed {seed}: {peak} held, bound {bound}");
+        let peak = w.check(&got, &report, &format!("seed {seed}"));
         hedged += report.hedged;
         reassigned += report.reassigned;
         duplicates += report.duplicates_dropped;

@@ -1,0 +1,893 @@
+//! The paired simulation: the client's real [`Protocol`] (one per training job) against real
+//! worker state machines (`sluice_wire::session::Worker`, one per worker process), with no
+//! async runtime, no threads and no sockets. Everything between them is simulated and seeded:
+//! frames in flight on each connection (in order, delivered at random moments), units that
+//! decode one output per step on the slots their worker grants, a clock, and a pool that
+//! changes: workers join and leave (drained), die and restart, stall past the clients'
+//! silence, and drain for SIGTERM, while several jobs of different weights share them.
+//!
+//! Every seed checks, from outside: each job's batches are the plan's (every planned sample
+//! once, in the plan's order; in arrival order, exactly once), its reorder area within the
+//! bound, no worker sends a sample without a credit, and no worker runs more units than its
+//! slots. Over all seeds: where several jobs wait for one worker, each gets its weight's
+//! share of the samples decoded. `SLUICE_SIM_SEEDS` sets the number of seeds.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_plan::rng::{stream, Domain, Stream};
+use sluice_wire::session::{ConnId, Effect, End, Gate, Rules, Transport, UnitId, Wake, Worker};
+use sluice_wire::{
+    Assign, ErrorCode, ErrorMessage, Hello, JobSpec, Message, UnitDone, UnitFailed, Welcome,
+};
+
+use super::{Action, Protocol, Tensor};
+use crate::coordinator::simulation::{bad, decoded, rejected, seeds, tensor, world, World, SHAPE};
+use crate::reorder::Arrival;
+use crate::stats::{EpochCounters, Stats};
+
+impl Tensor for Vec<u8> {
+    fn detach(self, _tensor_bytes: usize) -> Self {
+        self
+    }
+}
+
+/// How long a client waits for a frame before it declares a connection lost (as links do),
+/// and after it told a link to drain.
+const SILENCE: Duration = Duration::from_secs(10);
+const DRAIN_SILENCE: Duration = Duration::from_secs(3);
+const HEARTBEAT: Duration = Duration::from_secs(1);
+const MAX_WORKERS: usize = 6;
+
+/// A unit on a simulated worker thread: what the worker registered, and its next sample.
+#[derive(Clone, Debug)]
+struct SimUnit {
+    id: UnitId,
+    conn: ConnId,
+    assign: Assign,
+}
+
+struct Running {
+    unit: SimUnit,
+    next: u64,
+    stopped: bool,
+    /// It holds a slot (a unit stopped while it waited holds none: it only ends).
+    holds: bool,
+}
+
+/// One worker process.
+struct SimWorker {
+    rules: Worker<SimUnit>,
+    slots: usize,
+    alive: bool,
+    /// Frozen until then (no step, no frame, no heartbeat).
+    stalled_until: Option<Duration>,
+    /// It left the pool (every job was told).
+    left: bool,
+    /// Units holding a slot, and those waiting (parked) for a slot or a credit.
+    running: Vec<Running>,
+    parked: HashMap<UnitId, Running>,
+}
+
+impl SimWorker {
+    fn new(rng: &mut Stream) -> Self {
+        let slots = 1 + rng.below(3) as usize;
+        SimWorker {
+            rules: Worker::new(rules(), slots),
+            slots,
+            alive: true,
+            stalled_until: None,
+            left: false,
+            running: Vec::new(),
+            parked: HashMap::new(),
+        }
+    }
+
+    fn active(&self, now: Duration) -> bool {
+        self.alive && self.stalled_until.is_none_or(|t| now >= t)
+    }
+
+    /// Carries out the worker's wakes.
+    fn wake(&mut self) {
+        for w in self.rules.take_wakes() {
+            match w {
+                Wake::Start(unit) => {
+                    let next = unit.assign.start;
+                    self.running.push(Running {
+                        unit,
+                        next,
+                        stopped: false,
+                        holds: true,
+                    });
+                }
+                Wake::Resume(unit) => {
+                    let mut r = self.parked.remove(&unit.id).expect("a resumed unit waited");
+                    r.holds = true;
+                    self.running.push(r);
+                }
+                Wake::Stop(unit) => {
+                    if let Some(mut r) = self.parked.remove(&unit.id) {
+                        r.stopped = true;
+                        r.holds = false;
+                        self.running.push(r);
+                    }
+                    for r in self.running.iter_mut().filter(|r| r.unit.id == unit.id) {
+                        r.stopped = true;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn rules() -> Rules {
+    let welcome = Welcome {
+        worker: "sim".into(),
+        ..Welcome::default()
+    };
+    Rules {
+        max_job_weight: 8,
+        heartbeat: HEARTBEAT,
+        client_silence: SILENCE,
+        ..Rules::new(Some("t".into()), welcome)
+    }
+}
+
+/// A connection between a job's link and a worker, with what is in flight each way.
+struct Conn {
+    job: usize,
+    link: usize,
+    worker: usize,
+    wconn: ConnId,
+    generation: u64,
+    to_worker: VecDeque<Message>,
+    to_client: VecDeque<Message>,
+    /// The worker ended it (its frames so far still arrive).
+    worker_closed: bool,
+    /// The client dropped it (the worker notices when it next runs).
+    client_closed: bool,
+    /// Credits the client granted on it, and samples the worker sent.
+    granted: u64,
+    sent: u64,
+}
+
+/// A job's link to one worker.
+struct Link {
+    worker: usize,
+    generation: u64,
+    conn: Option<usize>,
+    last_heard: Duration,
+    next_beat: Duration,
+    silence: Duration,
+    released: bool,
+    /// Down until then (reconnect backoff).
+    retry_at: Duration,
+}
+
+struct Job {
+    id: u64,
+    name: String,
+    weight: u32,
+    world: World,
+    protocol: Protocol<Vec<u8>>,
+    links: Vec<Link>,
+    batches: Vec<Vec<(u32, u64)>>,
+    filling: Vec<(u32, u64)>,
+    counters: Arc<EpochCounters>,
+}
+
+impl Job {
+    fn spec(&self) -> JobSpec {
+        JobSpec {
+            job: self.id,
+            name: self.name.clone(),
+            weight: self.weight,
+            ..JobSpec::default()
+        }
+    }
+}
+
+/// Samples decoded where several jobs waited for the worker: what each weight got, and what
+/// its share of those moments promised.
+#[derive(Default)]
+struct Shares {
+    got: HashMap<u32, f64>,
+    promised: HashMap<u32, f64>,
+}
+
+#[derive(Default)]
+struct Tally {
+    joined: usize,
+    left: usize,
+    killed: usize,
+    stalled: usize,
+    drained: usize,
+    hedged: u64,
+    reassigned: u64,
+    steps: u64,
+}
+
+struct Sim {
+    rng: Stream,
+    base: Instant,
+    now: Duration,
+    workers: Vec<SimWorker>,
+    conns: Vec<Conn>,
+    jobs: Vec<Job>,
+    shares: Shares,
+    tally: Tally,
+}
+
+impl Sim {
+    fn new(seed: u64) -> Self {
+        let mut rng = stream(seed, Domain::Sample, 0, 7);
+        let base = Instant::now();
+        let n_workers = 1 + rng.below(3) as usize;
+        let workers: Vec<SimWorker> = (0..n_workers).map(|_| SimWorker::new(&mut rng)).collect();
+        let n_jobs = 1 + rng.below(3) as usize;
+        let mut jobs = Vec::new();
+        for j in 0..n_jobs {
+            let world = world(seed * 7 + j as u64);
+            let counters = Arc::new(EpochCounters::default());
+            let settings = world.settings(&mut rng, j as u64 + 1, 2);
+            let names = (0..n_workers).map(|w| format!("w{w}")).collect();
+            let protocol = Protocol::new(
+                settings,
+                world.manifest.clone(),
+                world.order(seed),
+                names,
+                (counters.clone(), Arc::new(Stats::new())),
+                base,
+            );
+            let links = (0..n_workers).map(Link::new).collect();
+            jobs.push(Job {
+                id: j as u64 + 1,
+                name: format!("job{j}"),
+                weight: [1, 1, 3][rng.below(3) as usize],
+                world,
+                protocol,
+                links,
+                batches: Vec::new(),
+                filling: Vec::new(),
+                counters,
+            });
+        }
+        Sim {
+            rng,
+            base,
+            now: Duration::ZERO,
+            workers,
+            conns: Vec::new(),
+            jobs,
+            shares: Shares::default(),
+            tally: Tally::default(),
+        }
+    }
+
+    fn at(&self) -> Instant {
+        self.base + self.now
+    }
+
+    fn run(&mut self, seed: u64) {
+        for j in 0..self.jobs.len() {
+            self.act(j);
+        }
+        while !self.jobs.iter().all(|j| j.protocol.finished()) {
+            self.tally.steps += 1;
+            assert!(
+                self.now < Duration::from_secs(3600),
+                "seed {seed}: the epochs never finished"
+            );
+            let busy = self.step();
+            self.now += match busy {
+                true => Duration::from_micros(self.rng.below(2000)),
+                false => Duration::from_millis(100),
+            };
+            self.timers();
+            self.change_pool();
+        }
+    }
+
+    /// One random thing happens: a frame arrives, or a unit decodes its next output.
+    /// Whether there was anything to do.
+    fn step(&mut self) -> bool {
+        let pending: Vec<usize> = (0..self.conns.len())
+            .filter(|&c| {
+                let conn = &self.conns[c];
+                let worker_runs = self.workers[conn.worker].active(self.now);
+                let worker_side = !conn.worker_closed
+                    && worker_runs
+                    && (!conn.to_worker.is_empty() || conn.client_closed);
+                (!conn.to_client.is_empty() && !conn.client_closed) || worker_side
+            })
+            .collect();
+        let busy_workers: Vec<usize> = (0..self.workers.len())
+            .filter(|&w| self.workers[w].active(self.now) && !self.workers[w].running.is_empty())
+            .collect();
+        if pending.is_empty() && busy_workers.is_empty() {
+            return false;
+        }
+        let frames = !pending.is_empty() && (busy_workers.is_empty() || self.rng.below(2) == 0);
+        if frames {
+            let c = pending[self.rng.below(pending.len() as u64) as usize];
+            self.deliver(c);
+        } else {
+            let w = busy_workers[self.rng.below(busy_workers.len() as u64) as usize];
+            self.decode(w);
+        }
+        true
+    }
+
+    /// One frame on connection `c`, one way or the other.
+    fn deliver(&mut self, c: usize) {
+        let conn = &mut self.conns[c];
+        let worker_runs = self.workers[conn.worker].active(self.now) && !conn.worker_closed;
+        let to_client = !conn.to_client.is_empty()
+            && !conn.client_closed
+            && (!worker_runs || conn.to_worker.is_empty() || self.rng.below(2) == 0);
+        if to_client {
+            let m = conn.to_client.pop_front().expect("a frame");
+            return self.arrive(c, m);
+        }
+        let (w, wconn) = (conn.worker, conn.wconn);
+        if !worker_runs {
+            return;
+        }
+        if conn.client_closed {
+            conn.to_worker.clear();
+            conn.client_closed = false;
+            conn.worker_closed = true;
+            self.workers[w].rules.disconnect(wconn);
+            self.workers[w].wake();
+            return;
+        }
+        let Some(m) = conn.to_worker.pop_front() else {
+            return;
+        };
+        let now = self.at();
+        let worker = &mut self.workers[w];
+        worker.rules.handle(wconn, m, now, |id, assign| SimUnit {
+            id,
+            conn: wconn,
+            assign: assign.clone(),
+        });
+        self.worker_effects(c);
+    }
+
+    /// Carries out what a worker's session says for connection `c`.
+    fn worker_effects(&mut self, c: usize) {
+        let (w, wconn, job) = (self.conns[c].worker, self.conns[c].wconn, self.conns[c].job);
+        while let Some(effect) = self.workers[w].rules.poll_effect(wconn) {
+            match effect {
+                Effect::Send(m) => self.conns[c].to_client.push_back(m),
+                Effect::Open(spec) => {
+                    let weight = self.workers[w].rules.opened(wconn, &spec, Ok(SHAPE));
+                    assert_eq!(weight, Some(self.jobs[job].weight));
+                }
+                Effect::Grant { .. } => panic!("no same-host connection here"),
+                Effect::Cancelled(_) => {}
+                Effect::Close(end) => {
+                    // The client reads the worker's last word after its other frames.
+                    let (code, message) = match end {
+                        End::Error(code, message) => (code, message),
+                        End::Drained => (ErrorCode::Unavailable, "worker is draining".into()),
+                    };
+                    let conn = &mut self.conns[c];
+                    let last = Message::Error(ErrorMessage { code, message });
+                    conn.to_client.push_back(last);
+                    conn.worker_closed = true;
+                    conn.to_worker.clear();
+                    self.workers[w].rules.disconnect(wconn);
+                    break;
+                }
+            }
+        }
+        self.workers[w].wake();
+    }
+
+    /// A frame reaches the client (the link reads it).
+    fn arrive(&mut self, c: usize, m: Message) {
+        let now = self.at();
+        let (j, l, generation) = (
+            self.conns[c].job,
+            self.conns[c].link,
+            self.conns[c].generation,
+        );
+        let job = &mut self.jobs[j];
+        job.links[l].last_heard = self.now;
+        let p = &mut job.protocol;
+        match m {
+            Message::Welcome(_) | Message::Heartbeat { .. } => {}
+            Message::JobOpened { shape, .. } => {
+                p.ready(l, generation, shape, job.world.caches)
+                    .expect("ready");
+            }
+            Message::Sample(h) => {
+                let t = tensor(h.shard, h.index);
+                p.sample(l, h, t, Default::default(), now);
+            }
+            Message::Skipped(s) => p.skipped(s, now),
+            Message::UnitDone(d) => p.piece_ended(l, d.unit, d.attempt, None).expect("done"),
+            Message::UnitFailed(f) => {
+                p.piece_ended(l, f.unit, f.attempt, Some(f.error))
+                    .expect("failed");
+            }
+            Message::Error(e) => {
+                // The worker refused or closed (drained): the link is down and retries.
+                let refused = e.message.contains("token") || e.message.contains("not open");
+                assert!(!refused, "an unexpected refusal: {e}");
+                self.lose(j, l, e.to_string());
+                return;
+            }
+            other => panic!("a worker sent {}", other.kind()),
+        }
+        self.act(j);
+    }
+
+    /// Link `l` of job `j` is down: its connection is dropped, its pieces go back.
+    fn lose(&mut self, j: usize, l: usize, why: String) {
+        let now = self.at();
+        let link = &mut self.jobs[j].links[l];
+        if let Some(c) = link.conn.take() {
+            let conn = &mut self.conns[c];
+            conn.to_client.clear();
+            if !conn.worker_closed {
+                conn.client_closed = true;
+            }
+        }
+        link.retry_at = self.now + Duration::from_millis(100 + self.rng.below(900));
+        let generation = link.generation;
+        self.jobs[j].protocol.lost(l, generation, why, now);
+        self.act(j);
+    }
+
+    /// Unit work on worker `w`: a running unit sends its next output, or ends.
+    fn decode(&mut self, w: usize) {
+        let worker = &mut self.workers[w];
+        let holding = worker.running.iter().filter(|r| r.holds).count();
+        assert!(
+            holding <= worker.slots,
+            "worker {w} runs {holding} units on {} slots",
+            worker.slots
+        );
+        let r = self.rng.below(worker.running.len() as u64) as usize;
+        let running = &mut worker.running[r];
+        let unit = running.unit.clone();
+        let c = self
+            .conns
+            .iter()
+            .rposition(|c| c.worker == w && c.wconn == unit.conn)
+            .expect("the unit's connection");
+        let a = &unit.assign;
+        let (shard, index) = (a.shard.index, running.next);
+        if running.stopped {
+            let r = worker.running.swap_remove(r);
+            return self.end_unit(c, r, None);
+        }
+        let output = match bad(shard, index) {
+            true => Some(Message::Skipped(rejected(a, index))),
+            false => {
+                let backlog: Vec<(String, u32)> = worker
+                    .rules
+                    .backlogged()
+                    .map(|(n, w)| (n.to_string(), w))
+                    .collect();
+                match worker.rules.next_sample(unit.id) {
+                    Gate::Go => {
+                        self.count_share(&backlog, a.job);
+                        Some(Message::Sample(decoded(a, index)))
+                    }
+                    Gate::Wait(_) => {
+                        let worker = &mut self.workers[w];
+                        let r = worker.running.swap_remove(r);
+                        worker.parked.insert(unit.id, r);
+                        worker.wake();
+                        return;
+                    }
+                    Gate::Stop => {
+                        let r = self.workers[w].running.swap_remove(r);
+                        return self.end_unit(c, r, None);
+                    }
+                }
+            }
+        };
+        let worker = &mut self.workers[w];
+        worker.wake();
+        let conn = &mut self.conns[c];
+        if let Some(m) = output {
+            if matches!(m, Message::Sample(_)) {
+                conn.sent += 1;
+                assert!(
+                    conn.sent <= conn.granted,
+                    "worker {w} sent {} samples on {} credits",
+                    conn.sent,
+                    conn.granted
+                );
+            }
+            if !conn.worker_closed {
+                conn.to_client.push_back(m);
+            }
+        }
+        let Some(pos) = worker.running.iter().position(|r| r.unit.id == unit.id) else {
+            return;
+        };
+        worker.running[pos].next += 1;
+        if worker.running[pos].next == a.end {
+            let r = worker.running.swap_remove(pos);
+            let done = UnitDone {
+                job: a.job,
+                unit: a.unit,
+                attempt: a.attempt,
+                sent: 0,
+                skipped: 0,
+                storage_bytes: 0,
+                cached_bytes: 0,
+            };
+            self.end_unit(c, r, Some(sluice_wire::UnitEnd::Done(done)));
+        }
+    }
+
+    /// A unit's thread returns (`None`: it was stopped).
+    fn end_unit(&mut self, c: usize, r: Running, end: Option<sluice_wire::UnitEnd>) {
+        let w = self.conns[c].worker;
+        let a = &r.unit.assign;
+        let end = end.unwrap_or_else(|| {
+            sluice_wire::UnitEnd::Failed(UnitFailed {
+                job: a.job,
+                unit: a.unit,
+                attempt: a.attempt,
+                error: "cancelled".into(),
+            })
+        });
+        let worker = &mut self.workers[w];
+        let frame = worker.rules.unit_ended(r.unit.id, end);
+        worker.wake();
+        if let Some(m) = frame {
+            if !self.conns[c].worker_closed {
+                self.conns[c].to_client.push_back(m);
+            }
+        }
+        self.workers[w].rules.finished(r.unit.conn);
+        self.worker_effects(c);
+    }
+
+    /// Where the unit's worker had several jobs waiting, a decoded sample of job `job` counts
+    /// against its weight's share.
+    fn count_share(&mut self, backlog: &[(String, u32)], job: u64) {
+        let j = &self.jobs[job as usize - 1];
+        let mut active = backlog.to_vec();
+        if !active.iter().any(|(n, _)| *n == j.name) {
+            active.push((j.name.clone(), j.weight));
+        }
+        if active.len() < 2 {
+            return;
+        }
+        let total: u32 = active.iter().map(|(_, w)| w).sum();
+        for (name, weight) in &active {
+            let promised = f64::from(*weight) / f64::from(total);
+            *self.shares.promised.entry(*weight).or_default() += promised;
+            if *name == j.name {
+                *self.shares.got.entry(*weight).or_default() += 1.0;
+            }
+        }
+    }
+
+    /// The protocol's actions for job `j`.
+    fn act(&mut self, j: usize) {
+        while let Some(action) = self.jobs[j].protocol.poll_action() {
+            let job = &mut self.jobs[j];
+            match action {
+                Action::Assign(l, generation, assign) => {
+                    if let Some(c) = job.links[l].conn {
+                        if self.conns[c].generation == generation {
+                            self.conns[c].to_worker.push_back(Message::Assign(assign));
+                        }
+                    }
+                }
+                Action::Credit(l, generation, n) => {
+                    if let Some(c) = job.links[l].conn {
+                        let conn = &mut self.conns[c];
+                        if conn.generation == generation {
+                            conn.granted += u64::from(n);
+                            conn.to_worker.push_back(Message::Credit {
+                                job: job.id,
+                                samples: n,
+                            });
+                        }
+                    }
+                }
+                Action::Ring(_) => {}
+                Action::Fill(Arrival::Sample { id, .. }) => job.filling.push((id.shard, id.index)),
+                Action::Fill(Arrival::Skip { .. }) => {}
+                Action::Close => {
+                    let batch = std::mem::take(&mut job.filling);
+                    job.batches.push(batch);
+                }
+                Action::Drain(l) => job.links[l].silence = DRAIN_SILENCE,
+                Action::Release(l) => {
+                    let link = &mut job.links[l];
+                    link.released = true;
+                    if let Some(c) = link.conn.take() {
+                        self.conns[c].client_closed = true;
+                        self.conns[c].to_client.clear();
+                    }
+                }
+            }
+        }
+    }
+
+    /// What happens at its time: links connect, beat and notice silence; workers beat and
+    /// notice silent clients; stalls end; the protocols hedge.
+    fn timers(&mut self) {
+        let now = self.at();
+        for j in 0..self.jobs.len() {
+            for l in 0..self.jobs[j].links.len() {
+                let link = &self.jobs[j].links[l];
+                let w = link.worker;
+                if link.released {
+                    continue;
+                }
+                match link.conn {
+                    None if self.now >= link.retry_at && self.workers[w].alive => {
+                        self.connect(j, l);
+                    }
+                    None => {}
+                    Some(c) => {
+                        if self.now >= link.last_heard + link.silence {
+                            self.lose(j, l, "silent".into());
+                        } else if self.now >= link.next_beat {
+                            let link = &mut self.jobs[j].links[l];
+                            link.next_beat = self.now + HEARTBEAT;
+                            self.conns[c]
+                                .to_worker
+                                .push_back(Message::Heartbeat { seq: 0 });
+                        }
+                    }
+                }
+            }
+            if self.jobs[j]
+                .protocol
+                .poll_timeout()
+                .is_some_and(|t| t <= now)
+            {
+                self.jobs[j]
+                    .protocol
+                    .timeout(now)
+                    .expect("no epoch fails here");
+                self.act(j);
+            }
+        }
+        for c in 0..self.conns.len() {
+            let conn = &self.conns[c];
+            if conn.worker_closed || !self.workers[conn.worker].active(self.now) {
+                continue;
+            }
+            let (w, wconn) = (conn.worker, conn.wconn);
+            if self.workers[w]
+                .rules
+                .poll_timeout(wconn)
+                .is_some_and(|t| t <= now)
+            {
+                self.workers[w].rules.handle_timeout(wconn, now);
+                self.worker_effects(c);
+            }
+        }
+    }
+
+    /// Link `l` of job `j` dials its worker: a new connection (generation).
+    fn connect(&mut self, j: usize, l: usize) {
+        let now = self.at();
+        let w = self.jobs[j].links[l].worker;
+        let wconn = self.workers[w].rules.connect(Transport::Frames, now);
+        let spec = self.jobs[j].spec();
+        let link = &mut self.jobs[j].links[l];
+        link.generation += 1;
+        link.last_heard = self.now;
+        link.next_beat = self.now + HEARTBEAT;
+        let hello = Message::Hello(Hello {
+            token: "t".into(),
+            client: "sim".into(),
+        });
+        self.conns.push(Conn {
+            job: j,
+            link: l,
+            worker: w,
+            wconn,
+            generation: link.generation,
+            to_worker: VecDeque::from([hello, Message::OpenJob(spec)]),
+            to_client: VecDeque::new(),
+            worker_closed: false,
+            client_closed: false,
+            granted: 0,
+            sent: 0,
+        });
+        link.conn = Some(self.conns.len() - 1);
+    }
+
+    /// Now and then: a worker joins, leaves (drained), is killed (and restarts later),
+    /// stalls, or drains for SIGTERM and exits.
+    fn change_pool(&mut self) {
+        let live = |s: &Sim| s.workers.iter().filter(|w| w.alive && !w.left).count();
+        let event = self.rng.below(3000);
+        match event {
+            0 if self.workers.len() < MAX_WORKERS => {
+                let worker = SimWorker::new(&mut self.rng);
+                self.workers.push(worker);
+                let w = self.workers.len() - 1;
+                for j in 0..self.jobs.len() {
+                    let l = self.jobs[j].protocol.join(format!("w{w}"));
+                    assert_eq!(l, self.jobs[j].links.len());
+                    self.jobs[j].links.push(Link::new(w));
+                }
+                self.tally.joined += 1;
+            }
+            1..=4 if live(self) > 1 => {
+                let w = self.pick(|w| w.alive && !w.left);
+                match event {
+                    1 => self.tally.left += 1,
+                    2 => self.tally.drained += 1,
+                    3 => self.tally.killed += 1,
+                    _ => self.tally.stalled += 1,
+                }
+                match event {
+                    1 => self.leave(w),
+                    2 => {
+                        // SIGTERM on a worker leaving the pool: it drains, then exits.
+                        self.leave(w);
+                        self.workers[w].rules.drain();
+                        let draining = (0..self.conns.len()).filter(|&c| self.conns[c].worker == w);
+                        for c in draining.collect::<Vec<_>>() {
+                            if !self.conns[c].worker_closed {
+                                self.worker_effects(c);
+                            }
+                        }
+                    }
+                    3 => self.kill(w),
+                    _ => {
+                        let pause = Duration::from_millis(self.rng.below(15_000));
+                        self.workers[w].stalled_until = Some(self.now + pause);
+                    }
+                }
+            }
+            5..=9 => {
+                // A killed worker still in the pool comes back (a restarted process).
+                if let Some(w) = (0..self.workers.len())
+                    .find(|&w| !self.workers[w].alive && !self.workers[w].left)
+                {
+                    let fresh = SimWorker::new(&mut self.rng);
+                    self.workers[w] = fresh;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn pick(&mut self, f: impl Fn(&SimWorker) -> bool) -> usize {
+        let eligible: Vec<usize> = (0..self.workers.len())
+            .filter(|&w| f(&self.workers[w]))
+            .collect();
+        eligible[self.rng.below(eligible.len() as u64) as usize]
+    }
+
+    /// Worker `w` leaves the pool: every job drains its link to it.
+    fn leave(&mut self, w: usize) {
+        self.workers[w].left = true;
+        let now = self.at();
+        for j in 0..self.jobs.len() {
+            let l = self.jobs[j]
+                .links
+                .iter()
+                .position(|l| l.worker == w)
+                .expect("a link to every worker");
+            self.jobs[j].protocol.leave(l, now);
+            self.act(j);
+        }
+    }
+
+    /// Worker `w`'s process dies: nothing it had in flight arrives, and its clients hear
+    /// nothing more (they notice by silence).
+    fn kill(&mut self, w: usize) {
+        let worker = &mut self.workers[w];
+        worker.alive = false;
+        worker.running.clear();
+        worker.parked.clear();
+        for conn in self.conns.iter_mut().filter(|c| c.worker == w) {
+            conn.to_client.clear();
+            conn.to_worker.clear();
+            conn.worker_closed = true;
+            conn.client_closed = false;
+        }
+    }
+}
+
+impl Link {
+    fn new(worker: usize) -> Self {
+        Link {
+            worker,
+            generation: 0,
+            conn: None,
+            last_heard: Duration::ZERO,
+            next_beat: Duration::ZERO,
+            silence: SILENCE,
+            released: false,
+            retry_at: Duration::ZERO,
+        }
+    }
+}
+
+#[test]
+fn the_protocol_against_real_worker_sessions_keeps_every_jobs_plan_and_shares() {
+    let seeds = seeds(1000);
+    let mut tally = Tally::default();
+    let mut shares = Shares::default();
+    let mut jobs = 0;
+    for seed in 0..seeds {
+        let mut sim = Sim::new(seed);
+        sim.run(seed);
+        for job in &sim.jobs {
+            let report = job.counters.report(0, 0);
+            job.world
+                .check(&job.batches, &report, &format!("seed {seed}, {}", job.name));
+            tally.hedged += report.hedged;
+            tally.reassigned += report.reassigned;
+            jobs += 1;
+        }
+        let t = &sim.tally;
+        tally.joined += t.joined;
+        tally.left += t.left;
+        tally.killed += t.killed;
+        tally.stalled += t.stalled;
+        tally.drained += t.drained;
+        tally.steps += t.steps;
+        for (w, g) in sim.shares.got {
+            *shares.got.entry(w).or_default() += g;
+        }
+        for (w, p) in sim.shares.promised {
+            *shares.promised.entry(w).or_default() += p;
+        }
+    }
+    let mut weights: Vec<u32> = shares.promised.keys().copied().collect();
+    weights.sort_unstable();
+    let ratios: Vec<String> = weights
+        .iter()
+        .map(|w| {
+            let (g, p) = (
+                shares.got.get(w).copied().unwrap_or(0.0),
+                shares.promised[w],
+            );
+            format!(
+                "weight {w}: {g:.0} samples for {p:.0} promised ({:.3})",
+                g / p
+            )
+        })
+        .collect();
+    eprintln!(
+        "{seeds} seeds, {jobs} jobs, {} steps: {} workers joined, {} left, {} drained for \
+         SIGTERM, {} killed, {} stalled; {} hedged units, {} reassigned pieces; where jobs \
+         waited together, {}",
+        tally.steps,
+        tally.joined,
+        tally.left,
+        tally.drained,
+        tally.killed,
+        tally.stalled,
+        tally.hedged,
+        tally.reassigned,
+        ratios.join(", ")
+    );
+    if seeds >= 200 {
+        assert!(tally.joined > 0 && tally.left > 0 && tally.killed > 0 && tally.stalled > 0);
+        assert!(tally.drained > 0 && tally.hedged > 0 && tally.reassigned > 0);
+        for w in &weights {
+            let (g, p) = (
+                shares.got.get(w).copied().unwrap_or(0.0),
+                shares.promised[w],
+            );
+            assert!(
+                (0.9..=1.1).contains(&(g / p)),
+                "weight {w}: got {g:.0} of {p:.0} promised"
+            );
+        }
+    }
+}
