@@ -42,11 +42,13 @@ impl Cluster {
         support::shard_sample_images(dir.path(), &train.join("s-%03d.tar"), 32);
         // SLUICE_POOL_COPIES=N makes the epoch N times longer (copies of the shards under new
         // names), so the thirds' throughput is measured over seconds, not one, and the kill's
-        // detection (about 3 s) is a small part of the last (bench/cluster.sh uses 8).
+        // detection (about 3 s) is a small part of the last (bench/cluster.sh uses 8). Two by
+        // default: with one, three workers could finish the epoch's last 40% (about a second)
+        // before the test, polling their metrics, saw 60% and killed one.
         let copies: usize = std::env::var("SLUICE_POOL_COPIES")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(1);
+            .unwrap_or(2);
         let originals = support::shard_files(&train);
         for copy in 1..copies {
             for (k, shard) in originals.iter().enumerate() {
