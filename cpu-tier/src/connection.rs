@@ -21,9 +21,9 @@ use tracing::{info, warn};
 use crate::server::State;
 
 /// The worker's rules, behind the one lock its connections and units share.
-pub(crate) type Rules = Mutex<Worker<Arc<Launch>>>;
+pub(crate) type SharedWorker = Mutex<Worker<Arc<Launch>>>;
 
-pub(crate) fn lock(rules: &Rules) -> MutexGuard<'_, Worker<Arc<Launch>>> {
+pub(crate) fn lock(rules: &SharedWorker) -> MutexGuard<'_, Worker<Arc<Launch>>> {
     rules.lock().unwrap_or_else(|e| e.into_inner())
 }
 

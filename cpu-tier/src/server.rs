@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::config::CpuConfig;
-use crate::connection::{Connection, Ended, Outbound, Rules, SendError};
+use crate::connection::{Connection, Ended, Outbound, SendError, SharedWorker};
 use crate::tls::{self, Identity, TlsError};
 
 #[derive(Debug, thiserror::Error)]
@@ -139,7 +139,7 @@ pub(crate) struct State {
     pub(crate) runner: Arc<dyn UnitRunner>,
     /// The worker's rules over every connection and unit (`sluice_wire::session`), with
     /// its assignments processed at once and shared fairly by job.
-    pub(crate) rules: Rules,
+    pub(crate) rules: SharedWorker,
     connections: Arc<Semaphore>,
     pub(crate) draining: CancellationToken,
     pub(crate) limits: Limits,
