@@ -105,3 +105,38 @@ fn bench_chain_writes_a_report_and_a_picture() {
     let picture = std::fs::read_to_string(&svg).unwrap();
     assert!(picture.starts_with("<svg") && picture.contains("throughput by tier"));
 }
+
+#[test]
+fn bench_host_cost_prints_each_transports_client_cpu_beside_its_floor() {
+    let out = sluice(&[
+        "bench",
+        "host-cost",
+        "--samples",
+        "600",
+        "--side",
+        "64",
+        "--repeat",
+        "1",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A row per transport: the client's µs per sample, the floor and what its parts are.
+    for (transport, floor) in [("quic", "AES-256-GCM"), ("same-host", "copy")] {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("host-cost\t{transport}\t")))
+            .unwrap_or_else(|| panic!("no {transport} row:\n{stdout}"));
+        let cells: Vec<&str> = row.split('\t').collect();
+        let us: f64 = cells[2].trim_end_matches(" µs/sample").parse().unwrap();
+        assert!(us > 0.0, "{row}");
+        assert!(
+            cells[3].starts_with("floor ") && cells[3].contains(floor),
+            "{row}"
+        );
+        assert!(row.contains("GPUs:") && row.contains("cores"), "{row}");
+    }
+}

@@ -118,47 +118,91 @@ impl JobRunner for Synthetic {
     }
 }
 
-/// Bytes/s through the real server and `Loader`, over QUIC or the same-host socket.
-pub fn loader_once(args: &TransportProbe, runner: Arc<Synthetic>, same_host: bool) -> Result<f64> {
-    let dir = tempfile::tempdir().map_err(TestbedError::io("making a temporary folder"))?;
-    let mut config = sluice_cpu::config::CpuConfig {
-        listen: ([127, 0, 0, 1], 0).into(),
-        state_dir: dir.path().to_path_buf(),
-        threads: 1,
-        ..Default::default()
-    };
-    config.same_host = match same_host {
-        true => config.same_host_in(dir.path()),
-        false => sluice_cpu::config::SameHost {
-            enabled: false,
-            ..config.same_host.clone()
-        },
-    };
-    let udp = TestbedError::io("binding a loopback UDP port");
-    let socket = std::net::UdpSocket::bind(config.listen).map_err(udp)?;
-    let addr = socket
-        .local_addr()
-        .map_err(TestbedError::io("binding a loopback UDP port"))?;
-    let stop = tokio_util::sync::CancellationToken::new();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads((args.connections.max(1) as usize).min(cores))
-        .enable_all()
-        .build()
-        .map_err(TestbedError::io("starting a runtime"))?;
-    // The worker as its config sets it up, decoding with the synthetic runner.
-    let setup = sluice_cpu::server::Setup::with_runner(
-        config,
-        Some("bench-token".into()),
-        addr.port(),
-        runtime.handle(),
-        runner.clone(),
-    )
-    .map_err(|e| TestbedError::Setup(format!("the worker: {e}")))?;
-    if same_host && setup.same_host.is_none() {
-        return Err(TestbedError::Setup("no same-host socket".into()));
+/// A CPU-tier server serving [`Synthetic`] tensors on loopback (QUIC, and the same-host
+/// socket when asked), with its certificate (and socket) in `dir`; it stops when dropped.
+pub struct SyntheticWorker {
+    pub addr: std::net::SocketAddr,
+    stop: tokio_util::sync::CancellationToken,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl SyntheticWorker {
+    /// Starts the worker on `threads` runtime threads (one per client connection serves
+    /// best, up to the cores).
+    pub fn start(
+        runner: Arc<Synthetic>,
+        dir: &std::path::Path,
+        same_host: bool,
+        threads: u32,
+    ) -> Result<SyntheticWorker> {
+        let mut config = sluice_cpu::config::CpuConfig {
+            listen: ([127, 0, 0, 1], 0).into(),
+            state_dir: dir.to_path_buf(),
+            threads: 1,
+            ..Default::default()
+        };
+        config.same_host = match same_host {
+            true => config.same_host_in(dir),
+            false => sluice_cpu::config::SameHost {
+                enabled: false,
+                ..config.same_host.clone()
+            },
+        };
+        let udp = TestbedError::io("binding a loopback UDP port");
+        let socket = std::net::UdpSocket::bind(config.listen).map_err(udp)?;
+        let addr = socket
+            .local_addr()
+            .map_err(TestbedError::io("binding a loopback UDP port"))?;
+        let stop = tokio_util::sync::CancellationToken::new();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads((threads.max(1) as usize).min(cores))
+            .enable_all()
+            .build()
+            .map_err(TestbedError::io("starting a runtime"))?;
+        // The worker as its config sets it up, decoding with the synthetic runner.
+        let setup = sluice_cpu::server::Setup::with_runner(
+            config,
+            Some(TOKEN.into()),
+            addr.port(),
+            runtime.handle(),
+            runner,
+        )
+        .map_err(|e| TestbedError::Setup(format!("the worker: {e}")))?;
+        if same_host && setup.same_host.is_none() {
+            return Err(TestbedError::Setup("no same-host socket".into()));
+        }
+        runtime.spawn(sluice_cpu::server::run(socket, None, setup, stop.clone()));
+        Ok(SyntheticWorker {
+            addr,
+            stop,
+            runtime: Some(runtime),
+        })
     }
-    runtime.spawn(sluice_cpu::server::run(socket, None, setup, stop.clone()));
+}
+
+impl Drop for SyntheticWorker {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
+/// The cluster token the synthetic worker takes.
+pub const TOKEN: &str = "bench-token";
+
+/// Runs one epoch of `args.samples` synthetic samples from the worker at `addr` (its
+/// certificate and same-host socket in `dir`) through a client `Loader`, calling `batch`
+/// with the samples delivered so far after each batch; the samples delivered.
+pub fn consume(
+    args: &TransportProbe,
+    addr: std::net::SocketAddr,
+    dir: &std::path::Path,
+    same_host: bool,
+    mut batch: impl FnMut(u64),
+) -> Result<u64> {
     let manifest = Manifest::new(vec![ShardInfo {
         url: "synthetic://bench".into(),
         // Synthetic samples have no bytes; a size that holds the count keeps the manifest valid.
@@ -171,8 +215,8 @@ pub fn loader_once(args: &TransportProbe, runner: Arc<Synthetic>, same_host: boo
     let loader = sluice_client::Loader::builder()
         .dataset(manifest)
         .workers([addr.to_string()])
-        .token("bench-token")
-        .trust_cert(dir.path().join("cert.pem"))
+        .token(TOKEN)
+        .trust_cert(dir.join("cert.pem"))
         .pipeline(format!("decode | center_crop {}", args.side))
         // One epoch is measured: none is started behind it.
         .epochs(1)
@@ -184,18 +228,26 @@ pub fn loader_once(args: &TransportProbe, runner: Arc<Synthetic>, same_host: boo
         } else {
             sluice_client::SameHost::Off
         })
-        .same_host_dir(dir.path().to_path_buf())
+        .same_host_dir(dir.to_path_buf())
         .build()?;
-    let started = Instant::now();
     let mut n = 0u64;
-    for batch in loader.epoch(0)? {
-        n += batch?.len() as u64;
+    for b in loader.epoch(0)? {
+        n += b?.len() as u64;
+        batch(n);
     }
+    Ok(n)
+}
+
+/// Bytes/s through the real server and `Loader`, over QUIC or the same-host socket.
+pub fn loader_once(args: &TransportProbe, runner: Arc<Synthetic>, same_host: bool) -> Result<f64> {
+    let dir = tempfile::tempdir().map_err(TestbedError::io("making a temporary folder"))?;
+    let worker = SyntheticWorker::start(runner, dir.path(), same_host, args.connections)?;
+    let started = Instant::now();
+    let n = consume(args, worker.addr, dir.path(), same_host, |_| {})?;
     let secs = started.elapsed().as_secs_f64();
-    // The client goes first, so the server's shutdown is not reported as a lost worker.
-    drop(loader);
-    stop.cancel();
-    runtime.shutdown_timeout(Duration::from_secs(1));
+    // The client goes first (it is gone when `consume` returns), so the server's shutdown is
+    // not reported as a lost worker.
+    drop(worker);
     Ok(n as f64 * args.side as f64 * args.side as f64 * 3.0 / secs)
 }
 

@@ -2,7 +2,8 @@
 //! measured in this run beside its reference: the CPU engine per core against DALI (CPU, ROI
 //! decode) and a bare libjpeg-turbo decode from the anchor benchmarks (on the corpus as it is,
 //! and again with restart markers, as `sluice shard --restart-markers` writes it), QUIC against TCP and
-//! same-host against memcpy on one connection, and the whole chain (each transport) against
+//! same-host against memcpy on one connection, the client's CPU per sample on each against
+//! the floor its bytes need (`bench host-cost`), and the whole chain (each transport) against
 //! the CPU tier alone on the same cores.
 //!
 //! The anchors come from `../shared/bench/anchors/run_all.sh`: with `--anchors` it runs
@@ -123,6 +124,11 @@ pub fn run(args: AllArgs) -> Result<()> {
     };
     let t = transport::compare(&probe, 3, None)?;
 
+    // What the client costs the host per sample on each, beside the floor (the worker in a
+    // child process).
+    eprintln!("[bench] the client's host cost…");
+    let host = super::host_cost::measure(&probe, 3, None)?;
+
     // The whole chain over each transport, beside the CPU tier alone on the same cores.
     eprintln!("[bench] the chain…");
     let temp = tempfile::tempdir()?;
@@ -207,6 +213,19 @@ pub fn run(args: AllArgs) -> Result<()> {
             0.9,
         ),
     ]);
+    // The client's CPU per sample against what its bytes need (goals: 90 µs over QUIC, 30
+    // over same-host, against floors of about 55 and 20).
+    for row in &host {
+        let goal = match row.transport {
+            "quic" => 0.6,
+            _ => 0.67,
+        };
+        rows.push((
+            format!("{} floor / client CPU per sample", row.transport),
+            Some(row.floor / row.cost.micros_per_sample().max(1e-9)),
+            goal,
+        ));
+    }
     println!("| figure | now | goal |");
     println!("|---|---|---|");
     for (figure, now, goal) in &rows {
@@ -224,6 +243,15 @@ pub fn run(args: AllArgs) -> Result<()> {
         chain.get("quic").copied().unwrap_or(0.0),
         chain.get("same-host").copied().unwrap_or(0.0),
     );
+    for row in &host {
+        println!(
+            "host cost over {}: {:.1} µs of client CPU per sample, floor {:.1} ({})",
+            row.transport,
+            row.cost.micros_per_sample(),
+            row.floor,
+            row.floor_parts
+        );
+    }
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
             "rows": rows.iter().map(|(f, n, g)| serde_json::json!({"figure": f, "now": n, "goal": g})).collect::<Vec<_>>(),
@@ -232,6 +260,7 @@ pub fn run(args: AllArgs) -> Result<()> {
             "transport_bytes_per_s": {"quic": t.quic, "same_host": t.same_host, "tcp": t.tcp, "memcpy": t.memcpy},
             "cpu_alone_samples_per_s": cpu_alone,
             "chain_samples_per_s": chain,
+            "host_cost_us_per_sample": host.iter().map(|r| (r.transport, serde_json::json!({"client": r.cost.micros_per_sample(), "floor": r.floor}))).collect::<BTreeMap<_, _>>(),
             "anchors": anchor,
         });
         std::fs::write(path, serde_json::to_vec_pretty(&doc)?)

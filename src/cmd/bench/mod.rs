@@ -7,6 +7,7 @@
 
 mod all;
 mod chain;
+mod host_cost;
 mod transport;
 mod upload;
 
@@ -28,13 +29,16 @@ enum What {
     Cpu(CpuArgs),
     /// QUIC tensor throughput on loopback beside a plain TCP stream of the same frames.
     Transport(transport::TransportArgs),
+    /// Client CPU µs per delivered sample on each transport, beside the floor its bytes need.
+    HostCost(host_cost::HostCostArgs),
     /// Every tier alone and the whole chain, the bottleneck, a JSON result and an SVG timeline.
     Chain(chain::ChainArgs),
     /// Host-to-device GB/s from the page-locked ring beside a plain pinned copy (needs a GPU
     /// and the `cuda` feature).
     Upload(upload::UploadArgs),
     /// The performance table in one run: engine per core vs the anchors, QUIC vs TCP,
-    /// same-host vs memcpy, the chain vs the CPU tier alone.
+    /// same-host vs memcpy, the client's host cost vs its floor, the chain vs the CPU tier
+    /// alone.
     All(all::AllArgs),
 }
 
@@ -73,6 +77,7 @@ pub fn run(args: Args) -> Result<()> {
         What::Cpu(a) => cpu(a),
         What::Transport(a) => transport::run(a),
         What::Chain(a) => chain::run(a),
+        What::HostCost(a) => host_cost::run(a),
         What::Upload(a) => upload::run(a),
         What::All(a) => all::run(a),
     }

@@ -1,0 +1,201 @@
+//! `sluice bench host-cost`: what the client costs a GPU host, in CPU µs per delivered
+//! sample, on each transport, beside the floor its bytes need (measured in the same run), and
+//! what that comes to on an 8-GPU node (`sluice_testbed::host_cost`).
+//!
+//! The worker runs in a child process (this binary, `--serve`), serving ready-made tensors,
+//! so the figure is the client's CPU alone, as `time` on a loadgen beside a separate `sluice
+//! cpu` would measure it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+use sluice_testbed::host_cost::{self, HostCost, SyntheticWorker};
+use sluice_testbed::transport::{Synthetic, TransportProbe};
+
+#[derive(clap::Args)]
+pub struct HostCostArgs {
+    /// Samples per measurement.
+    #[arg(long, default_value_t = 8192)]
+    samples: u64,
+    /// Tensor side (side × side × 3 bytes per sample).
+    #[arg(long, default_value_t = 224)]
+    side: u32,
+    /// Credits (samples in flight) the client grants.
+    #[arg(long, default_value_t = 256)]
+    credits: u32,
+    /// QUIC connections to the worker (the loader's `connections_per_worker`).
+    #[arg(long, default_value_t = 1)]
+    connections: u32,
+    /// Repeat each measurement this many times and keep the cheapest.
+    #[arg(long, default_value_t = 3)]
+    repeat: u32,
+    /// Measure this transport alone: quic or same-host.
+    #[arg(long)]
+    only: Option<String>,
+    /// Samples a second per GPU and GPUs per node, for the cores line.
+    #[arg(long, default_value_t = 3000.0)]
+    rate: f64,
+    #[arg(long, default_value_t = 8)]
+    gpus: u32,
+    /// Serve synthetic tensors from this folder until stdin closes (the child process).
+    #[arg(long, hide = true)]
+    serve: Option<PathBuf>,
+    /// With --serve: the same-host socket too.
+    #[arg(long, hide = true)]
+    serve_same_host: bool,
+}
+
+/// One transport's figures.
+pub struct Row {
+    pub transport: &'static str,
+    pub cost: HostCost,
+    /// The floor, µs per sample.
+    pub floor: f64,
+    pub floor_parts: String,
+}
+
+pub fn run(args: HostCostArgs) -> Result<()> {
+    if let Some(dir) = &args.serve {
+        return serve(dir, args.side, args.serve_same_host, args.connections);
+    }
+    let probe = TransportProbe {
+        samples: args.samples,
+        side: args.side,
+        credits: args.credits,
+        connections: args.connections,
+    };
+    let bytes = u64::from(args.side) * u64::from(args.side) * 3;
+    println!(
+        "sluice bench host-cost: client CPU (user + sys of this process; the worker runs in \
+         another) per delivered sample, {} samples of {bytes} bytes, batch 256, {} credits, \
+         {} QUIC connection(s), cheapest of {}",
+        args.samples, args.credits, args.connections, args.repeat
+    );
+    let only = args.only.as_deref();
+    if let Some(o) = only {
+        if o != "quic" && o != "same-host" {
+            bail!("--only {o:?}: quic or same-host");
+        }
+    }
+    let rows = measure(&probe, args.repeat, only)?;
+    for row in &rows {
+        print_row(row, args.rate, args.gpus);
+    }
+    Ok(())
+}
+
+/// Each transport's cost and floor (or `only` one).
+pub fn measure(probe: &TransportProbe, repeat: u32, only: Option<&str>) -> Result<Vec<Row>> {
+    let bytes = (u64::from(probe.side) * u64::from(probe.side) * 3) as usize;
+    let floor = host_cost::floor(bytes, probe.samples, probe.credits as usize)?;
+    let mut rows = Vec::new();
+    for (transport, same_host) in [("quic", false), ("same-host", true)] {
+        if only.is_some_and(|o| o != transport) {
+            continue;
+        }
+        let mut best: Option<HostCost> = None;
+        for _ in 0..repeat.max(1) {
+            let cost = once(probe, same_host)?;
+            if best.is_none_or(|b| cost.micros_per_sample() < b.micros_per_sample()) {
+                best = Some(cost);
+            }
+        }
+        let cost = best.context("no measurement")?;
+        let (floor_us, parts) = match same_host {
+            false => (
+                floor.decrypt_us + floor.copy_us,
+                format!(
+                    "AES-256-GCM in {}-byte packets {:.1} + copy {:.1}",
+                    floor.packet, floor.decrypt_us, floor.copy_us
+                ),
+            ),
+            true => (floor.copy_us, format!("copy {:.1}", floor.copy_us)),
+        };
+        rows.push(Row {
+            transport,
+            cost,
+            floor: floor_us,
+            floor_parts: parts,
+        });
+    }
+    Ok(rows)
+}
+
+fn print_row(row: &Row, rate: f64, gpus: u32) {
+    let us = row.cost.micros_per_sample();
+    let cores = |us: f64| us * rate * f64::from(gpus) / 1e6;
+    println!(
+        "host-cost\t{}\t{us:.1} µs/sample\tfloor {:.1} µs ({})\t{:.1}x the floor\t\
+         {:.0} samples/s\tat {rate:.0}/s x {gpus} GPUs: {:.1} cores (floor {:.1})",
+        row.transport,
+        row.floor,
+        row.floor_parts,
+        us / row.floor.max(1e-9),
+        row.cost.samples_per_sec(),
+        cores(us),
+        cores(row.floor)
+    );
+}
+
+/// One epoch against a worker in a child process.
+fn once(probe: &TransportProbe, same_host: bool) -> Result<HostCost> {
+    let dir = tempfile::tempdir().context("a temporary folder")?;
+    let (mut child, addr) = spawn_worker(dir.path(), probe, same_host)?;
+    let cost = host_cost::client_cost(probe, addr, dir.path(), same_host);
+    // Closing its stdin stops the worker.
+    drop(child.stdin.take());
+    let _ = child.wait();
+    Ok(cost?)
+}
+
+/// Starts this binary as the worker (`--serve`); its address once it listens.
+fn spawn_worker(
+    dir: &Path,
+    probe: &TransportProbe,
+    same_host: bool,
+) -> Result<(Child, std::net::SocketAddr)> {
+    let exe = std::env::current_exe().context("finding this binary to start the worker")?;
+    let mut command = Command::new(exe);
+    command
+        .args(["bench", "host-cost", "--serve"])
+        .arg(dir)
+        .args([
+            "--side",
+            &probe.side.to_string(),
+            "--connections",
+            &probe.connections.to_string(),
+        ]);
+    if same_host {
+        command.arg("--serve-same-host");
+    }
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting the worker process")?;
+    let stdout = child.stdout.take().context("the worker's stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .context("reading the worker's address")?;
+    let addr = line
+        .trim()
+        .parse()
+        .with_context(|| format!("the worker said {line:?}, not its address"))?;
+    Ok((child, addr))
+}
+
+/// The child: serves until its stdin closes.
+fn serve(dir: &Path, side: u32, same_host: bool, connections: u32) -> Result<()> {
+    let (runner, _) = Synthetic::rgb(side);
+    let worker = SyntheticWorker::start(runner, dir, same_host, connections)?;
+    let mut out = std::io::stdout();
+    writeln!(out, "{}", worker.addr)?;
+    out.flush()?;
+    let mut sink = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+    drop(worker);
+    Ok(())
+}

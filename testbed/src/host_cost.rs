@@ -1,0 +1,128 @@
+//! Host-cost probes: what the client costs the trainer's host, in CPU time per delivered
+//! sample, on each transport, beside the floor of what its bytes need, measured in the same
+//! run.
+//!
+//! The worker runs in another process ([`SyntheticWorker`] serving ready-made tensors; the
+//! caller starts it, `sluice bench host-cost` runs itself for it), so this process's CPU
+//! time (user + sys, `getrusage`) is the client's alone: its runtime, the transport, the
+//! ledger, the reorder area and the batches. It is counted from the loader's start to the
+//! epoch's last batch: connecting and the TLS handshake are in it (a few milliseconds of the
+//! seconds an 8,192-sample epoch takes), the loader's shutdown is not.
+//!
+//! The floors, per sample of the same bytes on one thread: over QUIC, AES-256-GCM over the
+//! tensor in datagram-sized packets (the suite two rustls peers on aws-lc agree on; sealing
+//! stands in for opening, which costs the same) plus one copy into a batch; over same-host,
+//! the copy alone (the client copies each tensor once, from its slot into the batch).
+
+use std::path::Path;
+use std::time::Instant;
+
+use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+
+use crate::error::{Result, TestbedError};
+pub use crate::transport::SyntheticWorker;
+use crate::transport::{consume, TransportProbe};
+
+/// What the client spent on the samples after its first batch.
+#[derive(Clone, Copy, Debug)]
+pub struct HostCost {
+    pub samples: u64,
+    /// User + system CPU seconds of this process.
+    pub cpu_secs: f64,
+    pub wall_secs: f64,
+}
+
+impl HostCost {
+    pub fn micros_per_sample(&self) -> f64 {
+        self.cpu_secs * 1e6 / self.samples.max(1) as f64
+    }
+
+    pub fn samples_per_sec(&self) -> f64 {
+        self.samples as f64 / self.wall_secs.max(1e-9)
+    }
+}
+
+/// User + system CPU seconds this process has used.
+pub fn process_cpu_secs() -> f64 {
+    // SAFETY: getrusage writes the struct it is given, which lives on this stack.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF is always valid.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
+/// Runs one epoch from the worker at `addr` (its certificate and socket in `dir`) and
+/// measures this process's CPU until the last batch is delivered.
+pub fn client_cost(
+    args: &TransportProbe,
+    addr: std::net::SocketAddr,
+    dir: &Path,
+    same_host: bool,
+) -> Result<HostCost> {
+    let (cpu0, t0) = (process_cpu_secs(), Instant::now());
+    let mut last = (0u64, cpu0, t0);
+    consume(args, addr, dir, same_host, |n| {
+        last = (n, process_cpu_secs(), Instant::now());
+    })?;
+    let (n, cpu1, t1) = last;
+    if n == 0 {
+        return Err(TestbedError::Setup("the epoch delivered no batch".into()));
+    }
+    Ok(HostCost {
+        samples: n,
+        cpu_secs: cpu1 - cpu0,
+        wall_secs: (t1 - t0).as_secs_f64(),
+    })
+}
+
+/// What a sample's bytes need at least, in µs of one thread.
+#[derive(Clone, Copy, Debug)]
+pub struct Floor {
+    /// AES-256-GCM over the tensor in `packet`-byte packets.
+    pub decrypt_us: f64,
+    /// One copy of the tensor into a batch buffer.
+    pub copy_us: f64,
+    pub packet: usize,
+}
+
+/// The floors for `samples` tensors of `bytes`, copied from a pool of `pool` tensors (as
+/// many as the client's credits) so that they come from memory, not cache.
+pub fn floor(bytes: usize, samples: u64, pool: usize) -> Result<Floor> {
+    let packet = usize::from(sluice_wire::quic::MAX_UDP_PAYLOAD) - 64;
+    let key = UnboundKey::new(&AES_256_GCM, &[7u8; 32])
+        .map_err(|e| TestbedError::Setup(format!("AES-256-GCM key: {e}")))?;
+    let key = LessSafeKey::new(key);
+    let pool = pool.max(1);
+    let mut tensors = vec![0x5au8; bytes * pool];
+    let started = Instant::now();
+    let mut nonce = 0u64;
+    for i in 0..samples as usize {
+        let tensor = &mut tensors[(i % pool) * bytes..][..bytes];
+        for chunk in tensor.chunks_mut(packet) {
+            nonce += 1;
+            let mut n = [0u8; 12];
+            n[4..].copy_from_slice(&nonce.to_be_bytes());
+            let tag = key
+                .seal_in_place_separate_tag(Nonce::assume_unique_for_key(n), Aad::empty(), chunk)
+                .map_err(|e| TestbedError::Setup(format!("AES-256-GCM: {e}")))?;
+            let _ = std::hint::black_box(tag);
+        }
+    }
+    let decrypt_us = started.elapsed().as_secs_f64() * 1e6 / samples.max(1) as f64;
+    let mut batch = vec![0u8; bytes * 256];
+    let started = Instant::now();
+    for i in 0..samples as usize {
+        let dst = (i % 256) * bytes;
+        batch[dst..dst + bytes].copy_from_slice(&tensors[(i % pool) * bytes..][..bytes]);
+    }
+    let copy_us = started.elapsed().as_secs_f64() * 1e6 / samples.max(1) as f64;
+    std::hint::black_box(&batch);
+    Ok(Floor {
+        decrypt_us,
+        copy_us,
+        packet,
+    })
+}
