@@ -359,7 +359,7 @@ impl RemoteLink {
         events: &mpsc::Sender<Event>,
     ) -> Ended
     where
-        R: AsyncRead + Unpin + Send + 'static,
+        R: TensorRead + Send + 'static,
         W: AsyncWrite + Unpin + Send,
     {
         let worker = &self.name;
@@ -608,7 +608,56 @@ struct ReadTo {
     end: mpsc::Sender<Ended>,
 }
 
-async fn read_frames<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, to: ReadTo) {
+/// How a transport's stream hands over a sample's tensor.
+trait TensorRead: AsyncRead + Unpin + Sized {
+    /// The next `len` bytes of the frame's payload, as the sample's tensor.
+    fn tensor<'a>(
+        reader: &'a mut FrameReader<Self>,
+        len: usize,
+        buffers: &'a Arc<BufferPool>,
+    ) -> impl std::future::Future<Output = Result<Payload, IoError>> + Send + 'a;
+}
+
+/// QUIC: the stream's own chunks (its decrypted packets), not copied into a buffer first;
+/// the coordinator copies them once, into the batch.
+impl TensorRead for quinn::RecvStream {
+    async fn tensor(
+        reader: &mut FrameReader<Self>,
+        len: usize,
+        _buffers: &Arc<BufferPool>,
+    ) -> Result<Payload, IoError> {
+        let stream = reader.take_payload(len as u64)?;
+        let mut chunks = Vec::with_capacity(len / 1200 + 1);
+        let mut left = len;
+        while left > 0 {
+            match stream.read_chunk(left, true).await {
+                Ok(Some(chunk)) => {
+                    left -= chunk.bytes.len().min(left);
+                    chunks.push(chunk.bytes);
+                }
+                Ok(None) => return Err(IoError::Truncated),
+                Err(e) => return Err(IoError::Io(e.into())),
+            }
+        }
+        Ok(Payload::Chunks(chunks))
+    }
+}
+
+/// The same-host socket carries tensors in slots; one in a frame (a protocol error the
+/// reader reports before asking) would be read into a reused buffer.
+impl TensorRead for tokio::net::unix::OwnedReadHalf {
+    async fn tensor(
+        reader: &mut FrameReader<Self>,
+        len: usize,
+        buffers: &Arc<BufferPool>,
+    ) -> Result<Payload, IoError> {
+        let mut payload = crate::buffers::take(buffers, len);
+        reader.payload_part_into(&mut payload).await?;
+        Ok(Payload::Bytes(payload))
+    }
+}
+
+async fn read_frames<R: TensorRead>(mut reader: FrameReader<R>, to: ReadTo) {
     let ReadTo {
         heard,
         link,
@@ -679,14 +728,14 @@ async fn read_frames<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, to: ReadT
                     }
                     continue;
                 }
-                // Bounded by the frame limits before these allocations: the tensor into a
-                // reused buffer, the fields (if any) into their own.
+                // Bounded by the frame limits before these allocations: the tensor as the
+                // transport hands it over, the fields (if any) into their own buffer.
                 let tensor_bytes = header.tensor_bytes as usize;
-                let mut payload = crate::buffers::take(&buffers, tensor_bytes);
-                if let Err(e) = reader.payload_part_into(&mut payload).await {
-                    break Ended::Lost(e.to_string());
-                }
-                match sample(link, &mut reader, header, Payload::Bytes(payload)).await {
+                let payload = match R::tensor(&mut reader, tensor_bytes, &buffers).await {
+                    Ok(p) => p,
+                    Err(e) => break Ended::Lost(e.to_string()),
+                };
+                match sample(link, &mut reader, header, payload).await {
                     Ok(event) => event,
                     Err(e) => break e,
                 }

@@ -182,8 +182,11 @@ impl Drop for SlotRef {
 
 /// Where a sample's tensor is.
 pub(crate) enum Payload {
-    /// Read from a frame (QUIC) or handed over in process: the tensor, then the fields.
+    /// Handed over in process: the tensor, then the fields.
     Bytes(TensorBuf),
+    /// Read off a QUIC stream: the tensor as the stream's own chunks (its decrypted packets,
+    /// not copied again before the batch).
+    Chunks(Vec<bytes::Bytes>),
     /// In a same-host slot.
     Slot(SlotRef),
 }
@@ -198,6 +201,8 @@ impl Payload {
                 b.truncate(tensor_bytes);
                 Payload::Bytes(b)
             }
+            // The chunks hold the tensor alone, in their own buffers.
+            Payload::Chunks(c) => Payload::Chunks(c),
             Payload::Slot(ref s) => {
                 let mut b = crate::buffers::take(&s.pool.buffers, tensor_bytes);
                 self.copy_tensor(&mut b);
@@ -210,6 +215,14 @@ impl Payload {
     pub(crate) fn copy_tensor(&self, dst: &mut [u8]) {
         match self {
             Payload::Bytes(b) => dst.copy_from_slice(&b[..dst.len()]),
+            Payload::Chunks(chunks) => {
+                let mut at = 0;
+                for c in chunks {
+                    let n = c.len().min(dst.len() - at);
+                    dst[at..at + n].copy_from_slice(&c[..n]);
+                    at += n;
+                }
+            }
             Payload::Slot(s) => {
                 // Bounded by the slot size, which the link checked against the shape.
                 if let Err(e) = s.pool.segment.read(s.slot, dst) {
@@ -267,6 +280,23 @@ mod tests {
             1,
             "the copy's buffer goes back to the loader"
         );
+    }
+
+    #[test]
+    fn a_tensor_in_a_streams_chunks_is_copied_whole_and_waits_as_it_is() {
+        let chunks = vec![
+            bytes::Bytes::from_static(&[1, 2, 3]),
+            bytes::Bytes::from_static(&[4]),
+            bytes::Bytes::from_static(&[5, 6]),
+        ];
+        let waiting = Payload::Chunks(chunks).detach(6);
+        assert!(
+            matches!(&waiting, Payload::Chunks(c) if c.len() == 3),
+            "not copied"
+        );
+        let mut dst = [0u8; 6];
+        waiting.copy_tensor(&mut dst);
+        assert_eq!(dst, [1, 2, 3, 4, 5, 6]);
     }
 
     #[test]

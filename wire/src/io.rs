@@ -114,6 +114,19 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.pending_payload
     }
 
+    /// The stream, for the caller to read the next `len` bytes of the frame's payload from
+    /// it directly (a transport's own zero-copy read); they count as read.
+    pub fn take_payload(&mut self, len: u64) -> Result<&mut R, IoError> {
+        if len > self.pending_payload {
+            return Err(IoError::PayloadSize {
+                announced: self.pending_payload,
+                requested: len,
+            });
+        }
+        self.pending_payload -= len;
+        Ok(&mut self.inner)
+    }
+
     pub fn get_ref(&self) -> &R {
         &self.inner
     }
