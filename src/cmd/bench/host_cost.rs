@@ -16,18 +16,8 @@ use sluice_testbed::transport::{Synthetic, TransportProbe};
 
 #[derive(clap::Args)]
 pub struct HostCostArgs {
-    /// Samples per measurement.
-    #[arg(long, default_value_t = 8192)]
-    samples: u64,
-    /// Tensor side (side × side × 3 bytes per sample).
-    #[arg(long, default_value_t = 224)]
-    side: u32,
-    /// Credits (samples in flight) the client grants.
-    #[arg(long, default_value_t = 256)]
-    credits: u32,
-    /// QUIC connections to the worker (the loader's `connections_per_worker`).
-    #[arg(long, default_value_t = 1)]
-    connections: u32,
+    #[command(flatten)]
+    probe: super::transport::ProbeArgs,
     /// Repeat each measurement this many times and keep the cheapest.
     #[arg(long, default_value_t = 3)]
     repeat: u32,
@@ -57,21 +47,16 @@ pub struct Row {
 }
 
 pub fn run(args: HostCostArgs) -> Result<()> {
+    let probe = args.probe.probe();
     if let Some(dir) = &args.serve {
-        return serve(dir, args.side, args.serve_same_host, args.connections);
+        return serve(dir, probe.side, args.serve_same_host, probe.connections);
     }
-    let probe = TransportProbe {
-        samples: args.samples,
-        side: args.side,
-        credits: args.credits,
-        connections: args.connections,
-    };
-    let bytes = u64::from(args.side) * u64::from(args.side) * 3;
+    let bytes = u64::from(probe.side) * u64::from(probe.side) * 3;
     println!(
         "sluice bench host-cost: client CPU (user + sys of this process; the worker runs in \
          another) per delivered sample, {} samples of {bytes} bytes, batch 256, {} credits, \
          {} QUIC connection(s), cheapest of {}",
-        args.samples, args.credits, args.connections, args.repeat
+        probe.samples, probe.credits, probe.connections, args.repeat
     );
     let only = args.only.as_deref();
     if let Some(o) = only {

@@ -13,20 +13,38 @@
 use anyhow::Result;
 use sluice_testbed::transport::{compare, TransportPath, TransportProbe};
 
+/// What a transport probe sends (shared with `bench host-cost`).
 #[derive(clap::Args)]
-pub struct TransportArgs {
+pub struct ProbeArgs {
     /// Samples to send each way.
     #[arg(long, default_value_t = 8192)]
-    samples: u64,
+    pub samples: u64,
     /// Tensor side (side × side × 3 bytes per sample).
     #[arg(long, default_value_t = 224)]
-    side: u32,
+    pub side: u32,
     /// Credits (samples in flight) the client grants.
     #[arg(long, default_value_t = 256)]
-    credits: u32,
+    pub credits: u32,
     /// QUIC connections to the worker (the loader's `connections_per_worker`).
     #[arg(long, default_value_t = 1)]
-    connections: u32,
+    pub connections: u32,
+}
+
+impl ProbeArgs {
+    pub fn probe(&self) -> TransportProbe {
+        TransportProbe {
+            samples: self.samples,
+            side: self.side,
+            credits: self.credits,
+            connections: self.connections,
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct TransportArgs {
+    #[command(flatten)]
+    probe: ProbeArgs,
     /// Repeat each measurement this many times and keep the best.
     #[arg(long, default_value_t = 3)]
     repeat: u32,
@@ -37,17 +55,12 @@ pub struct TransportArgs {
 }
 
 pub fn run(args: TransportArgs) -> Result<()> {
-    let probe = TransportProbe {
-        samples: args.samples,
-        side: args.side,
-        credits: args.credits,
-        connections: args.connections,
-    };
+    let probe = args.probe.probe();
     println!(
         "sluice bench transport: {} samples of {} bytes, {} QUIC connection(s), loopback, best of {}",
-        args.samples,
-        u64::from(args.side) * u64::from(args.side) * 3,
-        args.connections,
+        probe.samples,
+        u64::from(probe.side) * u64::from(probe.side) * 3,
+        probe.connections,
         args.repeat
     );
     let f = compare(&probe, args.repeat, args.only)?;
