@@ -107,23 +107,43 @@ pub(crate) struct Member {
     pub addr: SocketAddr,
 }
 
-/// The workers `name` resolves to now (IPv4; the client's QUIC endpoint is IPv4), each with
-/// its label: the name itself, or `name (address)` when it gives several. Blocks on DNS.
+/// Whether this machine speaks IPv6 (a UDP socket binds to `[::]`): the client's QUIC
+/// endpoint is then dual-stack, and workers may be IPv6 addresses. Checked once.
+pub(crate) fn ipv6() -> bool {
+    static IPV6: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *IPV6.get_or_init(|| std::net::UdpSocket::bind(SocketAddr::from(([0u16; 8], 0))).is_ok())
+}
+
+/// Of a name's addresses, the workers: its IPv4 ones if it has any, else its IPv6 ones (where
+/// this machine speaks IPv6). A dual-stack pod has one record of each for the same worker;
+/// counting both would put it in the pool twice.
+fn one_family(mut addrs: Vec<SocketAddr>, ipv6: bool) -> Vec<SocketAddr> {
+    let v4 = addrs.iter().any(SocketAddr::is_ipv4);
+    addrs.retain(|a| a.is_ipv4() == v4 && (v4 || ipv6));
+    addrs.sort();
+    addrs.dedup();
+    addrs
+}
+
+/// The workers `name` resolves to now (each A record, or each AAAA record of a name with
+/// none), each with its label: the name itself, or `name (address)` when it gives several.
+/// Blocks on DNS.
 pub(crate) fn resolve(name: &str) -> Result<Vec<Member>, ClientError> {
     use std::net::ToSocketAddrs;
     let failed = |detail: String| ClientError::Resolve {
         worker: name.to_string(),
         detail,
     };
-    let mut addrs: Vec<SocketAddr> = name
+    let all: Vec<SocketAddr> = name
         .to_socket_addrs()
         .map_err(|e| failed(e.to_string()))?
-        .filter(SocketAddr::is_ipv4)
         .collect();
-    addrs.sort();
-    addrs.dedup();
+    let addrs = one_family(all, ipv6());
     if addrs.is_empty() {
-        return Err(failed("resolves to no IPv4 address".into()));
+        return Err(failed(
+            "resolves to no address this machine can reach (IPv6 only, and IPv6 is off here)"
+                .into(),
+        ));
     }
     let many = addrs.len() > 1;
     Ok(addrs
@@ -434,6 +454,31 @@ mod tests {
         let file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(file.path(), text).unwrap();
         read_workers_file(file.path())
+    }
+
+    #[test]
+    fn a_name_gives_its_ipv4_workers_or_else_its_ipv6_ones() {
+        let addrs = |list: &[&str]| -> Vec<SocketAddr> {
+            list.iter().map(|a| a.parse().unwrap()).collect()
+        };
+        // A dual-stack pod is one worker: its A record.
+        let dual = addrs(&[
+            "[fd00::2]:7100",
+            "10.0.0.2:7100",
+            "10.0.0.1:7100",
+            "[fd00::1]:7100",
+        ]);
+        assert_eq!(
+            one_family(dual, true),
+            addrs(&["10.0.0.1:7100", "10.0.0.2:7100"])
+        );
+        // An IPv6-only Service: its AAAA records, where this machine speaks IPv6.
+        let v6 = addrs(&["[fd00::2]:7100", "[fd00::1]:7100", "[fd00::1]:7100"]);
+        assert_eq!(
+            one_family(v6.clone(), true),
+            addrs(&["[fd00::1]:7100", "[fd00::2]:7100"])
+        );
+        assert!(one_family(v6, false).is_empty());
     }
 
     #[test]

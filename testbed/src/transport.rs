@@ -135,8 +135,20 @@ impl SyntheticWorker {
         same_host: bool,
         threads: u32,
     ) -> Result<SyntheticWorker> {
+        let loopback = ([127, 0, 0, 1], 0).into();
+        SyntheticWorker::start_on(loopback, runner, dir, same_host, threads)
+    }
+
+    /// [`SyntheticWorker::start`] listening on `listen` (an IPv6 loopback, say).
+    pub fn start_on(
+        listen: std::net::SocketAddr,
+        runner: Arc<Synthetic>,
+        dir: &std::path::Path,
+        same_host: bool,
+        threads: u32,
+    ) -> Result<SyntheticWorker> {
         let mut config = sluice_cpu::config::CpuConfig {
-            listen: ([127, 0, 0, 1], 0).into(),
+            listen,
             state_dir: dir.to_path_buf(),
             threads: 1,
             ..Default::default()

@@ -392,8 +392,13 @@ fn quic_endpoint(runtime: &tokio::runtime::Runtime) -> Result<quinn::Endpoint, C
     let failed = |what: &str, e: &dyn std::fmt::Display| {
         ClientError::Runtime(format!("QUIC endpoint: {what}: {e}"))
     };
-    let socket = std::net::UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))
-        .map_err(|e| failed("bind 0.0.0.0:0", &e))?;
+    // Dual-stack where the machine has IPv6 (workers may be A or AAAA records), else IPv4.
+    let socket = match crate::membership::ipv6() {
+        true => std::net::UdpSocket::bind(SocketAddr::from(([0u16; 8], 0)))
+            .map_err(|e| failed("bind [::]:0", &e))?,
+        false => std::net::UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))
+            .map_err(|e| failed("bind 0.0.0.0:0", &e))?,
+    };
     if let Some(why) = sluice_wire::quic::grow_buffer(&socket, sluice_wire::quic::Buffer::Receive) {
         tracing::debug!("{why}");
     }
