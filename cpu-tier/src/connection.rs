@@ -396,8 +396,9 @@ impl Connection {
             while let Some(effect) = w.poll_effect(self.conn) {
                 match effect {
                     Effect::Send(m) => {
-                        if let Message::Welcome(_) = &m {
-                            info!(client = %self.client, transport = ?self.transport, "client connected");
+                        // (A same-host client is logged once its segment is attached.)
+                        if matches!(m, Message::Welcome(_)) && self.transport == Transport::Frames {
+                            info!(client = %self.client, "client connected");
                         }
                         send.push(m);
                     }

@@ -258,11 +258,16 @@ impl Default for LoaderConfig {
 }
 
 impl LoaderConfig {
-    /// The job's name on the workers (see [`LoaderConfig::job_name`]).
+    /// The job's name on the workers (see [`LoaderConfig::job_name`]). The default,
+    /// `dataset@client`, keeps its last 128 characters (what a worker accepts): a long
+    /// manifest path must not make every worker refuse a job its user never named.
     pub fn job_name(&self) -> String {
-        self.job_name
-            .clone()
-            .unwrap_or_else(|| format!("{}@{}", self.dataset_name, self.client_name))
+        self.job_name.clone().unwrap_or_else(|| {
+            let name = format!("{}@{}", self.dataset_name, self.client_name);
+            let name: String = name.chars().filter(|c| !c.is_control()).collect();
+            let skip = name.chars().count().saturating_sub(128);
+            name.chars().skip(skip).collect()
+        })
     }
 
     /// Workers are `sluice cpu` daemons (a list, a workers file or both), not this process.
@@ -538,6 +543,28 @@ mod label_text {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_default_job_name_fits_what_a_worker_accepts() {
+        let long = format!(
+            "http://storage:7000/v1/{}/manifest.json",
+            "deep/".repeat(40)
+        );
+        let config = LoaderConfig {
+            dataset_name: long,
+            client_name: "gpu-7".into(),
+            ..LoaderConfig::default()
+        };
+        let name = config.job_name();
+        assert_eq!(name.chars().count(), 128);
+        assert!(name.ends_with("manifest.json@gpu-7"), "{name}");
+        let short = LoaderConfig {
+            dataset_name: "train".into(),
+            client_name: "gpu-7".into(),
+            ..LoaderConfig::default()
+        };
+        assert_eq!(short.job_name(), "train@gpu-7");
+    }
 
     #[test]
     fn a_config_round_trips_through_the_text_python_passes() {
