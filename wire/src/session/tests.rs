@@ -354,3 +354,79 @@ fn connections_share_the_slots_by_their_jobs_weights() {
     let share = f64::from(got[0]) / f64::from(got[0] + got[1]);
     assert!((0.73..=0.77).contains(&share), "weight 3 of 4: {share}");
 }
+
+/// A runner that panics on its second sample.
+struct Panicking;
+
+impl crate::runner::JobRunner for Panicking {
+    fn shape(&self) -> SampleShape {
+        SHAPE
+    }
+
+    fn run(
+        &self,
+        a: &Assign,
+        emit: &mut dyn FnMut(crate::runner::Output) -> bool,
+    ) -> Result<crate::runner::Finished, crate::runner::RunnerError> {
+        let header = crate::message::SampleHeader {
+            job: a.job,
+            unit: a.unit,
+            attempt: a.attempt,
+            shard: 0,
+            index: a.start,
+            key: "k".into(),
+            label: None,
+            tensor_bytes: 1,
+            fields: Vec::new(),
+            geometry: Default::default(),
+        };
+        emit(crate::runner::Output::Sample(header, vec![0]));
+        panic!("a decoder bug");
+    }
+}
+
+#[test]
+fn a_unit_whose_runner_panics_fails_and_gives_its_slot_back() {
+    let (w, a, now) = one_job();
+    let w = std::sync::Mutex::new(w);
+    send(
+        &mut w.lock().unwrap(),
+        a,
+        Message::Credit { job: 1, samples: 5 },
+        now,
+    );
+    send(
+        &mut w.lock().unwrap(),
+        a,
+        Message::Assign(assign(1, 10)),
+        now,
+    );
+    assert!(matches!(
+        w.lock().unwrap().take_wakes()[..],
+        [Wake::Start(10)]
+    ));
+    let parker = Parker::new();
+    let thread = UnitThread {
+        worker: &w,
+        id: UnitId(1),
+        parker: &parker,
+        runner: &Panicking,
+        assign: &assign(1, 10),
+    };
+    let end = thread.run(|_| true, |_| {}, |_, _| {});
+    match end {
+        Some(Message::UnitFailed(f)) => assert!(f.error.contains("a decoder bug"), "{f:?}"),
+        other => panic!("{other:?}"),
+    }
+    // The slot is free: another unit starts at once.
+    send(
+        &mut w.lock().unwrap(),
+        a,
+        Message::Assign(assign(1, 11)),
+        now,
+    );
+    assert!(matches!(
+        w.lock().unwrap().take_wakes()[..],
+        [Wake::Start(11)]
+    ));
+}

@@ -6,8 +6,8 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::{Gate, UnitId, Waiting, Wake, Worker};
-use crate::message::{Assign, Message};
-use crate::runner::{drive_unit, Output};
+use crate::message::{Assign, Message, UnitFailed};
+use crate::runner::{drive_unit, Output, UnitEnd};
 
 /// Where a unit's thread waits for its [`Wake::Resume`] or [`Wake::Stop`]. A wake that comes
 /// before the wait is kept, so none is lost; a spurious one only makes the unit ask again.
@@ -99,7 +99,22 @@ impl<L: Clone> UnitThread<'_, L> {
                 }
             }
         };
-        let end = drive_unit(runner, assign, take_credit, forward);
+        // A runner that panics fails its unit, not the worker: the slot it holds goes back and
+        // the client moves the unit elsewhere.
+        let run = std::panic::AssertUnwindSafe(|| drive_unit(runner, assign, take_credit, forward));
+        let end = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            UnitEnd::Failed(UnitFailed {
+                job: assign.job,
+                unit: assign.unit,
+                attempt: assign.attempt,
+                error: format!("the worker's decoder panicked on this unit: {why}"),
+            })
+        });
         let (frame, wakes) = {
             let mut w = lock(worker);
             (w.unit_ended(id, end), w.take_wakes())
