@@ -1,14 +1,17 @@
 //! The wire protocol between GPU clients and CPU workers: versioned message headers
 //! ([`message`]), a sans-IO length-prefixed frame codec ([`codec`]), the worker's job interface
 //! shared by the daemon and the in-process mode ([`runner`]), the tensor buffers both ends
-//! reuse ([`buffers`]), the worker's rules as a state machine ([`session`]), the QUIC datagram and socket-buffer sizes both ends use ([`quic`];
+//! reuse ([`buffers`]), the worker's rules as a state machine ([`session`]), the QUIC
+//! datagram and socket-buffer sizes both ends use ([`quic`];
 //! behind `udp`, the call that grows a socket's buffer), and, behind the `io` feature, a
 //! thin async shell over any byte stream ([`io`]); behind `shm`, the same-host transport's
 //! shared-memory segments and descriptor passing ([`shm`]).
 //!
 //! Pure by design: no sockets, runtime, clock or metrics outside the optional features
 //! (`io`: tokio's IO traits only; `shm` and `udp`: system calls on descriptors the caller
-//! owns). bincode serializes the small headers and nothing else; it stays
+//! owns). The one exception is `session::UnitThread`, the blocking loop a unit's thread
+//! runs: it waits on a condition variable and times its own waits for the shell's metrics;
+//! `session::Worker` itself takes the time as an argument. bincode serializes the small headers and nothing else; it stays
 //! behind [`codec`] so it can be swapped without touching the tiers.
 
 pub mod buffers;
