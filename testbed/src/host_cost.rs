@@ -5,9 +5,11 @@
 //! The worker runs in another process ([`SyntheticWorker`] serving ready-made tensors; the
 //! caller starts it, `sluice bench host-cost` runs itself for it), so this process's CPU
 //! time (user + sys, `getrusage`) is the client's alone: its runtime, the transport, the
-//! ledger, the reorder area and the batches. It is counted from the loader's start to the
-//! epoch's last batch: connecting and the TLS handshake are in it (a few milliseconds of the
-//! seconds an 8,192-sample epoch takes), the loader's shutdown is not.
+//! ledger, the reorder area and the batches. It is counted over the epochs after the first
+//! two (which warm up the buffers and same-host segments a loader keeps across epochs), from
+//! the second epoch's last batch to the last epoch's: each epoch's connecting and TLS
+//! handshake are in it (a few milliseconds of the seconds an 8,192-sample epoch takes), the
+//! loader's shutdown is not.
 //!
 //! The floors, per sample of the same bytes on one thread: over QUIC, AES-256-GCM over the
 //! tensor in datagram-sized packets (the suite two rustls peers on aws-lc agree on; sealing
@@ -21,7 +23,7 @@ use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 
 use crate::error::{Result, TestbedError};
 pub use crate::transport::SyntheticWorker;
-use crate::transport::{consume, TransportProbe};
+use crate::transport::{consume_epochs, TransportProbe};
 
 /// What the client spent on the samples after its first batch.
 #[derive(Clone, Copy, Debug)]
@@ -54,27 +56,43 @@ pub fn process_cpu_secs() -> f64 {
     secs(usage.ru_utime) + secs(usage.ru_stime)
 }
 
-/// Runs one epoch from the worker at `addr` (its certificate and socket in `dir`) and
-/// measures this process's CPU until the last batch is delivered.
+/// Runs `epochs` epochs of one loader from the worker at `addr` (its certificate and socket
+/// in `dir`) and measures this process's CPU over the epochs after the first two (one, of
+/// two; none, of one), until the last batch is delivered: those warm up what a loader keeps
+/// across epochs (its tensor buffers, its same-host segments), as the first minutes of a
+/// training run do. With one epoch, that epoch is measured from the loader's start.
 pub fn client_cost(
     args: &TransportProbe,
     addr: std::net::SocketAddr,
     dir: &Path,
     same_host: bool,
+    epochs: u64,
 ) -> Result<HostCost> {
-    let (cpu0, t0) = (process_cpu_secs(), Instant::now());
-    let mut last = (0u64, cpu0, t0);
-    consume(args, addr, dir, same_host, |n| {
-        last = (n, process_cpu_secs(), Instant::now());
+    let epochs = epochs.max(1);
+    // Two epochs warm up when there are more: the second starts while the first runs, so it
+    // makes its own buffers and segments, which every later epoch finds.
+    let warmup = (epochs as usize - 1).min(2);
+    let mut start = (process_cpu_secs(), Instant::now());
+    let mut end = start;
+    let mut delivered = vec![0u64; epochs as usize];
+    consume_epochs(args, addr, dir, same_host, epochs, |epoch, n| {
+        let now = (process_cpu_secs(), Instant::now());
+        if (epoch as usize) < warmup {
+            start = now;
+        }
+        if let Some(d) = delivered.get_mut(epoch as usize) {
+            *d = n;
+        }
+        end = now;
     })?;
-    let (n, cpu1, t1) = last;
-    if n == 0 {
-        return Err(TestbedError::Setup("the epoch delivered no batch".into()));
+    let samples: u64 = delivered[warmup..].iter().sum();
+    if samples == 0 {
+        return Err(TestbedError::Setup("the epochs delivered no batch".into()));
     }
     Ok(HostCost {
-        samples: n,
-        cpu_secs: cpu1 - cpu0,
-        wall_secs: (t1 - t0).as_secs_f64(),
+        samples,
+        cpu_secs: end.0 - start.0,
+        wall_secs: (end.1 - start.1).as_secs_f64(),
     })
 }
 

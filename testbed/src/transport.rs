@@ -215,6 +215,19 @@ pub fn consume(
     same_host: bool,
     mut batch: impl FnMut(u64),
 ) -> Result<u64> {
+    consume_epochs(args, addr, dir, same_host, 1, |_, n| batch(n))
+}
+
+/// [`consume`] for `epochs` epochs of one loader (the next started early behind each, as in
+/// training), calling `batch` with the epoch and the samples it delivered so far.
+pub fn consume_epochs(
+    args: &TransportProbe,
+    addr: std::net::SocketAddr,
+    dir: &std::path::Path,
+    same_host: bool,
+    epochs: u64,
+    mut batch: impl FnMut(u64, u64),
+) -> Result<u64> {
     let manifest = Manifest::new(vec![ShardInfo {
         url: "synthetic://bench".into(),
         // Synthetic samples have no bytes; a size that holds the count keeps the manifest valid.
@@ -230,8 +243,8 @@ pub fn consume(
         .token(TOKEN)
         .trust_cert(dir.join("cert.pem"))
         .pipeline(format!("decode | center_crop {}", args.side))
-        // One epoch is measured: none is started behind it.
-        .epochs(1)
+        // No epoch is started behind the last one measured.
+        .epochs(epochs.max(1))
         .batch_size(256)
         .credits_per_worker(args.credits)
         .connections_per_worker(args.connections.max(1))
@@ -242,12 +255,16 @@ pub fn consume(
         })
         .same_host_dir(dir.to_path_buf())
         .build()?;
-    let mut n = 0u64;
-    for b in loader.epoch(0)? {
-        n += b?.len() as u64;
-        batch(n);
+    let mut total = 0u64;
+    for epoch in 0..epochs.max(1) {
+        let mut n = 0u64;
+        for b in loader.epoch(epoch)? {
+            n += b?.len() as u64;
+            batch(epoch, n);
+        }
+        total += n;
     }
-    Ok(n)
+    Ok(total)
 }
 
 /// Bytes/s through the real server and `Loader`, over QUIC or the same-host socket.

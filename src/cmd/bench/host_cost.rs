@@ -21,6 +21,11 @@ pub struct HostCostArgs {
     /// Repeat each measurement this many times and keep the cheapest.
     #[arg(long, default_value_t = 3)]
     repeat: u32,
+    /// Epochs of one loader per measurement: the first two warm up what a loader keeps
+    /// across epochs (buffers, same-host segments) and the rest are measured; 1 measures one
+    /// epoch from the loader's start.
+    #[arg(long, default_value_t = 4)]
+    epochs: u64,
     /// Measure this transport alone: quic or same-host.
     #[arg(long)]
     only: Option<String>,
@@ -47,6 +52,8 @@ pub struct Row {
 }
 
 pub fn run(args: HostCostArgs) -> Result<()> {
+    // Warnings (a worker lost mid-measurement) show; RUST_LOG says more.
+    crate::daemon::init_logs_at("warn");
     let probe = args.probe.probe();
     if let Some(dir) = &args.serve {
         return serve(dir, probe.side, args.serve_same_host, probe.connections);
@@ -54,9 +61,17 @@ pub fn run(args: HostCostArgs) -> Result<()> {
     let bytes = u64::from(probe.side) * u64::from(probe.side) * 3;
     println!(
         "sluice bench host-cost: client CPU (user + sys of this process; the worker runs in \
-         another) per delivered sample, {} samples of {bytes} bytes, batch 256, {} credits, \
-         {} QUIC connection(s), cheapest of {}",
-        probe.samples, probe.credits, probe.connections, args.repeat
+         another) per delivered sample, {} samples of {bytes} bytes an epoch, {}, batch 256, \
+         {} credits, {} QUIC connection(s), cheapest of {}",
+        probe.samples,
+        match args.epochs {
+            0 | 1 => "one epoch from the loader's start".to_string(),
+            2 => "the second epoch of one loader (the first warms it up)".to_string(),
+            n => format!("epochs 3..{n} of one loader (the first two warm it up)"),
+        },
+        probe.credits,
+        probe.connections,
+        args.repeat
     );
     let only = args.only.as_deref();
     if let Some(o) = only {
@@ -64,7 +79,7 @@ pub fn run(args: HostCostArgs) -> Result<()> {
             bail!("--only {o:?}: quic or same-host");
         }
     }
-    let rows = measure(&probe, args.repeat, only)?;
+    let rows = measure(&probe, args.repeat, args.epochs, only)?;
     for row in &rows {
         print_row(row, args.rate, args.gpus);
     }
@@ -72,7 +87,12 @@ pub fn run(args: HostCostArgs) -> Result<()> {
 }
 
 /// Each transport's cost and floor (or `only` one).
-pub fn measure(probe: &TransportProbe, repeat: u32, only: Option<&str>) -> Result<Vec<Row>> {
+pub fn measure(
+    probe: &TransportProbe,
+    repeat: u32,
+    epochs: u64,
+    only: Option<&str>,
+) -> Result<Vec<Row>> {
     let bytes = (u64::from(probe.side) * u64::from(probe.side) * 3) as usize;
     let floor = host_cost::floor(bytes, probe.samples, probe.credits as usize)?;
     let mut rows = Vec::new();
@@ -82,7 +102,7 @@ pub fn measure(probe: &TransportProbe, repeat: u32, only: Option<&str>) -> Resul
         }
         let mut best: Option<HostCost> = None;
         for _ in 0..repeat.max(1) {
-            let cost = once(probe, same_host)?;
+            let cost = once(probe, same_host, epochs)?;
             if best.is_none_or(|b| cost.micros_per_sample() < b.micros_per_sample()) {
                 best = Some(cost);
             }
@@ -125,10 +145,10 @@ fn print_row(row: &Row, rate: f64, gpus: u32) {
 }
 
 /// One epoch against a worker in a child process.
-fn once(probe: &TransportProbe, same_host: bool) -> Result<HostCost> {
+fn once(probe: &TransportProbe, same_host: bool, epochs: u64) -> Result<HostCost> {
     let dir = tempfile::tempdir().context("a temporary folder")?;
     let (mut child, addr) = spawn_worker(dir.path(), probe, same_host)?;
-    let cost = host_cost::client_cost(probe, addr, dir.path(), same_host);
+    let cost = host_cost::client_cost(probe, addr, dir.path(), same_host, epochs);
     // Closing its stdin stops the worker.
     drop(child.stdin.take());
     let _ = child.wait();
