@@ -168,6 +168,93 @@ fn samples_arrive_once_and_intact_through_shared_memory_even_when_a_worker_is_ki
     );
 }
 
+/// The memfd segments a worker maps now, by inode (a worker of one test maps only that
+/// test's client's segments; this process holds every test's).
+fn worker_segments(worker: &Worker) -> std::collections::HashSet<u64> {
+    std::fs::read_to_string(format!("/proc/{}/maps", worker.child.id()))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("memfd:sluice-slots"))
+        .filter_map(|l| l.split_whitespace().nth(4)?.parse().ok())
+        .collect()
+}
+
+fn signal(worker: &Worker, sig: &str) {
+    let pid = worker.child.id().to_string();
+    let status = std::process::Command::new("kill")
+        .args([sig, pid.as_str()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+/// One loader over several epochs keeps its segments for its next connections, and never
+/// hands out one a live worker may still write: worker `a` is stopped mid-epoch (its units
+/// still out, its slots granted) until it is declared lost, then resumed an epoch later,
+/// when its old connection's units may still write their slots. Every epoch's batches are
+/// the in-process engine's, in its order and byte for byte.
+#[test]
+fn segments_are_kept_across_epochs_and_a_stalled_workers_never_handed_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, a, b, trust) = two_workers(dir.path());
+    let l = loader(&data, dir.path(), &[&a, &b], &trust);
+    let epochs = 4u64;
+    let mut seen = std::collections::HashSet::new();
+    for epoch in 0..epochs {
+        let (expected, order) = reference(&data, epoch);
+        let stall_at = (epoch == 1).then_some(l.batches_per_epoch() / 3);
+        if epoch == 2 {
+            signal(&a, "-CONT");
+        }
+        let (mut got, mut digests) = (Vec::new(), HashMap::new());
+        let mut stream = l.epoch(epoch).unwrap();
+        for (n, batch) in stream.by_ref().enumerate() {
+            let batch = batch.unwrap_or_else(|e| panic!("epoch {epoch}: {e}"));
+            got.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
+            digest_into(&batch, &mut digests);
+            seen.extend(worker_segments(&a));
+            seen.extend(worker_segments(&b));
+            if Some(n as u64) == stall_at {
+                signal(&a, "-STOP");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let report = stream.report();
+        eprintln!("epoch {epoch}: {report:?}");
+        assert!(
+            got == order,
+            "epoch {epoch}: another order than the in-process engine"
+        );
+        assert_exactly_once(
+            &format!("epoch {epoch}"),
+            planned(&data.manifest, 3, 1, 0, epoch),
+            got,
+        );
+        let torn = expected
+            .iter()
+            .filter(|(id, d)| digests.get(id) != Some(d))
+            .count();
+        assert_eq!(
+            torn, 0,
+            "epoch {epoch}: samples differ from the in-process engine's"
+        );
+        if stall_at.is_some() {
+            assert!(report.reassigned > 0, "the stalled worker's units moved");
+        }
+    }
+    // Two workers, four epochs: a segment per connection would be eight or more.
+    eprintln!("{} segments over {epochs} epochs", seen.len());
+    assert!(
+        seen.len() < 2 * epochs as usize,
+        "{} segments for {epochs} epochs of two workers: none was kept",
+        seen.len()
+    );
+    assert!(
+        counter(&a, "sluice_cpu_same_host_samples_total") > 0.0,
+        "the resumed worker served again"
+    );
+}
+
 /// The pool as a workers file that changes mid-epoch, over shared memory: a worker added to
 /// it gets units (and its samples come through its segments), the first one, removed, is
 /// drained; the batches and their bytes are the in-process engine's.

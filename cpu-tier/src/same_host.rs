@@ -334,6 +334,10 @@ async fn open(
     Ok(())
 }
 
+/// Slots a segment may have beyond `limits.max_credits`: the client keeps samples that
+/// arrived before their turn in them (its default bound on those is 2,560).
+const MAX_SPARE_SLOTS: u32 = 1 << 16;
+
 fn check_attach(
     config: &SameHost,
     max_credits: u32,
@@ -354,9 +358,10 @@ fn check_attach(
             attach.slot_bytes
         ));
     }
-    if attach.slots == 0 || attach.slots > max_credits {
+    // Slots beyond the credits hold samples the client keeps until their turn.
+    if attach.slots == 0 || attach.slots > max_credits.saturating_add(MAX_SPARE_SLOTS) {
         return bad(format!(
-            "{} slots (limits.max_credits = {max_credits})",
+            "{} slots (limits.max_credits = {max_credits}, plus {MAX_SPARE_SLOTS} spare)",
             attach.slots
         ));
     }
@@ -400,7 +405,12 @@ mod tests {
         assert!(check_attach(&c, 64, &a(8, 100), 1, 100).is_ok());
         let e = |r: Result<(), Refusal>| r.unwrap_err().1;
         assert!(e(check_attach(&c, 64, &a(8, 99), 1, 100)).contains("samples have 100"));
-        assert!(e(check_attach(&c, 64, &a(65, 100), 1, 100)).contains("max_credits"));
+        assert!(
+            check_attach(&c, 64, &a(65, 100), 1, 100).is_ok(),
+            "spare slots"
+        );
+        let over = 64 + MAX_SPARE_SLOTS + 1;
+        assert!(e(check_attach(&c, 64, &a(over, 100), 1, 100)).contains("max_credits"));
         assert!(e(check_attach(&c, 64, &a(8, 100), 2, 100)).contains("open job is 2"));
         let huge = c.max_segment_bytes / 4 + 1;
         assert!(e(check_attach(&c, 64, &a(4, huge), 1, huge)).contains("max_segment_bytes"));

@@ -1,5 +1,6 @@
 //! A sample's bytes between its arrival and its batch: QUIC payloads read off the stream, and
-//! same-host samples copied out of their slot while they wait for their turn, in buffers the
+//! same-host samples copied out of their slot to wait for their turn when their segment has
+//! no spare slot left, in buffers the
 //! loader reuses across epochs ([`BufferPool`]; without it, the page faults of a fresh
 //! 150 KB `Vec` per sample were most of the client's time on the same-host probe).
 

@@ -270,6 +270,16 @@ impl LoaderConfig {
         })
     }
 
+    /// Samples that can wait for their turn in plan order at most (the reorder bound, see
+    /// `crate::reorder`): `lookahead + buffer_samples + window_units × max_unit_samples`.
+    pub(crate) fn waiting_bound(&self) -> u64 {
+        self.lookahead
+            .saturating_add(u64::from(self.mixing.buffer_samples))
+            .saturating_add(
+                u64::from(self.mixing.window_units).saturating_mul(self.max_unit_samples),
+            )
+    }
+
     /// Workers are `sluice cpu` daemons (a list, a workers file or both), not this process.
     pub fn remote(&self) -> bool {
         !self.workers.is_empty() || self.workers_file.is_some()

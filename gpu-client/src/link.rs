@@ -9,9 +9,10 @@
 //! job in this process, under the same worker rules.
 //!
 //! A remote link goes over QUIC, or, for a worker on this machine that serves a same-host
-//! socket, over that socket with the tensors in a shared-memory segment this link creates
-//! per connection ([`crate::same_host`]): the frames are the same, credits become the slots
-//! the worker may write, and a sample arrives as the slot it was written to.
+//! socket, over that socket with the tensors in a shared-memory segment the loader gives the
+//! connection (a kept one that no other process can write any more, or a new one;
+//! [`crate::same_host`]): the frames are the same, credits become the slots the worker may
+//! write, and a sample arrives as the slot it was written to.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,7 +28,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::same_host::{Payload, SlotPool};
+use crate::same_host::{Payload, Segments, SlotPool};
 
 /// What links tell the coordinator.
 pub(crate) enum Event {
@@ -108,7 +109,15 @@ pub(crate) struct RemoteLink {
     pub receive_window: u64,
     /// The loader's spare tensor buffers, for payloads read off the stream.
     pub buffers: Arc<BufferPool>,
+    /// The loader's same-host segments, kept across connections and epochs.
+    pub segments: Arc<Segments>,
+    /// Same-host slots beyond the credits, for samples waiting for their turn.
+    pub spare_slots: u32,
 }
+
+/// The most bytes spare same-host slots make a segment (a quarter of what a worker maps by
+/// default, `same_host.max_segment_bytes`); waiting samples past them are copied out.
+const SPARE_SEGMENT_BYTES: u64 = 1 << 30;
 
 /// Where a same-host worker listens, and whether QUIC may stand in when it refuses us.
 #[derive(Clone, Debug)]
@@ -247,8 +256,8 @@ impl RemoteLink {
     }
 
     /// A connection over the worker's same-host socket: the job's slots live in a segment
-    /// made for this connection alone, so nothing a previous (maybe still running) worker
-    /// process writes can reach this one's samples.
+    /// that no other process can write while this connection has it (a kept one only once
+    /// its last worker can no longer write it, see `crate::same_host`).
     async fn same_host_session(
         &self,
         route: &SameHostRoute,
@@ -277,6 +286,10 @@ impl RemoteLink {
             Ok(Err(e)) => return Ended::Lost(format!("same-host socket {socket}: {e}")),
             Ok(Ok(s)) => s,
         };
+        // Watched from now: its segment may be used again once this process is gone.
+        let watch = sluice_wire::shm::ProcessWatch::of_peer(&stream)
+            .inspect_err(|e| tracing::debug!(worker = %self.name, "not watching the worker: {e}"))
+            .ok();
         let (rd, wr) = stream.into_split();
         let mut wire = Wire {
             reader: FrameReader::new(rd, self.limits),
@@ -289,10 +302,17 @@ impl RemoteLink {
         };
         let slots =
             crate::coordinator::credit_window(self.credits, self.receive_window, shape.bytes());
-        let pool = match SlotPool::create(slots, shape.bytes(), self.buffers.clone()) {
-            Ok(p) => Arc::new(p),
-            Err(e) => return Ended::Fatal(crate::ClientError::Allocate(e.to_string())),
-        };
+        let room = (SPARE_SEGMENT_BYTES / shape.bytes().max(1)).saturating_sub(u64::from(slots));
+        let spare = self.spare_slots.min(room.min(u64::from(u32::MAX)) as u32);
+        let segments = self.segments.clone();
+        let pool =
+            match SlotPool::create(slots, spare, shape.bytes(), self.buffers.clone(), segments) {
+                Ok(p) => Arc::new(p),
+                Err(e) => return Ended::Fatal(crate::ClientError::Allocate(e.to_string())),
+            };
+        if let Some(watch) = watch {
+            pool.watch(watch);
+        }
         let attach = Message::ShmAttach(pool.segment().attach(self.job.job));
         if let Err(e) = wire.writer.send(&attach, &[]).await {
             return Ended::Lost(e.to_string());
@@ -306,7 +326,7 @@ impl RemoteLink {
             Ok(other) => return self.unexpected(other, "ShmAttached"),
             Err(e) => return e,
         }
-        tracing::debug!(worker = %self.name, slots, "same-host segment attached");
+        tracing::debug!(worker = %self.name, slots, spare, "same-host segment attached");
         self.talk(
             wire,
             (shape, caches),
@@ -412,7 +432,12 @@ impl RemoteLink {
                             silence = silence.min(self.heartbeat * 3);
                             continue;
                         }
-                        (Some(Command::Assign(g, a)), _) if g == generation => Message::Assign(a),
+                        (Some(Command::Assign(g, a)), pool) if g == generation => {
+                            if let Some(p) = pool {
+                                p.assigned(a.unit, a.attempt, a.end.saturating_sub(a.start));
+                            }
+                            Message::Assign(a)
+                        }
                         (Some(Command::Credit(g, n)), None) if g == generation => {
                             Message::Credit { job: self.job.job, samples: n }
                         }
@@ -704,6 +729,7 @@ async fn read_frames<R: TensorRead>(mut reader: FrameReader<R>, to: ReadTo) {
                     Ok(s) => s,
                     Err(e) => break protocol(e),
                 };
+                pool.answered(header.unit, header.attempt);
                 // The tensor is in the slot; the fields ride in the frame.
                 match sample(link, &mut reader, header, Payload::Slot(slot)).await {
                     Ok(event) => event,
@@ -740,9 +766,24 @@ async fn read_frames<R: TensorRead>(mut reader: FrameReader<R>, to: ReadTo) {
                     Err(e) => break e,
                 }
             }
-            Message::Skipped(skipped) => Event::Skipped { skipped },
-            Message::UnitDone(done) => Event::UnitDone { link, done },
-            Message::UnitFailed(failed) => Event::UnitFailed { link, failed },
+            Message::Skipped(skipped) => {
+                if let Some(p) = &pool {
+                    p.answered(skipped.unit, skipped.attempt);
+                }
+                Event::Skipped { skipped }
+            }
+            Message::UnitDone(done) => {
+                if let Some(p) = &pool {
+                    p.unit_ended(done.unit, done.attempt);
+                }
+                Event::UnitDone { link, done }
+            }
+            Message::UnitFailed(failed) => {
+                if let Some(p) = &pool {
+                    p.unit_ended(failed.unit, failed.attempt);
+                }
+                Event::UnitFailed { link, failed }
+            }
             Message::Error(e) => break refusal(&worker, e.code, e.message),
             other => break protocol(format!("a worker does not send {}", other.kind())),
         };

@@ -195,6 +195,10 @@ pub(crate) struct Dialer {
     pub quic: Option<(quinn::Endpoint, quinn::ClientConfig)>,
     pub token: Option<String>,
     pub buffers: Arc<BufferPool>,
+    pub segments: Arc<crate::same_host::Segments>,
+    /// Same-host slots beyond the credits per link, for samples waiting for their turn: the
+    /// loader's bound on those, shared among the workers the epoch starts with.
+    pub spare_slots: u32,
     pub spec: JobSpec,
     pub events: mpsc::Sender<Event>,
     pub cancel: CancellationToken,
@@ -259,6 +263,8 @@ impl Dialer {
             connect_timeout: c.connect_timeout,
             limits: Limits::default(),
             buffers: self.buffers.clone(),
+            segments: self.segments.clone(),
+            spare_slots: self.spare_slots,
         })
     }
 

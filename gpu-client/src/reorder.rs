@@ -15,8 +15,9 @@
 //! buffer_samples + window_units × max_unit_samples` samples are held (by default 512 +
 //! 1,024 + 16 × 64 ≈ 2,600, 385 MB at 224×224×3, in the worst case; typically the buffer
 //! plus half the window); `EpochReport::reorder_peak` reports the most held at once. Held
-//! QUIC payloads stay in buffers the loader reuses across epochs; same-host samples are
-//! copied out of their slots, so a held sample never holds a credit's slot. The mixing
+//! QUIC payloads stay in buffers the loader reuses across epochs; same-host samples stay in
+//! their slot while the segment has spare slots (the bound above, shared among the workers),
+//! and are copied out past that, so a held sample never holds a credit's slot. The mixing
 //! defaults come from `examples/order_training_check.py`: class-sorted shards needed the
 //! 1,024-sample buffer to train as well as uniformly shuffled batches.
 

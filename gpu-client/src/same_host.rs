@@ -1,23 +1,36 @@
-//! The same-host transport, client side: which workers it applies to, and the slots of the
-//! shared-memory segment a connection's samples are written into.
+//! The same-host transport, client side: which workers it applies to, the slots of the
+//! shared-memory segment a connection's samples are written into, and the segments the loader
+//! keeps for its next connections.
 //!
 //! A slot is in one of three hands: free (the client's, empty), granted (the worker's, to
 //! write one tensor into), or filled (the client's again: a `ShmSample` named it, and a
 //! [`SlotRef`] holds it until the tensor is copied into its batch). Dropping the `SlotRef`
 //! frees the slot, and the link grants free slots as the coordinator returns credits.
 //!
-//! A sample that arrived before its turn is copied out into one of the loader's reused
-//! buffers and its slot freed, so a waiting sample never holds a credit's slot. (Keeping it
-//! in a spare slot instead saved that copy within one epoch but cost more over several: a
-//! segment is made per connection, so its pages are new every epoch, while the loader's
-//! buffers are kept across epochs; measured with `sluice bench chain`.)
+//! A segment has more slots than credits: a sample that arrived before its turn keeps its
+//! slot while it waits (no copy), as long as the slots neither filled nor held can still
+//! carry the whole credit window; past that it is copied out into one of the loader's reused
+//! buffers and its slot freed, so held samples can never starve the worker of slots.
+//!
+//! Segments outlive their connections ([`Segments`]): a new segment's pages are faulted and
+//! zeroed on first touch, which cost more than the spare slots saved when every epoch's
+//! connection made its own. A segment is used again only when nothing but this process can
+//! still write it:
+//! - its connection ended with every unit it was assigned reported done or failed (a worker
+//!   writes a slot only while one of those units runs), or
+//! - the worker's process has exited (a pidfd opened from the socket's `SO_PEERCRED` right
+//!   after connecting, [`ProcessWatch`]).
+//!
+//! Any other segment (its worker stalled, was declared lost or was cut off mid-unit, and
+//! lives) waits in quarantine until its process exits, and is dropped when the quarantine is
+//! full or no pidfd could be opened; a later connection gets a fresh one.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
-use sluice_wire::shm::{Segment, ShmError};
+use sluice_wire::shm::{ProcessWatch, Segment, ShmError};
 use sluice_wire::BufferPool;
 use tokio::sync::Notify;
 
@@ -70,37 +83,170 @@ fn is_local(ip: IpAddr) -> bool {
     ip.is_loopback() || std::net::UdpSocket::bind((ip, 0)).is_ok()
 }
 
+/// The same-host segments of a loader's finished connections, kept for its next ones.
+pub(crate) struct Segments {
+    state: Mutex<Kept>,
+    /// Most segments kept, ready and quarantined each.
+    keep: usize,
+}
+
+#[derive(Default)]
+struct Kept {
+    /// Nothing but this process can write these.
+    ready: Vec<Reusable>,
+    /// A worker process that may still write them lives.
+    quarantined: Vec<(Reusable, ProcessWatch)>,
+    /// Segments made, for tests and logs.
+    made: u64,
+}
+
+/// A segment and which of its slots already have their pages.
+struct Reusable {
+    segment: Segment,
+    populated: Vec<bool>,
+}
+
+impl Segments {
+    pub(crate) fn new(keep: usize) -> Self {
+        Segments {
+            state: Mutex::new(Kept::default()),
+            keep,
+        }
+    }
+
+    /// A segment of `slots` slots of `slot_bytes`: a kept one nobody else can write, else a
+    /// new one.
+    fn take(&self, slots: u32, slot_bytes: u64) -> Result<Reusable, ShmError> {
+        if let Ok(mut k) = self.state.lock() {
+            k.release_exited(self.keep);
+            let fits =
+                |r: &Reusable| r.segment.slots() == slots && r.segment.slot_bytes() == slot_bytes;
+            if let Some(i) = k.ready.iter().position(fits) {
+                tracing::debug!(slots, "same-host segment kept from an earlier connection");
+                return Ok(k.ready.swap_remove(i));
+            }
+            k.made += 1;
+            tracing::debug!(slots, made = k.made, "same-host segment made");
+        }
+        Ok(Reusable {
+            segment: Segment::create("sluice-slots", slots, slot_bytes)?,
+            populated: vec![false; slots as usize],
+        })
+    }
+
+    /// A connection's segment comes back: ready for the next one when no worker can write it
+    /// any more, quarantined while its worker's process lives, dropped when neither can be
+    /// told.
+    fn give_back(&self, segment: Reusable, writers_done: bool, watch: Option<ProcessWatch>) {
+        let Ok(mut k) = self.state.lock() else { return };
+        k.release_exited(self.keep);
+        tracing::debug!(
+            writers_done,
+            watched = watch.is_some(),
+            "same-host segment back from its connection"
+        );
+        let nobody_writes = writers_done || watch.as_ref().is_some_and(ProcessWatch::exited);
+        if nobody_writes {
+            if k.ready.len() < self.keep {
+                k.ready.push(segment);
+            }
+        } else if let Some(w) = watch {
+            if k.quarantined.len() >= self.keep {
+                // The oldest goes: its memory lives on only in the worker's mapping.
+                k.quarantined.remove(0);
+            }
+            k.quarantined.push((segment, w));
+        }
+    }
+
+    /// (ready, quarantined, made so far).
+    #[cfg(test)]
+    fn counts(&self) -> (usize, usize, u64) {
+        self.state
+            .lock()
+            .map(|k| (k.ready.len(), k.quarantined.len(), k.made))
+            .unwrap_or_default()
+    }
+}
+
+impl Kept {
+    /// Quarantined segments whose worker has exited become ready (up to `keep`).
+    fn release_exited(&mut self, keep: usize) {
+        let mut i = 0;
+        while i < self.quarantined.len() {
+            if self.quarantined[i].1.exited() {
+                let (segment, _) = self.quarantined.swap_remove(i);
+                if self.ready.len() < keep {
+                    self.ready.push(segment);
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
 struct PoolState {
     free: Vec<u32>,
     /// Whether each slot is granted to the worker.
     granted: Vec<bool>,
+    /// How many are.
+    granted_count: usize,
+    /// Whether each slot's pages were made by this process (charged to it), before its first
+    /// grant.
+    populated: Vec<bool>,
     /// Credits the coordinator returned that no free slot has carried yet.
     owed: u32,
+    /// Units assigned on this connection that have not ended, with the samples each still
+    /// owes: while any has not, the worker may still write a slot. A unit ends with its
+    /// report (done or failed) or with its last sample or skip, whichever comes first (at an
+    /// epoch's end the connection may close before the report arrives).
+    running: std::collections::HashMap<(u64, u32), u64>,
 }
 
 /// A connection's segment and who holds which slot.
 pub(crate) struct SlotPool {
-    segment: Segment,
+    /// Taken out only in `Drop`, to go home.
+    segment: std::mem::ManuallyDrop<Segment>,
     state: Mutex<PoolState>,
     released: Notify,
     /// Where a sample that must wait for its turn is copied to, freeing its slot.
     buffers: Arc<BufferPool>,
+    /// The connection's credit window: slots free or granted never drop below it.
+    window: u32,
+    /// Where the segment goes when the connection and its samples are done.
+    home: Arc<Segments>,
+    /// The worker's process.
+    watch: Mutex<Option<ProcessWatch>>,
 }
 
 impl SlotPool {
+    /// A segment of `window` slots for the credits plus `spare` for samples waiting for their
+    /// turn, one that `home` kept if it has one.
     pub(crate) fn create(
-        slots: u32,
+        window: u32,
+        spare: u32,
         slot_bytes: u64,
         buffers: Arc<BufferPool>,
+        home: Arc<Segments>,
     ) -> Result<Self, ShmError> {
-        let segment = Segment::create("sluice-slots", slots, slot_bytes)?;
+        let slots = window.saturating_add(spare);
+        let Reusable { segment, populated } = home.take(slots, slot_bytes)?;
         Ok(SlotPool {
-            segment,
+            segment: std::mem::ManuallyDrop::new(segment),
             buffers,
+            window,
+            home,
+            watch: Mutex::new(None),
             state: Mutex::new(PoolState {
+                // Granted from the end: the lowest slots first, and the most recently freed
+                // again, so the pages touched stay about as many as are in use.
                 free: (0..slots).rev().collect(),
                 granted: vec![false; slots as usize],
+                granted_count: 0,
+                populated,
                 owed: 0,
+                running: Default::default(),
             }),
             released: Notify::new(),
         })
@@ -108,6 +254,43 @@ impl SlotPool {
 
     pub(crate) fn segment(&self) -> &Segment {
         &self.segment
+    }
+
+    /// The worker's process, watched so the segment can be used again once it has exited.
+    pub(crate) fn watch(&self, watch: ProcessWatch) {
+        if let Ok(mut w) = self.watch.lock() {
+            *w = Some(watch);
+        }
+    }
+
+    /// Unit `(unit, attempt)` of `samples` samples was assigned on this connection: until it
+    /// ends, the worker may write.
+    pub(crate) fn assigned(&self, unit: u64, attempt: u32, samples: u64) {
+        if let Ok(mut s) = self.state.lock() {
+            if samples > 0 {
+                s.running.insert((unit, attempt), samples);
+            }
+        }
+    }
+
+    /// A sample or skip of unit `(unit, attempt)` arrived: after its last, the unit has
+    /// nothing left to write.
+    pub(crate) fn answered(&self, unit: u64, attempt: u32) {
+        if let Ok(mut s) = self.state.lock() {
+            if let Some(left) = s.running.get_mut(&(unit, attempt)) {
+                *left = left.saturating_sub(1);
+                if *left == 0 {
+                    s.running.remove(&(unit, attempt));
+                }
+            }
+        }
+    }
+
+    /// Unit `(unit, attempt)` reported its end (done or failed): it writes no more.
+    pub(crate) fn unit_ended(&self, unit: u64, attempt: u32) {
+        if let Ok(mut s) = self.state.lock() {
+            s.running.remove(&(unit, attempt));
+        }
     }
 
     /// Adds `credits` to what is owed and grants as many free slots as it can, once at
@@ -124,7 +307,16 @@ impl SlotPool {
         let slots: Vec<u32> = s.free.split_off(at);
         for &slot in &slots {
             s.granted[slot as usize] = true;
+            // The segment is the client's memory (its waiting samples live there): its pages
+            // are made here, charged to this process, not by the worker's first write. A
+            // kept segment's slots have theirs already.
+            if !std::mem::replace(&mut s.populated[slot as usize], true) {
+                if let Err(e) = self.segment.populate(slot) {
+                    tracing::debug!("same-host slot {slot}: {e}");
+                }
+            }
         }
+        s.granted_count += n;
         s.owed -= n as u32;
         Some(slots)
     }
@@ -134,7 +326,10 @@ impl SlotPool {
     pub(crate) fn filled(self: &Arc<Self>, slot: u32) -> Result<SlotRef, String> {
         let mut s = self.state.lock().map_err(|_| "slot state poisoned")?;
         match s.granted.get_mut(slot as usize) {
-            Some(g @ true) => *g = false,
+            Some(g @ true) => {
+                *g = false;
+                s.granted_count -= 1;
+            }
             Some(false) => return Err(format!("sample in slot {slot}, which was not granted")),
             None => {
                 return Err(format!(
@@ -149,10 +344,19 @@ impl SlotPool {
         })
     }
 
-    /// Grants slots freed by the consumer once an eighth of the segment (or all that is owed)
-    /// can go in one frame, rather than a frame per slot.
+    /// Whether one more filled slot may stay with a sample waiting for its turn: the slots
+    /// free or granted still cover the credit window, so every credit the coordinator
+    /// returns finds a slot.
+    fn may_hold(&self) -> bool {
+        self.state
+            .lock()
+            .is_ok_and(|s| s.free.len() + s.granted_count >= self.window as usize)
+    }
+
+    /// Grants slots freed by the consumer once an eighth of the window (or all that is
+    /// owed) can go in one frame, rather than a frame per slot.
     pub(crate) fn regrant(&self) -> Option<Vec<u32>> {
-        self.grant(0, (self.segment.slots() / 8).max(1))
+        self.grant(0, (self.window / 8).max(1))
     }
 
     /// Waits until a slot is freed.
@@ -165,6 +369,21 @@ impl SlotPool {
             s.free.push(slot);
         }
         self.released.notify_one();
+    }
+}
+
+impl Drop for SlotPool {
+    /// The connection and every sample it brought are done: the segment goes home, for the
+    /// next connection when its worker can no longer write it.
+    fn drop(&mut self) {
+        // SAFETY: taken once, here, and never touched again.
+        let segment = unsafe { std::mem::ManuallyDrop::take(&mut self.segment) };
+        // A poisoned state says nothing sure: the segment is dropped, not kept.
+        let Ok(s) = self.state.get_mut() else { return };
+        let (writers_done, populated) = (s.running.is_empty(), std::mem::take(&mut s.populated));
+        let watch = self.watch.get_mut().ok().and_then(Option::take);
+        self.home
+            .give_back(Reusable { segment, populated }, writers_done, watch);
     }
 }
 
@@ -193,8 +412,9 @@ pub(crate) enum Payload {
 
 impl Payload {
     /// The payload of a sample that must wait for its turn: its tensor (`tensor_bytes` of
-    /// it) alone, a same-host one copied out into a reused buffer and its slot freed (a
-    /// waiting sample may not hold a credit's slot).
+    /// it) alone, and a same-host slot kept only while the segment can spare it (else the
+    /// tensor is copied out into a reused buffer and the slot freed: a waiting sample may
+    /// not hold a credit's slot).
     pub(crate) fn detach(self, tensor_bytes: usize) -> Payload {
         match self {
             Payload::Bytes(mut b) => {
@@ -203,6 +423,7 @@ impl Payload {
             }
             // The chunks hold the tensor alone, in their own buffers.
             Payload::Chunks(c) => Payload::Chunks(c),
+            Payload::Slot(s) if s.pool.may_hold() => Payload::Slot(s),
             Payload::Slot(ref s) => {
                 let mut b = crate::buffers::take(&s.pool.buffers, tensor_bytes);
                 self.copy_tensor(&mut b);
@@ -237,9 +458,14 @@ impl Payload {
 mod tests {
     use super::*;
 
+    fn pool(window: u32, spare: u32, bytes: u64, buffers: &Arc<BufferPool>) -> Arc<SlotPool> {
+        let home = Arc::new(Segments::new(2));
+        Arc::new(SlotPool::create(window, spare, bytes, buffers.clone(), home).unwrap())
+    }
+
     #[test]
     fn slots_move_between_client_and_worker() {
-        let pool = Arc::new(SlotPool::create(3, 8, Arc::new(BufferPool::new(4))).unwrap());
+        let pool = pool(3, 0, 8, &Arc::new(BufferPool::new(4)));
         let mut granted = pool.grant(2, 1).unwrap();
         assert_eq!(granted.len(), 2);
         assert!(
@@ -265,7 +491,7 @@ mod tests {
     #[test]
     fn a_waiting_sample_is_copied_out_and_frees_its_slot() {
         let buffers = Arc::new(BufferPool::new(4));
-        let pool = Arc::new(SlotPool::create(1, 4, buffers.clone()).unwrap());
+        let pool = pool(1, 0, 4, &buffers);
         let slot = pool.grant(1, 1).unwrap()[0];
         pool.segment.write(slot, &[1, 2, 3, 4]).unwrap();
         let waiting = Payload::Slot(pool.filled(slot).unwrap()).detach(4);
@@ -280,6 +506,115 @@ mod tests {
             1,
             "the copy's buffer goes back to the loader"
         );
+    }
+
+    #[test]
+    fn waiting_samples_keep_spare_slots_and_never_the_window() {
+        let pool = pool(2, 1, 4, &Arc::new(BufferPool::new(4)));
+        let slot = |p: &Payload| match p {
+            Payload::Slot(s) => Some(s.slot),
+            _ => None,
+        };
+        let mut granted = pool.grant(2, 1).unwrap();
+        // The worker fills both; both samples wait for their turn.
+        let a = Payload::Slot(pool.filled(granted.pop().unwrap()).unwrap()).detach(4);
+        assert!(
+            slot(&a).is_some(),
+            "one spare slot: the first keeps its slot"
+        );
+        assert_eq!(
+            pool.grant(1, 1).unwrap().len(),
+            1,
+            "its credit finds a slot"
+        );
+        let b = Payload::Slot(pool.filled(granted.pop().unwrap()).unwrap()).detach(4);
+        assert_eq!(slot(&b), None, "no spare left: copied out, the slot freed");
+        assert_eq!(
+            pool.grant(1, 1).unwrap().len(),
+            1,
+            "the window is whole again"
+        );
+        drop(a);
+        assert_eq!(pool.grant(0, 1), None, "nothing owed");
+    }
+
+    /// A connection's segment after its end: `running` units not reported, its worker
+    /// watched or not.
+    fn end(home: &Arc<Segments>, running: bool, watch: Option<ProcessWatch>) {
+        let buffers = Arc::new(BufferPool::new(1));
+        let pool = SlotPool::create(2, 2, 4, buffers, home.clone()).unwrap();
+        let granted = pool.grant(2, 1).unwrap();
+        pool.segment.write(granted[0], &[1, 2, 3, 4]).unwrap();
+        pool.assigned(7, 0, 3);
+        pool.assigned(8, 1, 2);
+        pool.assigned(9, 0, 2);
+        pool.unit_ended(7, 0);
+        // A unit whose every sample arrived has ended, reported or not.
+        pool.answered(9, 0);
+        pool.answered(9, 0);
+        pool.answered(8, 1);
+        if !running {
+            pool.answered(8, 1);
+        }
+        if let Some(w) = watch {
+            pool.watch(w);
+        }
+    }
+
+    #[test]
+    fn a_segment_is_used_again_only_when_no_worker_can_write_it() {
+        let home = Arc::new(Segments::new(2));
+        // Every unit reported its end: the next connection gets the same segment, its pages
+        // already made.
+        end(&home, false, None);
+        assert_eq!(home.counts(), (1, 0, 1));
+        let again = home.take(4, 4).unwrap();
+        assert_eq!(home.counts(), (0, 0, 1), "kept, not made");
+        assert!(
+            again.populated[..2].iter().all(|p| *p),
+            "granted slots have their pages"
+        );
+        assert_eq!(
+            home.take(5, 4).unwrap().segment.slots(),
+            5,
+            "another size is made"
+        );
+        assert_eq!(home.counts().2, 2);
+
+        // A unit still out and no way to tell when its worker is gone: dropped.
+        end(&home, true, None);
+        assert_eq!(home.counts(), (0, 0, 3));
+
+        // A unit still out, its worker alive: quarantined until the process exits.
+        let mut worker = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let watch = ProcessWatch::of_pid(worker.id() as i32).unwrap();
+        end(&home, true, Some(watch));
+        assert_eq!(home.counts(), (0, 1, 4));
+        let fresh = home.take(4, 4).unwrap();
+        assert_eq!(
+            home.counts(),
+            (0, 1, 5),
+            "a live writer's segment is never handed out"
+        );
+        drop(fresh);
+        worker.kill().unwrap();
+        worker.wait().unwrap();
+        home.take(4, 4).unwrap();
+        assert_eq!(
+            home.counts(),
+            (0, 0, 5),
+            "its process exited: the segment is kept"
+        );
+
+        // A worker that exited before the connection's end: kept at once.
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let watch = ProcessWatch::of_pid(gone.id() as i32).unwrap();
+        gone.wait().unwrap();
+        end(&home, true, Some(watch));
+        assert_eq!(home.counts(), (1, 0, 6));
     }
 
     #[test]

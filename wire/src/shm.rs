@@ -200,6 +200,42 @@ impl Segment {
         Ok(())
     }
 
+    /// Gives `slot` its pages now, from the calling process, so the memory is charged to the
+    /// process that made the segment (the client, whose samples wait in it) rather than to
+    /// the first to write it (the worker). Call it only for a slot this process holds; it
+    /// does not change the slot's bytes.
+    pub fn populate(&self, slot: u32) -> Result<(), ShmError> {
+        let len = self.slot_bytes as usize;
+        let start = self.slot_ptr(slot, len)?;
+        let page = rustix::param::page_size();
+        // Whole pages inside the slot: MADV_POPULATE_WRITE faults them in writable without
+        // touching their contents (Linux 5.14).
+        let first = (start as usize).next_multiple_of(page);
+        let end = (start as usize + len) / page * page;
+        if end > first {
+            // SAFETY: the range lies inside the mapping; the advice changes no bytes.
+            let advised = unsafe {
+                rustix::mm::madvise(
+                    first as *mut std::ffi::c_void,
+                    end - first,
+                    rustix::mm::Advice::LinuxPopulateWrite,
+                )
+            };
+            if advised.is_ok() {
+                return Ok(());
+            }
+        }
+        // Older kernels: write a byte of each page, only bytes of this slot (its neighbours'
+        // may be another process's to write).
+        let mut at = 0;
+        while at < len {
+            // SAFETY: in the slot, which the caller holds.
+            unsafe { std::ptr::write_volatile(start.add(at), 0) };
+            at = (start as usize + at + 1).next_multiple_of(page) - start as usize;
+        }
+        Ok(())
+    }
+
     /// The mapping's address and length (for registering it with a driver).
     pub fn as_raw(&self) -> (*mut u8, usize) {
         (self.ptr.as_ptr(), self.len)
@@ -334,6 +370,47 @@ pub fn peer(stream: &UnixStream) -> Result<Peer, ShmError> {
     })
 }
 
+/// A process watched through a pidfd: whether it has exited, asked without waiting.
+///
+/// A segment a worker mapped may be written by that worker for as long as its process
+/// lives, whatever became of its connection; once the process has exited, nothing can write
+/// it but the client. The pidfd is opened from the socket's peer pid right after connecting,
+/// so it names that process or, if it had already died and its pid was taken again, a
+/// process that outlives it: either way "exited" is never said early.
+#[derive(Debug)]
+pub struct ProcessWatch {
+    pidfd: OwnedFd,
+}
+
+impl ProcessWatch {
+    /// Watches process `pid` (as this process's pid namespace numbers it).
+    pub fn of_pid(pid: i32) -> Result<ProcessWatch, ShmError> {
+        let pid = rustix::process::Pid::from_raw(pid).ok_or(ShmError::Os {
+            what: "pidfd_open",
+            source: std::io::Error::other(format!("pid {pid} names no process")),
+        })?;
+        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+            .map_err(os("pidfd_open"))?;
+        Ok(ProcessWatch { pidfd })
+    }
+
+    /// Watches the process at the other end of a connected Unix socket.
+    pub fn of_peer(stream: &UnixStream) -> Result<ProcessWatch, ShmError> {
+        Self::of_pid(peer(stream)?.pid)
+    }
+
+    /// Whether the process has exited (a pidfd polls readable from then on).
+    pub fn exited(&self) -> bool {
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let mut fds = [PollFd::new(&self.pidfd, PollFlags::IN)];
+        let now = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        matches!(rustix::event::poll(&mut fds, Some(&now)), Ok(n) if n > 0)
+    }
+}
+
 /// This process's effective user and group.
 pub fn current_user() -> (u32, u32) {
     (
@@ -388,6 +465,46 @@ mod tests {
         assert!(matches!(e, ShmError::Unsealed(_)), "{e}");
         assert!(Segment::create("sluice-test", 0, 16).is_err());
         assert!(Segment::create("sluice-test", u32::MAX, u64::MAX / 2).is_err());
+    }
+
+    #[test]
+    fn populating_a_slot_gives_it_pages_and_changes_no_byte() {
+        let page = rustix::param::page_size() as u64;
+        // Slots that do not start or end on a page boundary.
+        let slot_bytes = 3 * page + 100;
+        let seg = Segment::create("sluice-test", 3, slot_bytes).unwrap();
+        let blocks = |s: &Segment| rustix::fs::fstat(s.fd()).unwrap().st_blocks as u64 * 512;
+        assert_eq!(blocks(&seg), 0, "a fresh segment has no pages yet");
+        seg.write(0, &vec![1; slot_bytes as usize]).unwrap();
+        seg.write(2, &vec![3; slot_bytes as usize]).unwrap();
+        let before = blocks(&seg);
+        seg.populate(1).unwrap();
+        assert!(
+            blocks(&seg) >= before + 2 * page,
+            "slot 1's own pages exist now"
+        );
+        for (slot, byte) in [(0, 1u8), (1, 0), (2, 3)] {
+            let mut got = vec![9u8; slot_bytes as usize];
+            seg.read(slot, &mut got).unwrap();
+            assert!(got.iter().all(|&b| b == byte), "slot {slot} changed");
+        }
+        assert!(seg.populate(3).is_err(), "outside the segment");
+    }
+
+    #[test]
+    fn a_watched_process_is_seen_to_exit_and_not_before() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let watch = ProcessWatch::of_pid(child.id() as i32).unwrap();
+        assert!(!watch.exited(), "it sleeps");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(watch.exited());
+        let me = ProcessWatch::of_pid(std::process::id() as i32).unwrap();
+        assert!(!me.exited());
+        assert!(ProcessWatch::of_pid(0).is_err());
     }
 
     #[tokio::test]

@@ -17,7 +17,7 @@ use super::{checkpoint, Loader, Workers};
 use crate::batch::{HeapAllocator, HostAllocator, Recycling, ShortBatch};
 use crate::config::{LabelRange, LoaderConfig, Order};
 use crate::error::ClientError;
-use crate::same_host::SameHost;
+use crate::same_host::{SameHost, Segments};
 use crate::stats::Stats;
 
 /// Builds a [`Loader`]; every setting has a default but the dataset and the workers.
@@ -203,6 +203,7 @@ impl LoaderBuilder {
         };
         Ok(Loader {
             buffers: Arc::new(BufferPool::new(held_samples(&config, &workers))),
+            segments: Arc::new(Segments::new(segments_kept(&workers))),
             fingerprint: checkpoint::fingerprint(&manifest),
             manifest: Arc::new(manifest),
             source_names: mixture
@@ -356,11 +357,17 @@ fn held_samples(config: &LoaderConfig, workers: &Workers) -> usize {
         }
         Workers::InProcess(_) => 0,
     };
-    let held = config.lookahead
-        + u64::from(config.mixing.buffer_samples)
-        + u64::from(config.mixing.window_units) * config.max_unit_samples
-        + links * u64::from(config.credits_per_worker);
+    let held = config.waiting_bound() + links * u64::from(config.credits_per_worker);
     held.min(1 << 16) as usize
+}
+
+/// Same-host segments kept for later connections: one per worker with one epoch started
+/// early behind another.
+fn segments_kept(workers: &Workers) -> usize {
+    match workers {
+        Workers::Remote(names) => 2 * names.len().max(1),
+        Workers::InProcess(_) => 0,
+    }
 }
 
 /// The QUIC endpoint and client settings for remote workers.

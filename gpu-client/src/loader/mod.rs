@@ -69,6 +69,8 @@ pub struct Loader {
     allocator: Arc<dyn HostAllocator>,
     /// Spare tensor buffers for samples between arrival and batch, kept across epochs.
     buffers: Arc<BufferPool>,
+    /// Same-host segments of finished connections, for the next ones.
+    segments: Arc<crate::same_host::Segments>,
     progress: Arc<Mutex<Option<start::Progress>>>,
     resume: Mutex<Option<checkpoint::Pending>>,
     /// The epoch after the current one, started early.

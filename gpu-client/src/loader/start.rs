@@ -358,6 +358,12 @@ impl Loader {
             quic: self.quic.clone(),
             token: self.token.clone(),
             buffers: self.buffers.clone(),
+            segments: self.segments.clone(),
+            spare_slots: self
+                .config
+                .waiting_bound()
+                .div_ceil(members.len().max(1) as u64)
+                .min(u64::from(u32::MAX)) as u32,
             spec: spec.clone(),
             events: events.clone(),
             cancel: cancel.clone(),
