@@ -491,6 +491,7 @@ fn a_worker_at_an_ipv6_address_serves_the_epoch() {
         side: 8,
         credits: 16,
         connections: 1,
+        io_threads: 2,
     };
     let delivered = consume(&probe, worker.addr, dir.path(), false, |_| {}).unwrap();
     assert_eq!(delivered, 300);

@@ -113,6 +113,36 @@ fn digest_into(batch: &sluice_client::Batch, m: &mut HashMap<(u32, u64), u64>) {
     }
 }
 
+/// An epoch's batches are the in-process engine's: its order (`got` against `order`), each
+/// sample once, and its tensors byte for byte (`digests` against `expected`).
+fn same_as_in_process(
+    data: &system::Dataset,
+    epoch: u64,
+    (got, order): (Vec<Id>, Vec<Id>),
+    (digests, expected): (&HashMap<Id, u64>, &HashMap<Id, u64>),
+) {
+    assert!(
+        got == order,
+        "epoch {epoch}: shared memory gave another order than the in-process engine"
+    );
+    assert_exactly_once(
+        &format!("epoch {epoch}"),
+        planned(&data.manifest, 3, 1, 0, epoch),
+        got,
+    );
+    let torn: Vec<_> = expected
+        .iter()
+        .filter(|(id, d)| digests.get(id) != Some(d))
+        .map(|(id, _)| *id)
+        .collect();
+    assert!(
+        torn.is_empty(),
+        "epoch {epoch}: {} samples differ from the in-process engine's, e.g. {:?}",
+        torn.len(),
+        &torn[..torn.len().min(5)]
+    );
+}
+
 #[test]
 fn samples_arrive_once_and_intact_through_shared_memory_even_when_a_worker_is_killed() {
     let dir = tempfile::tempdir().unwrap();
@@ -134,26 +164,7 @@ fn samples_arrive_once_and_intact_through_shared_memory_even_when_a_worker_is_ki
             std::thread::sleep(Duration::from_millis(10));
         }
         let report = stream.report();
-        assert!(
-            got == order,
-            "epoch {epoch}: shared memory gave another order than the in-process engine"
-        );
-        assert_exactly_once(
-            &format!("epoch {epoch}"),
-            planned(&data.manifest, 3, 1, 0, epoch),
-            got,
-        );
-        let torn: Vec<_> = expected
-            .iter()
-            .filter(|(id, d)| digests.get(id) != Some(d))
-            .map(|(id, _)| *id)
-            .collect();
-        assert!(
-            torn.is_empty(),
-            "epoch {epoch}: {} samples differ from the in-process engine's, e.g. {:?}",
-            torn.len(),
-            &torn[..torn.len().min(5)]
-        );
+        same_as_in_process(&data, epoch, (got, order), (&digests, &expected));
         eprintln!("epoch {epoch}: {report:?}");
         if kill_at.is_some() {
             assert!(report.reassigned > 0, "the killed worker's units moved");
@@ -221,23 +232,7 @@ fn segments_are_kept_across_epochs_and_a_stalled_workers_never_handed_out() {
         }
         let report = stream.report();
         eprintln!("epoch {epoch}: {report:?}");
-        assert!(
-            got == order,
-            "epoch {epoch}: another order than the in-process engine"
-        );
-        assert_exactly_once(
-            &format!("epoch {epoch}"),
-            planned(&data.manifest, 3, 1, 0, epoch),
-            got,
-        );
-        let torn = expected
-            .iter()
-            .filter(|(id, d)| digests.get(id) != Some(d))
-            .count();
-        assert_eq!(
-            torn, 0,
-            "epoch {epoch}: samples differ from the in-process engine's"
-        );
+        same_as_in_process(&data, epoch, (got, order), (&digests, &expected));
         if stall_at.is_some() {
             assert!(report.reassigned > 0, "the stalled worker's units moved");
         }

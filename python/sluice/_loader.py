@@ -161,6 +161,9 @@ class Loader:
             (default ``$SLUICE_SAME_HOST_DIR``, else ``/run/sluice``, the systemd
             unit's runtime directory).
         connections_per_worker: QUIC connections to each worker (1 to 16).
+        io_threads: threads that receive samples and fill batches (1 to 16; default 2).
+            One costs about 12% less CPU per sample and carries about 6,000 samples/s
+            over QUIC on a small VM; two let a fast rank read more.
         fail_on_bad_sample: fail the unit on a bad sample instead of skipping it.
         worker_wait: seconds to wait for any worker before the epoch fails.
         hedge_after: seconds the next sample may be late before its unit is also sent to
@@ -227,6 +230,7 @@ class Loader:
         same_host: str = "auto",
         same_host_dir: Union[None, str, PathLike] = None,
         connections_per_worker: int = 1,
+        io_threads: int = 2,
         fail_on_bad_sample: bool = False,
         worker_wait: float = 30.0,
         hedge_after: float = 3.0,
@@ -273,6 +277,7 @@ class Loader:
             "token_file": None if token_file is None else os.fspath(token_file),
             "trust_cert": None if trust_cert is None else os.fspath(trust_cert),
             "connections_per_worker": connections_per_worker,
+            "io_threads": io_threads,
             "ring_batches": ring_batches,
             "worker_wait": _seconds(worker_wait),
             "same_host": same_host,

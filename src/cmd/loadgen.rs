@@ -92,6 +92,9 @@ pub struct Args {
     /// connection carries).
     #[arg(long, default_value_t = 1)]
     connections_per_worker: u32,
+    /// Threads per rank that receive samples and fill batches (the loader's `io_threads`).
+    #[arg(long, default_value_t = 2)]
+    io_threads: usize,
     /// Decode threads for `--workers local` (0 = one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -206,6 +209,7 @@ fn config(args: &Args) -> Result<ConsumerConfig> {
         trust_cert: args.trust_cert.clone(),
         credits_per_worker: args.credits,
         connections_per_worker: args.connections_per_worker,
+        io_threads: args.io_threads,
         worker_wait: Duration::from_secs_f64(args.worker_wait),
         order: args.order,
         mixing: sluice_client::Mixing {

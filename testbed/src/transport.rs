@@ -36,6 +36,8 @@ pub struct TransportProbe {
     /// `connections_per_worker`); the worker's runtime gets a thread per connection, up
     /// to the cores. Same-host always uses one.
     pub connections: u32,
+    /// The client's runtime threads (the loader's `io_threads`).
+    pub io_threads: usize,
 }
 
 /// A worker that sends a copy of one prepared tensor for every sample, written into a
@@ -248,6 +250,7 @@ pub fn consume_epochs(
         .batch_size(256)
         .credits_per_worker(args.credits)
         .connections_per_worker(args.connections.max(1))
+        .io_threads(args.io_threads.max(1))
         .same_host(if same_host {
             sluice_client::SameHost::Require
         } else {
@@ -360,6 +363,7 @@ pub fn quic_probe(samples: u64, side: u32) -> Result<f64> {
         side,
         credits: 256,
         connections: 1,
+        io_threads: 2,
     };
     let (runner, _) = Synthetic::rgb(side);
     loader_once(&args, runner, false)

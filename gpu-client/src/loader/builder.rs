@@ -63,7 +63,7 @@ impl LoaderBuilder {
         labels: LabelRange, last_batch: LastBatch, short_batch: ShortBatch,
         fail_on_bad_sample: bool, fields: FieldSelection, label: LabelSource,
         max_field_bytes: u64, credits_per_worker: u32, units_per_worker: usize,
-        connections_per_worker: u32, ring_batches: usize, worker_wait: Duration,
+        connections_per_worker: u32, io_threads: usize, ring_batches: usize, worker_wait: Duration,
         heartbeat: Duration, silence: Duration, connect_timeout: Duration,
         max_unit_attempts: u32, client_name: String, same_host: SameHost,
         same_host_dir: PathBuf, prefetch_next_epoch: bool, weights: Vec<f64>,
@@ -192,7 +192,7 @@ impl LoaderBuilder {
         };
         let (planner, batch_plan) = plan_world(&config, &manifest, mixture.clone())?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(config.io_threads)
             .thread_name("sluice-client")
             .enable_all()
             .build()

@@ -268,19 +268,26 @@ fn an_early_epoch_that_failed_is_started_anew_when_asked_for() {
 }
 
 #[test]
-fn connections_per_worker_is_bounded_and_named_in_the_error() {
+fn connections_and_io_threads_are_bounded_and_named_in_the_error() {
     let manifest = tiny_manifest(&[64]);
-    for n in [0, 17] {
-        let built = Loader::builder()
+    let builder = || {
+        Loader::builder()
             .dataset(manifest.clone())
             .workers(["127.0.0.1:7100"])
             .trust_cert("/nonexistent/cert.pem")
-            .connections_per_worker(n)
-            .build();
-        match built {
-            Err(ClientError::Config { key, .. }) => assert_eq!(key, "connections_per_worker"),
-            Err(e) => panic!("{n}: {e}"),
-            Ok(_) => panic!("{n} connections were accepted"),
+    };
+    type Set = fn(LoaderBuilder, u32) -> LoaderBuilder;
+    let cases: [(&str, Set); 2] = [
+        ("connections_per_worker", |b, n| b.connections_per_worker(n)),
+        ("io_threads", |b, n| b.io_threads(n as usize)),
+    ];
+    for (name, set) in cases {
+        for n in [0, 17] {
+            match set(builder(), n).build() {
+                Err(ClientError::Config { key, .. }) => assert_eq!(key, name),
+                Err(e) => panic!("{name} {n}: {e}"),
+                Ok(_) => panic!("{name} {n} was accepted"),
+            }
         }
     }
 }

@@ -28,6 +28,9 @@ pub struct ProbeArgs {
     /// QUIC connections to the worker (the loader's `connections_per_worker`).
     #[arg(long, default_value_t = 1)]
     pub connections: u32,
+    /// The client's runtime threads (the loader's `io_threads`).
+    #[arg(long, default_value_t = 2)]
+    pub io_threads: usize,
 }
 
 impl ProbeArgs {
@@ -37,6 +40,7 @@ impl ProbeArgs {
             side: self.side,
             credits: self.credits,
             connections: self.connections,
+            io_threads: self.io_threads,
         }
     }
 }
