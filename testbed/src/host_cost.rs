@@ -6,10 +6,11 @@
 //! caller starts it, `sluice bench host-cost` runs itself for it), so this process's CPU
 //! time (user + sys, `getrusage`) is the client's alone: its runtime, the transport, the
 //! ledger, the reorder area and the batches. It is counted over the epochs after the first
-//! two (which warm up the buffers and same-host segments a loader keeps across epochs), from
-//! the second epoch's last batch to the last epoch's: each epoch's connecting and TLS
-//! handshake are in it (a few milliseconds of the seconds an 8,192-sample epoch takes), the
-//! loader's shutdown is not.
+//! (which warms up the buffers and same-host segments a loader keeps across epochs), from
+//! the first epoch's last batch to the last epoch's, with no epoch started early behind
+//! another (so none of a measured epoch's work falls outside the count): each epoch's
+//! connecting and TLS handshake are in it (a few milliseconds of the seconds an 8,192-sample
+//! epoch takes), the loader's shutdown is not.
 //!
 //! The floors, per sample of the same bytes on one thread: over QUIC, AES-256-GCM over the
 //! tensor in datagram-sized packets (the suite two rustls peers on aws-lc agree on; sealing
@@ -25,7 +26,7 @@ use crate::error::{Result, TestbedError};
 pub use crate::transport::SyntheticWorker;
 use crate::transport::{consume_epochs, TransportProbe};
 
-/// What the client spent on the samples after its first batch.
+/// What the client spent on the samples of the epochs measured.
 #[derive(Clone, Copy, Debug)]
 pub struct HostCost {
     pub samples: u64,
@@ -57,10 +58,10 @@ pub fn process_cpu_secs() -> f64 {
 }
 
 /// Runs `epochs` epochs of one loader from the worker at `addr` (its certificate and socket
-/// in `dir`) and measures this process's CPU over the epochs after the first two (one, of
-/// two; none, of one), until the last batch is delivered: those warm up what a loader keeps
-/// across epochs (its tensor buffers, its same-host segments), as the first minutes of a
-/// training run do. With one epoch, that epoch is measured from the loader's start.
+/// in `dir`), one after the other, and measures this process's CPU over the epochs after the
+/// first, until the last batch is delivered: the first warms up what a loader keeps across
+/// epochs (its tensor buffers, its same-host segments), as the first minutes of a training
+/// run do. With one epoch, that epoch is measured from the loader's start.
 pub fn client_cost(
     args: &TransportProbe,
     addr: std::net::SocketAddr,
@@ -69,9 +70,7 @@ pub fn client_cost(
     epochs: u64,
 ) -> Result<HostCost> {
     let epochs = epochs.max(1);
-    // Two epochs warm up when there are more: the second starts while the first runs, so it
-    // makes its own buffers and segments, which every later epoch finds.
-    let warmup = (epochs as usize - 1).min(2);
+    let warmup = usize::from(epochs > 1);
     let mut start = (process_cpu_secs(), Instant::now());
     let mut end = start;
     let mut delivered = vec![0u64; epochs as usize];

@@ -220,8 +220,9 @@ pub fn consume(
     consume_epochs(args, addr, dir, same_host, 1, |_, n| batch(n))
 }
 
-/// [`consume`] for `epochs` epochs of one loader (the next started early behind each, as in
-/// training), calling `batch` with the epoch and the samples it delivered so far.
+/// [`consume`] for `epochs` epochs of one loader, one after the other (none started early
+/// behind another, so each epoch's work falls inside it), calling `batch` with the epoch and
+/// the samples it delivered so far.
 pub fn consume_epochs(
     args: &TransportProbe,
     addr: std::net::SocketAddr,
@@ -245,8 +246,8 @@ pub fn consume_epochs(
         .token(TOKEN)
         .trust_cert(dir.join("cert.pem"))
         .pipeline(format!("decode | center_crop {}", args.side))
-        // No epoch is started behind the last one measured.
         .epochs(epochs.max(1))
+        .prefetch_next_epoch(false)
         .batch_size(256)
         .credits_per_worker(args.credits)
         .connections_per_worker(args.connections.max(1))

@@ -21,10 +21,10 @@ pub struct HostCostArgs {
     /// Repeat each measurement this many times and keep the cheapest.
     #[arg(long, default_value_t = 3)]
     repeat: u32,
-    /// Epochs of one loader per measurement: the first two warm up what a loader keeps
-    /// across epochs (buffers, same-host segments) and the rest are measured; 1 measures one
-    /// epoch from the loader's start.
-    #[arg(long, default_value_t = 4)]
+    /// Epochs of one loader per measurement, one after the other: the first warms up what a
+    /// loader keeps across epochs (buffers, same-host segments) and the rest are measured; 1
+    /// measures one epoch from the loader's start.
+    #[arg(long, default_value_t = 3)]
     epochs: u64,
     /// Measure this transport alone: quic or same-host.
     #[arg(long)]
@@ -66,8 +66,7 @@ pub fn run(args: HostCostArgs) -> Result<()> {
         probe.samples,
         match args.epochs {
             0 | 1 => "one epoch from the loader's start".to_string(),
-            2 => "the second epoch of one loader (the first warms it up)".to_string(),
-            n => format!("epochs 3..{n} of one loader (the first two warm it up)"),
+            n => format!("epochs 2..{n} of one loader (the first warms it up)"),
         },
         probe.credits,
         probe.connections,
