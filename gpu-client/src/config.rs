@@ -166,7 +166,7 @@ pub struct LoaderConfig {
     /// task on each side, about a core's worth. Same-host workers always get one.
     pub connections_per_worker: u32,
     /// Threads of the loader's runtime (1–16), which run its links and its coordinator:
-    /// receiving, decrypting and copying samples into batches. One costs about 12% less CPU
+    /// receiving, decrypting and copying samples into batches. One costs about 10% less CPU
     /// per sample than two (fewer wake-ups across threads; `sluice bench host-cost`), and
     /// carries about 6,000 samples/s over QUIC on a 2-core VM; two let a fast rank read more.
     pub io_threads: usize,

@@ -162,7 +162,7 @@ class Loader:
             unit's runtime directory).
         connections_per_worker: QUIC connections to each worker (1 to 16).
         io_threads: threads that receive samples and fill batches (1 to 16; default 2).
-            One costs about 12% less CPU per sample and carries about 6,000 samples/s
+            One costs about 10% less CPU per sample and carries about 6,000 samples/s
             over QUIC on a small VM; two let a fast rank read more.
         fail_on_bad_sample: fail the unit on a bad sample instead of skipping it.
         worker_wait: seconds to wait for any worker before the epoch fails.
