@@ -305,19 +305,26 @@ impl SlotPool {
         }
         let at = s.free.len() - n;
         let slots: Vec<u32> = s.free.split_off(at);
+        let mut fresh = Vec::new();
         for &slot in &slots {
             s.granted[slot as usize] = true;
-            // The segment is the client's memory (its waiting samples live there): its pages
-            // are made here, charged to this process, not by the worker's first write. A
-            // kept segment's slots have theirs already.
             if !std::mem::replace(&mut s.populated[slot as usize], true) {
-                if let Err(e) = self.segment.populate(slot) {
-                    tracing::debug!("same-host slot {slot}: {e}");
-                }
+                fresh.push(slot);
             }
         }
         s.granted_count += n;
         s.owed -= n as u32;
+        drop(s);
+        // The segment is the client's memory (its waiting samples live there): its pages are
+        // made here, charged to this process, not by the worker's first write. A kept
+        // segment's slots have theirs already. Outside the lock (a slot's pages take a
+        // fraction of a millisecond, and the reader marks slots filled meanwhile); the worker
+        // learns of these slots only from the frame sent after this returns.
+        for slot in fresh {
+            if let Err(e) = self.segment.populate(slot) {
+                tracing::debug!("same-host slot {slot}: {e}");
+            }
+        }
         Some(slots)
     }
 
