@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_client::{Loader, ShortBatch};
-use support::{path_str, synth_images};
+use support::{path_str, signal, synth_images};
 use system::{assert_exactly_once, dataset, planned, start_worker, trust_file, TOKEN};
 
 fn loader(
@@ -73,11 +73,7 @@ fn killed_and_stopped_workers_lose_and_repeat_nothing() {
             n += 1;
             if n == kill_at {
                 if sigterm {
-                    let pid = workers[victim].child.id().to_string();
-                    std::process::Command::new("kill")
-                        .args(["-TERM", &pid])
-                        .status()
-                        .unwrap();
+                    signal(workers[victim].child.id(), "-TERM");
                 } else {
                     workers[victim].kill9();
                 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_client::{Loader, SameHost};
-use support::path_str;
+use support::{path_str, signal};
 use system::{assert_exactly_once, dataset, planned, start_worker_with, trust_file, Worker, TOKEN};
 
 const PIPELINE: &str = "decode | random_resized_crop 64 | hflip 0.5";
@@ -179,24 +179,15 @@ fn samples_arrive_once_and_intact_through_shared_memory_even_when_a_worker_is_ki
     );
 }
 
-/// The memfd segments a worker maps now, by inode (a worker of one test maps only that
-/// test's client's segments; this process holds every test's).
-fn worker_segments(worker: &Worker) -> std::collections::HashSet<u64> {
-    std::fs::read_to_string(format!("/proc/{}/maps", worker.child.id()))
+/// The inode of each memfd segment mapping of process `pid` (a worker of one test maps only
+/// that test's client's segments; this process holds every test's).
+fn segment_maps(pid: u32) -> Vec<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
         .unwrap_or_default()
         .lines()
         .filter(|l| l.contains("memfd:sluice-slots"))
         .filter_map(|l| l.split_whitespace().nth(4)?.parse().ok())
         .collect()
-}
-
-fn signal(worker: &Worker, sig: &str) {
-    let pid = worker.child.id().to_string();
-    let status = std::process::Command::new("kill")
-        .args([sig, pid.as_str()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill {sig} {pid}");
 }
 
 /// One loader over several epochs keeps its segments for its next connections, and never
@@ -215,7 +206,7 @@ fn segments_are_kept_across_epochs_and_a_stalled_workers_never_handed_out() {
         let (expected, order) = reference(&data, epoch);
         let stall_at = (epoch == 1).then_some(l.batches_per_epoch() / 3);
         if epoch == 2 {
-            signal(&a, "-CONT");
+            signal(a.child.id(), "-CONT");
         }
         let (mut got, mut digests) = (Vec::new(), HashMap::new());
         let mut stream = l.epoch(epoch).unwrap();
@@ -223,10 +214,10 @@ fn segments_are_kept_across_epochs_and_a_stalled_workers_never_handed_out() {
             let batch = batch.unwrap_or_else(|e| panic!("epoch {epoch}: {e}"));
             got.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
             digest_into(&batch, &mut digests);
-            seen.extend(worker_segments(&a));
-            seen.extend(worker_segments(&b));
+            seen.extend(segment_maps(a.child.id()));
+            seen.extend(segment_maps(b.child.id()));
             if Some(n as u64) == stall_at {
-                signal(&a, "-STOP");
+                signal(a.child.id(), "-STOP");
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -295,14 +286,6 @@ fn a_pool_that_grows_and_shrinks_mid_epoch_keeps_batches_over_shared_memory() {
     );
 }
 
-fn segments_mapped(pid: u32) -> usize {
-    std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.contains("memfd:sluice-slots"))
-        .count()
-}
-
 #[test]
 fn a_killed_client_leaves_no_segment_behind() {
     let dir = tempfile::tempdir().unwrap();
@@ -338,7 +321,7 @@ fn a_killed_client_leaves_no_segment_behind() {
         .unwrap();
     let pid = w.child.id();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while segments_mapped(pid) == 0 {
+    while segment_maps(pid).is_empty() {
         assert!(Instant::now() < deadline, "the client never attached");
         assert!(
             client.try_wait().unwrap().is_none(),
@@ -349,7 +332,7 @@ fn a_killed_client_leaves_no_segment_behind() {
     let _ = client.kill();
     let _ = client.wait();
     let deadline = Instant::now() + Duration::from_secs(15);
-    while segments_mapped(pid) > 0 {
+    while !segment_maps(pid).is_empty() {
         assert!(
             Instant::now() < deadline,
             "the worker still maps the dead client's segment"

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sluice_cpu::{ShardLocation, ShardSource, SourceConfig};
 use sluice_storage::StorageConfig;
-use support::{path_str, sluice_ok};
+use support::{path_str, signal, sluice_ok};
 
 const TOKEN: &str = "cluster-token-0123456789";
 
@@ -361,15 +361,7 @@ fn a_hung_storage_node_fails_over_to_its_replica() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(400));
-    let stop = |signal: &str| {
-        let ok = std::process::Command::new("kill")
-            .args([signal, &a.id().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {signal}");
-    };
-    stop("-STOP");
+    signal(a.id(), "-STOP");
     // A guard against the hang this test is about: loadgen is killed after 120 s.
     let pid = child.id();
     let guard = std::thread::spawn(move || {
@@ -387,7 +379,7 @@ fn a_hung_storage_node_fails_over_to_its_replica() {
     let output = child.wait_with_output().unwrap();
     let elapsed = started.elapsed();
     let hung = guard.join().unwrap();
-    stop("-CONT");
+    signal(a.id(), "-CONT");
     let _ = a.kill();
     let _ = a.wait();
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use support::{path_str, sluice, sluice_ok};
+use support::{path_str, signal, sluice, sluice_ok};
 
 struct Daemon {
     child: Child,
@@ -124,11 +124,7 @@ fn put_index_and_a_graceful_sigterm() {
         .unwrap();
     let mut head = [0u8; 1024];
     let n = s.read(&mut head).unwrap();
-    let st = Command::new("kill")
-        .args(["-TERM", &node.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
+    signal(node.child.id(), "-TERM");
     let mut all = head[..n].to_vec();
     s.read_to_end(&mut all).unwrap();
     let body_at = all.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;

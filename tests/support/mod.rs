@@ -191,6 +191,17 @@ pub fn shard_files(dir: &Path) -> Vec<PathBuf> {
     v
 }
 
+/// Sends `sig` (`-STOP`, `-CONT`, `-TERM`, …) to process `pid` with kill(1), asserting that
+/// it was delivered.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
 /// Resident memory of process `pid`, KiB (0 once it is gone).
 pub fn rss_kb(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

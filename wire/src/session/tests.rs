@@ -395,16 +395,7 @@ fn a_unit_whose_runner_panics_fails_and_gives_its_slot_back() {
         Message::Credit { job: 1, samples: 5 },
         now,
     );
-    send(
-        &mut w.lock().unwrap(),
-        a,
-        Message::Assign(assign(1, 10)),
-        now,
-    );
-    assert!(matches!(
-        w.lock().unwrap().take_wakes()[..],
-        [Wake::Start(10)]
-    ));
+    starts_at_once(&w, a, 10, now);
     let parker = Parker::new();
     let thread = UnitThread {
         worker: &w,
@@ -419,14 +410,16 @@ fn a_unit_whose_runner_panics_fails_and_gives_its_slot_back() {
         other => panic!("{other:?}"),
     }
     // The slot is free: another unit starts at once.
-    send(
-        &mut w.lock().unwrap(),
-        a,
-        Message::Assign(assign(1, 11)),
-        now,
+    starts_at_once(&w, a, 11, now);
+}
+
+/// Assigns `unit` of job 1 on `conn` and checks that it is started at once.
+fn starts_at_once(w: &std::sync::Mutex<W>, conn: ConnId, unit: u64, now: Instant) {
+    let mut w = w.lock().unwrap();
+    send(&mut w, conn, Message::Assign(assign(1, unit)), now);
+    let wakes = w.take_wakes();
+    assert!(
+        matches!(wakes[..], [Wake::Start(u)] if u == unit),
+        "unit {unit}: {wakes:?}"
     );
-    assert!(matches!(
-        w.lock().unwrap().take_wakes()[..],
-        [Wake::Start(11)]
-    ));
 }
