@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
+use sluice_wire::copy::{copy_tensor, Streaming, STREAMING_FROM};
 use sluice_wire::shm::{ProcessWatch, Segment, ShmError};
 use sluice_wire::BufferPool;
 use tokio::sync::Notify;
@@ -442,12 +443,17 @@ impl Payload {
     /// Copies the sample's tensor (`dst.len()` bytes) into `dst`.
     pub(crate) fn copy_tensor(&self, dst: &mut [u8]) {
         match self {
-            Payload::Bytes(b) => dst.copy_from_slice(&b[..dst.len()]),
+            Payload::Bytes(b) => copy_tensor(dst, &b[..dst.len()]),
             Payload::Chunks(chunks) => {
+                // One tensor in packets: streamed as a whole when it is large.
+                let mut streaming = (dst.len() >= STREAMING_FROM).then(Streaming::new);
                 let mut at = 0;
                 for c in chunks {
                     let n = c.len().min(dst.len() - at);
-                    dst[at..at + n].copy_from_slice(&c[..n]);
+                    match streaming.as_mut() {
+                        Some(s) => s.copy(&mut dst[at..at + n], &c[..n]),
+                        None => dst[at..at + n].copy_from_slice(&c[..n]),
+                    }
                     at += n;
                 }
             }

@@ -1,7 +1,8 @@
 //! The wire protocol between GPU clients and CPU workers: versioned message headers
 //! ([`message`]), a sans-IO length-prefixed frame codec ([`codec`]), the worker's job interface
 //! shared by the daemon and the in-process mode ([`runner`]), the tensor buffers both ends
-//! reuse ([`buffers`]), the worker's rules as a state machine ([`session`]), the QUIC
+//! reuse ([`buffers`]), the one copy a client makes of each tensor, into its batch ([`copy`]),
+//! the worker's rules as a state machine ([`session`]), the QUIC
 //! datagram and socket-buffer sizes both ends use ([`quic`];
 //! behind `udp`, the call that grows a socket's buffer), and, behind the `io` feature, a
 //! thin async shell over any byte stream ([`io`]); behind `shm`, the same-host transport's
@@ -16,6 +17,7 @@
 
 pub mod buffers;
 pub mod codec;
+pub mod copy;
 pub mod fields;
 #[cfg(feature = "io")]
 pub mod io;
