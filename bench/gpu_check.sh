@@ -3,17 +3,19 @@
 # with an NVIDIA GPU (none is needed to build them). Build on any x86_64 Linux machine:
 #
 #   cargo build --release --features cuda -p sluice
-#   cargo build --release --features cuda -p sluice-python
 #   cargo test --release --features cuda -p sluice-client --no-run   # prints the test binary
+#   MATURIN_PEP517_ARGS="--features cuda --strip" pip wheel --no-deps -w FOLDER ./python
 #
-# and put into one folder: `sluice`, the test binary as `cuda_tests`, and
-# `py/sluice.abi3.so` (target/release/libsluice.so). Then, on the GPU machine, from the repo root:
+# and put into one folder: `sluice`, the test binary as `cuda_tests`, and the wheel
+# (`sluice-*.whl`; it is installed into FOLDER/py with pip, no index needed). Then, on the GPU
+# machine, from the repo root:
 #
 #   bash bench/gpu_check.sh FOLDER [OUTPUT]
 #
 # It runs: the CUDA unit tests (they skip without a GPU; here they must run), `sluice bench
 # upload` (pinned ring vs a plain pinned copy), `sluice loadgen` with the host and the CUDA sink
-# on a generated dataset, and the Python tests with torch on the GPU. Everything it prints also
+# on a generated dataset, `sluice bench host-cost` (the client's CPU per sample on a GPU node's
+# cores), and the Python tests with torch (and Lightning, Accelerate where installed) on the GPU. Everything it prints also
 # goes to OUTPUT/gpu_check.log (default $OUT, else /tmp/gpu-check).
 set -uo pipefail
 dir=$(realpath "${1:?usage: gpu_check.sh FOLDER [OUTPUT]}")
@@ -25,6 +27,8 @@ step() { echo; echo "== $*"; }
 check() { "$@" || failures+=("$*"); }
 
 step "machine"
+rm -rf "$dir/py" && python3 -m pip install -q --no-index --no-deps --no-compile --target "$dir/py" "$dir"/sluice-*.whl \
+    || failures+=("installing the wheel")
 nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv
 nproc
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" || true
@@ -62,6 +66,10 @@ check "$dir/sluice" loadgen --dataset "$data/shards/manifest.json" --workers loc
 
 step "sluice bench transport (QUIC, same-host, TCP, memcpy)"
 check "$dir/sluice" bench transport
+
+step "sluice bench host-cost (client CPU per sample beside its floor)"
+check "$dir/sluice" bench host-cost --repeat 2
+check "$dir/sluice" bench host-cost --repeat 2 --io-threads 1
 
 step "Python iterator beside the Rust loader, one same-host worker, host and device batches"
 token=$(mktemp); echo "gpu-check-token-123456" > "$token"

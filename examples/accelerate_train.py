@@ -40,7 +40,10 @@ def main():
     p.add_argument("--keys-out", help="a folder for the keys each rank trained on")
     a = p.parse_args()
 
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    # A GPU for each process on this host, else the CPU (gloo): two ranks on one GPU would
+    # share it, which NCCL refuses ("Duplicate GPU detected").
+    per_host = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    accelerator = Accelerator(cpu=torch.cuda.device_count() < per_host)
     loader = Loader(a.dataset, batch_size=a.batch_size, seed=a.seed,
                     pipeline=PIPELINE.replace("64", str(a.size)))
     model = torch.nn.Linear(3 * a.size * a.size, a.classes)
