@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sluice_wire::io::{FrameReader, IoError};
 use sluice_wire::session::{
@@ -63,6 +63,12 @@ pub(crate) trait Outbound: Send {
     /// Sends one frame, taking its payload over (a buffered transport may hold it until
     /// [`Outbound::flush`]).
     async fn frame(&mut self, message: &Message, payload: bytes::Bytes) -> Result<(), SendError>;
+
+    /// How long a sample's frame may wait in the buffer for the next ones once no more are
+    /// queued, so that one write (and one wake-up of the client) carries several; `None`
+    /// flushes at once. Frames the session sends (unit ends, errors, heartbeats) flush
+    /// everything at once.
+    const FLUSH_DELAY: Option<Duration> = None;
 
     /// Sends what `frame` buffered.
     async fn flush(&mut self) -> Result<(), SendError> {
@@ -322,6 +328,7 @@ impl Connection {
         let _abort = AbortOnDrop(reader_task);
         let draining = self.state.draining.clone();
         let mut drain_seen = false;
+        let mut held = Held::default();
         loop {
             let deadline = lock(&self.state.rules)
                 .poll_timeout(self.conn)
@@ -341,13 +348,23 @@ impl Connection {
                         if let Err(e) = writer.frame(&m, payload).await {
                             return send_failed(e);
                         }
-                        if self.out_rx.is_empty() && writer.flush().await.is_err() {
+                        if self.out_rx.is_empty()
+                            && held.sample(tokio::time::Instant::now(), W::FLUSH_DELAY)
+                            && writer.flush().await.is_err()
+                        {
                             return Ended::ClientClosed;
                         }
                         continue;
                     }
                     Produced::Finished => Input::Finished,
                 },
+                _ = sleep_until(held.due()), if held.due().is_some() => {
+                    held.flushed();
+                    if writer.flush().await.is_err() {
+                        return Ended::ClientClosed;
+                    }
+                    continue;
+                }
                 _ = sleep_until(deadline) => Input::Timeout,
                 _ = draining.cancelled(), if !drain_seen => {
                     drain_seen = true;
@@ -364,8 +381,11 @@ impl Connection {
                 return Ended::Worker(end);
             }
             // Frames queued behind this one go out in the same write.
-            if self.out_rx.is_empty() && writer.flush().await.is_err() {
-                return Ended::ClientClosed;
+            if self.out_rx.is_empty() {
+                held.flushed();
+                if writer.flush().await.is_err() {
+                    return Ended::ClientClosed;
+                }
             }
         }
     }
@@ -487,6 +507,36 @@ fn launch(
     })
 }
 
+/// When a buffered transport writes the sample frames it holds ([`Outbound::FLUSH_DELAY`]).
+#[derive(Default)]
+struct Held {
+    due: Option<tokio::time::Instant>,
+}
+
+impl Held {
+    /// A sample's frame was buffered with none queued behind it: whether to flush now (no
+    /// delay), else it goes out at the latest `delay` after the first frame held, however
+    /// many follow it.
+    fn sample(&mut self, now: tokio::time::Instant, delay: Option<Duration>) -> bool {
+        match delay {
+            None => true,
+            Some(d) => {
+                self.due.get_or_insert(now + d);
+                false
+            }
+        }
+    }
+
+    fn due(&self) -> Option<tokio::time::Instant> {
+        self.due
+    }
+
+    /// Everything buffered went out.
+    fn flushed(&mut self) {
+        self.due = None;
+    }
+}
+
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
@@ -515,4 +565,25 @@ fn publish(slots: usize, waiting: usize) {
     metrics::gauge!("sluice_cpu_unit_slots").set(slots as f64);
     metrics::gauge!("sluice_cpu_units_waiting").set(waiting as f64);
     metrics::gauge!("sluice_cpu_units_waiting_per_slot").set(waiting as f64 / slots.max(1) as f64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_frames_go_out_at_most_the_delay_after_the_first() {
+        let t0 = tokio::time::Instant::now();
+        let ms = Duration::from_millis(1);
+        let mut held = Held::default();
+        assert!(held.sample(t0, None), "no delay: at once");
+        assert_eq!(held.due(), None);
+        assert!(!held.sample(t0, Some(ms)));
+        assert!(!held.sample(t0 + ms / 2, Some(ms)), "a steady stream");
+        assert_eq!(held.due(), Some(t0 + ms), "does not put the write off");
+        held.flushed();
+        assert_eq!(held.due(), None);
+        assert!(!held.sample(t0 + 3 * ms, Some(ms)));
+        assert_eq!(held.due(), Some(t0 + 4 * ms));
+    }
 }
