@@ -6,9 +6,11 @@
 //! cache. A plain `memcpy` of a large tensor still reads each destination line into the cache
 //! first (read-for-ownership) and evicts the source, which the worker has just written and
 //! which is often still in the shared cache. Non-temporal (streaming) stores write the
-//! destination straight to memory instead. On this project's 2-core VM, a 150 KB tensor from
-//! a hot source copies in about 10 µs that way against 21–27 µs with `memcpy`; from a cold
-//! source the two are within 10% (the streaming copy was not slower in any run).
+//! destination straight to memory instead. On this project's 2-core VM, a 150 KB tensor that
+//! another core has just written copies in about 10 µs that way against 16 µs with `memcpy`
+//! (a microbenchmark), and `sluice bench host-cost` over same-host dropped by about 8%. From a
+//! source long out of every cache it can be a little slower (12–13 against 14 µs there), which
+//! is why that benchmark's floor takes the cheaper of the two.
 //!
 //! Small tensors (under [`STREAMING_FROM`]) are copied plainly: they fit the cache, where the
 //! consumer may well read them soon.
