@@ -15,8 +15,9 @@
 # It runs: the CUDA unit tests (they skip without a GPU; here they must run), `sluice bench
 # upload` (pinned ring vs a plain pinned copy), `sluice loadgen` with the host and the CUDA sink
 # on a generated dataset, `sluice bench host-cost` (the client's CPU per sample on a GPU node's
-# cores), and the Python tests with torch (and Lightning, Accelerate where installed) on the GPU. Everything it prints also
-# goes to OUTPUT/gpu_check.log (default $OUT, else /tmp/gpu-check).
+# cores), and the Python tests with torch (and Lightning, Accelerate where installed) on the
+# GPU. Everything it prints also goes to OUTPUT/gpu_check.log (default $OUT, else
+# /tmp/gpu-check).
 set -uo pipefail
 dir=$(realpath "${1:?usage: gpu_check.sh FOLDER [OUTPUT]}")
 out=${2:-${OUT:-/tmp/gpu-check}}
