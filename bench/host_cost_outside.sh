@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# What the client costs a GPU host, measured from outside as issue 37 defines it: the CPU time
+# (user + sys) of a 1-rank `sluice loadgen` process per delivered sample, decoding done by a
+# separate `sluice cpu --threads 2`, over same-host shared memory and over QUIC. `sluice bench
+# host-cost` measures the client against a worker that serves ready-made tensors as fast as it
+# can; this measures it at the pace a real worker decodes, where each sample's arrival is a
+# wake-up of its own. The figure includes loadgen's start (about 85 ms here): give it epochs.
+#
+#   bash bench/host_cost_outside.sh [EPOCHS] [ROUNDS]      # defaults: 80 epochs, 2 rounds
+#
+# Data: the first 196 JPEGs of ../shared/data/imagenet-sample with their labels (4 shards of
+# 50), or, without ../shared, 196 generated ones (says so). The binary is target/release/sluice
+# (built if missing) or $SLUICE_BIN; $SLUICE_BIN_B, if set, is measured alternately beside it
+# (an A/B of two builds on one machine). Prints one line per run:
+#   outside <transport> <binary> <µs per sample> <samples/s>
+set -euo pipefail
+cd "$(dirname "$0")/.."
+epochs=${1:-80}
+rounds=${2:-2}
+if [ -z "${SLUICE_BIN:-}" ]; then
+    [ -x target/release/sluice ] || cargo build --release --locked -p sluice >&2
+    SLUICE_BIN=$PWD/target/release/sluice
+fi
+bins=("$SLUICE_BIN")
+[ -n "${SLUICE_BIN_B:-}" ] && bins+=("$SLUICE_BIN_B")
+
+work=$(mktemp -d)
+worker_pid=
+cleanup() {
+    [ -n "$worker_pid" ] && kill "$worker_pid" 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+shared=../shared/data/imagenet-sample
+mkdir -p "$work/images"
+if [ -f "$shared/labels.tsv" ]; then
+    head -197 "$shared/labels.tsv" > "$work/labels.tsv"
+    tail -n +2 "$work/labels.tsv" | cut -f1 | while read -r f; do
+        ln -s "$(realpath "$shared/$f")" "$work/images/$f"
+    done
+    labels=(--labels "$work/labels.tsv")
+else
+    echo "note: no $shared; 196 generated JPEGs instead" >&2
+    "$SLUICE_BIN" synth --output "$work/gen" --classes 4 --per-class 49 >/dev/null
+    rmdir "$work/images" && mv "$work/gen" "$work/images"
+    labels=()
+fi
+"$SLUICE_BIN" shard --input "$work/images" "${labels[@]}" --output "$work/shards/s-%06d.tar" \
+    --max-count 50 --manifest "$work/shards/manifest.json" >/dev/null
+echo "gpu-host-cost-token-0123456789" > "$work/token"
+samples=$(( 196 * epochs ))
+
+# One run: a fresh worker, then loadgen timed by bash's `time` (its CPU alone).
+run() {
+    local bin=$1 transport=$2 state
+    state=$(mktemp -d -p "$work")
+    local same=(--no-same-host) client=()
+    if [ "$transport" = same-host ]; then
+        same=(--same-host-dir "$state/sock")
+        client=(--same-host-dir "$state/sock")
+    fi
+    "$bin" cpu --listen 127.0.0.1:0 --threads 2 --state-dir "$state" --token-file "$work/token" \
+        "${same[@]}" 2> "$state/cpu.log" &
+    worker_pid=$!
+    local addr=
+    for _ in $(seq 300); do
+        addr=$(grep -om1 'listen=[0-9.:]*' "$state/cpu.log" | cut -d= -f2 || true)
+        [ -n "$addr" ] && break
+        sleep 0.1
+    done
+    [ -n "$addr" ] || { echo "sluice cpu did not start: $(cat "$state/cpu.log")" >&2; exit 1; }
+    local TIMEFORMAT='%U %S %R' times
+    times=$( { time "$bin" loadgen --dataset "$work/shards/manifest.json" --workers "$addr" \
+        --trust-cert "$state/cert.pem" --token-file "$work/token" --ranks 1 --batch-size 32 \
+        --epochs "$epochs" "${client[@]}" > "$state/loadgen.log" 2>&1 ; } 2>&1 )
+    kill "$worker_pid" && wait "$worker_pid" 2>/dev/null || true
+    worker_pid=
+    grep -q "all ranks" "$state/loadgen.log" || { cat "$state/loadgen.log" >&2; exit 1; }
+    read -r user sys wall <<< "$times"
+    awk -v u="$user" -v s="$sys" -v w="$wall" -v n="$samples" -v t="$transport" -v b="$(basename "$bin")" \
+        'BEGIN { printf "outside\t%s\t%s\t%.1f µs/sample\t%.0f samples/s\n", t, b, (u + s) * 1e6 / n, n / w }'
+}
+
+echo "host cost from outside: loadgen's CPU per sample, 1 rank, batch 32, $epochs epochs of 196 JPEGs, beside sluice cpu --threads 2"
+for _ in $(seq "$rounds"); do
+    for transport in same-host quic; do
+        for bin in "${bins[@]}"; do
+            run "$bin" "$transport"
+        done
+    done
+done
