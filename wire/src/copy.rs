@@ -13,7 +13,7 @@
 //! is why that benchmark's floor takes the cheaper of the two.
 //!
 //! Small tensors (under [`STREAMING_FROM`]) are copied plainly: they fit the cache, where the
-//! consumer may well read them soon.
+//! consumer may well read them soon. So are QUIC packets (see [`Streaming`]).
 
 /// Tensors of at least this many bytes are worth streaming stores ([`Streaming`]).
 pub const STREAMING_FROM: usize = 16 << 10;
@@ -32,9 +32,12 @@ pub fn copy_tensor(dst: &mut [u8], src: &[u8]) {
 }
 
 /// Streaming copies (x86-64: SSE2 `movntdq`, which every x86-64 processor has; a plain copy
-/// elsewhere), for one tensor in one or several pieces (a QUIC tensor arrives in packets).
-/// Dropping it fences the stores, so the bytes are visible before whatever the caller does
-/// next (a DMA, handing the batch to another thread).
+/// elsewhere), for one tensor in one or several pieces. Dropping it fences the stores, so the
+/// bytes are visible before whatever the caller does next (a DMA, handing the batch to
+/// another thread).
+///
+/// Not for QUIC packets: the thread that copies them has just decrypted them, so they are in
+/// its cache, and their ends fall mid-line; a plain copy measured 3–6% cheaper there.
 pub struct Streaming(());
 
 impl Streaming {
