@@ -24,10 +24,24 @@ pub const STREAMING_FROM: usize = 16 << 10;
 /// # Panics
 /// If the lengths differ, as `copy_from_slice` does.
 pub fn copy_tensor(dst: &mut [u8], src: &[u8]) {
-    if dst.len() >= STREAMING_FROM {
-        Streaming::new().copy(dst, src);
+    assert_eq!(dst.len(), src.len(), "a tensor copy: lengths differ");
+    // SAFETY: both are valid for `len` bytes, and a `&mut` and a `&` cannot overlap.
+    unsafe { copy_tensor_raw(dst.as_mut_ptr(), src.as_ptr(), dst.len()) }
+}
+
+/// [`copy_tensor`] from memory that another process may write (a shared-memory slot), which
+/// Rust must not see as a `&[u8]`.
+///
+/// # Safety
+/// `src` must be valid for reads of `len` bytes and `dst` for writes of `len` bytes, and the
+/// two must not overlap.
+pub unsafe fn copy_tensor_raw(dst: *mut u8, src: *const u8, len: usize) {
+    if len >= STREAMING_FROM {
+        // SAFETY: the caller's contract.
+        unsafe { Streaming::new().copy_raw(dst, src, len) }
     } else {
-        dst.copy_from_slice(src);
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
     }
 }
 

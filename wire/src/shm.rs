@@ -192,17 +192,11 @@ impl Segment {
         Ok(())
     }
 
-    /// Copies the start of `slot` into `dst` (a batch: with streaming stores from
-    /// [`crate::copy::STREAMING_FROM`] bytes on, see [`crate::copy`]).
+    /// Copies the start of `slot` into `dst`, a batch ([`crate::copy::copy_tensor_raw`]).
     pub fn read(&self, slot: u32, dst: &mut [u8]) -> Result<(), ShmError> {
         let src = self.slot_ptr(slot, dst.len())?;
-        if dst.len() >= crate::copy::STREAMING_FROM {
-            // SAFETY: as in `write`.
-            unsafe { crate::copy::Streaming::new().copy_raw(dst.as_mut_ptr(), src, dst.len()) };
-        } else {
-            // SAFETY: as in `write`.
-            unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
-        }
+        // SAFETY: as in `write`.
+        unsafe { crate::copy::copy_tensor_raw(dst.as_mut_ptr(), src, dst.len()) };
         Ok(())
     }
 
