@@ -183,14 +183,6 @@ impl Slots {
 struct UnixOut(FrameWriter<tokio::io::BufWriter<OwnedWriteHalf>>);
 
 impl Outbound for UnixOut {
-    /// A trainer takes samples at a few thousand a second, one frame each, and each write
-    /// wakes its client: holding a frame about a millisecond (tokio's timer rounds up to the
-    /// next one) lets one write carry what the decode threads finish meanwhile. Against a
-    /// separate `sluice cpu --threads 2` at about 1,600 samples/s, the client's CPU per
-    /// sample went from 43.5–46.3 to 37.9–38.9 µs (three alternated runs of 80 epochs); the
-    /// wait is small beside a batch (20 ms for 32 samples there) and the credit window.
-    const FLUSH_DELAY: Option<std::time::Duration> = Some(std::time::Duration::from_millis(1));
-
     async fn frame(&mut self, message: &Message, payload: bytes::Bytes) -> Result<(), SendError> {
         Ok(self.0.send(message, &[&payload]).await?)
     }

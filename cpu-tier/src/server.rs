@@ -458,12 +458,6 @@ impl QuicOut {
 }
 
 impl Outbound for QuicOut {
-    /// As over same-host (`same_host::UnixOut`): against a separate `sluice cpu --threads 2`
-    /// at about 1,500 samples/s, loadgen's CPU per sample went from 117.4–125.8 to
-    /// 112.6–114.9 µs (three alternated runs of 80 epochs); `bench host-cost`, where frames
-    /// queue anyway, did not change.
-    const FLUSH_DELAY: Option<Duration> = Some(Duration::from_millis(1));
-
     async fn frame(&mut self, message: &Message, payload: bytes::Bytes) -> Result<(), SendError> {
         let mut head = Vec::with_capacity(128);
         sluice_wire::codec::encode_header(message, payload.len() as u64, &self.limits, &mut head)?;
