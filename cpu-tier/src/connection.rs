@@ -147,7 +147,10 @@ fn run_unit(state: &Arc<State>, launch: &Arc<Launch>) {
         };
         let sample = matches!(
             frame,
-            Produced::Frame(Message::Sample(_) | Message::ShmSample { .. }, _)
+            Produced::Frame(
+                Message::Sample(_) | Message::ShmSample { .. } | Message::ShmPlaced { .. },
+                _
+            )
         );
         if launch.parker.stopped() || launch.out.blocking_send(frame).is_err() {
             dead.store(true, Ordering::Relaxed);
@@ -183,6 +186,9 @@ fn run_unit(state: &Arc<State>, launch: &Arc<Launch>) {
             warn!("assignment failed: {}", failed.error);
         }
         _ => {}
+    }
+    if let Some(slots) = &job.slots {
+        slots.unit_ended(assign.unit, assign.attempt);
     }
     if let Some(frame) = end.filter(|_| !dead.load(Ordering::Relaxed)) {
         let _ = launch
@@ -442,6 +448,17 @@ impl Connection {
                             None => {}
                         }
                     }
+                    Effect::Places { job, places } => {
+                        let added = self
+                            .jobs
+                            .get(&job)
+                            .and_then(|j| j.slots.as_ref())
+                            .map(|pool| pool.add_places(&places));
+                        if let Some(Err(why)) = added {
+                            end = Some(End::Error(ErrorCode::BadRequest, why));
+                            break;
+                        }
+                    }
                     Effect::Cancelled(job) => {
                         self.jobs.remove(&job);
                         info!(job, "job cancelled by the client");
@@ -486,6 +503,9 @@ fn launch(
         .get(&assign.job)
         .cloned()
         .expect("the worker accepts assignments only for jobs this connection opened");
+    if let Some(slots) = &job.slots {
+        slots.unit_started(assign.unit, assign.attempt);
+    }
     Arc::new(Launch {
         id,
         assign: assign.clone(),
@@ -543,7 +563,10 @@ fn count_sent(m: &Message, payload: usize) {
             metrics::counter!("sluice_cpu_samples_sent_total").increment(1);
             metrics::counter!("sluice_cpu_bytes_sent_total").increment(payload as u64);
         }
-        Message::ShmSample { header, .. } => {
+        Message::ShmSample { header, .. } | Message::ShmPlaced { header, .. } => {
+            if matches!(m, Message::ShmPlaced { .. }) {
+                metrics::counter!("sluice_cpu_placed_samples_total").increment(1);
+            }
             metrics::counter!("sluice_cpu_same_host_samples_total").increment(1);
             metrics::counter!("sluice_cpu_bytes_sent_total").increment(header.payload_len());
         }

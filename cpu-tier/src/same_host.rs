@@ -31,7 +31,9 @@ use std::time::Duration;
 
 use sluice_wire::io::{FrameReader, FrameWriter};
 use sluice_wire::shm::{self, socket_path, Segment};
-use sluice_wire::{ErrorCode, ErrorMessage, Message, SampleHeader, SamplePayload, ShmAttach};
+use sluice_wire::{
+    ErrorCode, ErrorMessage, Message, Place, SampleHeader, SamplePayload, ShmAttach,
+};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tracing::{info, warn};
@@ -110,19 +112,33 @@ pub fn bind(config: &SameHost, port: u16) -> Result<Listener, SameHostError> {
     Ok(listener)
 }
 
-/// A same-host job's segment and which of its slots the worker may write.
+/// A same-host job's segment and which of its slots the worker may write; with the client's
+/// batch arena, the places it gave for samples of the units running here.
 pub(crate) struct Slots {
     segment: Segment,
     /// Slots granted and not yet filled, in grant order; `held[i]` says whether `i` is one.
     state: Mutex<(std::collections::VecDeque<u32>, Vec<bool>)>,
+    /// The client's batches, when it shares them.
+    arena: Option<Segment>,
+    places: Mutex<Places>,
+}
+
+/// The places a client gave, kept only while their unit runs here: a place that arrives
+/// after its unit ended is dropped, so the table never outgrows the units in flight.
+#[derive(Default)]
+struct Places {
+    /// By (unit, attempt), then sample index.
+    running: std::collections::HashMap<(u64, u32), std::collections::HashMap<u64, u32>>,
 }
 
 impl Slots {
-    fn new(segment: Segment) -> Self {
+    fn new(segment: Segment, arena: Option<Segment>) -> Self {
         let n = segment.slots() as usize;
         Slots {
             segment,
             state: Mutex::new((std::collections::VecDeque::with_capacity(n), vec![false; n])),
+            arena,
+            places: Mutex::default(),
         }
     }
 
@@ -148,8 +164,47 @@ impl Slots {
         Ok(slots.len())
     }
 
-    /// Writes a sample's tensor into the next granted slot: the frame to send and its
-    /// payload (the fields only).
+    /// Unit `(unit, attempt)` starts here: places may come for its samples.
+    pub(crate) fn unit_started(&self, unit: u64, attempt: u32) {
+        if let Ok(mut p) = self.places.lock() {
+            p.running.entry((unit, attempt)).or_default();
+        }
+    }
+
+    /// Unit `(unit, attempt)` ended: its places that were not used are forgotten.
+    pub(crate) fn unit_ended(&self, unit: u64, attempt: u32) {
+        if let Ok(mut p) = self.places.lock() {
+            p.running.remove(&(unit, attempt));
+        }
+    }
+
+    /// Takes the client's places, or says what is wrong with them.
+    pub(crate) fn add_places(&self, places: &[Place]) -> Result<(), String> {
+        let arena = self
+            .arena
+            .as_ref()
+            .ok_or("sample places, but the client attached no batch arena")?;
+        let mut p = self.places.lock().map_err(|_| "place table poisoned")?;
+        for place in places {
+            if place.place >= arena.slots() {
+                return Err(format!(
+                    "place {} for sample {} of unit {}, the arena has {}",
+                    place.place,
+                    place.index,
+                    place.unit,
+                    arena.slots()
+                ));
+            }
+            if let Some(unit) = p.running.get_mut(&(place.unit, place.attempt)) {
+                unit.insert(place.index, place.place);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a sample's tensor into its place in the client's batch, if it has one, else into
+    /// the next granted slot: the frame to send and its payload (the fields only). A placed
+    /// sample still takes a credit, and gives its slot back in the frame unused.
     pub(crate) fn place(
         &self,
         header: SampleHeader,
@@ -171,6 +226,20 @@ impl Slots {
             held[slot as usize] = false;
             slot
         };
+        let place = self.places.lock().ok().and_then(|mut p| {
+            p.running
+                .get_mut(&(header.unit, header.attempt))?
+                .remove(&header.index)
+        });
+        if let (Some(place), Some(arena)) = (place, &self.arena) {
+            arena.write(place, tensor).map_err(|e| e.to_string())?;
+            let frame = Message::ShmPlaced {
+                slot,
+                place,
+                header,
+            };
+            return Ok((frame, fields.to_vec()));
+        }
         self.segment
             .write(slot, tensor)
             .map_err(|e| e.to_string())?;
@@ -322,11 +391,18 @@ async fn open(
         job,
         shape.bytes(),
     )?;
-    let fd = shm::recv_fd(reader.get_ref().as_ref())
-        .await
-        .map_err(|e| bad(e.to_string()))?;
+    let socket = reader.get_ref().as_ref();
+    let fd = shm::recv_fd(socket).await.map_err(|e| bad(e.to_string()))?;
     let segment = Segment::open(fd, &attach).map_err(|e| bad(e.to_string()))?;
-    connection.attach(job, Arc::new(Slots::new(segment)));
+    let arena = match attach.places {
+        0 => None,
+        _ => {
+            let fd = shm::recv_fd(socket).await.map_err(|e| bad(e.to_string()))?;
+            let arena = Segment::open_arena(fd, &attach).map_err(|e| bad(e.to_string()))?;
+            Some(arena)
+        }
+    };
+    connection.attach(job, Arc::new(Slots::new(segment, arena)));
     writer
         .send(&Message::ShmAttached { job }, &[])
         .await
@@ -337,6 +413,9 @@ async fn open(
 /// Slots a segment may have beyond `limits.max_credits`: the client keeps samples that
 /// arrived before their turn in them (its default bound on those is 2,560).
 const MAX_SPARE_SLOTS: u32 = 1 << 16;
+
+/// Samples a client's batch arena may hold (its batches, back to back).
+const MAX_PLACES: u32 = 1 << 16;
 
 fn check_attach(
     config: &SameHost,
@@ -365,12 +444,20 @@ fn check_attach(
             attach.slots
         ));
     }
-    let bytes = u64::from(attach.slots).saturating_mul(attach.slot_bytes);
-    if bytes > config.max_segment_bytes {
+    if attach.places > MAX_PLACES {
         return bad(format!(
-            "a segment of {bytes} bytes exceeds same_host.max_segment_bytes = {}",
-            config.max_segment_bytes
+            "a batch arena of {} samples (at most {MAX_PLACES})",
+            attach.places
         ));
+    }
+    for (what, n) in [("segment", attach.slots), ("batch arena", attach.places)] {
+        let bytes = u64::from(n).saturating_mul(attach.slot_bytes);
+        if bytes > config.max_segment_bytes {
+            return bad(format!(
+                "a {what} of {bytes} bytes exceeds same_host.max_segment_bytes = {}",
+                config.max_segment_bytes
+            ));
+        }
     }
     Ok(())
 }
@@ -401,6 +488,7 @@ mod tests {
             job: 1,
             slots,
             slot_bytes,
+            places: 0,
         };
         assert!(check_attach(&c, 64, &a(8, 100), 1, 100).is_ok());
         let e = |r: Result<(), Refusal>| r.unwrap_err().1;
@@ -418,7 +506,7 @@ mod tests {
 
     #[test]
     fn slots_are_written_only_when_granted() {
-        let slots = Slots::new(Segment::create("sluice-test", 2, 4).unwrap());
+        let slots = Slots::new(Segment::create("sluice-test", 2, 4).unwrap(), None);
         let header = |key: &str| SampleHeader {
             job: 1,
             unit: 0,
@@ -447,5 +535,82 @@ mod tests {
             Ok(1),
             "filled slots may be granted again"
         );
+    }
+
+    #[test]
+    fn a_placed_sample_goes_into_the_clients_batch_and_gives_its_slot_back() {
+        let arena = Segment::create("sluice-test", 4, 4).unwrap();
+        let view = Segment::open_arena(
+            arena.fd().try_clone_to_owned().unwrap(),
+            &ShmAttach {
+                job: 1,
+                slots: 2,
+                slot_bytes: 4,
+                places: 4,
+            },
+        )
+        .unwrap();
+        let slots = Slots::new(Segment::create("sluice-test", 2, 4).unwrap(), Some(view));
+        let header = |unit, index| SampleHeader {
+            job: 1,
+            unit,
+            attempt: 0,
+            shard: 0,
+            index,
+            key: format!("{unit}/{index}"),
+            label: None,
+            tensor_bytes: 4,
+            fields: vec![("txt".into(), 1)],
+            geometry: Default::default(),
+        };
+        let place = |unit, index, place| Place {
+            unit,
+            attempt: 0,
+            index,
+            place,
+        };
+        slots.unit_started(7, 0);
+        assert!(
+            slots
+                .add_places(&[place(7, 0, 4)])
+                .unwrap_err()
+                .contains("arena has 4"),
+            "outside the arena"
+        );
+        // Unit 8 is not running here: its place is dropped, and its sample takes a slot.
+        slots.add_places(&[place(7, 0, 3), place(8, 0, 2)]).unwrap();
+        slots.grant(&[0, 1]).unwrap();
+        let (m, fields) = slots.place(header(7, 0), &[1, 2, 3, 4, 9]).unwrap();
+        assert!(
+            matches!(
+                m,
+                Message::ShmPlaced {
+                    slot: 0,
+                    place: 3,
+                    ..
+                }
+            ),
+            "{m:?}"
+        );
+        assert_eq!(fields, [9]);
+        let mut got = [0u8; 4];
+        arena.read(3, &mut got).unwrap();
+        assert_eq!(got, [1, 2, 3, 4], "written into the client's batch");
+        let (m, _) = slots.place(header(8, 0), &[5, 6, 7, 8, 9]).unwrap();
+        assert!(matches!(m, Message::ShmSample { slot: 1, .. }), "{m:?}");
+        arena.read(2, &mut got).unwrap();
+        assert_eq!(
+            got, [0; 4],
+            "a place for a unit not running here is never written"
+        );
+        // A place is used once; after its unit ends, none is kept.
+        slots.grant(&[0]).unwrap();
+        let (m, _) = slots.place(header(7, 0), &[0; 5]).unwrap();
+        assert!(matches!(m, Message::ShmSample { .. }), "{m:?}");
+        slots.unit_ended(7, 0);
+        slots.add_places(&[place(7, 0, 1)]).unwrap();
+        assert!(slots.places.lock().unwrap().running.is_empty());
+        let no_arena = Slots::new(Segment::create("sluice-test", 1, 4).unwrap(), None);
+        assert!(no_arena.add_places(&[place(7, 0, 0)]).is_err());
     }
 }

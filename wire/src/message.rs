@@ -49,6 +49,16 @@ pub enum Message {
     /// Worker → client, same-host transport: a sample whose tensor is in `slot` of the
     /// segment; the payload carries only the fields.
     ShmSample { slot: u32, header: SampleHeader },
+    /// Client → worker, same-host transport with a batch arena: write these samples straight
+    /// into their places in the client's batches.
+    ShmPlaces { job: u64, places: Vec<Place> },
+    /// Worker → client, same-host transport: a sample whose tensor is in its `place` of the
+    /// batch arena. The credit's `slot` comes back unused; the payload carries the fields.
+    ShmPlaced {
+        slot: u32,
+        place: u32,
+        header: SampleHeader,
+    },
 }
 
 impl Message {
@@ -72,6 +82,8 @@ impl Message {
             Message::ShmAttached { .. } => "ShmAttached",
             Message::SlotCredit { .. } => "SlotCredit",
             Message::ShmSample { .. } => "ShmSample",
+            Message::ShmPlaces { .. } => "ShmPlaces",
+            Message::ShmPlaced { .. } => "ShmPlaced",
         }
     }
 
@@ -79,7 +91,9 @@ impl Message {
     pub fn payload_len(&self) -> u64 {
         match self {
             Message::Sample(h) => h.payload_len(),
-            Message::ShmSample { header, .. } => header.fields_len(),
+            Message::ShmSample { header, .. } | Message::ShmPlaced { header, .. } => {
+                header.fields_len()
+            }
             _ => 0,
         }
     }
@@ -213,12 +227,26 @@ impl SampleHeader {
 }
 
 /// The shared-memory segment of a same-host job: `slots` sample tensors of `slot_bytes`
-/// each, back to back.
+/// each, back to back. With `places` above 0, a second segment follows the first
+/// descriptor: the client's batch arena, `places` tensors of `slot_bytes` (its batches,
+/// back to back), where the client may ask for a sample to be written straight into its
+/// batch ([`Message::ShmPlaces`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShmAttach {
     pub job: u64,
     pub slots: u32,
     pub slot_bytes: u64,
+    pub places: u32,
+}
+
+/// Where a sample of a same-host job goes: sample `index` of attempt `attempt` of `unit`, into
+/// tensor `place` of the batch arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Place {
+    pub unit: u64,
+    pub attempt: u32,
+    pub index: u64,
+    pub place: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

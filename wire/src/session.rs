@@ -113,6 +113,12 @@ pub enum Effect {
         job: u64,
         slots: Vec<u32>,
     },
+    /// Same-host with a batch arena: keep these places for the samples they name (or end the
+    /// session, if they are wrong).
+    Places {
+        job: u64,
+        places: Vec<crate::message::Place>,
+    },
     /// The client cancelled the job: drop what the shell keeps for it.
     Cancelled(u64),
     /// The session is over.
@@ -370,6 +376,16 @@ impl<L: Clone> Worker<L> {
                 ))),
                 Some(_) => {
                     s.effects.push_back(Effect::Grant { job, slots });
+                    None
+                }
+            },
+            Message::ShmPlaces { job, places } => match s.jobs.get(&job) {
+                None => None, // a job cancelled a moment ago
+                Some(j) if !j.segment => Some(bad(format!(
+                    "sample places for job {job}, which has no segment"
+                ))),
+                Some(_) => {
+                    s.effects.push_back(Effect::Places { job, places });
                     None
                 }
             },

@@ -101,7 +101,17 @@ impl Segment {
     /// Maps a segment received from a client (the worker's side), after checking that it is
     /// sealed and exactly as large as `attach` says.
     pub fn open(fd: OwnedFd, attach: &ShmAttach) -> Result<Segment, ShmError> {
-        let len = segment_len(attach.slots, attach.slot_bytes)?;
+        Self::open_sized(fd, attach.slots, attach.slot_bytes)
+    }
+
+    /// Maps a client's batch arena, the segment that follows the slots' when
+    /// `attach.places` is above 0: `places` tensors of `slot_bytes`, checked as [`Segment::open`].
+    pub fn open_arena(fd: OwnedFd, attach: &ShmAttach) -> Result<Segment, ShmError> {
+        Self::open_sized(fd, attach.places, attach.slot_bytes)
+    }
+
+    fn open_sized(fd: OwnedFd, slots: u32, slot_bytes: u64) -> Result<Segment, ShmError> {
+        let len = segment_len(slots, slot_bytes)?;
         let seals = rustix::fs::fcntl_get_seals(&fd).map_err(os("reading the segment's seals"))?;
         if !seals.contains(REQUIRED_SEALS) {
             return Err(ShmError::Unsealed(seals));
@@ -109,12 +119,12 @@ impl Segment {
         let stat = rustix::fs::fstat(&fd).map_err(os("fstat of the segment"))?;
         if stat.st_size as u64 != len as u64 {
             return Err(ShmError::Size {
-                slots: attach.slots,
-                slot_bytes: attach.slot_bytes,
+                slots,
+                slot_bytes,
                 detail: format!("{len} bytes, but the descriptor has {}", stat.st_size),
             });
         }
-        Self::map(fd, len, attach.slots, attach.slot_bytes)
+        Self::map(fd, len, slots, slot_bytes)
     }
 
     fn map(fd: OwnedFd, len: usize, slots: u32, slot_bytes: u64) -> Result<Segment, ShmError> {
@@ -156,12 +166,20 @@ impl Segment {
         self.slot_bytes
     }
 
-    pub fn attach(&self, job: u64) -> ShmAttach {
+    /// What announces this segment to a worker; `arena`, the batch arena sent after it.
+    pub fn attach(&self, job: u64, arena: Option<&Segment>) -> ShmAttach {
         ShmAttach {
             job,
             slots: self.slots,
             slot_bytes: self.slot_bytes,
+            places: arena.map_or(0, |a| a.slots),
         }
+    }
+
+    /// The address of `slot` (for a view of several slots, such as a batch in an arena,
+    /// whose accesses the protocol orders).
+    pub fn slot_raw(&self, slot: u32) -> Result<*mut u8, ShmError> {
+        self.slot_ptr(slot, 0)
     }
 
     fn slot_ptr(&self, slot: u32, len: usize) -> Result<*mut u8, ShmError> {
@@ -429,7 +447,7 @@ mod tests {
         let seg = Segment::create("sluice-test", 4, 16).unwrap();
         send_fd(&a, seg.fd()).await.unwrap();
         let fd = recv_fd(&b).await.unwrap();
-        let theirs = Segment::open(fd, &seg.attach(1)).unwrap();
+        let theirs = Segment::open(fd, &seg.attach(1, None)).unwrap();
         theirs.write(2, &[7; 16]).unwrap();
         let mut got = [0u8; 16];
         seg.read(2, &mut got).unwrap();
@@ -455,13 +473,14 @@ mod tests {
             job: 1,
             slots: 8,
             slot_bytes: 16,
+            places: 0,
         };
         let e = Segment::open(dup, &lie).unwrap_err();
         assert!(e.to_string().contains("the descriptor has 64"), "{e}");
 
         let plain = rustix::fs::memfd_create("sluice-test", MemfdFlags::CLOEXEC).unwrap();
         rustix::fs::ftruncate(&plain, 64).unwrap();
-        let e = Segment::open(plain, &seg.attach(1)).unwrap_err();
+        let e = Segment::open(plain, &seg.attach(1, None)).unwrap_err();
         assert!(matches!(e, ShmError::Unsealed(_)), "{e}");
         assert!(Segment::create("sluice-test", 0, 16).is_err());
         assert!(Segment::create("sluice-test", u32::MAX, u64::MAX / 2).is_err());

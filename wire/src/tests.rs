@@ -103,13 +103,16 @@ fn arb_message() -> impl Strategy<Value = Message> {
             code: ErrorCode::BadRequest,
             message
         })),
-        (any::<u64>(), any::<u32>(), 0u64..1 << 30).prop_map(|(job, slots, slot_bytes)| {
-            Message::ShmAttach(ShmAttach {
-                job,
-                slots,
-                slot_bytes,
-            })
-        }),
+        (any::<u64>(), any::<u32>(), 0u64..1 << 30, any::<u32>()).prop_map(
+            |(job, slots, slot_bytes, places)| {
+                Message::ShmAttach(ShmAttach {
+                    job,
+                    slots,
+                    slot_bytes,
+                    places,
+                })
+            }
+        ),
         any::<u64>().prop_map(|job| Message::ShmAttached { job }),
         (any::<u64>(), prop::collection::vec(any::<u32>(), 0..64))
             .prop_map(|(job, slots)| Message::SlotCredit { job, slots }),
@@ -121,6 +124,40 @@ fn arb_message() -> impl Strategy<Value = Message> {
             header.tensor_bytes = tensor;
             Message::ShmSample { slot, header }
         }),
+        (
+            any::<u64>(),
+            prop::collection::vec(
+                (any::<u64>(), any::<u32>(), any::<u64>(), any::<u32>()),
+                0..64
+            )
+        )
+            .prop_map(|(job, places)| Message::ShmPlaces {
+                job,
+                places: places
+                    .into_iter()
+                    .map(|(unit, attempt, index, place)| Place {
+                        unit,
+                        attempt,
+                        index,
+                        place
+                    })
+                    .collect()
+            }),
+        (any::<u32>(), any::<u32>(), 0u64..1 << 24, 0u64..512).prop_map(
+            |(slot, place, tensor, field)| {
+                let Message::Sample(mut header) =
+                    sample(field as usize, vec![("json".into(), field)])
+                else {
+                    unreachable!()
+                };
+                header.tensor_bytes = tensor;
+                Message::ShmPlaced {
+                    slot,
+                    place,
+                    header,
+                }
+            }
+        ),
     ]
 }
 
