@@ -170,12 +170,18 @@ fn samples_arrive_once_and_intact_through_shared_memory_even_when_a_worker_is_ki
             assert!(report.reassigned > 0, "the killed worker's units moved");
         }
     }
-    // The samples went through shared memory, not QUIC.
+    // The samples went through shared memory, not QUIC, most straight into their batches.
     let shared = counter(&b, "sluice_cpu_same_host_samples_total");
     let framed = counter(&b, "sluice_cpu_samples_sent_total");
+    let placed = counter(&b, "sluice_cpu_placed_samples_total");
+    eprintln!("same-host {shared}, of which placed {placed}; QUIC {framed}");
     assert!(
         shared > 0.0 && framed == 0.0,
         "same-host {shared}, QUIC {framed}"
+    );
+    assert!(
+        placed > 0.0,
+        "no sample was written straight into its batch"
     );
 }
 
@@ -239,6 +245,15 @@ fn segments_are_kept_across_epochs_and_a_stalled_workers_never_handed_out() {
         counter(&a, "sluice_cpu_same_host_samples_total") > 0.0,
         "the resumed worker served again"
     );
+    for w in [&a, &b] {
+        let placed = counter(w, "sluice_cpu_placed_samples_total");
+        let shared = counter(w, "sluice_cpu_same_host_samples_total");
+        eprintln!("placed {placed} of {shared}");
+        assert!(
+            placed > 0.0,
+            "no sample was written straight into its batch"
+        );
+    }
 }
 
 /// The pool as a workers file that changes mid-epoch, over shared memory: a worker added to

@@ -199,6 +199,11 @@ impl Ring {
         self.free.lock().ok()?.pop()
     }
 
+    /// A free buffer, if there is one now.
+    pub(crate) fn try_acquire(&self) -> Option<Box<dyn HostMemory>> {
+        self.take()
+    }
+
     /// A free buffer, waiting for the consumer to release one.
     pub(crate) async fn acquire(&self) -> Box<dyn HostMemory> {
         loop {
@@ -462,6 +467,34 @@ impl Filling {
         b.geometry.push(meta.geometry);
         b.padding.push(meta.padding);
         b.accounted.push((unit, id.shard, id.index));
+    }
+
+    /// Samples in the batch so far: where the next one goes.
+    pub(crate) fn len(&self) -> usize {
+        self.batch.ids.len()
+    }
+
+    /// The batch's position in the epoch.
+    pub(crate) fn index(&self) -> u64 {
+        self.batch.index
+    }
+
+    /// The batch's buffer.
+    pub(crate) fn buffer(&self) -> Option<&[u8]> {
+        self.batch.buf.as_ref().map(|b| b.as_slice())
+    }
+
+    /// The batch's buffer, to write samples the coordinator put off.
+    pub(crate) fn buffer_mut(&mut self) -> Option<&mut [u8]> {
+        self.batch.buf.as_mut().map(|b| b.as_mut_slice())
+    }
+
+    /// Puts `buf` in place of the batch's buffer, which is returned.
+    pub(crate) fn replace_buffer(
+        &mut self,
+        buf: Box<dyn HostMemory>,
+    ) -> Option<Box<dyn HostMemory>> {
+        self.batch.buf.replace(buf)
     }
 
     pub(crate) fn skip(&mut self, id: SampleId, reason: String, unit: u64) {

@@ -7,14 +7,17 @@
 //! It runs as one task; its only waits are for an event, a free batch buffer, room in the
 //! consumer's queue or a link's command queue, or the protocol's next deadline.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_shard::Manifest;
+use sluice_wire::Place;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::arena::{Arena, ArenaAllocator, PlaceGrant};
 use crate::batch::{BatchPlan, Filling, HostAllocator, HostMemory, Ring, ShortBatch};
 use crate::config::EpochSettings;
 use crate::error::ClientError;
@@ -22,7 +25,7 @@ use crate::ledger::Ledger;
 use crate::link::{Command, Event};
 use crate::protocol::{Action, Protocol, Tensor};
 use crate::reorder::{Arrival, Reorder};
-use crate::same_host::Payload;
+use crate::same_host::{Payload, Segments};
 use crate::stats::{EpochCounters, Stats};
 use crate::Batch;
 
@@ -99,6 +102,41 @@ impl Predecessor {
     }
 }
 
+/// A batch bound to a ring buffer: its filling, the first place of its buffer in the batch
+/// arena (if it is there), and the samples whose place in it a worker may still write, put
+/// off until the batch closes.
+pub(crate) struct Bound {
+    filling: Filling,
+    first: Option<u32>,
+    deferred: Vec<(usize, Payload)>,
+}
+
+impl Bound {
+    /// Puts a sample in the next place of the batch: nothing to copy when the worker wrote it
+    /// there; put off when a worker may still write that place.
+    fn push(
+        &mut self,
+        tensor: Payload,
+        id: crate::batch::SampleId,
+        unit: u64,
+        meta: crate::batch::SampleMeta,
+        arena: Option<&Arena>,
+    ) {
+        let at = self.filling.len();
+        if let (Some(first), Some(arena)) = (self.first, arena) {
+            let place = first + at as u32;
+            let in_place = matches!(&tensor, Payload::Placed { place: p, .. } if *p == place);
+            if !in_place && arena.owned(place..place + 1) {
+                self.deferred.push((at, tensor));
+                self.filling.push(|_| {}, id, unit, meta);
+                return;
+            }
+        }
+        self.filling
+            .push(|slot| tensor.copy_tensor(slot), id, unit, meta);
+    }
+}
+
 impl Tensor for Payload {
     fn detach(self, tensor_bytes: usize) -> Self {
         Payload::detach(self, tensor_bytes)
@@ -116,7 +154,16 @@ pub(crate) struct Coordinator {
     shape: Option<sluice_wire::SampleShape>,
     ring: Option<Arc<Ring>>,
     allocator: Arc<dyn HostAllocator>,
-    filling: Option<Filling>,
+    /// The batch being filled.
+    filling: Option<Bound>,
+    /// Batches after it already bound to ring buffers (their samples may be written straight
+    /// into them), in order.
+    ahead: VecDeque<Bound>,
+    /// The loader's same-host segments (where the batch arena is); `None`: batches are
+    /// filled by copies.
+    arena_source: Option<Arc<Segments>>,
+    /// The batch arena this epoch's ring draws from, once the ring is made.
+    arena: Option<Arc<Arena>>,
     next_batch: u64,
     counters: Arc<EpochCounters>,
     stats: Arc<Stats>,
@@ -167,6 +214,9 @@ impl Coordinator {
             ring: None,
             allocator,
             filling: None,
+            ahead: VecDeque::new(),
+            arena_source: None,
+            arena: None,
             counters,
             stats,
             earlier_ring: None,
@@ -174,6 +224,13 @@ impl Coordinator {
             earlier_dispatched: None,
             successor: None,
         }
+    }
+
+    /// Same-host workers may write samples straight into batches of the loader's batch
+    /// arena, when the loader has one.
+    pub(crate) fn with_arena(mut self, segments: Arc<Segments>) -> Self {
+        self.arena_source = Some(segments);
+        self
     }
 
     /// This epoch was started early: its links connect now, its units go out once `earlier`
@@ -343,7 +400,18 @@ impl Coordinator {
         while let Some(action) = self.protocol.poll_action() {
             match action {
                 Action::Assign(link, generation, assign) => {
+                    let places = match &self.arena {
+                        Some(_) => {
+                            let bound = self.bound_batches();
+                            let first =
+                                |b: u64| bound.iter().find(|(k, _)| *k == b).map(|(_, f)| *f);
+                            self.protocol.piece_places(&assign, first)
+                        }
+                        None => Vec::new(),
+                    };
                     send(self.link(link), Command::Assign(generation, assign)).await;
+                    self.send_places(places.into_iter().map(|p| (link, generation, p)))
+                        .await;
                 }
                 Action::Credit(link, generation, n) => {
                     send(self.link(link), Command::Credit(generation, n)).await;
@@ -357,6 +425,9 @@ impl Coordinator {
                 }
                 Action::Ring(shape) => {
                     self.shape = Some(shape);
+                    if let Some(segments) = &self.arena_source {
+                        self.arena = segments.arena(shape.bytes());
+                    }
                     // An epoch started early waits for the earlier one's ring instead.
                     if self.earlier_ring.is_none() {
                         self.ring = Some(self.new_ring()?);
@@ -367,14 +438,20 @@ impl Coordinator {
                     unit,
                     tensor,
                     meta,
-                }) => self
-                    .filling()
-                    .await?
-                    .push(|slot| tensor.copy_tensor(slot), id, unit, meta),
-                Action::Fill(Arrival::Skip { id, reason, unit }) => {
-                    self.filling().await?.skip(id, reason, unit)
+                }) => {
+                    let arena = self.arena.clone();
+                    self.filling()
+                        .await?
+                        .push(tensor, id, unit, meta, arena.as_deref());
+                    self.bind_ahead().await;
                 }
-                Action::Close => self.close(out).await?,
+                Action::Fill(Arrival::Skip { id, reason, unit }) => {
+                    self.filling().await?.filling.skip(id, reason, unit)
+                }
+                Action::Close => {
+                    self.close(out).await?;
+                    self.bind_ahead().await;
+                }
             }
         }
         Ok(())
@@ -389,9 +466,126 @@ impl Coordinator {
         self.shape.map_or(0, |s| s.bytes() as usize) * self.batch_plan.batch_size as usize
     }
 
+    /// Buffers in this epoch's ring: with a batch arena, those bound ahead as well.
+    fn ring_buffers(&self) -> usize {
+        self.ring_batches + self.ahead_max()
+    }
+
+    fn ahead_max(&self) -> usize {
+        self.arena.as_ref().map_or(0, |a| a.ahead())
+    }
+
+    /// Where the ring's buffers come from: the batch arena while it has free ones.
+    fn ring_allocator(&self) -> Arc<dyn HostAllocator> {
+        match &self.arena {
+            Some(arena) => Arc::new(ArenaAllocator {
+                arena: arena.clone(),
+                fallback: self.allocator.clone(),
+            }),
+            None => self.allocator.clone(),
+        }
+    }
+
     fn new_ring(&self) -> Result<Arc<Ring>, ClientError> {
-        Ring::new(&*self.allocator, self.ring_batches, self.batch_bytes())
-            .map_err(ClientError::Allocate)
+        Ring::new(
+            &*self.ring_allocator(),
+            self.ring_buffers(),
+            self.batch_bytes(),
+        )
+        .map_err(ClientError::Allocate)
+    }
+
+    /// The batches bound to buffers now (the one being filled and those ahead), with the
+    /// first place of each one that is in the batch arena.
+    fn bound_batches(&self) -> Vec<(u64, u32)> {
+        self.filling
+            .iter()
+            .chain(&self.ahead)
+            .filter_map(|b| Some((b.filling.index(), b.first?)))
+            .collect()
+    }
+
+    /// A filling for batch `index` in `buf`, and, in the arena, its samples' places sent to
+    /// the workers that hold them.
+    async fn bind(&mut self, buf: Box<dyn HostMemory>, ring: Arc<Ring>, index: u64) -> Bound {
+        let first = self
+            .arena
+            .as_ref()
+            .and_then(|a| a.first_place(buf.as_slice()));
+        let shape = self.shape.unwrap_or(sluice_wire::SampleShape {
+            height: 0,
+            width: 0,
+            channels: 0,
+            elem_bytes: 0,
+            chw: false,
+        });
+        let target = self.batch_plan.target(index);
+        let filling = Filling::new(
+            buf,
+            ring,
+            shape,
+            (self.epoch, index),
+            target,
+            self.requested.clone(),
+        );
+        if let (Some(first), Some(arena)) = (first, &self.arena) {
+            arena.populate(first);
+            let places = self.protocol.batch_places(index, first);
+            self.send_places(places.into_iter()).await;
+        }
+        Bound {
+            filling,
+            first,
+            deferred: Vec::new(),
+        }
+    }
+
+    /// Binds free ring buffers to the next batches, without waiting for one: as far ahead
+    /// as samples have arrived early so far (and one more), up to the arena's `ahead`.
+    async fn bind_ahead(&mut self) {
+        let Some(ring) = self.ring.clone().filter(|_| self.arena.is_some()) else {
+            return;
+        };
+        let reached = self.protocol.batches_reached().saturating_add(1);
+        let most = self
+            .ahead_max()
+            .min(usize::try_from(reached).unwrap_or(usize::MAX));
+        loop {
+            let next = self.next_batch + u64::from(self.filling.is_some());
+            let index = next + self.ahead.len() as u64;
+            if self.ahead.len() >= most || index >= self.batch_plan.batches {
+                return;
+            }
+            let Some(buf) = ring.try_acquire() else {
+                return;
+            };
+            if index + 1 >= self.batch_plan.batches {
+                if let Some(next) = &mut self.successor {
+                    next.ring(&ring);
+                }
+            }
+            let bound = self.bind(buf, ring.clone(), index).await;
+            self.ahead.push_back(bound);
+        }
+    }
+
+    /// Reserves `places` in the arena and sends each link those of its connection.
+    async fn send_places(&mut self, places: impl Iterator<Item = (usize, u64, Place)>) {
+        let Some(arena) = &self.arena else { return };
+        let mut by_link: Vec<((usize, u64), Vec<Place>)> = Vec::new();
+        for (link, generation, place) in places {
+            match by_link.iter_mut().find(|(k, _)| *k == (link, generation)) {
+                Some((_, v)) => v.push(place),
+                None => by_link.push(((link, generation), vec![place])),
+            }
+        }
+        for ((link, generation), places) in by_link {
+            let grant = PlaceGrant::new(arena.clone(), arena.reserve(places));
+            if !grant.places().is_empty() {
+                // Dropped unsent (the link is gone), the grant gives its places back.
+                send(self.link(link), Command::Places(generation, grant)).await;
+            }
+        }
     }
 
     /// The ring, in an epoch started early the earlier epoch's once it has taken its last
@@ -400,7 +594,7 @@ impl Coordinator {
         let earlier = self.earlier_ring.take_if(|_| self.shape.is_some());
         if let Some(earlier) = earlier {
             let ring = match earlier.await {
-                Ok(r) if r.fits(self.ring_batches, self.batch_bytes()) => {
+                Ok(r) if r.fits(self.ring_buffers(), self.batch_bytes()) => {
                     self.shared_ring = true;
                     r
                 }
@@ -414,7 +608,15 @@ impl Coordinator {
     }
 
     /// The batch being filled, waiting for a free ring buffer if there is none.
-    async fn filling(&mut self) -> Result<&mut Filling, ClientError> {
+    async fn filling(&mut self) -> Result<&mut Bound, ClientError> {
+        if self.filling.is_none()
+            && self
+                .ahead
+                .front()
+                .is_some_and(|b| b.filling.index() == self.next_batch)
+        {
+            self.filling = self.ahead.pop_front();
+        }
         if self.filling.is_none() {
             let started = Instant::now();
             let ring = self.ring().await?;
@@ -432,26 +634,59 @@ impl Coordinator {
                     next.ring(&ring);
                 }
             }
-            let shape = self.shape.unwrap_or(sluice_wire::SampleShape {
-                height: 0,
-                width: 0,
-                channels: 0,
-                elem_bytes: 0,
-                chw: false,
-            });
-            let target = self.batch_plan.target(self.next_batch);
-            self.filling = Some(Filling::new(
-                buf,
-                ring,
-                shape,
-                (self.epoch, self.next_batch),
-                target,
-                self.requested.clone(),
-            ));
+            let bound = self.bind(buf, ring, self.next_batch).await;
+            self.filling = Some(bound);
         }
         self.filling
             .as_mut()
             .ok_or_else(|| ClientError::Runtime("no batch".into()))
+    }
+
+    /// The batch's own buffer, safe to hand the consumer: samples put off are written into
+    /// it; or, while a worker may still write a place in it (a stalled or lost one), a fresh
+    /// buffer with the batch copied into it, the arena buffer retired until its writers are
+    /// done.
+    fn settle(&self, bound: Bound) -> Result<Filling, ClientError> {
+        let Bound {
+            mut filling,
+            first,
+            deferred,
+        } = bound;
+        let (Some(first), Some(arena)) = (first, &self.arena) else {
+            return Ok(filling);
+        };
+        let n = self.shape.map_or(0, |s| s.bytes() as usize);
+        let places = first..first + self.batch_plan.batch_size as u32;
+        if !arena.owned(places) {
+            if let Some(buf) = filling.buffer_mut() {
+                for (i, payload) in &deferred {
+                    payload.copy_tensor(&mut buf[i * n..(i + 1) * n]);
+                }
+            }
+            return Ok(filling);
+        }
+        tracing::debug!(
+            batch = filling.index(),
+            "a worker may still write this batch's buffer: copied into a fresh one"
+        );
+        let mut fresh = self
+            .allocator
+            .allocate(self.batch_bytes())
+            .map_err(ClientError::Allocate)?;
+        if let Some(old) = filling.buffer() {
+            let dst = fresh.as_mut_slice();
+            for i in 0..filling.len() {
+                let to = &mut dst[i * n..(i + 1) * n];
+                match deferred.iter().find(|(at, _)| *at == i) {
+                    Some((_, payload)) => payload.copy_tensor(to),
+                    // Filled, so its place is settled.
+                    None => to.copy_from_slice(&old[i * n..(i + 1) * n]),
+                }
+            }
+        }
+        // The arena buffer goes back, retired while a place in it is owned.
+        drop(filling.replace_buffer(fresh));
+        Ok(filling)
     }
 
     /// Finishes the batch being filled and hands it to the consumer.
@@ -470,10 +705,10 @@ impl Coordinator {
             }
         };
         debug_assert!(
-            f.is_full(),
+            f.filling.is_full(),
             "the protocol closed a batch before it was full"
         );
-        let batch = f.finish(self.short_batch);
+        let batch = self.settle(f)?.finish(self.short_batch);
         self.next_batch += 1;
         if out.send(Ok(batch)).await.is_err() {
             return Err(ClientError::ConsumerGone);

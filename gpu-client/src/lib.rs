@@ -32,6 +32,7 @@
 //! caller (the CPU tier's `CpuWorker`).
 
 mod affinity;
+mod arena;
 pub mod batch;
 mod buffers;
 pub mod config;

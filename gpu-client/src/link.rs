@@ -28,6 +28,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::arena::{Arena, PlaceGrant};
 use crate::same_host::{Payload, Segments, SlotPool};
 
 /// What links tell the coordinator.
@@ -86,6 +87,8 @@ pub(crate) enum Command {
     /// because it died must not keep them for the whole `silence`, so a short silence (three
     /// heartbeats) now declares it lost.
     Drain,
+    /// Same-host connections with the batch arena: places for samples of their units.
+    Places(u64, PlaceGrant),
 }
 
 /// Settings of a link to a `sluice cpu` daemon.
@@ -118,6 +121,9 @@ pub(crate) struct RemoteLink {
 /// The most bytes spare same-host slots make a segment (a quarter of what a worker maps by
 /// default, `same_host.max_segment_bytes`); waiting samples past them are copied out.
 const SPARE_SEGMENT_BYTES: u64 = 1 << 30;
+
+/// The batch arena of a same-host connection, and the connection's writer id in it.
+type Writer = (Arc<Arena>, u64);
 
 /// Where a same-host worker listens, and whether QUIC may stand in when it refuses us.
 #[derive(Clone, Debug)]
@@ -241,7 +247,7 @@ impl RemoteLink {
         };
         let result = match self.open(&mut wire).await {
             Ok(opened) => {
-                self.talk(wire, opened, None, generation, commands, events)
+                self.talk(wire, opened, (None, None), generation, commands, events)
                     .await
             }
             Err(e) => e,
@@ -290,6 +296,7 @@ impl RemoteLink {
         let watch = sluice_wire::shm::ProcessWatch::of_peer(&stream)
             .inspect_err(|e| tracing::debug!(worker = %self.name, "not watching the worker: {e}"))
             .ok();
+        let arena_watch = sluice_wire::shm::ProcessWatch::of_peer(&stream).ok();
         let (rd, wr) = stream.into_split();
         let mut wire = Wire {
             reader: FrameReader::new(rd, self.limits),
@@ -313,29 +320,48 @@ impl RemoteLink {
         if let Some(watch) = watch {
             pool.watch(watch);
         }
-        let attach = Message::ShmAttach(pool.segment().attach(self.job.job));
-        if let Err(e) = wire.writer.send(&attach, &[]).await {
+        let arena = self.segments.arena(shape.bytes());
+        let attach = pool
+            .segment()
+            .attach(self.job.job, arena.as_ref().map(|a| a.segment()));
+        if let Err(e) = wire.writer.send(&Message::ShmAttach(attach), &[]).await {
             return Ended::Lost(e.to_string());
         }
         let half: &tokio::net::unix::OwnedWriteHalf = wire.writer.get_mut();
         if let Err(e) = sluice_wire::shm::send_fd(half.as_ref(), pool.segment().fd()).await {
             return Ended::Lost(e.to_string());
         }
+        if let Some(a) = &arena {
+            if let Err(e) = sluice_wire::shm::send_fd(half.as_ref(), a.segment().fd()).await {
+                return Ended::Lost(e.to_string());
+            }
+        }
         match self.expect(&mut wire).await {
             Ok(Message::ShmAttached { job }) if job == self.job.job => {}
             Ok(other) => return self.unexpected(other, "ShmAttached"),
             Err(e) => return e,
         }
-        tracing::debug!(worker = %self.name, slots, spare, "same-host segment attached");
-        self.talk(
-            wire,
-            (shape, caches),
-            Some(pool),
-            generation,
-            commands,
-            events,
-        )
-        .await
+        tracing::debug!(worker = %self.name, slots, spare, arena = arena.is_some(),
+            "same-host segment attached");
+        let writer = arena.map(|a| {
+            let w = a.writer();
+            (a, w)
+        });
+        let ended = self
+            .talk(
+                wire,
+                (shape, caches),
+                (Some(pool), writer.clone()),
+                generation,
+                commands,
+                events,
+            )
+            .await;
+        // The places it still owns are settled once its process exits.
+        if let Some((arena, w)) = writer {
+            arena.writer_ended(w, arena_watch);
+        }
+        ended
     }
 
     /// Hello, then the job: the shape the worker will produce.
@@ -373,7 +399,7 @@ impl RemoteLink {
         &self,
         wire: Wire<R, W>,
         (shape, caches): (SampleShape, bool),
-        pool: Option<Arc<SlotPool>>,
+        (pool, arena): (Option<Arc<SlotPool>>, Option<Writer>),
         generation: u64,
         commands: &mut mpsc::Receiver<Command>,
         events: &mpsc::Sender<Event>,
@@ -411,6 +437,7 @@ impl RemoteLink {
                 shape,
                 job: self.job.job,
                 pool: pool.clone(),
+                arena: arena.clone(),
                 buffers: self.buffers.clone(),
                 events: events.clone(),
                 end: end_tx,
@@ -446,6 +473,15 @@ impl RemoteLink {
                         (Some(Command::Credit(g, n)), Some(p)) if g == generation => {
                             match p.grant(n, 1) {
                                 Some(slots) => Message::SlotCredit { job: self.job.job, slots },
+                                None => continue,
+                            }
+                        }
+                        // Owned by this connection once handed, before the frame goes out:
+                        // its answers may come back at once.
+                        (Some(Command::Places(g, grant)), _) if g == generation => {
+                            let handed = arena.as_ref().and_then(|(a, w)| grant.hand(a, *w));
+                            match handed {
+                                Some(places) => Message::ShmPlaces { job: self.job.job, places },
                                 None => continue,
                             }
                         }
@@ -628,6 +664,8 @@ struct ReadTo {
     job: u64,
     /// Same-host connections: the segment samples arrive in.
     pool: Option<Arc<SlotPool>>,
+    /// Same-host connections with the batch arena: it, and this connection's writer there.
+    arena: Option<Writer>,
     buffers: Arc<BufferPool>,
     events: mpsc::Sender<Event>,
     end: mpsc::Sender<Ended>,
@@ -690,10 +728,16 @@ async fn read_frames<R: TensorRead>(mut reader: FrameReader<R>, to: ReadTo) {
         shape,
         job,
         pool,
+        arena,
         buffers,
         events,
         end,
     } = to;
+    let answered = |unit: u64, attempt: u32, index: u64| {
+        if let Some((a, w)) = &arena {
+            a.answered(*w, (unit, attempt, index));
+        }
+    };
     let protocol = |detail: String| {
         Ended::Fatal(crate::ClientError::Protocol {
             worker: worker.clone(),
@@ -730,8 +774,44 @@ async fn read_frames<R: TensorRead>(mut reader: FrameReader<R>, to: ReadTo) {
                     Err(e) => break protocol(e),
                 };
                 pool.answered(header.unit, header.attempt);
+                answered(header.unit, header.attempt, header.index);
                 // The tensor is in the slot; the fields ride in the frame.
                 match sample(link, &mut reader, header, Payload::Slot(slot)).await {
+                    Ok(event) => event,
+                    Err(e) => break e,
+                }
+            }
+            Message::ShmPlaced {
+                slot,
+                place,
+                header,
+            } => {
+                let (Some(pool), Some((arena, writer))) = (&pool, &arena) else {
+                    break protocol("a sample in a batch place, but no batch arena".into());
+                };
+                if header.tensor_bytes != shape.bytes() || header.job != job {
+                    break protocol(format!(
+                        "sample {:?} of job {} with {} tensor bytes; the job is {job} with {}",
+                        header.key,
+                        header.job,
+                        header.tensor_bytes,
+                        shape.bytes()
+                    ));
+                }
+                // The credit's slot comes back unused.
+                if let Err(e) = pool.filled(slot) {
+                    break protocol(e);
+                }
+                pool.answered(header.unit, header.attempt);
+                let key = (header.unit, header.attempt, header.index);
+                if let Err(e) = arena.placed(*writer, place, key) {
+                    break protocol(e);
+                }
+                let payload = Payload::Placed {
+                    arena: arena.clone(),
+                    place,
+                };
+                match sample(link, &mut reader, header, payload).await {
                     Ok(event) => event,
                     Err(e) => break e,
                 }
@@ -770,17 +850,24 @@ async fn read_frames<R: TensorRead>(mut reader: FrameReader<R>, to: ReadTo) {
                 if let Some(p) = &pool {
                     p.answered(skipped.unit, skipped.attempt);
                 }
+                answered(skipped.unit, skipped.attempt, skipped.index);
                 Event::Skipped { skipped }
             }
             Message::UnitDone(done) => {
                 if let Some(p) = &pool {
                     p.unit_ended(done.unit, done.attempt);
                 }
+                if let Some((a, w)) = &arena {
+                    a.unit_ended(*w, done.unit, done.attempt);
+                }
                 Event::UnitDone { link, done }
             }
             Message::UnitFailed(failed) => {
                 if let Some(p) = &pool {
                     p.unit_ended(failed.unit, failed.attempt);
+                }
+                if let Some((a, w)) = &arena {
+                    a.unit_ended(*w, failed.unit, failed.attempt);
                 }
                 Event::UnitFailed { link, failed }
             }

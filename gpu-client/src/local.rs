@@ -209,7 +209,8 @@ pub(crate) async fn run_local(
                 job: job.job,
                 samples: n,
             },
-            Some(Command::Drain) => continue,
+            // No shared memory in process: a grant dropped gives its places back.
+            Some(Command::Drain | Command::Places(..)) => continue,
             Some(Command::Assign(_, assign)) => Message::Assign(assign),
         };
         let (wakes, refused) = {

@@ -60,6 +60,8 @@ pub(crate) enum Reorder<P> {
         next: u64,
         early: HashMap<u64, Arrival<P>>,
         peak: usize,
+        /// The farthest ahead of `next` a sample has arrived.
+        reach: u64,
     },
     Arrival {
         buffer: Box<ShuffleBuffer<Arrival<P>>>,
@@ -75,6 +77,7 @@ impl<P> Reorder<P> {
             next,
             early: HashMap::new(),
             peak: 0,
+            reach: 0,
         }
     }
 
@@ -98,6 +101,24 @@ impl<P> Reorder<P> {
         match self {
             Reorder::Plan { sequence, next, .. } => sequence.at(*next),
             Reorder::Arrival { .. } => None,
+        }
+    }
+
+    /// Plan order: the sequence, and whether the sample at `pos` is waiting here already.
+    pub(crate) fn plan_holding(&self, pos: u64) -> Option<(&Sequence, bool)> {
+        match self {
+            Reorder::Plan {
+                sequence, early, ..
+            } => Some((sequence, early.contains_key(&pos))),
+            Reorder::Arrival { .. } => None,
+        }
+    }
+
+    /// Plan order: the farthest ahead of the next position a sample has arrived so far.
+    pub(crate) fn reach(&self) -> u64 {
+        match self {
+            Reorder::Plan { reach, .. } => *reach,
+            Reorder::Arrival { .. } => 0,
         }
     }
 
@@ -134,6 +155,7 @@ impl<P> Reorder<P> {
                 next,
                 early,
                 peak,
+                reach,
             } => {
                 let pos = u32::try_from(unit)
                     .ok()
@@ -144,6 +166,7 @@ impl<P> Reorder<P> {
                         Placement::Now(arrival)
                     }
                     Some(p) if p > *next => {
+                        *reach = (*reach).max(p - *next);
                         early.insert(p, arrival);
                         *peak = (*peak).max(early.len());
                         Placement::Held

@@ -35,6 +35,7 @@ use sluice_wire::shm::{ProcessWatch, Segment, ShmError};
 use sluice_wire::BufferPool;
 use tokio::sync::Notify;
 
+use crate::arena::Arena;
 use crate::buffers::TensorBuf;
 
 /// Whether a worker on this machine is reached through shared memory.
@@ -84,11 +85,37 @@ fn is_local(ip: IpAddr) -> bool {
     ip.is_loopback() || std::net::UdpSocket::bind((ip, 0)).is_ok()
 }
 
-/// The same-host segments of a loader's finished connections, kept for its next ones.
+/// The same-host segments of a loader's finished connections, kept for its next ones, and
+/// the batch arena its connections share.
 pub(crate) struct Segments {
     state: Mutex<Kept>,
     /// Most segments kept, ready and quarantined each.
     keep: usize,
+    /// How the batch arena is sized, when the loader's batches may live in one.
+    arena_plan: Option<ArenaPlan>,
+    arena: Mutex<Option<Arc<Arena>>>,
+}
+
+/// What sizes the batch arena: the loader's ring, how far ahead of the batch being filled a
+/// sample may arrive (`LoaderConfig::waiting_bound`), and the batch size.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ArenaPlan {
+    pub(crate) ring: u32,
+    pub(crate) waiting: u64,
+    pub(crate) batch: u32,
+}
+
+/// The most bytes the batches bound ahead take (as for spare slots, `crate::link`).
+const ARENA_AHEAD_BYTES: u64 = 1 << 30;
+
+impl ArenaPlan {
+    /// Batches bound ahead of the one being filled, so that a sample arriving early finds its
+    /// batch: every batch a sample may arrive for, within `ARENA_AHEAD_BYTES`.
+    fn ahead(&self, sample_bytes: u64) -> u32 {
+        let batch_bytes = u64::from(self.batch).saturating_mul(sample_bytes).max(1);
+        let wanted = self.waiting.div_ceil(u64::from(self.batch.max(1))) + 1;
+        wanted.min(ARENA_AHEAD_BYTES / batch_bytes).max(1) as u32
+    }
 }
 
 #[derive(Default)]
@@ -108,10 +135,38 @@ struct Reusable {
 }
 
 impl Segments {
-    pub(crate) fn new(keep: usize) -> Self {
+    pub(crate) fn new(keep: usize, arena_plan: Option<ArenaPlan>) -> Self {
         Segments {
             state: Mutex::new(Kept::default()),
             keep,
+            arena_plan,
+            arena: Mutex::new(None),
+        }
+    }
+
+    /// The batch arena for samples of `sample_bytes`, made on first use; `None` when the
+    /// loader's batches do not live in one (or it could not be made: batches are then
+    /// filled by copies, as over QUIC).
+    pub(crate) fn arena(&self, sample_bytes: u64) -> Option<Arc<Arena>> {
+        let plan = self.arena_plan?;
+        let mut a = self.arena.lock().ok()?;
+        if let Some(arena) = a.as_ref().filter(|a| a.fits(plan.batch, sample_bytes)) {
+            return Some(arena.clone());
+        }
+        // The ring, the batches bound ahead, and a few for buffers retired while a stalled
+        // worker may still write them.
+        let ahead = plan.ahead(sample_bytes);
+        let buffers = plan.ring + ahead + (ahead / 4).max(2);
+        match Arena::create(buffers, plan.batch, sample_bytes, ahead) {
+            Ok(arena) => {
+                tracing::debug!(buffers, ahead, "same-host batch arena made");
+                *a = Some(arena.clone());
+                Some(arena)
+            }
+            Err(e) => {
+                tracing::warn!("no same-host batch arena ({e}): batches are filled by copies");
+                None
+            }
         }
     }
 
@@ -416,6 +471,8 @@ pub(crate) enum Payload {
     Chunks(Vec<bytes::Bytes>),
     /// In a same-host slot.
     Slot(SlotRef),
+    /// Written by the worker straight into its place in a batch of the arena.
+    Placed { arena: Arc<Arena>, place: u32 },
 }
 
 impl Payload {
@@ -431,6 +488,8 @@ impl Payload {
             }
             // The chunks hold the tensor alone, in their own buffers.
             Payload::Chunks(c) => Payload::Chunks(c),
+            // Already where its batch will be.
+            Payload::Placed { arena, place } => Payload::Placed { arena, place },
             Payload::Slot(s) if s.pool.may_hold() => Payload::Slot(s),
             Payload::Slot(ref s) => {
                 let mut b = crate::buffers::take(&s.pool.buffers, tensor_bytes);
@@ -455,6 +514,13 @@ impl Payload {
                     at += n;
                 }
             }
+            // In its place: nothing to copy. Elsewhere (its batch lost a sample before it,
+            // and closes the gap), from its settled place.
+            Payload::Placed { arena, place } => {
+                if arena.place_ptr(*place) != dst.as_ptr() {
+                    arena.read(*place, dst);
+                }
+            }
             Payload::Slot(s) => {
                 // Bounded by the slot size, which the link checked against the shape.
                 if let Err(e) = s.pool.segment.read(s.slot, dst) {
@@ -470,7 +536,7 @@ mod tests {
     use super::*;
 
     fn pool(window: u32, spare: u32, bytes: u64, buffers: &Arc<BufferPool>) -> Arc<SlotPool> {
-        let home = Arc::new(Segments::new(2));
+        let home = Arc::new(Segments::new(2, None));
         Arc::new(SlotPool::create(window, spare, bytes, buffers.clone(), home).unwrap())
     }
 
@@ -574,7 +640,7 @@ mod tests {
 
     #[test]
     fn a_segment_is_used_again_only_when_no_worker_can_write_it() {
-        let home = Arc::new(Segments::new(2));
+        let home = Arc::new(Segments::new(2, None));
         // Every unit reported its end: the next connection gets the same segment, its pages
         // already made.
         end(&home, false, None);

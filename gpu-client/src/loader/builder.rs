@@ -17,7 +17,7 @@ use super::{checkpoint, Loader, Workers};
 use crate::batch::{HeapAllocator, HostAllocator, Recycling, ShortBatch};
 use crate::config::{LabelRange, LoaderConfig, Order};
 use crate::error::ClientError;
-use crate::same_host::{SameHost, Segments};
+use crate::same_host::{ArenaPlan, SameHost, Segments};
 use crate::stats::Stats;
 
 /// Builds a [`Loader`]; every setting has a default but the dataset and the workers.
@@ -27,6 +27,8 @@ pub struct LoaderBuilder {
     sources: Vec<(String, Manifest)>,
     runner: Option<Arc<dyn UnitRunner>>,
     allocator: Arc<dyn HostAllocator>,
+    /// The loader's user gave the allocator.
+    own_allocator: bool,
     token: Option<String>,
 }
 
@@ -37,6 +39,7 @@ impl Default for LoaderBuilder {
             sources: Vec::new(),
             runner: None,
             allocator: Arc::new(HeapAllocator),
+            own_allocator: false,
             token: None,
         }
     }
@@ -157,6 +160,7 @@ impl LoaderBuilder {
     /// Where batch buffers come from (page-locked memory for CUDA).
     pub fn allocator(mut self, allocator: Arc<dyn HostAllocator>) -> Self {
         self.allocator = allocator;
+        self.own_allocator = true;
         self
     }
 
@@ -203,7 +207,10 @@ impl LoaderBuilder {
         };
         Ok(Loader {
             buffers: Arc::new(BufferPool::new(held_samples(&config, &workers))),
-            segments: Arc::new(Segments::new(segments_kept(&workers))),
+            segments: Arc::new(Segments::new(
+                segments_kept(&workers),
+                arena_plan(&config, &workers, self.own_allocator),
+            )),
             fingerprint: checkpoint::fingerprint(&manifest),
             manifest: Arc::new(manifest),
             source_names: mixture
@@ -230,6 +237,21 @@ impl LoaderBuilder {
             config,
         })
     }
+}
+
+/// The batch arena, when batches may live in one: same-host workers possible, plan order
+/// (a sample's place in its batch is known before it arrives), and the default allocator
+/// (buffers the loader's user made, page-locked ones for CUDA, are not shared memory).
+fn arena_plan(config: &LoaderConfig, workers: &Workers, own_allocator: bool) -> Option<ArenaPlan> {
+    let same_host = matches!(workers, Workers::Remote(_)) && config.same_host != SameHost::Off;
+    if !same_host || own_allocator || config.order != Order::Plan {
+        return None;
+    }
+    Some(ArenaPlan {
+        ring: u32::try_from(config.ring_batches).ok()?,
+        waiting: config.waiting_bound(),
+        batch: config.batch_size,
+    })
 }
 
 fn bad(key: &'static str, detail: &str) -> ClientError {

@@ -209,6 +209,7 @@ impl Loader {
             counters.clone(),
             self.stats.clone(),
         );
+        coordinator = coordinator.with_arena(self.segments.clone());
         if let Some(earlier) = after {
             coordinator = coordinator.after(earlier);
         }
