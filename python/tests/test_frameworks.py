@@ -140,7 +140,8 @@ def test_lightning_default_launcher_needs_no_rank_arguments(dataset, tmp_path):
 
 
 def accelerate_job(tmp_path, name, ranks, manifest, *args):
-    """examples/accelerate_train.py under torchrun: the keys each rank trained on."""
+    """examples/accelerate_train.py under torchrun on CPU ranks: the keys each rank trained
+    on."""
     pytest.importorskip("accelerate", reason="Accelerate is not installed")
     out = tmp_path / name
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
@@ -148,7 +149,9 @@ def accelerate_job(tmp_path, name, ranks, manifest, *args):
            str(EXAMPLES / "accelerate_train.py"), "--dataset", str(manifest), "--size", "32",
            "--classes", "3", "--state-dir", str(tmp_path / "state"), "--keys-out", str(out),
            *args]
-    run(cmd, clean_env(OMP_NUM_THREADS="1"), tmp_path)
+    # CPU ranks, as the Lightning jobs: on a host with fewer GPUs than ranks, Accelerate would
+    # still put a rank on a GPU that is not there ("invalid device ordinal").
+    run(cmd, clean_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""), tmp_path)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
 
 
