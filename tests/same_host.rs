@@ -185,6 +185,43 @@ fn samples_arrive_once_and_intact_through_shared_memory_even_when_a_worker_is_ki
     );
 }
 
+/// A loop that leaves epochs early (as Lightning's `limit_train_batches` does) cuts units
+/// mid-way on healthy workers; they release the batch places those units still held, so later
+/// epochs still get their samples written straight into their batches (the arena is not used
+/// up by places nobody will write), and every batch is still the in-process engine's.
+#[test]
+fn epochs_left_early_give_their_batch_places_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, a, b, trust) = two_workers(dir.path());
+    let l = loader(&data, dir.path(), &[&a, &b], &trust);
+    let sum = |name| counter(&a, name) + counter(&b, name);
+    for epoch in 0..4u64 {
+        let mut stream = l.epoch(epoch).unwrap();
+        for _ in 0..3 {
+            stream.next().unwrap().unwrap();
+        }
+    }
+    let placed = sum("sluice_cpu_placed_samples_total");
+    let shared = sum("sluice_cpu_same_host_samples_total");
+    let epoch = 4;
+    let (expected, order) = reference(&data, epoch);
+    let (mut got, mut digests) = (Vec::new(), HashMap::new());
+    for batch in l.epoch(epoch).unwrap() {
+        let batch = batch.unwrap();
+        got.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
+        digest_into(&batch, &mut digests);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    same_as_in_process(&data, epoch, (got, order), (&digests, &expected));
+    let placed = sum("sluice_cpu_placed_samples_total") - placed;
+    let shared = sum("sluice_cpu_same_host_samples_total") - shared;
+    eprintln!("after four epochs left early: {placed} of {shared} samples placed");
+    assert!(
+        placed > shared / 2.0,
+        "{placed} of {shared} samples placed: the batch arena was used up"
+    );
+}
+
 /// The inode of each memfd segment mapping of process `pid` (a worker of one test maps only
 /// that test's client's segments; this process holds every test's).
 fn segment_maps(pid: u32) -> Vec<u64> {

@@ -460,7 +460,12 @@ impl Connection {
                         }
                     }
                     Effect::Cancelled(job) => {
-                        self.jobs.remove(&job);
+                        // A client sharing its batches hears when no unit writes them any more.
+                        let shared = self.jobs.remove(&job).and_then(|j| j.slots.clone());
+                        if let Some(slots) = shared.filter(|s| s.has_arena()) {
+                            slots.release();
+                            send.push(Message::ShmReleased { job });
+                        }
                         info!(job, "job cancelled by the client");
                     }
                     Effect::Close(e) => {

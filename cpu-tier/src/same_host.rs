@@ -121,6 +121,9 @@ pub(crate) struct Slots {
     /// The client's batches, when it shares them.
     arena: Option<Segment>,
     places: Mutex<Places>,
+    /// Set once the client cancelled the job: no write into the arena starts after, and
+    /// setting it waits for those under way (they hold it shared).
+    released: std::sync::RwLock<bool>,
 }
 
 /// The places a client gave, kept only while their unit runs here: a place that arrives
@@ -139,7 +142,21 @@ impl Slots {
             state: Mutex::new((std::collections::VecDeque::with_capacity(n), vec![false; n])),
             arena,
             places: Mutex::default(),
+            released: std::sync::RwLock::new(false),
         }
+    }
+
+    /// The client cancelled the job: returns once no sample is being written into its batch
+    /// arena, and none will be (the client may then use every place it gave again).
+    pub(crate) fn release(&self) {
+        if let Ok(mut r) = self.released.write() {
+            *r = true;
+        }
+    }
+
+    /// Whether the client shares its batches (and so waits to hear they are released).
+    pub(crate) fn has_arena(&self) -> bool {
+        self.arena.is_some()
     }
 
     /// Takes the client's grant; the number of new credits, or what is wrong with it.
@@ -232,7 +249,12 @@ impl Slots {
                 .remove(&header.index)
         });
         if let (Some(place), Some(arena)) = (place, &self.arena) {
+            let released = self.released.read().map_err(|_| "arena state poisoned")?;
+            if *released {
+                return Err("the job was cancelled".into());
+            }
             arena.write(place, tensor).map_err(|e| e.to_string())?;
+            drop(released);
             let frame = Message::ShmPlaced {
                 slot,
                 place,
@@ -610,6 +632,14 @@ mod tests {
         slots.unit_ended(7, 0);
         slots.add_places(&[place(7, 0, 1)]).unwrap();
         assert!(slots.places.lock().unwrap().running.is_empty());
+        // Released: a place is never written again.
+        slots.unit_started(9, 0);
+        slots.add_places(&[place(9, 0, 0)]).unwrap();
+        slots.release();
+        slots.grant(&[1]).unwrap();
+        assert!(slots.place(header(9, 0), &[7; 5]).is_err());
+        arena.read(0, &mut got).unwrap();
+        assert_eq!(got, [0; 4]);
         let no_arena = Slots::new(Segment::create("sluice-test", 1, 4).unwrap(), None);
         assert!(no_arena.add_places(&[place(7, 0, 0)]).is_err());
     }

@@ -317,6 +317,27 @@ impl Arena {
         }
     }
 
+    /// Whether connection `writer` owns a place.
+    pub(crate) fn owns_any(&self, writer: u64) -> bool {
+        self.state
+            .lock()
+            .is_ok_and(|s| s.writers.get(&writer).is_some_and(|w| !w.places.is_empty()))
+    }
+
+    /// Connection `writer`'s worker said it writes none of its places any more (it released
+    /// the job): every place it owns is settled.
+    pub(crate) fn released(&self, writer: u64) {
+        let Ok(mut s) = self.state.lock() else { return };
+        let places: Vec<u32> = s
+            .writers
+            .get_mut(&writer)
+            .map(|w| w.places.drain().map(|(_, p)| p).collect())
+            .unwrap_or_default();
+        for place in places {
+            s.owner[place as usize] = None;
+        }
+    }
+
     /// Connection `writer` ended: its places still owned stay so until `watch` says its
     /// process exited (for ever, without one).
     pub(crate) fn writer_ended(&self, writer: u64, watch: Option<ProcessWatch>) {

@@ -16,6 +16,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -116,6 +117,9 @@ pub(crate) struct RemoteLink {
     pub segments: Arc<Segments>,
     /// Same-host slots beyond the credits, for samples waiting for their turn.
     pub spare_slots: u32,
+    /// The connection shares the batch arena: when the epoch ends it releases its places
+    /// before it goes.
+    pub releasing: AtomicBool,
 }
 
 /// The most bytes spare same-host slots make a segment (a quarter of what a worker maps by
@@ -158,9 +162,24 @@ impl RemoteLink {
         let mut backoff = Duration::from_millis(100);
         loop {
             generation += 1;
-            let ended = tokio::select! {
-                e = self.session(generation, &mut commands, &events) => e,
-                _ = cancel.cancelled() => Ended::Cancelled,
+            let ended = {
+                let session = self.session(generation, &mut commands, &events, &cancel);
+                tokio::pin!(session);
+                let mut cancelled = false;
+                loop {
+                    tokio::select! {
+                        e = &mut session => break e,
+                        // A connection sharing the batch arena ends itself: it first asks
+                        // its worker to release the places it still holds (`release`,
+                        // bounded).
+                        _ = cancel.cancelled(), if !cancelled => {
+                            if !self.releasing.load(Ordering::Relaxed) {
+                                break Ended::Cancelled;
+                            }
+                            cancelled = true;
+                        }
+                    }
+                }
             };
             let ended = match ended {
                 // A same-host socket that will not take us (permissions, another user's
@@ -213,10 +232,11 @@ impl RemoteLink {
         generation: u64,
         commands: &mut mpsc::Receiver<Command>,
         events: &mpsc::Sender<Event>,
+        cancel: &CancellationToken,
     ) -> Ended {
         if let Some(route) = &self.same_host {
             return self
-                .same_host_session(route, generation, commands, events)
+                .same_host_session(route, generation, commands, events, cancel)
                 .await;
         }
         let worker = &self.name;
@@ -247,8 +267,8 @@ impl RemoteLink {
         };
         let result = match self.open(&mut wire).await {
             Ok(opened) => {
-                self.talk(wire, opened, (None, None), generation, commands, events)
-                    .await
+                let to = (commands, events, cancel);
+                self.talk(wire, opened, (None, None), generation, to).await
             }
             Err(e) => e,
         };
@@ -270,6 +290,7 @@ impl RemoteLink {
         generation: u64,
         commands: &mut mpsc::Receiver<Command>,
         events: &mpsc::Sender<Event>,
+        cancel: &CancellationToken,
     ) -> Ended {
         let socket = route.socket.display();
         let connect = tokio::net::UnixStream::connect(&route.socket);
@@ -347,21 +368,22 @@ impl RemoteLink {
             let w = a.writer();
             (a, w)
         });
-        let ended = self
-            .talk(
-                wire,
-                (shape, caches),
-                (Some(pool), writer.clone()),
-                generation,
-                commands,
-                events,
-            )
-            .await;
-        // The places it still owns are settled once its process exits.
-        if let Some((arena, w)) = writer {
-            arena.writer_ended(w, arena_watch);
-        }
-        ended
+        // However this connection ends (even dropped), the places it still owns are settled
+        // once its worker's process exits; until then it ends itself when the epoch does.
+        let _ended = WriterEnd {
+            releasing: &self.releasing,
+            writer: writer.clone(),
+            watch: arena_watch,
+        };
+        self.releasing.store(writer.is_some(), Ordering::Relaxed);
+        self.talk(
+            wire,
+            (shape, caches),
+            (Some(pool), writer),
+            generation,
+            (commands, events, cancel),
+        )
+        .await
     }
 
     /// Hello, then the job: the shape the worker will produce.
@@ -401,8 +423,11 @@ impl RemoteLink {
         (shape, caches): (SampleShape, bool),
         (pool, arena): (Option<Arc<SlotPool>>, Option<Writer>),
         generation: u64,
-        commands: &mut mpsc::Receiver<Command>,
-        events: &mpsc::Sender<Event>,
+        (commands, events, cancel): (
+            &mut mpsc::Receiver<Command>,
+            &mpsc::Sender<Event>,
+            &CancellationToken,
+        ),
     ) -> Ended
     where
         R: TensorRead + Send + 'static,
@@ -452,9 +477,17 @@ impl RemoteLink {
                 ended = end_rx.recv() => {
                     return ended.unwrap_or(Ended::Lost("reader stopped".into()));
                 }
+                // Only a connection sharing the batch arena is let see this (`run`).
+                _ = cancel.cancelled() => {
+                    release(&mut writer, &arena, &heard, self.job.job).await;
+                    return Ended::Cancelled;
+                }
                 command = commands.recv() => {
                     let frame = match (command, &pool) {
-                        (None, _) => return Ended::Cancelled,
+                        (None, _) => {
+                            release(&mut writer, &arena, &heard, self.job.job).await;
+                            return Ended::Cancelled;
+                        }
                         (Some(Command::Drain), _) => {
                             silence = silence.min(self.heartbeat * 3);
                             continue;
@@ -624,6 +657,8 @@ struct Heard {
     base: Instant,
     nanos: std::sync::atomic::AtomicU64,
     waiting: std::sync::atomic::AtomicBool,
+    /// The worker released the job's batch places (`ShmReleased`).
+    released: tokio::sync::Notify,
 }
 
 impl Heard {
@@ -632,6 +667,7 @@ impl Heard {
             base: Instant::now(),
             nanos: std::sync::atomic::AtomicU64::new(0),
             waiting: std::sync::atomic::AtomicBool::new(false),
+            released: tokio::sync::Notify::new(),
         }
     }
 
@@ -872,12 +908,22 @@ async fn read_frames<R: TensorRead>(mut reader: FrameReader<R>, to: ReadTo) {
                 Event::UnitFailed { link, failed }
             }
             Message::Error(e) => break refusal(&worker, e.code, e.message),
+            // The job is cancelled: its places in the batch arena are this process's again.
+            Message::ShmReleased { job: j } if j == job => {
+                if let Some((a, w)) = &arena {
+                    a.released(*w);
+                }
+                heard.released.notify_one();
+                continue;
+            }
             other => break protocol(format!("a worker does not send {}", other.kind())),
         };
         heard.waiting(true);
         let sent = events.send(event).await;
         heard.waiting(false);
-        if sent.is_err() {
+        // The epoch is over. A connection sharing the batch arena keeps reading (the samples'
+        // answers settle their places) until its worker releases the rest; the link ends it.
+        if sent.is_err() && arena.is_none() {
             break Ended::Cancelled;
         }
     };
@@ -916,6 +962,49 @@ async fn sample<R: AsyncRead + Unpin>(
         payload,
         fields,
     })
+}
+
+/// Marks the end of a same-host connection that shared the batch arena (see `run`).
+struct WriterEnd<'a> {
+    releasing: &'a AtomicBool,
+    writer: Option<Writer>,
+    watch: Option<sluice_wire::shm::ProcessWatch>,
+}
+
+impl Drop for WriterEnd<'_> {
+    fn drop(&mut self) {
+        self.releasing.store(false, Ordering::Relaxed);
+        if let Some((arena, w)) = self.writer.take() {
+            arena.writer_ended(w, self.watch.take());
+        }
+    }
+}
+
+/// How long a link whose epoch ended waits for its worker to release the places it still
+/// owns in the batch arena (its units were cut mid-way). Past it, they stay owned until that
+/// worker's process exits.
+const RELEASE_WAIT: Duration = Duration::from_secs(1);
+
+/// The epoch ended with places of the batch arena owned by this connection (an epoch left
+/// early): cancels the job and waits for the worker to say it writes none of them any more,
+/// so they need not wait for its process to exit.
+async fn release<W: AsyncWrite + Unpin + Send>(
+    writer: &mut FrameWriter<W>,
+    arena: &Option<Writer>,
+    heard: &Heard,
+    job: u64,
+) {
+    let Some((a, w)) = arena.as_ref().filter(|(a, w)| a.owns_any(*w)) else {
+        return;
+    };
+    let released = heard.released.notified();
+    if writer.send(&Message::Cancel { job }, &[]).await.is_err() {
+        return;
+    }
+    if tokio::time::timeout(RELEASE_WAIT, released).await.is_err() {
+        tracing::debug!("the worker did not release its batch places in time");
+    }
+    tracing::debug!(still_owned = a.owns_any(*w), "batch places released");
 }
 
 /// Resolves when the consumer gave slots back (never on a QUIC link).

@@ -265,6 +265,7 @@ impl Dialer {
             buffers: self.buffers.clone(),
             segments: self.segments.clone(),
             spare_slots: self.spare_slots,
+            releasing: Default::default(),
         })
     }
 

@@ -59,6 +59,9 @@ pub enum Message {
         place: u32,
         header: SampleHeader,
     },
+    /// Worker → client, same-host transport, after the client cancelled a job: no sample of
+    /// it is being or will be written into the batch arena.
+    ShmReleased { job: u64 },
 }
 
 impl Message {
@@ -84,6 +87,7 @@ impl Message {
             Message::ShmSample { .. } => "ShmSample",
             Message::ShmPlaces { .. } => "ShmPlaces",
             Message::ShmPlaced { .. } => "ShmPlaced",
+            Message::ShmReleased { .. } => "ShmReleased",
         }
     }
 

@@ -114,6 +114,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
             }
         ),
         any::<u64>().prop_map(|job| Message::ShmAttached { job }),
+        any::<u64>().prop_map(|job| Message::ShmReleased { job }),
         (any::<u64>(), prop::collection::vec(any::<u32>(), 0..64))
             .prop_map(|(job, slots)| Message::SlotCredit { job, slots }),
         (any::<u32>(), 0u64..1 << 24, 0u64..512).prop_map(|(slot, tensor, field)| {
