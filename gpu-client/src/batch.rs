@@ -474,6 +474,11 @@ impl Filling {
         self.batch.ids.len()
     }
 
+    /// Bytes of one sample's tensor.
+    pub(crate) fn sample_bytes(&self) -> usize {
+        self.batch.shape.bytes() as usize
+    }
+
     /// The batch's position in the epoch.
     pub(crate) fn index(&self) -> u64 {
         self.batch.index

@@ -127,6 +127,16 @@ impl Bound {
             let place = first + at as u32;
             let in_place = matches!(&tensor, Payload::Placed { place: p, .. } if *p == place);
             if !in_place && arena.owned(place..place + 1) {
+                // A tensor in its place is read now: the batch's later samples may close the
+                // gap over it before this one is written.
+                let tensor = match tensor {
+                    Payload::Placed { arena, place } => {
+                        let mut copy = vec![0u8; self.filling.sample_bytes()];
+                        arena.read(place, &mut copy);
+                        Payload::Bytes(copy.into())
+                    }
+                    other => other,
+                };
                 self.deferred.push((at, tensor));
                 self.filling.push(|_| {}, id, unit, meta);
                 return;
