@@ -25,13 +25,16 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use sluice_wire::shm::{ProcessWatch, Segment, ShmError};
+use sluice_wire::shm::{ProcessWatch, Segment};
 use sluice_wire::Place;
 
-use crate::batch::{HostAllocator, HostMemory};
+use crate::batch::{Adopted, HostAllocator, HostMemory};
 
 /// The batch arena of a loader's same-host connections.
 pub(crate) struct Arena {
+    /// What made the mapping fit for batches (page-locked for CUDA); undone before the
+    /// segment is unmapped (fields drop in order).
+    _adopted: Adopted,
     segment: Segment,
     /// Places per batch buffer.
     batch: u32,
@@ -107,15 +110,22 @@ impl State {
 
 impl Arena {
     /// An arena of `buffers` batch buffers of `batch` tensors of `sample_bytes`.
+    /// An arena of `buffers` batch buffers of `batch` tensors of `sample_bytes`, with
+    /// `ahead` of them bound ahead of the batch being filled; `allocator` adopts its memory
+    /// (`None`: it cannot, and batches stay in its own buffers).
     pub(crate) fn create(
-        buffers: u32,
-        batch: u32,
-        sample_bytes: u64,
-        ahead: u32,
-    ) -> Result<Arc<Arena>, ShmError> {
+        (buffers, batch, sample_bytes, ahead): (u32, u32, u64, u32),
+        allocator: &dyn HostAllocator,
+    ) -> Result<Option<Arc<Arena>>, String> {
         let places = buffers.saturating_mul(batch);
-        let segment = Segment::create("sluice-batches", places, sample_bytes)?;
-        Ok(Arc::new(Arena {
+        let segment =
+            Segment::create("sluice-batches", places, sample_bytes).map_err(|e| e.to_string())?;
+        let (ptr, len) = segment.as_raw();
+        let Some(adopted) = allocator.adopt(ptr, len).transpose()? else {
+            return Ok(None);
+        };
+        Ok(Some(Arc::new(Arena {
+            _adopted: adopted,
             segment,
             batch,
             ahead,
@@ -128,7 +138,7 @@ impl Arena {
                 writers: HashMap::new(),
             }),
             writers: AtomicU64::new(0),
-        }))
+        })))
     }
 
     /// Batches a ring from this arena binds ahead of the one being filled.
@@ -486,7 +496,9 @@ mod tests {
 
     #[test]
     fn a_place_has_one_writer_until_it_is_settled() {
-        let arena = Arena::create(2, 2, 4, 1).unwrap();
+        let arena = Arena::create((2, 2, 4, 1), &crate::batch::HeapAllocator)
+            .unwrap()
+            .unwrap();
         let b = arena.take().unwrap();
         let first = arena.first_place(b.as_slice()).unwrap();
         let w = arena.writer();
@@ -523,7 +535,9 @@ mod tests {
 
     #[test]
     fn a_writer_that_ends_mid_unit_keeps_its_places_until_its_process_exits() {
-        let arena = Arena::create(1, 2, 4, 1).unwrap();
+        let arena = Arena::create((1, 2, 4, 1), &crate::batch::HeapAllocator)
+            .unwrap()
+            .unwrap();
         let b = arena.take().unwrap();
         let w = arena.writer();
         arena.hand(w, &arena.reserve(vec![place(1, 0, 0), place(2, 0, 1)]));

@@ -23,7 +23,20 @@ pub trait HostMemory: Send {
 /// Makes batch buffers. The default gives plain heap memory; the CUDA path gives page-locked.
 pub trait HostAllocator: Send + Sync {
     fn allocate(&self, bytes: usize) -> Result<Box<dyn HostMemory>, String>;
+
+    /// Makes `len` bytes at `ptr`, shared memory this allocator did not make (the same-host
+    /// batch arena, where workers write samples straight into batches), fit to hold batches
+    /// as its own buffers are: the CUDA allocator page-locks it. Returns what undoes that when
+    /// dropped (before the memory is unmapped), or why it failed; `None` when batches must
+    /// stay in this allocator's own buffers (the default, for an allocator the loader does
+    /// not know: those batches are then filled by copies).
+    fn adopt(&self, _ptr: *mut u8, _len: usize) -> Option<Result<Adopted, String>> {
+        None
+    }
 }
+
+/// What [`HostAllocator::adopt`] did to shared memory, undone when dropped.
+pub type Adopted = Box<dyn std::any::Any + Send + Sync>;
 
 /// Zeroed heap memory.
 pub struct HeapAllocator;
@@ -40,6 +53,11 @@ impl HostMemory for Vec<u8> {
 impl HostAllocator for HeapAllocator {
     fn allocate(&self, bytes: usize) -> Result<Box<dyn HostMemory>, String> {
         Ok(Box::new(vec![0u8; bytes]))
+    }
+
+    /// Plain memory needs nothing.
+    fn adopt(&self, _ptr: *mut u8, _len: usize) -> Option<Result<Adopted, String>> {
+        Some(Ok(Box::new(())))
     }
 }
 
@@ -68,6 +86,10 @@ impl Recycling {
 }
 
 impl HostAllocator for Recycling {
+    fn adopt(&self, ptr: *mut u8, len: usize) -> Option<Result<Adopted, String>> {
+        self.inner.adopt(ptr, len)
+    }
+
     fn allocate(&self, bytes: usize) -> Result<Box<dyn HostMemory>, String> {
         let spare = self.spares.lock().ok().and_then(|mut s| {
             let i = s.iter().position(|m| m.as_slice().len() == bytes)?;

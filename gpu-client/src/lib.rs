@@ -55,7 +55,9 @@ pub mod stats;
 mod testing;
 mod tls;
 
-pub use batch::{Batch, HeapAllocator, HostAllocator, HostMemory, LastBatch, SampleId, ShortBatch};
+pub use batch::{
+    Adopted, Batch, HeapAllocator, HostAllocator, HostMemory, LastBatch, SampleId, ShortBatch,
+};
 pub use config::{check_pipeline, LabelRange, LoaderConfig, Order, PlanSettings};
 pub use error::ClientError;
 pub use loader::{Checkpoint, Epoch, Loader, LoaderBuilder, PlanRecord, Workers};

@@ -36,6 +36,7 @@ use sluice_wire::BufferPool;
 use tokio::sync::Notify;
 
 use crate::arena::Arena;
+use crate::batch::HostAllocator;
 use crate::buffers::TensorBuf;
 
 /// Whether a worker on this machine is reached through shared memory.
@@ -91,9 +92,11 @@ pub(crate) struct Segments {
     state: Mutex<Kept>,
     /// Most segments kept, ready and quarantined each.
     keep: usize,
-    /// How the batch arena is sized, when the loader's batches may live in one.
-    arena_plan: Option<ArenaPlan>,
-    arena: Mutex<Option<Arc<Arena>>>,
+    /// How the batch arena is sized, when the loader's batches may live in one, and the
+    /// loader's allocator, which must adopt it.
+    arena_plan: Option<(ArenaPlan, Arc<dyn HostAllocator>)>,
+    /// The arena; `Some(None)` once the allocator would not take one.
+    arena: Mutex<Option<Option<Arc<Arena>>>>,
 }
 
 /// What sizes the batch arena: the loader's ring, how far ahead of the batch being filled a
@@ -135,7 +138,10 @@ struct Reusable {
 }
 
 impl Segments {
-    pub(crate) fn new(keep: usize, arena_plan: Option<ArenaPlan>) -> Self {
+    pub(crate) fn new(
+        keep: usize,
+        arena_plan: Option<(ArenaPlan, Arc<dyn HostAllocator>)>,
+    ) -> Self {
         Segments {
             state: Mutex::new(Kept::default()),
             keep,
@@ -148,26 +154,36 @@ impl Segments {
     /// loader's batches do not live in one (or it could not be made: batches are then
     /// filled by copies, as over QUIC).
     pub(crate) fn arena(&self, sample_bytes: u64) -> Option<Arc<Arena>> {
-        let plan = self.arena_plan?;
+        let (plan, allocator) = self.arena_plan.as_ref()?;
         let mut a = self.arena.lock().ok()?;
-        if let Some(arena) = a.as_ref().filter(|a| a.fits(plan.batch, sample_bytes)) {
-            return Some(arena.clone());
+        match a.as_ref() {
+            Some(Some(arena)) if arena.fits(plan.batch, sample_bytes) => {
+                return Some(arena.clone())
+            }
+            Some(None) => return None,
+            _ => {}
         }
         // The ring, the batches bound ahead, and a few for buffers retired while a stalled
         // worker may still write them.
         let ahead = plan.ahead(sample_bytes);
         let buffers = plan.ring + ahead + (ahead / 4).max(2);
-        match Arena::create(buffers, plan.batch, sample_bytes, ahead) {
-            Ok(arena) => {
+        let made = Arena::create((buffers, plan.batch, sample_bytes, ahead), &**allocator);
+        let arena = match made {
+            Ok(Some(arena)) => {
                 tracing::debug!(buffers, ahead, "same-host batch arena made");
-                *a = Some(arena.clone());
                 Some(arena)
+            }
+            Ok(None) => {
+                tracing::debug!("the loader's allocator keeps batches in its own buffers");
+                None
             }
             Err(e) => {
                 tracing::warn!("no same-host batch arena ({e}): batches are filled by copies");
                 None
             }
-        }
+        };
+        *a = Some(arena.clone());
+        arena
     }
 
     /// A segment of `slots` slots of `slot_bytes`: a kept one nobody else can write, else a

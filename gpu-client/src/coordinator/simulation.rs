@@ -148,14 +148,12 @@ async fn simulate(
     let ring_batches = 2 + rng.below(3) as usize;
     let settings = world.settings(&mut rng, 1, ring_batches);
     let segments = (!world.arrival && seed % 2 == 0).then(|| {
-        Arc::new(Segments::new(
-            1,
-            Some(ArenaPlan {
-                ring: ring_batches as u32,
-                waiting: settings.config.waiting_bound(),
-                batch: world.batch_plan.batch_size as u32,
-            }),
-        ))
+        let plan = ArenaPlan {
+            ring: ring_batches as u32,
+            waiting: settings.config.waiting_bound(),
+            batch: world.batch_plan.batch_size as u32,
+        };
+        Arc::new(Segments::new(1, Some((plan, Arc::new(HeapAllocator)))))
     });
     let mut coordinator = Coordinator::new(
         settings,

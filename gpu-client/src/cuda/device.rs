@@ -106,7 +106,45 @@ impl Drop for Pinned {
     }
 }
 
+/// Shared memory page-locked with `cuMemHostRegister` ([`HostAllocator::adopt`]): the
+/// same-host batch arena, which the GPU then copies from by DMA as from `cuMemHostAlloc`
+/// memory. Unregistered when dropped.
+struct Registered {
+    gpu: Arc<Gpu>,
+    ptr: *mut u8,
+}
+
+// The registration of a range this value alone undoes.
+unsafe impl Send for Registered {}
+unsafe impl Sync for Registered {}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: registered in `adopt`, still mapped (the arena drops this first).
+            let _ = unsafe { sys::cuMemHostUnregister(self.ptr.cast()) };
+        }
+    }
+}
+
 impl HostAllocator for PinnedAllocator {
+    fn adopt(&self, ptr: *mut u8, len: usize) -> Option<Result<crate::batch::Adopted, String>> {
+        let registered = self.gpu.bind().map_err(|e| e.to_string()).and_then(|()| {
+            // SAFETY: `len` mapped bytes at `ptr`, which stay mapped until the result drops.
+            let r = unsafe {
+                sys::cuMemHostRegister_v2(ptr.cast(), len, sys::CU_MEMHOSTREGISTER_PORTABLE)
+            };
+            r.result()
+                .map_err(|e| format!("cuMemHostRegister of {len} bytes of shared memory: {e}"))
+        });
+        Some(registered.map(|()| {
+            Box::new(Registered {
+                gpu: self.gpu.clone(),
+                ptr,
+            }) as crate::batch::Adopted
+        }))
+    }
+
     fn allocate(&self, bytes: usize) -> Result<Box<dyn HostMemory>, String> {
         self.gpu.bind().map_err(|e| e.to_string())?;
         // SAFETY: a fresh allocation of `bytes`, zeroed below before any read.

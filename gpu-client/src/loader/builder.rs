@@ -27,8 +27,6 @@ pub struct LoaderBuilder {
     sources: Vec<(String, Manifest)>,
     runner: Option<Arc<dyn UnitRunner>>,
     allocator: Arc<dyn HostAllocator>,
-    /// The loader's user gave the allocator.
-    own_allocator: bool,
     token: Option<String>,
 }
 
@@ -39,7 +37,6 @@ impl Default for LoaderBuilder {
             sources: Vec::new(),
             runner: None,
             allocator: Arc::new(HeapAllocator),
-            own_allocator: false,
             token: None,
         }
     }
@@ -160,7 +157,6 @@ impl LoaderBuilder {
     /// Where batch buffers come from (page-locked memory for CUDA).
     pub fn allocator(mut self, allocator: Arc<dyn HostAllocator>) -> Self {
         self.allocator = allocator;
-        self.own_allocator = true;
         self
     }
 
@@ -205,11 +201,13 @@ impl LoaderBuilder {
             (Workers::Remote(_), Some(trust)) => Some(quic_client(&config, trust, &runtime)?),
             _ => None,
         };
+        let allocator: Arc<dyn HostAllocator> =
+            Arc::new(Recycling::new(self.allocator, config.ring_batches));
         Ok(Loader {
             buffers: Arc::new(BufferPool::new(held_samples(&config, &workers))),
             segments: Arc::new(Segments::new(
                 segments_kept(&workers),
-                arena_plan(&config, &workers, self.own_allocator),
+                arena_plan(&config, &workers).map(|p| (p, allocator.clone())),
             )),
             fingerprint: checkpoint::fingerprint(&manifest),
             manifest: Arc::new(manifest),
@@ -227,7 +225,7 @@ impl LoaderBuilder {
             token,
             quic,
             runtime: Some(runtime),
-            allocator: Arc::new(Recycling::new(self.allocator, config.ring_batches)),
+            allocator,
             progress: Arc::new(Mutex::new(None)),
             resume: Mutex::new(None),
             next: Mutex::new(None),
@@ -239,12 +237,12 @@ impl LoaderBuilder {
     }
 }
 
-/// The batch arena, when batches may live in one: same-host workers possible, plan order
-/// (a sample's place in its batch is known before it arrives), and the default allocator
-/// (buffers the loader's user made, page-locked ones for CUDA, are not shared memory).
-fn arena_plan(config: &LoaderConfig, workers: &Workers, own_allocator: bool) -> Option<ArenaPlan> {
+/// The batch arena, when batches may live in one: same-host workers possible, and plan order
+/// (a sample's place in its batch is known before it arrives). The loader's allocator must
+/// also adopt it ([`HostAllocator::adopt`]: the heap's and the CUDA one do).
+fn arena_plan(config: &LoaderConfig, workers: &Workers) -> Option<ArenaPlan> {
     let same_host = matches!(workers, Workers::Remote(_)) && config.same_host != SameHost::Off;
-    if !same_host || own_allocator || config.order != Order::Plan {
+    if !same_host || config.order != Order::Plan {
         return None;
     }
     Some(ArenaPlan {
