@@ -174,7 +174,15 @@ fn samples_arrive_once_and_intact_through_shared_memory_even_when_a_worker_is_ki
     let shared = counter(&b, "sluice_cpu_same_host_samples_total");
     let framed = counter(&b, "sluice_cpu_samples_sent_total");
     let placed = counter(&b, "sluice_cpu_placed_samples_total");
-    eprintln!("same-host {shared}, of which placed {placed}; QUIC {framed}");
+    let resized = counter(&b, "sluice_cpu_resized_in_place_total");
+    eprintln!(
+        "same-host {shared}, of which placed {placed} ({resized} resized straight into their \
+         place); QUIC {framed}"
+    );
+    assert!(
+        resized > 0.0,
+        "no sample was resized straight into its batch"
+    );
     assert!(
         shared > 0.0 && framed == 0.0,
         "same-host {shared}, QUIC {framed}"

@@ -143,6 +143,19 @@ fn run_unit(state: &Arc<State>, launch: &Arc<Launch>) {
                     }
                 },
             },
+            Output::Placed(h, place, fields) => match &job.slots {
+                Some(slots) => match slots.placed(h, place, fields) {
+                    Ok((m, fields)) => Produced::Frame(m, fields.into()),
+                    Err(e) => {
+                        warn!("same-host slot: {e}");
+                        return false;
+                    }
+                },
+                None => {
+                    warn!("a sample in a batch place on a connection without one");
+                    return false;
+                }
+            },
             Output::Skipped(s) => Produced::Frame(Message::Skipped(s), bytes::Bytes::new()),
         };
         let sample = matches!(
@@ -283,6 +296,9 @@ impl Connection {
         let Some(j) = self.jobs.get_mut(&job) else {
             return false;
         };
+        if slots.has_arena() {
+            j.runner.share_places(slots.clone());
+        }
         *j = Arc::new(Job {
             runner: j.runner.clone(),
             sent: j.sent.clone(),

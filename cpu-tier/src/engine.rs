@@ -91,9 +91,23 @@ pub struct Tensor {
     pub dtype: DType,
     /// Channels first (3×H×W) rather than H×W×3.
     pub chw: bool,
-    /// Little-endian elements.
+    /// Little-endian elements; empty when they were written into `placed`.
     pub data: Vec<u8>,
+    /// The place in the client's batch the tensor was written into, if it was.
+    pub placed: Option<u32>,
 }
+
+/// Where a unit's samples may be written straight into the client's batches: the job's
+/// places and the unit's (unit, attempt).
+#[derive(Clone)]
+pub struct PlaceTarget {
+    pub places: Arc<dyn sluice_wire::Places>,
+    pub unit: u64,
+    pub attempt: u32,
+}
+
+/// The place of the sample being processed, if the client gave it one.
+type Dest<'a> = Option<(&'a PlaceTarget, u64)>;
 
 /// A processed sample.
 #[derive(Clone, Debug, PartialEq)]
@@ -243,6 +257,17 @@ impl Engine {
 
     /// Processes one sample on the calling thread.
     pub fn process(&self, sample: &Sample, ctx: &SampleContext) -> Outcome {
+        self.process_to(sample, ctx, None)
+    }
+
+    /// Processes one sample, its tensor written into its place in the client's batch when
+    /// `target` has one for it.
+    fn process_to(
+        &self,
+        sample: &Sample,
+        ctx: &SampleContext,
+        target: Option<&PlaceTarget>,
+    ) -> Outcome {
         let started = Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| {
             WORKSPACE.with(|cell| {
@@ -264,7 +289,7 @@ impl Engine {
                 let ws = slot
                     .as_mut()
                     .ok_or_else(|| DecodeError::Decoder("no workspace".into()))?;
-                self.render(ws, sample, ctx)
+                self.render(ws, sample, ctx, target.map(|t| (t, sample.index)))
             })
         }));
         let result = result.unwrap_or_else(|panic| {
@@ -316,11 +341,27 @@ impl Engine {
         &self,
         samples: I,
         ctx: SampleContext,
+        sink: impl FnMut(Outcome) -> bool,
+    ) -> Result<UnitStats, EngineError>
+    where
+        I: Iterator<Item = Result<Sample, ShardError>> + Send,
+    {
+        self.run_unit_to(samples, ctx, None, sink)
+    }
+
+    /// [`Engine::run_unit`], each tensor written straight into its place in the client's
+    /// batch when `target` has one for it (an [`Outcome::Done`] whose tensor says `placed`).
+    pub fn run_unit_to<I>(
+        &self,
+        samples: I,
+        ctx: SampleContext,
+        target: Option<PlaceTarget>,
         mut sink: impl FnMut(Outcome) -> bool,
     ) -> Result<UnitStats, EngineError>
     where
         I: Iterator<Item = Result<Sample, ShardError>> + Send,
     {
+        let target = target.as_ref();
         let bound = self.config.readahead.max(1);
         let cancel = AtomicBool::new(false);
         // A sample to process, or one the source found damaged (reported as a skip).
@@ -369,7 +410,7 @@ impl Engine {
                         .for_each_with(out_tx, |tx, input| {
                             if !cancel.load(Ordering::Relaxed) {
                                 let outcome = match input {
-                                    Ok(sample) => self.process(&sample, &ctx),
+                                    Ok(sample) => self.process_to(&sample, &ctx, target),
                                     Err(damaged) => self.skipped(damaged),
                                 };
                                 let _ = tx.send(outcome);
@@ -412,6 +453,7 @@ impl Engine {
         ws: &mut Workspace,
         sample: &Sample,
         ctx: &SampleContext,
+        dest: Dest<'_>,
     ) -> Result<Processed, DecodeError> {
         let (image_field, data) = self.image_field(sample)?;
         // Before decoding: a sample that cannot carry its label or fields costs no decode.
@@ -420,7 +462,7 @@ impl Engine {
         let mut rng = sample_stream(ctx.seed, ctx.epoch, ctx.shard, sample.index);
         let t0 = Instant::now();
         let (tensor, decode_ns, geometry) = if data.starts_with(&[0xFF, 0xD8, 0xFF]) {
-            self.render_jpeg(ws, data, &mut rng, t0)?
+            self.render_jpeg(ws, data, &mut rng, t0, dest)?
         } else {
             let img = self.decode_other(data)?;
             let (w, h) = (img.width(), img.height());
@@ -428,7 +470,7 @@ impl Engine {
             let g = compose(&self.spec.ops, w, h, &mut rng);
             let decode_ns = t0.elapsed().as_nanos() as u64;
             let buf = std::mem::take(&mut ws.oriented);
-            let t = self.resample(ws, &buf, w, h, g.src, &g);
+            let t = self.resample(ws, (&buf, w, h), g.src, &g, dest);
             ws.oriented = buf;
             (t?, decode_ns, reported(w, h, &g))
         };
@@ -481,6 +523,7 @@ impl Engine {
         data: &[u8],
         rng: &mut sluice_plan::rng::Stream,
         t0: Instant,
+        dest: Dest<'_>,
     ) -> Result<(Tensor, u64, SampleGeometry), DecodeError> {
         let header = ws.jpeg.header(data)?;
         let orientation = exif_orientation(data);
@@ -512,7 +555,7 @@ impl Engine {
             let g = compose(&self.spec.ops, w, h, rng);
             let decode_ns = t0.elapsed().as_nanos() as u64;
             let buf = std::mem::take(&mut ws.oriented);
-            let t = self.resample(ws, &buf, w, h, g.src, &g);
+            let t = self.resample(ws, (&buf, w, h), g.src, &g, dest);
             ws.oriented = buf;
             return Ok((t?, decode_ns, reported(w, h, &g)));
         }
@@ -559,7 +602,7 @@ impl Engine {
                 w: g.src.w * s,
                 h: g.src.h * s,
             };
-            self.resample(ws, &region, d.rect.w, d.rect.h, crop, &g)
+            self.resample(ws, (&region, d.rect.w, d.rect.h), crop, &g, dest)
         });
         ws.region = region;
         Ok((
@@ -599,17 +642,32 @@ impl Engine {
 
     /// Resamples `crop` (in `buf`'s pixel coordinates, `bw`×`bh` RGB) to the output size,
     /// black where the crop lies outside the image, then flips and converts.
+    /// When the result is the resize's own output (uint8, H×W×3) and `dest` names a place
+    /// the client gave for the sample, the resize writes there: no copy on either side.
     fn resample(
         &self,
         ws: &mut Workspace,
-        buf: &[u8],
-        bw: u32,
-        bh: u32,
+        (buf, bw, bh): (&[u8], u32, u32),
         crop: RectF,
         g: &Geometry,
+        dest: Dest<'_>,
     ) -> Result<Tensor, DecodeError> {
         let (ow, oh) = (g.out_w, g.out_h);
-        let mut out = self.outputs.take(ow as usize * oh as usize * 3);
+        let len = ow as usize * oh as usize * 3;
+        let mut claim = match dest {
+            Some((t, index)) if self.spec.normalize.is_none() && !self.spec.chw => {
+                t.places.claim(t.unit, t.attempt, index, len)
+            }
+            _ => None,
+        };
+        let mut owned = match claim {
+            Some(_) => Vec::new(),
+            None => self.outputs.take(len),
+        };
+        let out: &mut [u8] = match claim.as_mut() {
+            Some(c) => c.memory(),
+            None => &mut owned,
+        };
         let src = ImageRef::new(bw, bh, buf, PixelType::U8x3)
             .map_err(|e| DecodeError::Decoder(e.to_string()))?;
         let alg = ResizeAlg::Convolution(FilterType::Bilinear);
@@ -627,7 +685,7 @@ impl Engine {
                 crop.w.min(bwf - x),
                 crop.h.min(bhf - y),
             );
-            let mut dst = Image::from_slice_u8(ow, oh, &mut out, PixelType::U8x3)
+            let mut dst = Image::from_slice_u8(ow, oh, out, PixelType::U8x3)
                 .map_err(|e| DecodeError::Decoder(e.to_string()))?;
             ws.resizer
                 .resize(&src, &mut dst, &opts)
@@ -675,7 +733,17 @@ impl Engine {
                 }
             }
         }
-        Ok(self.convert(out, ow, oh))
+        if let Some(c) = claim {
+            return Ok(Tensor {
+                height: oh,
+                width: ow,
+                dtype: self.spec.dtype(),
+                chw: false,
+                data: Vec::new(),
+                placed: Some(c.place()),
+            });
+        }
+        Ok(self.convert(owned, ow, oh))
     }
 
     /// Applies normalization and layout.
@@ -721,6 +789,7 @@ impl Engine {
             dtype: self.spec.dtype(),
             chw,
             data,
+            placed: None,
         }
     }
 }

@@ -32,7 +32,8 @@ use std::time::Duration;
 use sluice_wire::io::{FrameReader, FrameWriter};
 use sluice_wire::shm::{self, socket_path, Segment};
 use sluice_wire::{
-    ErrorCode, ErrorMessage, Message, Place, SampleHeader, SamplePayload, ShmAttach,
+    ErrorCode, ErrorMessage, Message, Place, PlaceClaim, Places, SampleHeader, SamplePayload,
+    ShmAttach,
 };
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
@@ -120,7 +121,7 @@ pub(crate) struct Slots {
     state: Mutex<(std::collections::VecDeque<u32>, Vec<bool>)>,
     /// The client's batches, when it shares them.
     arena: Option<Segment>,
-    places: Mutex<Places>,
+    places: Mutex<PlaceTable>,
     /// Set once the client cancelled the job: no write into the arena starts after, and
     /// setting it waits for those under way (they hold it shared).
     released: std::sync::RwLock<bool>,
@@ -129,7 +130,7 @@ pub(crate) struct Slots {
 /// The places a client gave, kept only while their unit runs here: a place that arrives
 /// after its unit ended is dropped, so the table never outgrows the units in flight.
 #[derive(Default)]
-struct Places {
+struct PlaceTable {
     /// By (unit, attempt), then sample index.
     running: std::collections::HashMap<(u64, u32), std::collections::HashMap<u64, u32>>,
 }
@@ -219,6 +220,29 @@ impl Slots {
         Ok(())
     }
 
+    /// A sample the runner wrote into its claimed place: the frame to send (the credit's slot
+    /// comes back unused) and its payload (the fields).
+    pub(crate) fn placed(
+        &self,
+        header: SampleHeader,
+        place: u32,
+        fields: Vec<u8>,
+    ) -> Result<(Message, Vec<u8>), String> {
+        let slot = {
+            let mut guard = self.state.lock().map_err(|_| "slot state poisoned")?;
+            let (free, held) = &mut *guard;
+            let slot = free.pop_front().ok_or("a credit without a granted slot")?;
+            held[slot as usize] = false;
+            slot
+        };
+        let frame = Message::ShmPlaced {
+            slot,
+            place,
+            header,
+        };
+        Ok((frame, fields))
+    }
+
     /// Writes a sample's tensor into its place in the client's batch, if it has one, else into
     /// the next granted slot: the frame to send and its payload (the fields only). A placed
     /// sample still takes a credit, and gives its slot back in the frame unused.
@@ -266,6 +290,34 @@ impl Slots {
             .write(slot, tensor)
             .map_err(|e| e.to_string())?;
         Ok((Message::ShmSample { slot, header }, fields.to_vec()))
+    }
+}
+
+/// The engine resizes a sample straight into its place when the client gave one before the
+/// sample was decoded: no tensor is copied on either side.
+impl Places for Slots {
+    fn claim(&self, unit: u64, attempt: u32, index: u64, len: usize) -> Option<PlaceClaim<'_>> {
+        let arena = self.arena.as_ref()?;
+        if len as u64 != arena.slot_bytes() {
+            return None;
+        }
+        let place = self
+            .places
+            .lock()
+            .ok()?
+            .running
+            .get_mut(&(unit, attempt))?
+            .remove(&index)?;
+        let released = self.released.read().ok()?;
+        if *released {
+            return None;
+        }
+        let ptr = arena.slot_raw(place).ok()?;
+        // SAFETY: the place lies in the mapping (checked when it was given) and is this
+        // sample's alone: the client gave it once, for this sample, and the claim took it out
+        // of the table. The client reads it only after the frame that names it.
+        let memory = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+        Some(PlaceClaim::new(place, memory, Box::new(released)))
     }
 }
 
@@ -632,6 +684,36 @@ mod tests {
         slots.unit_ended(7, 0);
         slots.add_places(&[place(7, 0, 1)]).unwrap();
         assert!(slots.places.lock().unwrap().running.is_empty());
+        // The engine claims a place and resizes into it; the frame then names it.
+        slots.unit_started(10, 0);
+        slots.add_places(&[place(10, 0, 2)]).unwrap();
+        assert!(slots.claim(10, 0, 0, 3).is_none(), "the wrong size");
+        assert!(
+            slots.claim(10, 0, 1, 4).is_none(),
+            "no place for that sample"
+        );
+        {
+            let mut claim = slots.claim(10, 0, 0, 4).expect("its place");
+            assert_eq!(claim.place(), 2);
+            claim.memory().copy_from_slice(&[4, 3, 2, 1]);
+        }
+        assert!(slots.claim(10, 0, 0, 4).is_none(), "claimed once");
+        arena.read(2, &mut got).unwrap();
+        assert_eq!(got, [4, 3, 2, 1]);
+        slots.grant(&[1]).unwrap();
+        let (m, fields) = slots.placed(header(10, 0), 2, vec![5]).unwrap();
+        assert!(
+            matches!(
+                m,
+                Message::ShmPlaced {
+                    slot: 1,
+                    place: 2,
+                    ..
+                }
+            ),
+            "{m:?}"
+        );
+        assert_eq!(fields, [5]);
         // Released: a place is never written again.
         slots.unit_started(9, 0);
         slots.add_places(&[place(9, 0, 0)]).unwrap();

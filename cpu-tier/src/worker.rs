@@ -10,11 +10,11 @@ use std::sync::Arc;
 use sluice_shard::{Checksum, Compression, ShardInfo};
 use sluice_wire::spec::{PipelineSpec, SpecError};
 use sluice_wire::{
-    Assign, Finished, JobRunner, JobSpec, Output, RunnerError, SampleHeader, SamplePayload,
+    Assign, Finished, JobRunner, JobSpec, Output, Places, RunnerError, SampleHeader, SamplePayload,
     SampleShape, SkippedSample, UnitRunner,
 };
 
-use crate::engine::{BadSamplePolicy, Engine, EngineConfig, Outcome, SampleContext};
+use crate::engine::{BadSamplePolicy, Engine, EngineConfig, Outcome, PlaceTarget, SampleContext};
 use crate::fields::FieldSpec;
 use crate::source::{ShardLocation, ShardSource};
 use crate::EngineError;
@@ -77,6 +77,7 @@ impl UnitRunner for CpuWorker {
             spec: spec.clone(),
             shape,
             max_sample_bytes: self.max_sample_bytes,
+            places: std::sync::OnceLock::new(),
         }))
     }
 
@@ -95,9 +96,16 @@ struct CpuJob {
     spec: JobSpec,
     shape: SampleShape,
     max_sample_bytes: u64,
+    /// The client's batches, when it shares them: samples are resized straight into their
+    /// places there.
+    places: std::sync::OnceLock<Arc<dyn Places>>,
 }
 
 impl JobRunner for CpuJob {
+    fn share_places(&self, places: Arc<dyn Places>) {
+        let _ = self.places.set(places);
+    }
+
     fn shape(&self) -> SampleShape {
         self.shape
     }
@@ -153,9 +161,14 @@ impl JobRunner for CpuJob {
         // Which samples of the range were reported, so a damaged shard's unreadable rest can
         // be reported as skipped instead of failing the unit again and again.
         let mut reported = vec![false; (assign.end - assign.start) as usize];
+        let target = self.places.get().map(|places| PlaceTarget {
+            places: places.clone(),
+            unit: assign.unit,
+            attempt: assign.attempt,
+        });
         let result = self
             .engine
-            .run_unit(samples, ctx, |outcome| {
+            .run_unit_to(samples, ctx, target, |outcome| {
                 let index = match &outcome {
                     Outcome::Done(p) => p.index,
                     Outcome::Skipped(e) => e.index,
@@ -168,7 +181,8 @@ impl JobRunner for CpuJob {
                 }
                 let output = match outcome {
                     Outcome::Done(p) => {
-                        if p.tensor.data.len() as u64 != expected {
+                        // A tensor written into its place was claimed at the job's size.
+                        if p.tensor.placed.is_none() && p.tensor.data.len() as u64 != expected {
                             wrong_shape = Some(format!(
                                 "sample {:?} of shard {} came out {}x{} ({} bytes), not the job's {}x{} ({expected} bytes)",
                                 p.key, loc.name(), p.tensor.width, p.tensor.height,
@@ -214,7 +228,15 @@ impl JobRunner for CpuJob {
                             geometry: p.geometry,
                         };
                         finished.sent += 1;
-                        Output::Sample(header, payload)
+                        match p.tensor.placed {
+                            // The payload is the fields alone: the tensor is in its place.
+                            Some(place) => {
+                                metrics::counter!("sluice_cpu_resized_in_place_total")
+                                    .increment(1);
+                                Output::Placed(header, place, payload)
+                            }
+                            None => Output::Sample(header, payload),
+                        }
                     }
                     Outcome::Skipped(e) => {
                         finished.skipped += 1;

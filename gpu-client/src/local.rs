@@ -67,6 +67,12 @@ fn run_unit(local: &Arc<Local>, unit: &Unit) {
                 }
             }
             Output::Skipped(skipped) => Event::Skipped { skipped },
+            // In process there are no places to claim (`share_places` is never called): a
+            // runner that says otherwise fails the unit, which is then reassigned.
+            Output::Placed(header, ..) => {
+                tracing::error!(key = %header.key, "an in-process sample claims a batch place");
+                return false;
+            }
         };
         !unit.parker.stopped() && local.events.blocking_send(event).is_ok()
     };

@@ -37,7 +37,8 @@ pub use fields::{FieldSelection, LabelSource, SampleFields, SampleGeometry};
 pub use message::*;
 pub use payload::SamplePayload;
 pub use runner::{
-    drive_unit, error_chain, Cause, Finished, JobRunner, Output, RunnerError, UnitEnd, UnitRunner,
+    drive_unit, error_chain, Cause, Finished, JobRunner, Output, PlaceClaim, Places, RunnerError,
+    UnitEnd, UnitRunner,
 };
 
 #[cfg(test)]

@@ -9,7 +9,51 @@ use crate::message::{Assign, JobSpec, SampleHeader, SampleShape, SkippedSample};
 pub enum Output {
     /// The header and its payload: the tensor, then each field's bytes.
     Sample(SampleHeader, Vec<u8>),
+    /// A sample whose tensor the runner wrote straight into its place in the client's batch
+    /// (claimed from the job's [`Places`]), that place, and each field's bytes.
+    Placed(SampleHeader, u32, Vec<u8>),
     Skipped(SkippedSample),
+}
+
+/// Where a job's samples may be written straight into the client's batches (the same-host
+/// batch arena): the transport hands it to the job's runner ([`JobRunner::share_places`]).
+pub trait Places: Send + Sync {
+    /// The place the client gave for sample `index` of `(unit, attempt)`, if it gave one and
+    /// it holds a tensor of `len` bytes: claimed (used once), writable until the claim drops.
+    fn claim(&self, unit: u64, attempt: u32, index: u64, len: usize) -> Option<PlaceClaim<'_>>;
+}
+
+/// A claimed place: the memory to write one tensor into, the client's until this is dropped
+/// (the transport may hold a lock meanwhile, so that a cancelled job's places are released
+/// only once no write into them is under way).
+pub struct PlaceClaim<'a> {
+    place: u32,
+    memory: &'a mut [u8],
+    _held: Box<dyn Held + 'a>,
+}
+
+/// Anything a claim holds until it drops (a lock guard).
+pub trait Held {}
+
+impl<T> Held for T {}
+
+impl<'a> PlaceClaim<'a> {
+    /// A claim of `place`, whose memory is `memory`, held by `held` until dropped.
+    pub fn new(place: u32, memory: &'a mut [u8], held: Box<dyn Held + 'a>) -> Self {
+        PlaceClaim {
+            place,
+            memory,
+            _held: held,
+        }
+    }
+
+    pub fn place(&self) -> u32 {
+        self.place
+    }
+
+    pub fn memory(&mut self) -> &mut [u8] {
+        self.memory
+    }
 }
 
 /// Counts of a finished assignment.
@@ -83,6 +127,10 @@ pub trait JobRunner: Send + Sync {
     /// Takes back a sample's payload once the transport has sent or copied it, for the
     /// runner to write a later sample into (the default drops it).
     fn recycle(&self, _payload: Vec<u8>) {}
+    /// The client shares its batches: a runner that can write a sample's tensor straight
+    /// into its place claims it there and emits [`Output::Placed`] (the default ignores it,
+    /// and the transport copies each tensor into its place).
+    fn share_places(&self, _places: std::sync::Arc<dyn Places>) {}
 }
 
 /// How a unit driven by [`drive_unit`] ended: the frame that reports it to the client.
@@ -103,7 +151,7 @@ pub fn drive_unit(
     mut forward: impl FnMut(Output) -> bool,
 ) -> UnitEnd {
     let mut emit = |output: Output| -> bool {
-        if matches!(output, Output::Sample(..)) && !take_credit() {
+        if matches!(output, Output::Sample(..) | Output::Placed(..)) && !take_credit() {
             return false;
         }
         forward(output)
