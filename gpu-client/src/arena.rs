@@ -65,7 +65,7 @@ struct Writer {
 
 struct State {
     free: Vec<u32>,
-    /// Whether each buffer's pages were made by this process.
+    /// Whether each place's pages were made by this process.
     populated: Vec<bool>,
     /// Buffers given back while a place in them was owned.
     retired: Vec<u32>,
@@ -132,7 +132,7 @@ impl Arena {
             sample_bytes: sample_bytes as usize,
             state: Mutex::new(State {
                 free: (0..buffers).rev().collect(),
-                populated: vec![false; buffers as usize],
+                populated: vec![false; places as usize],
                 retired: Vec::new(),
                 owner: vec![None; places as usize],
                 writers: HashMap::new(),
@@ -146,21 +146,23 @@ impl Arena {
         self.ahead as usize
     }
 
-    /// Gives the buffer starting at place `first` its pages, once, from this process: the
-    /// batches are its memory, charged to it, not to the worker that writes first (as for
-    /// slots, `crate::same_host`). Done as a buffer is bound to a batch, so an arena's buffers
-    /// that are never used cost nothing.
-    pub(crate) fn populate(&self, first: u32) {
-        let index = (first / self.batch) as usize;
-        let fresh = self
-            .state
-            .lock()
-            .is_ok_and(|mut s| !std::mem::replace(&mut s.populated[index], true));
-        if fresh {
-            for place in first..first + self.batch {
-                if let Err(e) = self.segment.populate(place) {
-                    tracing::debug!("batch place {place}: {e}");
-                }
+    /// Gives `places` their pages, once each, from this process: the batches are its
+    /// memory, charged to it, not to the worker that writes first (as for slots,
+    /// `crate::same_host`). Done as places are reserved for samples, so memory follows the
+    /// samples on their way (as slots did), not every batch bound ahead; the rest of a batch
+    /// gets its pages as the batch is filled.
+    pub(crate) fn populate(&self, places: &[Place]) {
+        let fresh: Vec<u32> = match self.state.lock() {
+            Ok(mut s) => places
+                .iter()
+                .filter(|p| !std::mem::replace(&mut s.populated[p.place as usize], true))
+                .map(|p| p.place)
+                .collect(),
+            Err(_) => return,
+        };
+        for place in fresh {
+            if let Err(e) = self.segment.populate(place) {
+                tracing::debug!("batch place {place}: {e}");
             }
         }
     }

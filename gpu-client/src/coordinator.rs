@@ -538,8 +538,7 @@ impl Coordinator {
             target,
             self.requested.clone(),
         );
-        if let (Some(first), Some(arena)) = (first, &self.arena) {
-            arena.populate(first);
+        if let (Some(first), Some(_)) = (first, &self.arena) {
             let places = self.protocol.batch_places(index, first);
             self.send_places(places.into_iter()).await;
         }
@@ -590,7 +589,9 @@ impl Coordinator {
             }
         }
         for ((link, generation), places) in by_link {
-            let grant = PlaceGrant::new(arena.clone(), arena.reserve(places));
+            let reserved = arena.reserve(places);
+            arena.populate(&reserved);
+            let grant = PlaceGrant::new(arena.clone(), reserved);
             if !grant.places().is_empty() {
                 // Dropped unsent (the link is gone), the grant gives its places back.
                 send(self.link(link), Command::Places(generation, grant)).await;
