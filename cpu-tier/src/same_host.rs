@@ -220,6 +220,15 @@ impl Slots {
         Ok(())
     }
 
+    /// The next granted slot, which the sample about to go out takes (with its credit).
+    fn next_slot(&self) -> Result<u32, String> {
+        let mut guard = self.state.lock().map_err(|_| "slot state poisoned")?;
+        let (free, held) = &mut *guard;
+        let slot = free.pop_front().ok_or("a credit without a granted slot")?;
+        held[slot as usize] = false;
+        Ok(slot)
+    }
+
     /// A sample the runner wrote into its claimed place: the frame to send (the credit's slot
     /// comes back unused) and its payload (the fields).
     pub(crate) fn placed(
@@ -228,13 +237,7 @@ impl Slots {
         place: u32,
         fields: Vec<u8>,
     ) -> Result<(Message, Vec<u8>), String> {
-        let slot = {
-            let mut guard = self.state.lock().map_err(|_| "slot state poisoned")?;
-            let (free, held) = &mut *guard;
-            let slot = free.pop_front().ok_or("a credit without a granted slot")?;
-            held[slot as usize] = false;
-            slot
-        };
+        let slot = self.next_slot()?;
         let frame = Message::ShmPlaced {
             slot,
             place,
@@ -260,13 +263,7 @@ impl Slots {
             ));
         }
         let (tensor, fields) = SamplePayload::parts(&header, payload)?;
-        let slot = {
-            let mut guard = self.state.lock().map_err(|_| "slot state poisoned")?;
-            let (free, held) = &mut *guard;
-            let slot = free.pop_front().ok_or("a credit without a granted slot")?;
-            held[slot as usize] = false;
-            slot
-        };
+        let slot = self.next_slot()?;
         let place = self.places.lock().ok().and_then(|mut p| {
             p.running
                 .get_mut(&(header.unit, header.attempt))?

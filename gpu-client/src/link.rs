@@ -796,14 +796,8 @@ async fn read_frames<R: TensorRead>(mut reader: FrameReader<R>, to: ReadTo) {
                 let Some(pool) = &pool else {
                     break protocol("a shared-memory sample over QUIC".into());
                 };
-                if header.tensor_bytes != shape.bytes() || header.job != job {
-                    break protocol(format!(
-                        "sample {:?} of job {} with {} tensor bytes; the job is {job} with {}",
-                        header.key,
-                        header.job,
-                        header.tensor_bytes,
-                        shape.bytes()
-                    ));
+                if let Err(e) = same_host_header(&header, job, shape) {
+                    break protocol(e);
                 }
                 let slot = match pool.filled(slot) {
                     Ok(s) => s,
@@ -825,14 +819,8 @@ async fn read_frames<R: TensorRead>(mut reader: FrameReader<R>, to: ReadTo) {
                 let (Some(pool), Some((arena, writer))) = (&pool, &arena) else {
                     break protocol("a sample in a batch place, but no batch arena".into());
                 };
-                if header.tensor_bytes != shape.bytes() || header.job != job {
-                    break protocol(format!(
-                        "sample {:?} of job {} with {} tensor bytes; the job is {job} with {}",
-                        header.key,
-                        header.job,
-                        header.tensor_bytes,
-                        shape.bytes()
-                    ));
+                if let Err(e) = same_host_header(&header, job, shape) {
+                    break protocol(e);
                 }
                 // The credit's slot comes back unused.
                 if let Err(e) = pool.filled(slot) {
@@ -928,6 +916,20 @@ async fn read_frames<R: TensorRead>(mut reader: FrameReader<R>, to: ReadTo) {
         }
     };
     let _ = end.send(ended).await;
+}
+
+/// A same-host sample's header names the connection's job and its shape's tensor size.
+fn same_host_header(header: &SampleHeader, job: u64, shape: SampleShape) -> Result<(), String> {
+    if header.tensor_bytes != shape.bytes() || header.job != job {
+        return Err(format!(
+            "sample {:?} of job {} with {} tensor bytes; the job is {job} with {}",
+            header.key,
+            header.job,
+            header.tensor_bytes,
+            shape.bytes()
+        ));
+    }
+    Ok(())
 }
 
 /// A sample whose tensor is in `payload`: the rest of its frame's payload, its fields, is read
