@@ -263,6 +263,7 @@ fn a_slow_consumer_keeps_every_process_bounded() {
         .iter()
         .zip(warm.iter().zip(peak))
     {
+        eprintln!("{name}: {w} kB once warm, at most {p} kB");
         assert!(*w > 0, "{name}: no RSS reading");
         assert!(
             p < w + 48 * 1024,

@@ -436,7 +436,7 @@ impl Coordinator {
                 Action::Ring(shape) => {
                     self.shape = Some(shape);
                     if let Some(segments) = &self.arena_source {
-                        self.arena = segments.arena(shape.bytes());
+                        self.arena = segments.made_arena(shape.bytes());
                     }
                     // An epoch started early waits for the earlier one's ring instead.
                     if self.earlier_ring.is_none() {

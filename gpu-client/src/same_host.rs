@@ -108,16 +108,20 @@ pub(crate) struct ArenaPlan {
     pub(crate) batch: u32,
 }
 
-/// The most bytes the batches bound ahead take (as for spare slots, `crate::link`).
-const ARENA_AHEAD_BYTES: u64 = 1 << 30;
+/// The most bytes the batches bound ahead take, beyond two batches. Every place of a batch
+/// bound ahead gets its pages by the time the batch is filled, so this is what the arena adds
+/// to the loader's memory; early samples spread thin over the batches ahead (units
+/// interleave), so binding all the way to the reorder bound would cost far more memory than
+/// the samples waiting there (a slow consumer's loader grew 80 MB after warming up with it).
+const ARENA_AHEAD_BYTES: u64 = 64 << 20;
 
 impl ArenaPlan {
     /// Batches bound ahead of the one being filled, so that a sample arriving early finds its
-    /// batch: every batch a sample may arrive for, within `ARENA_AHEAD_BYTES`.
+    /// batch: every batch a sample may arrive for, within `ARENA_AHEAD_BYTES` (at least two).
     fn ahead(&self, sample_bytes: u64) -> u32 {
         let batch_bytes = u64::from(self.batch).saturating_mul(sample_bytes).max(1);
         let wanted = self.waiting.div_ceil(u64::from(self.batch.max(1))) + 1;
-        wanted.min(ARENA_AHEAD_BYTES / batch_bytes).max(1) as u32
+        wanted.min((ARENA_AHEAD_BYTES / batch_bytes).max(2)).max(1) as u32
     }
 }
 
@@ -148,6 +152,17 @@ impl Segments {
             arena_plan,
             arena: Mutex::new(None),
         }
+    }
+
+    /// The batch arena a same-host connection has already made for samples of `sample_bytes`
+    /// (an epoch whose workers are all reached over QUIC binds no batches ahead).
+    pub(crate) fn made_arena(&self, sample_bytes: u64) -> Option<Arc<Arena>> {
+        let (plan, _) = self.arena_plan.as_ref()?;
+        let a = self.arena.lock().ok()?;
+        a.as_ref()?
+            .as_ref()
+            .filter(|a| a.fits(plan.batch, sample_bytes))
+            .cloned()
     }
 
     /// The batch arena for samples of `sample_bytes`, made on first use; `None` when the

@@ -167,6 +167,7 @@ async fn simulate(
     if let Some(s) = &segments {
         coordinator = coordinator.with_arena(s.clone());
     }
+    // Made as a same-host link makes it, before the coordinator looks for it.
     let mut shared = Shared {
         arena: segments.and_then(|s| s.arena(SHAPE.bytes())),
         placed: 0,
