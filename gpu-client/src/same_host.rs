@@ -108,12 +108,13 @@ pub(crate) struct ArenaPlan {
     pub(crate) batch: u32,
 }
 
-/// The most bytes the batches bound ahead take, beyond two batches. Every place of a batch
-/// bound ahead gets its pages by the time the batch is filled, so this is what the arena adds
-/// to the loader's memory; early samples spread thin over the batches ahead (units
-/// interleave), so binding all the way to the reorder bound would cost far more memory than
-/// the samples waiting there (a slow consumer's loader grew 80 MB after warming up with it).
-const ARENA_AHEAD_BYTES: u64 = 64 << 20;
+/// The most bytes the batches bound ahead take, beyond two batches: the bound spare slots
+/// have (`crate::link`). Every place of a batch bound ahead gets its pages by the time the
+/// batch is filled, and early samples spread thin over the batches ahead (units interleave),
+/// so a same-host loader whose samples arrive far ahead holds more memory than the samples
+/// waiting in slots did; 64 MiB lost the gain where samples arrive far ahead (`bench
+/// host-cost`: 27–30 against 27 µs).
+const ARENA_AHEAD_BYTES: u64 = 1 << 30;
 
 impl ArenaPlan {
     /// Batches bound ahead of the one being filled, so that a sample arriving early finds its
