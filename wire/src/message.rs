@@ -309,5 +309,7 @@ impl std::fmt::Display for ErrorMessage {
 }
 
 /// The TLS application protocol name of a Sluice QUIC connection (version 4 of the frames:
-/// a job names itself and its weight for the worker's fair sharing).
+/// a job names itself and its weight for the worker's fair sharing). Version 5 changed only
+/// same-host frames (the batch arena), so the name stays; every frame's version byte still
+/// tells builds of different versions apart, with an error naming both.
 pub const ALPN: &[u8] = b"sluice/4";
