@@ -264,21 +264,12 @@ impl Slots {
         }
         let (tensor, fields) = SamplePayload::parts(&header, payload)?;
         let slot = self.next_slot()?;
-        let place = self.places.lock().ok().and_then(|mut p| {
-            p.running
-                .get_mut(&(header.unit, header.attempt))?
-                .remove(&header.index)
-        });
-        if let (Some(place), Some(arena)) = (place, &self.arena) {
-            let released = self.released.read().map_err(|_| "arena state poisoned")?;
-            if *released {
-                return Err("the job was cancelled".into());
-            }
-            arena.write(place, tensor).map_err(|e| e.to_string())?;
-            drop(released);
+        let sample = (header.unit, header.attempt, header.index);
+        if let Some(mut claim) = self.take_place(sample, tensor.len())? {
+            claim.memory().copy_from_slice(tensor);
             let frame = Message::ShmPlaced {
                 slot,
-                place,
+                place: claim.place(),
                 header,
             };
             return Ok((frame, fields.to_vec()));
@@ -290,31 +281,43 @@ impl Slots {
     }
 }
 
+impl Slots {
+    /// The place the client gave for sample `index` of `(unit, attempt)`, taken out of the
+    /// table (used once) and writable until the claim drops; `None` without one (or for a
+    /// tensor of another size), an error once the job was released. The engine resizes into
+    /// it ([`Places`]), or `place` copies a finished tensor there.
+    fn take_place(
+        &self,
+        (unit, attempt, index): (u64, u32, u64),
+        len: usize,
+    ) -> Result<Option<PlaceClaim<'_>>, String> {
+        let Some(arena) = self.arena.as_ref().filter(|a| len as u64 == a.slot_bytes()) else {
+            return Ok(None);
+        };
+        let place = self
+            .places
+            .lock()
+            .ok()
+            .and_then(|mut p| p.running.get_mut(&(unit, attempt))?.remove(&index));
+        let Some(place) = place else { return Ok(None) };
+        let released = self.released.read().map_err(|_| "arena state poisoned")?;
+        if *released {
+            return Err("the job was cancelled".into());
+        }
+        let ptr = arena.slot_raw(place).map_err(|e| e.to_string())?;
+        // SAFETY: the place lies in the mapping (checked when it was given) and is this
+        // sample's alone: the client gave it once, for this sample, and this took it out of
+        // the table. The client reads it only after the frame that names it.
+        let memory = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+        Ok(Some(PlaceClaim::new(place, memory, Box::new(released))))
+    }
+}
+
 /// The engine resizes a sample straight into its place when the client gave one before the
 /// sample was decoded: no tensor is copied on either side.
 impl Places for Slots {
     fn claim(&self, unit: u64, attempt: u32, index: u64, len: usize) -> Option<PlaceClaim<'_>> {
-        let arena = self.arena.as_ref()?;
-        if len as u64 != arena.slot_bytes() {
-            return None;
-        }
-        let place = self
-            .places
-            .lock()
-            .ok()?
-            .running
-            .get_mut(&(unit, attempt))?
-            .remove(&index)?;
-        let released = self.released.read().ok()?;
-        if *released {
-            return None;
-        }
-        let ptr = arena.slot_raw(place).ok()?;
-        // SAFETY: the place lies in the mapping (checked when it was given) and is this
-        // sample's alone: the client gave it once, for this sample, and the claim took it out
-        // of the table. The client reads it only after the frame that names it.
-        let memory = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
-        Some(PlaceClaim::new(place, memory, Box::new(released)))
+        self.take_place((unit, attempt, index), len).ok().flatten()
     }
 }
 

@@ -483,11 +483,7 @@ impl<P: Tensor> Protocol<P> {
         let plan = &self.settings.batch_plan;
         let start = batch.saturating_mul(plan.batch_size);
         (0..plan.target(batch))
-            .filter_map(|j| {
-                let (link, generation, place) =
-                    self.place_at(start + j as u64, first + j as u32)?;
-                Some((link, generation, place))
-            })
+            .filter_map(|j| self.place_at(start + j as u64, first + j as u32))
             .collect()
     }
 
