@@ -10,6 +10,7 @@ use serde::Deserialize;
 use crate::engine::EngineConfig;
 use crate::jpeg::DecodeLimits;
 use crate::source::{CacheConfig, S3Config, SourceConfig};
+use crate::tenants::TenantConfig;
 
 pub use sluice_daemon::ConfigError;
 
@@ -31,6 +32,10 @@ pub struct CpuConfig {
     pub token_file: Option<PathBuf>,
     /// Accept clients without a token (then only on a loopback address).
     pub no_auth: bool,
+    /// Teams sharing the worker, each with its own token (instead of `token_file`): a file
+    /// of `[[tenant]]` tables, or the tables here (`crate::tenants`).
+    pub tenants_file: Option<PathBuf>,
+    pub tenant: Vec<TenantConfig>,
     pub limits: Limits,
     pub timeouts: Timeouts,
     pub source: Source,
@@ -178,6 +183,8 @@ impl Default for CpuConfig {
             key: None,
             token_file: None,
             no_auth: false,
+            tenants_file: None,
+            tenant: Vec::new(),
             limits: Limits::default(),
             timeouts: Timeouts::default(),
             source: Source::default(),
@@ -343,6 +350,21 @@ impl CpuConfig {
         if self.no_auth && self.token_file.is_some() {
             return invalid("no_auth", "contradicts token_file");
         }
+        if self.tenants_file.is_some() && !self.tenant.is_empty() {
+            return invalid(
+                "tenants_file",
+                "give tenants in a file or as [[tenant]], not both",
+            );
+        }
+        if self.has_tenants() && self.token_file.is_some() {
+            return invalid(
+                "token_file",
+                "with tenants only their tokens are accepted: drop the cluster token",
+            );
+        }
+        if self.has_tenants() && self.no_auth {
+            return invalid("no_auth", "contradicts the tenants' tokens");
+        }
         if self.no_auth && !self.listen.ip().is_loopback() {
             return invalid(
                 "listen",
@@ -350,6 +372,11 @@ impl CpuConfig {
             );
         }
         Ok(())
+    }
+
+    /// Whether teams are configured (`tenants_file` or `[[tenant]]`).
+    pub fn has_tenants(&self) -> bool {
+        self.tenants_file.is_some() || !self.tenant.is_empty()
     }
 
     /// The engine settings this config asks for.
@@ -434,5 +461,9 @@ mod tests {
         assert!(e("[same_host]\nsocket_mode = 0o1777\n").contains("same_host.socket_mode"));
         assert!(e("[same_host]\nsocket_dir = \"\"\n").contains("same_host.socket_dir"));
         assert!(e("[cache]\ndir = \"/var/cache/sluice\"\n").contains("cache.size_bytes"));
+        let tenant = "[[tenant]]\nname = \"a\"\ntoken_file = \"a.token\"\n";
+        assert!(e(&format!("token_file = \"/t\"\n{tenant}")).contains("token_file"));
+        assert!(e(&format!("tenants_file = \"/t\"\n{tenant}")).contains("tenants_file"));
+        assert!(e(&format!("{tenant}oops = 1\n")).contains("oops"));
     }
 }

@@ -13,7 +13,8 @@
 //!   credits, fair slots, heartbeats: `sluice_wire::session`), running units on threads.
 //! - [`same_host`]: its Unix-socket transport for clients on the same machine (tensors
 //!   written into the client's shared memory).
-//! - [`config`], [`tls`]: its configuration and TLS identity.
+//! - [`config`], [`tls`], [`tenants`]: its configuration, TLS identity and the teams it
+//!   admits.
 
 pub mod config;
 mod connection;
@@ -26,6 +27,7 @@ pub mod restart;
 pub mod same_host;
 pub mod server;
 pub mod source;
+pub mod tenants;
 pub mod tls;
 pub mod worker;
 

@@ -56,8 +56,8 @@ pub enum SetupError {
 pub struct Setup {
     pub config: CpuConfig,
     pub identity: Identity,
-    /// The cluster token clients must present; `None` only with `no_auth`.
-    pub token: Option<String>,
+    /// Who may connect: the cluster token, the tenants' tokens, or (`no_auth`) anyone.
+    pub admission: session::Admission,
     pub runner: Arc<dyn UnitRunner>,
     /// The same-host transport's Unix socket, when it is on ([`crate::same_host::bind`]).
     pub same_host: Option<crate::same_host::Listener>,
@@ -73,7 +73,7 @@ impl Setup {
     /// threads: the shard source's HTTP client blocks.
     pub fn from_config(
         config: CpuConfig,
-        token: Option<String>,
+        admission: impl Into<session::Admission>,
         port: u16,
         runtime: &tokio::runtime::Handle,
     ) -> Result<Setup, SetupError> {
@@ -81,14 +81,14 @@ impl Setup {
             .map_err(crate::error::EngineError::from)?;
         let worker = crate::worker::CpuWorker::new(config.engine(), source)?
             .with_max_sample_bytes(u64::from(config.limits.max_payload_bytes));
-        Setup::with_runner(config, token, port, runtime, Arc::new(worker))
+        Setup::with_runner(config, admission, port, runtime, Arc::new(worker))
     }
 
     /// [`Setup::from_config`] decoding with `runner` instead of the config's engine (a
     /// synthetic runner, for transport benchmarks).
     pub fn with_runner(
         config: CpuConfig,
-        token: Option<String>,
+        admission: impl Into<session::Admission>,
         port: u16,
         runtime: &tokio::runtime::Handle,
         runner: Arc<dyn UnitRunner>,
@@ -127,7 +127,7 @@ impl Setup {
         Ok(Setup {
             config,
             identity,
-            token,
+            admission: admission.into(),
             runner,
             same_host,
         })
@@ -146,10 +146,10 @@ pub(crate) struct State {
 }
 
 /// The worker's rules from its config.
-fn rules(config: &CpuConfig, token: Option<String>, welcome: Welcome) -> session::Rules {
+fn rules(config: &CpuConfig, admission: session::Admission, welcome: Welcome) -> session::Rules {
     let t = &config.timeouts;
     session::Rules {
-        token,
+        admission,
         welcome,
         max_credits: config.limits.max_credits,
         max_units_per_connection: config.limits.max_units_per_connection,
@@ -191,7 +191,7 @@ pub async fn run(
     let Setup {
         config,
         identity,
-        token,
+        admission,
         runner,
         same_host,
     } = setup;
@@ -229,7 +229,7 @@ pub async fn run(
             max_header: config.limits.max_header_bytes,
             max_payload: config.limits.max_payload_bytes,
         },
-        rules: Mutex::new(Worker::new(rules(&config, token, welcome), active)),
+        rules: Mutex::new(Worker::new(rules(&config, admission, welcome), active)),
         connections: Arc::new(Semaphore::new(config.limits.max_connections)),
         draining: CancellationToken::new(),
         runner,

@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use sluice_cpu::config::CpuConfig;
 use sluice_cpu::server::{self, Setup};
 use sluice_daemon::DaemonConfig;
+use sluice_wire::session::Admission;
 
 use crate::daemon;
 
@@ -30,6 +31,11 @@ pub struct Args {
     /// Accept clients without a token; only on a loopback address.
     #[arg(long)]
     no_auth: bool,
+    /// Teams sharing this worker, each with its own token (`[[tenant]]` tables with name,
+    /// token_file, max_weight, max_credits): their jobs run as `<tenant>/<name>`, capped by
+    /// their tenant's limits, and only their tokens are accepted (`docs/operations.md`).
+    #[arg(long, conflicts_with_all = ["token_file", "no_auth"])]
+    tenants: Option<PathBuf>,
     /// Where the self-signed certificate is kept (cert.pem, key.pem) when none is configured.
     #[arg(long)]
     state_dir: Option<PathBuf>,
@@ -112,6 +118,14 @@ pub fn run(args: Args) -> Result<()> {
     if args.no_auth {
         config.no_auth = true;
     }
+    if let Some(t) = args.tenants.clone() {
+        config.tenants_file = Some(t);
+    }
+    // [[tenant]] token paths are the config file's, as a tenants file's are its own.
+    if let Some(path) = &args.config {
+        let tenants = std::mem::take(&mut config.tenant);
+        config.tenant = sluice_cpu::tenants::relative_to(tenants, path);
+    }
     if let Some(d) = args.state_dir.clone() {
         config.state_dir = d;
     }
@@ -142,15 +156,7 @@ pub fn run(args: Args) -> Result<()> {
         bail!("--no-auth contradicts SLUICE_TOKEN; unset one");
     }
     config.validate()?;
-    let token = match (&config.token_file, env_token) {
-        (Some(path), _) => Some(sluice_wire::token::read(path)?),
-        (None, Some(t)) => Some(t.trim().to_string()),
-        (None, None) if config.no_auth => None,
-        (None, None) => bail!(
-            "no cluster token: give --token-file FILE (or token_file in the config) or set \
-             SLUICE_TOKEN; --no-auth runs without one, on loopback only"
-        ),
-    };
+    let admission = admission(&config, env_token)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(2)
@@ -162,7 +168,7 @@ pub fn run(args: Args) -> Result<()> {
     let metrics_listen = config.metrics_listen;
     // This process's recorder: the tiers record into it, /metrics renders it.
     let recorder = sluice_daemon::metrics_handle();
-    let setup = Setup::from_config(config, token, listen.port(), runtime.handle())?;
+    let setup = Setup::from_config(config, admission, listen.port(), runtime.handle())?;
     runtime.block_on(async move {
         let metrics = match metrics_listen {
             Some(addr) => Some((
@@ -175,7 +181,7 @@ pub fn run(args: Args) -> Result<()> {
         };
         let metrics_addr = metrics.as_ref().and_then(|(m, _)| m.local_addr().ok());
         tracing::info!(%listen, metrics = ?metrics_addr, threads = setup.runner.threads(),
-            auth = setup.token.is_some(), "sluice cpu serving");
+            admission = admitting(&setup.admission), "sluice cpu serving");
         let shutdown = daemon::shutdown_on_signals()?;
         daemon::notify_ready(&shutdown);
         let result = server::run(socket, metrics, setup, shutdown).await;
@@ -184,6 +190,48 @@ pub fn run(args: Args) -> Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// Who the worker admits: its tenants (each by its token), else the cluster token from the
+/// config's file or `SLUICE_TOKEN`, else (`no_auth`) anyone.
+fn admission(config: &CpuConfig, env_token: Option<String>) -> Result<Admission> {
+    if config.has_tenants() {
+        if env_token.is_some() {
+            tracing::warn!("SLUICE_TOKEN is ignored: with tenants only their tokens are accepted");
+        }
+        let tenants = match &config.tenants_file {
+            Some(path) => sluice_cpu::tenants::read_file(path)?,
+            None => config.tenant.clone(),
+        };
+        let l = &config.limits;
+        return Ok(sluice_cpu::tenants::admission(
+            &tenants,
+            l.max_job_weight,
+            l.max_credits,
+        )?);
+    }
+    Ok(match (&config.token_file, env_token) {
+        (Some(path), _) => Admission::Token(sluice_wire::token::read(path)?),
+        (None, Some(t)) => Admission::Token(t.trim().to_string()),
+        (None, None) if config.no_auth => Admission::Open,
+        (None, None) => bail!(
+            "no cluster token: give --token-file FILE (or token_file in the config) or set \
+             SLUICE_TOKEN, or give teams their own tokens with --tenants FILE; --no-auth runs \
+             without one, on loopback only"
+        ),
+    })
+}
+
+/// The admission rule in a word, for the start-up line.
+fn admitting(admission: &Admission) -> String {
+    match admission {
+        Admission::Open => "anyone (no_auth)".into(),
+        Admission::Token(_) => "the cluster token".into(),
+        Admission::Tenants(ts) => {
+            let names: Vec<&str> = ts.iter().map(|t| t.name.as_str()).collect();
+            format!("tenants {}", names.join(", "))
+        }
+    }
 }
 
 #[cfg(test)]

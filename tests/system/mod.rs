@@ -99,6 +99,11 @@ pub fn start_worker_with(dir: &Path, name: &str, extra: &[&str]) -> Worker {
     let state = dir.join(name);
     let token = dir.join("token");
     std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    // A worker of tenants takes their tokens instead of the cluster token.
+    let auth: &[&str] = match extra.contains(&"--tenants") {
+        true => &[],
+        false => &["--token-file", path_str(&token)],
+    };
     let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args([
             "cpu",
@@ -108,11 +113,10 @@ pub fn start_worker_with(dir: &Path, name: &str, extra: &[&str]) -> Worker {
             "127.0.0.1:0",
             "--threads",
             "1",
-            "--token-file",
-            path_str(&token),
             "--state-dir",
             path_str(&state),
         ])
+        .args(auth)
         .args(extra)
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())

@@ -35,11 +35,62 @@ pub use threads::{Parker, UnitThread};
 use crate::message::{Assign, ErrorCode, JobSpec, Message, SampleShape, UnitFailed, Welcome};
 use crate::runner::UnitEnd;
 
+/// Who a worker admits, and as whom.
+#[derive(Clone, Debug, Default)]
+pub enum Admission {
+    /// Anyone (`no_auth`, loopback only; the in-process worker).
+    #[default]
+    Open,
+    /// Whoever presents the cluster token; job names and weights are the clients' own.
+    Token(String),
+    /// Whoever presents one of these tenants' tokens, as that tenant: its jobs are named
+    /// `<tenant>/<name>` and capped by its limits, so no tenant can reach another's job.
+    Tenants(Vec<Arc<Tenant>>),
+}
+
+impl From<Option<String>> for Admission {
+    fn from(token: Option<String>) -> Self {
+        token.map_or(Admission::Open, Admission::Token)
+    }
+}
+
+/// A team sharing a worker: its token decides who it is, and its limits what its jobs get.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tenant {
+    /// Prefixes its jobs' names (`<name>/<job name>`); 1 to 63 of `a-z 0-9 . _ -`.
+    pub name: String,
+    pub token: String,
+    /// The largest weight one of its jobs gets (and no more than the worker's cap).
+    pub max_weight: u32,
+    /// The most unspent credits one of its jobs may hold (and no more than the worker's cap).
+    pub max_credits: u32,
+}
+
+impl Tenant {
+    /// Whether `name` can name a tenant: it prefixes job names and metric labels, so it
+    /// holds no `/` and nothing a label or a log would need to quote.
+    pub fn valid_name(name: &str) -> bool {
+        (1..=63).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+    }
+
+    /// The name a job of this tenant runs under: `asked`, prefixed with the tenant's name
+    /// unless the client already gave it.
+    pub fn job_name(&self, asked: &str) -> String {
+        match asked.strip_prefix(self.name.as_str()) {
+            Some(rest) if rest.starts_with('/') => asked.to_string(),
+            _ => format!("{}/{asked}", self.name),
+        }
+    }
+}
+
 /// What a worker enforces, from its config.
 #[derive(Clone, Debug)]
 pub struct Rules {
-    /// The cluster token a client must present; `None` admits anyone.
-    pub token: Option<String>,
+    /// Who may connect, and as whom.
+    pub admission: Admission,
     /// What the worker says of itself to each client.
     pub welcome: Welcome,
     /// Most unspent credits a job may hold (counted credits; slot grants are bounded by the
@@ -58,11 +109,11 @@ pub struct Rules {
 }
 
 impl Rules {
-    /// A worker that says `welcome` and admits clients with `token`, with the limits and
-    /// times of `sluice cpu`'s default config.
-    pub fn new(token: Option<String>, welcome: Welcome) -> Rules {
+    /// A worker that says `welcome` and admits clients as `admission` says (a cluster
+    /// token: `Some(token)`), with the limits and times of `sluice cpu`'s default config.
+    pub fn new(admission: impl Into<Admission>, welcome: Welcome) -> Rules {
         Rules {
-            token,
+            admission: admission.into(),
             welcome,
             max_credits: 4096,
             max_units_per_connection: 16,
@@ -181,6 +232,8 @@ struct Session {
     /// Units accepted and not yet finished ([`Worker::finished`]).
     running: usize,
     greeted: bool,
+    /// Whom its token admitted it as (with tenants configured).
+    tenant: Option<Arc<Tenant>>,
     draining: bool,
     closed: bool,
     connected: Instant,
@@ -278,6 +331,7 @@ impl<L: Clone> Worker<L> {
             opening: HashSet::new(),
             running: 0,
             greeted: false,
+            tenant: None,
             draining: self.draining,
             closed: false,
             connected: now,
@@ -334,15 +388,35 @@ impl<L: Clone> Worker<L> {
                     return self.close(conn, ErrorCode::BadRequest, why);
                 }
             };
-            if let Some(expected) = &self.rules.token {
-                if !token_matches(expected, &hello.token) {
-                    let why = match hello.token.is_empty() {
-                        true => "no cluster token given",
-                        false => "wrong cluster token",
-                    };
-                    return self.close(conn, ErrorCode::Unauthorized, why.into());
+            let admitted = match &self.rules.admission {
+                Admission::Open => Ok(None),
+                Admission::Token(expected) => match token_matches(expected, &hello.token) {
+                    true => Ok(None),
+                    false => Err("cluster token"),
+                },
+                Admission::Tenants(tenants) => {
+                    // Every token is compared, so the time says nothing of which matched.
+                    let mut found = None;
+                    for t in tenants {
+                        if token_matches(&t.token, &hello.token) {
+                            found = Some(t.clone());
+                        }
+                    }
+                    found.map(Some).ok_or("tenant token")
                 }
-            }
+            };
+            let tenant = match admitted {
+                Ok(tenant) => tenant,
+                Err(what) => {
+                    let why = match hello.token.is_empty() {
+                        true => format!("no {what} given"),
+                        false => format!("wrong {what}"),
+                    };
+                    return self.close(conn, ErrorCode::Unauthorized, why);
+                }
+            };
+            let s = self.sessions.get_mut(&conn).expect("the session handling");
+            s.tenant = tenant;
             if self.draining {
                 let why = "worker is draining".into();
                 return self.close(conn, ErrorCode::Unavailable, why);
@@ -363,7 +437,11 @@ impl<L: Clone> Worker<L> {
                 if s.transport == Transport::Slots {
                     Some(bad(format!("job {job} takes slot credits, not counts")))
                 } else {
-                    let room = self.rules.max_credits.saturating_sub(j.credits);
+                    let cap = match &s.tenant {
+                        Some(t) => t.max_credits.min(self.rules.max_credits),
+                        None => self.rules.max_credits,
+                    };
+                    let room = cap.saturating_sub(j.credits);
                     j.credits += samples.min(room);
                     self.feed(conn, job);
                     None
@@ -423,7 +501,11 @@ impl<L: Clone> Worker<L> {
             }
         };
         // Not `clamp`: a hand-made config's cap of 0 must not panic here.
-        let weight = spec.weight.min(self.rules.max_job_weight).max(1);
+        let cap = match &s.tenant {
+            Some(t) => t.max_weight.min(self.rules.max_job_weight),
+            None => self.rules.max_job_weight,
+        };
+        let weight = spec.weight.min(cap).max(1);
         let name: Arc<str> = spec.name.as_str().into();
         self.fair.open(&name, weight);
         s.jobs.insert(
@@ -639,8 +721,8 @@ impl<L: Clone> Worker<L> {
         }
     }
 
-    /// Checks an `OpenJob` and hands it to the shell to open.
-    fn open(&mut self, conn: ConnId, spec: JobSpec) -> Result<(), (ErrorCode, String)> {
+    /// Checks an `OpenJob` and hands it to the shell to open, under its tenant's name.
+    fn open(&mut self, conn: ConnId, mut spec: JobSpec) -> Result<(), (ErrorCode, String)> {
         let s = self.sessions.get_mut(&conn).expect("the session handling");
         let bad = |msg: String| Err((ErrorCode::BadRequest, msg));
         if s.jobs.contains_key(&spec.job) || s.opening.contains(&spec.job) {
@@ -655,6 +737,9 @@ impl<L: Clone> Worker<L> {
                 "job {}: its name {:?} must be 1 to 128 printable characters",
                 spec.job, spec.name
             ));
+        }
+        if let Some(t) = &s.tenant {
+            spec.name = t.job_name(&spec.name);
         }
         s.opening.insert(spec.job);
         s.effects.push_back(Effect::Open(spec));

@@ -174,6 +174,96 @@ fn jobs_are_checked_and_their_weight_capped() {
     assert_closed(&mut w, conn, "no such pipeline");
 }
 
+/// A worker shared by two teams: team-a (weight at most 3) and team-b (at most 2, 10
+/// credits a job).
+fn tenants() -> W {
+    let tenant = |name: &str, token: &str, max_weight, max_credits| {
+        Arc::new(Tenant {
+            name: name.into(),
+            token: token.into(),
+            max_weight,
+            max_credits,
+        })
+    };
+    let admission = Admission::Tenants(vec![
+        tenant("team-a", "tok-a", 3, 100),
+        tenant("team-b", "tok-b", 2, 10),
+    ]);
+    W::new(Rules::new(admission, Welcome::default()), 1)
+}
+
+/// The name and weight a job asked for as `name` at `weight` on `token` runs under.
+fn opened_as(w: &mut W, token: &str, name: &str, weight: u32) -> (String, Option<u32>) {
+    let now = Instant::now();
+    let conn = w.connect(Transport::Frames, now);
+    w.handle(conn, hello(token), now, |_, _| 0);
+    w.handle(conn, Message::OpenJob(spec(1, name, weight)), now, |_, _| 0);
+    let spec = effects(w, conn)
+        .into_iter()
+        .find_map(|e| match e {
+            Effect::Open(spec) => Some(spec),
+            _ => None,
+        })
+        .expect("the job is opened");
+    let weight = w.opened(conn, &spec, Ok(SHAPE));
+    (spec.name, weight)
+}
+
+#[test]
+fn a_tenants_token_decides_its_jobs_names_and_caps() {
+    let mut w = tenants();
+    assert_eq!(
+        opened_as(&mut w, "tok-a", "resnet", 3),
+        ("team-a/resnet".into(), Some(3))
+    );
+    // Team B names its job like team A's and asks for weight 16: it stays team B's, at 2.
+    assert_eq!(
+        opened_as(&mut w, "tok-b", "team-a/resnet", 16),
+        ("team-b/team-a/resnet".into(), Some(2))
+    );
+    assert_eq!(
+        opened_as(&mut w, "tok-b", "resnet", 16),
+        ("team-b/resnet".into(), Some(2))
+    );
+    // A name already under the client's own tenant is not prefixed twice.
+    assert_eq!(opened_as(&mut w, "tok-a", "team-a/vit", 1).0, "team-a/vit");
+    let now = Instant::now();
+    for (token, why) in [("secret", "wrong tenant token"), ("", "no tenant token")] {
+        let conn = w.connect(Transport::Frames, now);
+        w.handle(conn, hello(token), now, |_, _| 0);
+        assert_closed(&mut w, conn, why);
+    }
+}
+
+#[test]
+fn a_tenants_credits_are_capped_per_job() {
+    let mut w = tenants();
+    let now = Instant::now();
+    let conn = w.connect(Transport::Frames, now);
+    w.handle(conn, hello("tok-b"), now, |_, _| 0);
+    w.handle(conn, Message::OpenJob(spec(1, "j", 1)), now, |_, _| 0);
+    let _ = effects(&mut w, conn);
+    w.opened(conn, &spec(1, "team-b/j", 1), Ok(SHAPE));
+    let _ = effects(&mut w, conn);
+    send(
+        &mut w,
+        conn,
+        Message::Credit {
+            job: 1,
+            samples: 500,
+        },
+        now,
+    );
+    send(&mut w, conn, Message::Assign(assign(1, 1)), now);
+    let _ = w.take_wakes();
+    let id = w.units.keys().copied().next().expect("the unit");
+    let mut sent = 0;
+    while w.next_sample(id) == Gate::Go {
+        sent += 1;
+    }
+    assert_eq!(sent, 10, "team-b's jobs hold at most 10 credits");
+}
+
 #[test]
 fn assignments_are_checked() {
     let now = Instant::now();

@@ -1,0 +1,190 @@
+//! Teams sharing one `sluice cpu` worker, each with its own token (`--tenants`), tried from
+//! outside as a hostile team would: real `sluice loadgen` processes against a real worker,
+//! read through its `/metrics`. A team's token decides its jobs' names and weights, so a job
+//! named like another team's stays its own team's, at its own team's weight cap; a token of
+//! no team is refused.
+
+mod support;
+mod system;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::path_str;
+use system::{dataset, metrics_text, start_worker_with, trust_file, Worker, TOKEN};
+
+const PIPELINE: &str = "decode | random_resized_crop 32";
+
+/// The tenants file: team-a (weights up to 3) and team-b (up to 2), each token in its own
+/// owner-only file beside it.
+fn tenants(dir: &Path) -> PathBuf {
+    for (team, token) in [("a", "team-a-token-1"), ("b", "team-b-token-2")] {
+        let path = dir.join(format!("team-{team}.token"));
+        std::fs::write(&path, format!("{token}\n")).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+    }
+    let file = dir.join("tenants.toml");
+    std::fs::write(
+        &file,
+        "[[tenant]]\nname = \"team-a\"\ntoken_file = \"team-a.token\"\nmax_weight = 3\n\n\
+         [[tenant]]\nname = \"team-b\"\ntoken_file = \"team-b.token\"\nmax_weight = 2\n",
+    )
+    .unwrap();
+    file
+}
+
+/// A loadgen job on `token_file` asking to be `name` at `weight`, for `epochs` epochs.
+fn job(
+    data: &Path,
+    worker: &Worker,
+    trust: &Path,
+    token_file: &Path,
+    (name, weight): (&str, u32),
+    epochs: u32,
+) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    c.args([
+        "loadgen",
+        "--dataset",
+        path_str(data),
+        "--workers",
+        &worker.addr,
+        "--token-file",
+        path_str(token_file),
+        "--trust-cert",
+        path_str(trust),
+        "--same-host",
+        "off",
+        "--pipeline",
+        PIPELINE,
+        "--batch-size",
+        "8",
+        "--epochs",
+        &epochs.to_string(),
+        "--credits",
+        "16",
+        "--worker-wait",
+        "5",
+        "--job-name",
+        name,
+        "--job-weight",
+        &weight.to_string(),
+    ]);
+    c
+}
+
+/// The value of the series `series` (`name{labels}`) in the worker's metrics.
+fn value(worker: &Worker, series: &str) -> Option<f64> {
+    metrics_text(worker)
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(series))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+}
+
+fn wait_for(worker: &Worker, series: &str) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(v) = value(worker, series) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "no {series} in the worker's metrics");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn stop(mut c: Child) {
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+#[test]
+fn a_teams_token_decides_its_jobs_names_and_weights_and_no_team_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 40);
+    let file = tenants(dir.path());
+    let worker = start_worker_with(
+        dir.path(),
+        "w",
+        &["--no-same-host", "--tenants", path_str(&file)],
+    );
+    assert!(worker.log_contains("tenants team-a, team-b"));
+    let trust = trust_file(dir.path(), &[&worker]);
+    let run = |team: &str, name: &str, weight: u32| {
+        let token = dir.path().join(format!("team-{team}.token"));
+        job(&data.manifest_path, &worker, &trust, &token, (name, weight), 10_000)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    // Team A's job, then team B's named like it and asking for far more weight.
+    let a = run("a", "resnet", 3);
+    assert_eq!(wait_for(&worker, "sluice_cpu_job_weight{job=\"team-a/resnet\"}"), 3.0);
+    let b = run("b", "resnet", 16);
+    assert_eq!(wait_for(&worker, "sluice_cpu_job_weight{job=\"team-b/resnet\"}"), 2.0);
+    // Even a name that spells out team A's stays under team B, at team B's cap.
+    let b2 = run("b", "team-a/resnet", 16);
+    let b2_weight = "sluice_cpu_job_weight{job=\"team-b/team-a/resnet\"}";
+    assert_eq!(wait_for(&worker, b2_weight), 2.0);
+    assert_eq!(
+        value(&worker, "sluice_cpu_job_weight{job=\"team-a/resnet\"}"),
+        Some(3.0),
+        "team A's job keeps its weight"
+    );
+    let samples = |job: &str| value(&worker, &format!("sluice_cpu_job_samples_total{{job=\"{job}\"}}"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while samples("team-b/resnet").is_none() || samples("team-a/resnet").is_none() {
+        assert!(Instant::now() < deadline, "both teams' jobs should be sent samples");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let text = metrics_text(&worker);
+    assert!(
+        !text.contains("job=\"resnet\""),
+        "no job runs under the bare name it asked for:\n{text}"
+    );
+    for c in [a, b, b2] {
+        stop(c);
+    }
+
+    // The cluster token of a worker without tenants, and a made-up one: refused by name.
+    let stranger = dir.path().join("stranger.token");
+    for token in [TOKEN, "guess"] {
+        std::fs::write(&stranger, format!("{token}\n")).unwrap();
+        let out = job(&data.manifest_path, &worker, &trust, &stranger, ("x", 1), 1)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "a token of no tenant was let in");
+        assert!(stderr.contains("wrong tenant token"), "{stderr}");
+    }
+}
+
+#[test]
+fn a_bad_tenants_file_stops_the_worker_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.toml");
+    std::fs::write(dir.path().join("a.token"), "same\n").unwrap();
+    std::fs::write(dir.path().join("b.token"), "same\n").unwrap();
+    let both = "[[tenant]]\nname = \"a\"\ntoken_file = \"a.token\"\n\n\
+                [[tenant]]\nname = \"b\"\ntoken_file = \"b.token\"\n";
+    for (text, says) in [
+        (both, "the same token"),
+        ("[[tenant]]\nname = \"Team A\"\ntoken_file = \"a.token\"\n", "\"Team A\""),
+        ("[[tenant]]\nname = \"a\"\ntoken_file = \"missing\"\n", "missing"),
+        ("[[tenant]]\nname = \"a\"\ntokenfile = \"a.token\"\n", "tokenfile"),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["cpu", "--listen", "127.0.0.1:0", "--no-same-host", "--tenants"])
+            .arg(&file)
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{text}");
+        assert!(stderr.contains(says), "{says}: {stderr}");
+    }
+}
