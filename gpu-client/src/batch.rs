@@ -180,6 +180,37 @@ pub(crate) struct Ring {
     made: AtomicUsize,
 }
 
+/// An epoch's batches that its consumer holds (handed out, not yet dropped). With a batch
+/// arena the ring has more buffers than `ring_batches` (those bound ahead), so this, not the
+/// ring's free list, bounds what a consumer may keep ([`Held::until_below`]).
+#[derive(Default)]
+pub(crate) struct Held {
+    count: AtomicUsize,
+    notify: tokio::sync::Notify,
+}
+
+impl Held {
+    pub(crate) fn now(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// Returns once the consumer holds fewer than `limit` of the epoch's batches.
+    pub(crate) async fn until_below(&self, limit: usize) {
+        loop {
+            let notified = self.notify.notified();
+            if self.now() < limit {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn back(&self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+        self.notify.notify_waiters();
+    }
+}
+
 impl Ring {
     pub(crate) fn new(
         allocator: &dyn HostAllocator,
@@ -267,6 +298,8 @@ pub struct Batch {
     pub(crate) accounted: Vec<(u64, u32, u64)>,
     /// Each sample's source in a mixture (all 0 for a single dataset).
     pub(crate) sources: Vec<u32>,
+    /// Counted among its epoch's batches held by the consumer ([`Filling::finish`]).
+    held: Option<Arc<Held>>,
 }
 
 impl Batch {
@@ -395,6 +428,9 @@ impl Batch {
 
 impl Drop for Batch {
     fn drop(&mut self) {
+        if let Some(held) = self.held.take() {
+            held.back();
+        }
         if let Some(buf) = self.buf.take() {
             self.ring.release(buf);
         }
@@ -407,10 +443,15 @@ impl Drop for Batch {
 pub(crate) struct DetachedBuffer {
     buf: Option<Box<dyn HostMemory>>,
     ring: Arc<Ring>,
+    /// Counted among its epoch's batches held by the consumer.
+    held: Option<Arc<Held>>,
 }
 
 impl Drop for DetachedBuffer {
     fn drop(&mut self) {
+        if let Some(held) = self.held.take() {
+            held.back();
+        }
         if let Some(buf) = self.buf.take() {
             self.ring.release(buf);
         }
@@ -424,9 +465,11 @@ impl Batch {
     /// device batch.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn detach_buffer(&mut self) -> Option<DetachedBuffer> {
-        self.buf.take().map(|buf| DetachedBuffer {
+        let buf = self.buf.take()?;
+        Some(DetachedBuffer {
             buf: Some(buf),
             ring: self.ring.clone(),
+            held: self.held.take(),
         })
     }
 }
@@ -463,6 +506,7 @@ impl Filling {
                 skipped: Vec::new(),
                 accounted: Vec::with_capacity(target),
                 sources: Vec::new(),
+                held: None,
             },
             target,
         }
@@ -533,8 +577,9 @@ impl Filling {
         self.batch.ids.len() + self.batch.skipped.len() >= self.target
     }
 
-    /// The finished batch; with `TopUp`, skipped slots repeat the batch's samples in order.
-    pub(crate) fn finish(mut self, policy: ShortBatch) -> Batch {
+    /// The finished batch, counted in `held` until it is dropped; with `TopUp`, skipped slots
+    /// repeat the batch's samples in order.
+    pub(crate) fn finish(mut self, policy: ShortBatch, held: &Arc<Held>) -> Batch {
         let b = &mut self.batch;
         let real = b.ids.len();
         if policy == ShortBatch::TopUp && real > 0 {
@@ -553,6 +598,8 @@ impl Filling {
                 b.padding.push(true);
             }
         }
+        held.count.fetch_add(1, Ordering::AcqRel);
+        self.batch.held = Some(held.clone());
         self.batch
     }
 }

@@ -161,6 +161,8 @@ pub(crate) struct Coordinator {
     batch_plan: BatchPlan,
     short_batch: ShortBatch,
     ring_batches: usize,
+    /// This epoch's batches the consumer holds.
+    held: Arc<crate::batch::Held>,
     shape: Option<sluice_wire::SampleShape>,
     ring: Option<Arc<Ring>>,
     allocator: Arc<dyn HostAllocator>,
@@ -210,6 +212,7 @@ impl Coordinator {
                 _ => Arc::from([]),
             },
             ring_batches: settings.config.ring_batches,
+            held: Arc::default(),
             next_batch: settings.first_batch,
             protocol: Protocol::new(
                 settings,
@@ -476,6 +479,24 @@ impl Coordinator {
         self.shape.map_or(0, |s| s.bytes() as usize) * self.batch_plan.batch_size as usize
     }
 
+    /// With a batch arena the ring holds the batches bound ahead too, so its free buffers do
+    /// not stop a consumer that keeps every batch: the consumer may hold `ring_batches` of this
+    /// epoch's (twice that in a ring shared with the epoch before, as `acquire_shared` grows
+    /// it), and the next batch waits, its wait the consumer's `RingExhausted` as on every
+    /// transport.
+    async fn until_consumer_may_hold_another(&mut self) {
+        if self.ahead_max() == 0 {
+            return;
+        }
+        let limit = self.ring_batches * if self.shared_ring { 2 } else { 1 };
+        if self.held.now() < limit {
+            return;
+        }
+        self.counters.ring_full.store(true, Ordering::Relaxed);
+        self.held.until_below(limit).await;
+        self.counters.ring_full.store(false, Ordering::Relaxed);
+    }
+
     /// Buffers in this epoch's ring: with a batch arena, those bound ahead as well.
     fn ring_buffers(&self) -> usize {
         self.ring_batches + self.ahead_max()
@@ -719,7 +740,8 @@ impl Coordinator {
             f.filling.is_full(),
             "the protocol closed a batch before it was full"
         );
-        let batch = self.settle(f)?.finish(self.short_batch);
+        self.until_consumer_may_hold_another().await;
+        let batch = self.settle(f)?.finish(self.short_batch, &self.held);
         self.next_batch += 1;
         if out.send(Ok(batch)).await.is_err() {
             return Err(ClientError::ConsumerGone);
