@@ -483,3 +483,127 @@ fn effective_uid() -> u32 {
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
         .unwrap_or(u32::MAX)
 }
+
+/// Root only: a process of another user (nobody) that listens on a worker's socket path, in a
+/// directory everyone may write (sticky, as /tmp), gets nothing of the client: not its token,
+/// not its memory. The client checks the socket's owner and the listening process's user
+/// before it sends a byte, refuses by name, and reaches the worker over QUIC instead; with
+/// same-host required, the epoch fails naming the impostor's user.
+#[test]
+fn a_same_host_impostor_of_another_user_gets_nothing_and_the_client_uses_quic() {
+    if effective_uid() != 0 {
+        eprintln!("skipped: needs root to run the impostor as another user");
+        return;
+    }
+    let python = Path::new("/usr/bin/python3");
+    if !python.exists() {
+        eprintln!("skipped: no /usr/bin/python3 to play the impostor");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 40);
+    let w = system::start_worker(dir.path(), "a"); // QUIC only: its socket is not there
+    let trust = trust_file(dir.path(), &[&w]);
+    let sockets = std::env::temp_dir().join(format!("sluice-impostor-{}", std::process::id()));
+    std::fs::create_dir_all(&sockets).unwrap();
+    std::fs::set_permissions(
+        &sockets,
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .unwrap();
+    let port = w.addr.rsplit(':').next().unwrap();
+    let socket = sockets.join(format!("cpu-{port}.sock"));
+    // Accepts every connection and reports each byte it is sent.
+    let script = "import os, socket, sys\n\
+                  s = socket.socket(socket.AF_UNIX)\n\
+                  s.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o777); s.listen(16)\n\
+                  print('listening', flush=True)\n\
+                  while True:\n    c, _ = s.accept()\n    print('accepted', flush=True)\n    \
+                  while True:\n        d = c.recv(65536)\n        if not d: break\n        \
+                  print('got', len(d), flush=True)\n";
+    let mut impostor = std::process::Command::new(python)
+        .current_dir("/")
+        .args(["-c", script, path_str(&socket)])
+        .uid(65534)
+        .gid(65534)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(impostor.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "listening");
+
+    let l = builder(&data, dir.path(), &trust)
+        .same_host(SameHost::Auto)
+        .same_host_dir(sockets.clone())
+        .workers([w.addr.clone()])
+        .build()
+        .unwrap();
+    let got: Vec<Id> = l
+        .epoch(0)
+        .unwrap()
+        .flat_map(|b| {
+            let b = b.unwrap();
+            b.ids().iter().map(|id| (id.shard, id.index)).collect::<Vec<_>>()
+        })
+        .collect();
+    assert_exactly_once("over QUIC", planned(&data.manifest, 3, 1, 0, 0), got);
+    drop(l);
+    let required = builder(&data, dir.path(), &trust)
+        .same_host_dir(sockets.clone())
+        .workers([w.addr.clone()])
+        .build()
+        .unwrap();
+    let err = match required.epoch(0).map(|mut e| e.find_map(Result::err)) {
+        Ok(Some(e)) | Err(e) => e.to_string(),
+        Ok(None) => panic!("same-host was required, yet the impostor was let through"),
+    };
+    assert!(err.contains("uid 65534"), "{err}");
+    drop(required);
+
+    let _ = impostor.kill();
+    let _ = impostor.wait();
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut out, &mut said).unwrap();
+    assert!(said.contains("accepted"), "the client never even connected: {said}");
+    assert!(
+        !said.contains("got"),
+        "the impostor was sent bytes (the token, a descriptor):\n{said}"
+    );
+    let _ = std::fs::remove_dir_all(&sockets);
+}
+
+/// A loop that keeps every batch (a list that only grows) meets the ring's bound over shared
+/// memory as it does in process and over QUIC: the documented error once it holds
+/// `ring_batches`, not memory that grows with every batch (the batch arena's buffers bound
+/// ahead are the workers', not more room for the consumer).
+#[test]
+fn a_loop_that_keeps_every_batch_gets_the_ring_error_over_shared_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, a, _b, trust) = two_workers(dir.path());
+    let l = builder(&data, dir.path(), &trust)
+        .workers([a.addr.clone()])
+        .ring_batches(4)
+        .build()
+        .unwrap();
+    assert!(l.batches_per_epoch() > 8, "the epoch must outlast the ring");
+    let mut kept = Vec::new();
+    let mut error = None;
+    for batch in l.epoch(0).unwrap() {
+        match batch {
+            Ok(b) => kept.push(b),
+            Err(e) => {
+                error = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    let error = error.expect("a consumer keeping every batch was never stopped");
+    assert!(error.contains("holds all 4 ring buffers"), "{error}");
+    assert_eq!(kept.len(), 4, "it held {} batches", kept.len());
+    // Let go of them, and the next epoch runs whole.
+    drop(kept);
+    let n = l.epoch(1).unwrap().map(|b| b.unwrap().len()).sum::<usize>();
+    assert_eq!(n as u64, planned(&data.manifest, 3, 1, 0, 1).len() as u64);
+}

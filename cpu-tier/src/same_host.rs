@@ -54,6 +54,11 @@ pub enum SameHostError {
     },
     #[error("same-host socket {path} is in use by a running worker")]
     InUse { path: String },
+    #[error(
+        "same-host directory {dir} (mode {mode:o}) is writable by other users and not \
+             sticky: anyone could replace the socket; make it 0755 (or 1777)"
+    )]
+    UnsafeDir { dir: String, mode: u32 },
 }
 
 /// The bound socket; its file is removed when this is dropped.
@@ -97,6 +102,7 @@ pub fn bind(config: &SameHost, port: u16) -> Result<Listener, SameHostError> {
         source,
     };
     std::fs::create_dir_all(&config.socket_dir).map_err(err)?;
+    check_dir(&config.socket_dir).map_err(err)??;
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(&path).is_ok() {
             return Err(SameHostError::InUse { path: shown });
@@ -111,6 +117,27 @@ pub fn bind(config: &SameHost, port: u16) -> Result<Listener, SameHostError> {
     )
     .map_err(err)?;
     Ok(listener)
+}
+
+/// Whether others could replace the socket in `dir`: refused when the directory is writable
+/// by others and not sticky; warned about when it is writable by everyone but sticky (a
+/// client checks the socket's owner then, `sluice_client`'s same-host peer check).
+fn check_dir(dir: &Path) -> std::io::Result<Result<(), SameHostError>> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dir)?;
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+        return Ok(Err(SameHostError::UnsafeDir {
+            dir: dir.display().to_string(),
+            mode,
+        }));
+    }
+    if mode & 0o002 != 0 {
+        tracing::warn!(dir = %dir.display(), mode = format!("{mode:o}"),
+            "the same-host directory is writable by every user (sticky, so the socket cannot \
+             be replaced, but a dedicated 0755 directory such as /run/sluice is safer)");
+    }
+    Ok(Ok(()))
 }
 
 /// A same-host job's segment and which of its slots the worker may write; with the client's

@@ -190,6 +190,10 @@ pub struct LoaderConfig {
     pub same_host: SameHost,
     /// Where same-host workers' sockets are (`cpu-<port>.sock`).
     pub same_host_dir: PathBuf,
+    /// The user same-host workers run as; unset: this process's own. A socket owned by, or
+    /// served by a process of, any other user but root is refused before anything is sent
+    /// (QUIC takes over unless same-host is required).
+    pub same_host_uid: Option<u32>,
     /// Start epoch `e + 1` while epoch `e` drains (see [`crate::LoaderBuilder`]).
     pub prefetch_next_epoch: bool,
     /// How many epochs the job reads (`0..epochs`), when known: the epoch after the last is
@@ -253,6 +257,7 @@ impl Default for LoaderConfig {
                 .unwrap_or_else(|_| "client".into()),
             same_host: SameHost::Auto,
             same_host_dir: crate::same_host::default_socket_dir(),
+            same_host_uid: None,
             prefetch_next_epoch: true,
             epochs: None,
             weights: Vec::new(),

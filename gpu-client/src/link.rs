@@ -134,6 +134,8 @@ type Writer = (Arc<Arena>, u64);
 pub(crate) struct SameHostRoute {
     pub socket: PathBuf,
     pub required: bool,
+    /// The user the worker must run as (`same_host_uid`); `None`: this process's.
+    pub worker_uid: Option<u32>,
 }
 
 /// A connection's two halves as frame reader and writer, and what classifies its end.
@@ -313,6 +315,13 @@ impl RemoteLink {
             Ok(Err(e)) => return Ended::Lost(format!("same-host socket {socket}: {e}")),
             Ok(Ok(s)) => s,
         };
+        // Nothing of this process (token, memory) goes to a peer it has not checked.
+        if let Err(why) = crate::same_host::check_worker(&route.socket, &stream, route.worker_uid) {
+            return Ended::Fatal(crate::ClientError::Refused {
+                worker: self.name.clone(),
+                message: format!("same-host socket {socket}: {why}"),
+            });
+        }
         // Watched from now: its segment may be used again once this process is gone.
         let watch = sluice_wire::shm::ProcessWatch::of_peer(&stream)
             .inspect_err(|e| tracing::debug!(worker = %self.name, "not watching the worker: {e}"))

@@ -282,6 +282,7 @@ impl Dialer {
                 Ok(socket) => Some(SameHostRoute {
                     socket,
                     required: mode == SameHost::Require,
+                    worker_uid: c.same_host_uid,
                 }),
                 Err(why) if mode == SameHost::Require => {
                     return Err(ClientError::Config {

@@ -81,6 +81,57 @@ pub(crate) fn socket_for(dir: &Path, addr: SocketAddr) -> Result<PathBuf, String
     }
 }
 
+/// Checks, before anything is sent, that the process behind `stream` (connected through
+/// `socket`) is the worker this client means to trust with its token and memory: its socket
+/// file is a socket, not a link, owned by a trusted user, in a directory others cannot
+/// replace it in, and the kernel says (`SO_PEERCRED`) the listening process runs as a trusted
+/// user. Trusted: `worker_uid` (the loader's `same_host_uid`), else this process's own user;
+/// and root, which could read this process's memory anyway. Else why not, naming the file and
+/// the users, for a log line.
+pub(crate) fn check_worker(
+    socket: &Path,
+    stream: &tokio::net::UnixStream,
+    worker_uid: Option<u32>,
+) -> Result<(), String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let expected = worker_uid.unwrap_or_else(|| sluice_wire::shm::current_user().0);
+    let trusted = |uid: u32| uid == expected || uid == 0;
+    let expect = match expected {
+        0 => "root".to_string(),
+        uid => format!("uid {uid} (same_host_uid) or root"),
+    };
+    if let Some(dir) = socket.parent() {
+        let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let (mode, sticky) = (meta.mode(), meta.mode() & 0o1000 != 0);
+        if mode & 0o022 != 0 && !sticky {
+            return Err(format!(
+                "the directory {} is writable by other users (mode {:o}) and not sticky, so \
+                 anyone could put a socket there: make it 0755, or 1777",
+                dir.display(),
+                mode & 0o7777
+            ));
+        }
+    }
+    let meta = std::fs::symlink_metadata(socket).map_err(|e| e.to_string())?;
+    if !meta.file_type().is_socket() {
+        return Err("it is not a socket (a link or a file put in its place)".into());
+    }
+    if !trusted(meta.uid()) {
+        return Err(format!(
+            "the socket file is owned by uid {}, not the worker's {expect}",
+            meta.uid()
+        ));
+    }
+    let peer = sluice_wire::shm::peer(stream).map_err(|e| e.to_string())?;
+    if !trusted(peer.uid) {
+        return Err(format!(
+            "the process listening (pid {}) runs as uid {}, not the worker's {expect}",
+            peer.pid, peer.uid
+        ));
+    }
+    Ok(())
+}
+
 /// An address of this machine: loopback, or one a socket can be bound to here.
 fn is_local(ip: IpAddr) -> bool {
     ip.is_loopback() || std::net::UdpSocket::bind((ip, 0)).is_ok()

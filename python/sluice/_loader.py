@@ -160,6 +160,9 @@ class Loader:
         same_host_dir: the folder a same-host worker's ``--same-host-dir`` names
             (default ``$SLUICE_SAME_HOST_DIR``, else ``/run/sluice``, the systemd
             unit's runtime directory).
+        same_host_uid: the user id same-host workers run as (default: this process's
+            own). A socket owned by, or served by a process of, any other user but root is
+            refused before the token or any memory is sent, and QUIC is used instead.
         connections_per_worker: QUIC connections to each worker (1 to 16).
         io_threads: threads that receive samples and fill batches (1 to 16; default 2).
             One costs about 10% less CPU per sample and carries about 6,000 samples/s
@@ -229,6 +232,7 @@ class Loader:
         remainder: Optional[str] = None,
         same_host: str = "auto",
         same_host_dir: Union[None, str, PathLike] = None,
+        same_host_uid: Optional[int] = None,
         connections_per_worker: int = 1,
         io_threads: int = 2,
         fail_on_bad_sample: bool = False,
@@ -282,6 +286,7 @@ class Loader:
             "worker_wait": _seconds(worker_wait),
             "same_host": same_host,
             "same_host_dir": None if same_host_dir is None else os.fspath(same_host_dir),
+            "same_host_uid": same_host_uid,
             "prefetch_next_epoch": prefetch_next_epoch,
             "epochs": epochs,
             "epoch_samples": epoch_samples,

@@ -136,6 +136,10 @@ pub struct Args {
     /// Where same-host workers' sockets are (default $SLUICE_SAME_HOST_DIR or /run/sluice).
     #[arg(long)]
     same_host_dir: Option<PathBuf>,
+    /// The user id same-host workers run as (default: this process's); a socket of any other
+    /// user but root is refused before anything is sent, and QUIC is used.
+    #[arg(long)]
+    same_host_uid: Option<u32>,
     /// Start each epoch only when the consumer asks for it, not while the one before drains.
     #[arg(long)]
     no_prefetch_next_epoch: bool,
@@ -221,6 +225,7 @@ fn config(args: &Args) -> Result<ConsumerConfig> {
             .same_host_dir
             .clone()
             .unwrap_or(base.loader.same_host_dir.clone()),
+        same_host_uid: args.same_host_uid.or(base.loader.same_host_uid),
         prefetch_next_epoch: !args.no_prefetch_next_epoch,
         job_name: args.job_name.clone().or(base.loader.job_name.clone()),
         job_weight: args.job_weight,

@@ -92,6 +92,10 @@ impl Segment {
         let len = segment_len(slots, slot_bytes)?;
         let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
             .map_err(os("memfd_create"))?;
+        // Owner only: a memfd is made 0777, and only /proc's ptrace check would stand
+        // between another user and its pages.
+        rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o600))
+            .map_err(os("making the segment owner-only"))?;
         rustix::fs::ftruncate(&fd, len as u64).map_err(os("sizing the segment"))?;
         rustix::fs::fcntl_add_seals(&fd, REQUIRED_SEALS | SealFlags::SEAL)
             .map_err(os("sealing the segment"))?;
