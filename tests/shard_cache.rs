@@ -206,7 +206,8 @@ fn a_cache_too_small_or_a_full_cache_disk_still_delivers_exactly_once() {
     let mount = dir.path().join("small-disk");
     std::fs::create_dir_all(&mount).unwrap();
     let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs", path_str(&mount)])
+        // Owner-only, as a cache dir must be (a tmpfs root is 1777 by default).
+        .args(["-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", path_str(&mount)])
         .status()
         .is_ok_and(|s| s.success());
     if !mounted {
@@ -232,5 +233,156 @@ fn a_cache_too_small_or_a_full_cache_disk_still_delivers_exactly_once() {
     let _ = Command::new("umount").arg(path_str(&mount)).status();
     if let Err(e) = outcome {
         std::panic::resume_unwind(e);
+    }
+}
+
+/// Flips one byte in every `every` of each cached shard file in `cache` (tar headers and
+/// padding as much as sample bytes); returns how many it flipped.
+fn rot(cache: &Path, every: usize) -> usize {
+    let mut flipped = 0;
+    for entry in std::fs::read_dir(cache).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "shard") {
+            continue;
+        }
+        let mut bytes = std::fs::read(&path).unwrap();
+        // Sparse files: only bytes that were written are worth flipping.
+        for i in (every / 2..bytes.len()).step_by(every) {
+            if bytes[i] != 0 || i % 512 < 257 {
+                bytes[i] ^= 0x20;
+                flipped += 1;
+            }
+        }
+        std::fs::write(&path, bytes).unwrap();
+    }
+    flipped
+}
+
+/// Whether a loadgen report says samples were skipped.
+fn skipped(report: &str) -> Option<&str> {
+    report.lines().find(|l| l.starts_with("skipped "))
+}
+
+/// Damage in the cache is the cache's, never the data's: bytes flipped all over the cached
+/// files (tar headers included) and cached files swapped for other shards' cost no sample,
+/// epoch after epoch: each fault drops the entry and the unit goes on from storage.
+#[test]
+fn flipped_bytes_and_swapped_files_in_the_cache_cost_no_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 8);
+    let cache = dir.path().join("cache");
+    let w = cached_worker(dir.path(), "w", &cache, "1G");
+    let trust = trust_file(dir.path(), &[&w]);
+    let manifest = &data.manifest_path;
+    let (reference, _) = epoch(dir.path(), manifest, "local", 1, &trust);
+    let (filled, _) = epoch(dir.path(), manifest, &w.addr, 1, &trust);
+    assert_eq!(filled, reference);
+
+    let flipped = rot(&cache, 5000);
+    assert!(flipped > 10, "only {flipped} bytes flipped");
+    for run in 0..2 {
+        let (got, report) = epoch(dir.path(), manifest, &w.addr, 1, &trust);
+        assert_eq!(got, reference, "run {run} after the cache rotted");
+        assert_eq!(skipped(&report), None, "run {run}: {report}");
+    }
+    assert!(w.log_shows("the cached copy is damaged", std::time::Duration::from_secs(5)));
+    assert!(
+        !w.log_contains("a replica's copy is good"),
+        "the cache's damage was blamed on storage"
+    );
+
+    // Every cached file replaced by another shard's (same names, other bytes).
+    let files: Vec<_> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "shard"))
+        .collect();
+    assert!(files.len() > 2);
+    let first = std::fs::read(&files[0]).unwrap();
+    for f in &files[1..] {
+        let len = std::fs::metadata(f).unwrap().len() as usize;
+        let mut other = first.clone();
+        other.resize(len, 0);
+        std::fs::write(f, other).unwrap();
+    }
+    let (got, report) = epoch(dir.path(), manifest, &w.addr, 1, &trust);
+    assert_eq!(got, reference, "swapped cache files changed what was delivered");
+    assert_eq!(skipped(&report), None, "{report}");
+    let text = system::metrics_text(&w);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("sluice_cpu_cache_damaged_total") && !l.ends_with(" 0")),
+        "the cache's damage is not counted as the cache's"
+    );
+}
+
+/// The cache owns its files: links planted in the cache directory under entries' names
+/// (before the worker starts, and in place of its files while it runs) are never followed,
+/// written through or removed, and the epochs deliver exactly once all the same. A cache
+/// directory that is itself a link, or that others can write, is refused by name, and the
+/// worker reads from storage.
+#[test]
+fn links_in_the_cache_dir_are_never_written_through() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 8);
+    let manifest = &data.manifest_path;
+    let victim = dir.path().join("victim.txt");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let cache = dir.path().join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::set_permissions(&cache, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let stems: Vec<String> = data
+        .manifest
+        .shards
+        .iter()
+        .map(|s| format!("{:016x}-{}", s.checksum.0, s.size))
+        .collect();
+    // Half the shards: a link as the data file; the other half: as the sidecar's temp file.
+    for (i, stem) in stems.iter().enumerate() {
+        let ext = if i % 2 == 0 { "shard" } else { "tmp" };
+        symlink(&victim, cache.join(format!("{stem}.{ext}"))).unwrap();
+    }
+    let w = cached_worker(dir.path(), "w", &cache, "1G");
+    let trust = trust_file(dir.path(), &[&w]);
+    let (reference, _) = epoch(dir.path(), manifest, "local", 1, &trust);
+    for run in 0..2 {
+        let (got, _) = epoch(dir.path(), manifest, &w.addr, 1, &trust);
+        assert_eq!(got, reference, "run {run} with links in the cache dir");
+    }
+    // Files the worker made, swapped for links while it runs.
+    for entry in std::fs::read_dir(&cache).unwrap() {
+        let path = entry.unwrap().path();
+        let is_file = std::fs::symlink_metadata(&path).unwrap().file_type().is_file();
+        if is_file && path.extension().is_some_and(|e| e == "shard") {
+            std::fs::remove_file(&path).unwrap();
+            symlink(&victim, &path).unwrap();
+        }
+    }
+    let (got, _) = epoch(dir.path(), manifest, &w.addr, 1, &trust);
+    assert_eq!(got, reference, "links put in place of cached files");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    assert_eq!(std::fs::metadata(&victim).unwrap().len(), 9, "the victim was resized");
+    let links = std::fs::read_dir(&cache)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_type().unwrap().is_symlink())
+        .count();
+    assert!(links >= stems.len(), "the worker removed links it did not make");
+    assert!(w.log_contains("not a file this worker made"), "the links went unmentioned");
+    drop(w);
+
+    // A cache dir that is a link, or writable by others: refused, and the worker serves.
+    let link = dir.path().join("cache-link");
+    symlink(&cache, &link).unwrap();
+    let open = dir.path().join("cache-open");
+    std::fs::create_dir_all(&open).unwrap();
+    std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    for (bad, says) in [(&link, "symbolic link"), (&open, "other users can write")] {
+        let w = cached_worker(dir.path(), "bad", bad, "1G");
+        let trust = trust_file(dir.path(), &[&w]);
+        assert!(w.log_shows("shard cache off", std::time::Duration::from_secs(5)));
+        assert!(w.log_contains(says), "{says}");
+        let (got, _) = epoch(dir.path(), manifest, &w.addr, 1, &trust);
+        assert_eq!(got, reference);
     }
 }

@@ -19,12 +19,19 @@
 //!   never fails for the cache.
 //! - Size: at most `capacity` bytes of ranges; the shards used least recently are evicted
 //!   whole to make room (entries being filled are never evicted).
+//! - Ownership: the directory and every file are opened with no link followed and checked
+//!   (`cache_dir.rs`); what the cache did not make is never read, written or removed.
+//! - A fault in cached bytes (damage, a tar header that does not parse, a short read) is a
+//!   miss: the source drops the entry ([`ShardCache::damaged`]) and reads the rest of the
+//!   unit from storage, so a damaged cache costs no sample.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+
+use super::cache_dir::CacheDir;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -59,6 +66,11 @@ impl CacheKey {
 
     fn stem(&self) -> String {
         format!("{:016x}-{}", self.checksum, self.size)
+    }
+
+    /// Its file with extension `ext` in the cache directory.
+    fn name(&self, ext: &str) -> String {
+        format!("{}.{ext}", self.stem())
     }
 }
 
@@ -107,8 +119,11 @@ struct State {
     clock: u64,
 }
 
+/// The largest sidecar read (a shard's ranges: a few hundred bytes each).
+const MAX_SIDECAR_BYTES: u64 = 4 << 20;
+
 struct Inner {
-    dir: PathBuf,
+    dir: CacheDir,
     capacity: u64,
     state: Mutex<State>,
     /// A write failed (a full or failing disk): said once.
@@ -122,28 +137,32 @@ pub struct ShardCache(Arc<Inner>);
 impl ShardCache {
     /// The cache in `dir` (made if missing), holding at most `capacity` bytes; what an
     /// earlier run left there is kept, less entries whose files do not match their sidecars.
+    /// The directory is refused (by name) if it is a link, another user's, or writable by
+    /// others.
     pub fn open(dir: &Path, capacity: u64) -> io::Result<Self> {
-        std::fs::create_dir_all(dir)?;
+        let dir = CacheDir::open(dir)?;
         let mut entries = HashMap::new();
         let mut used = 0;
-        for item in std::fs::read_dir(dir)? {
-            let path = item?.path();
-            if path.extension().is_some_and(|e| e == "tmp") {
-                let _ = std::fs::remove_file(&path);
+        for name in dir.names()? {
+            let Some((stem, ext)) = name.rsplit_once('.') else {
+                continue;
+            };
+            if ext == "tmp" {
+                dir.remove(&name);
                 continue;
             }
-            if path.extension().is_none_or(|e| e != "ranges") {
+            if ext != "ranges" {
                 continue;
             }
-            match load_entry(&path) {
+            match load_entry(&dir, stem) {
                 Some((key, entry)) => {
                     used += entry.bytes();
                     entries.insert(key, entry);
                 }
                 None => {
-                    tracing::warn!(sidecar = %path.display(), "shard cache: an entry that does \
-                        not match its file is dropped");
-                    remove_files(&path.with_extension("shard"));
+                    tracing::warn!(sidecar = %dir.path(&name).display(), "shard cache: an \
+                        entry that does not match its file is dropped");
+                    remove_files(&dir, stem);
                 }
             }
         }
@@ -152,8 +171,9 @@ impl ShardCache {
             .map(|e: &Entry| e.last_used)
             .max()
             .unwrap_or(0);
+        let shown = dir.path("");
         let cache = ShardCache(Arc::new(Inner {
-            dir: dir.to_path_buf(),
+            dir,
             capacity,
             state: Mutex::new(State {
                 entries,
@@ -165,7 +185,7 @@ impl ShardCache {
         if let Ok(mut s) = cache.0.state.lock() {
             cache.0.make_room(&mut s, 0, None);
             metrics::gauge!("sluice_cpu_cache_bytes").set(s.used as f64);
-            tracing::info!(dir = %dir.display(), shards = s.entries.len(), bytes = s.used,
+            tracing::info!(dir = %shown.display(), shards = s.entries.len(), bytes = s.used,
                 capacity, "shard cache");
         }
         Ok(cache)
@@ -183,9 +203,9 @@ impl ShardCache {
             }
             entry.last_used = now;
         }
-        let path = self.0.path(key, "shard");
+        let name = key.name("shard");
         let read = || -> io::Result<Box<dyn Read + Send>> {
-            let file = File::open(&path)?;
+            let file = self.0.dir.read(&name)?;
             if len <= READ_INTO_MEMORY {
                 let mut bytes = vec![0u8; len as usize];
                 file.read_exact_at(&mut bytes, offset)?;
@@ -204,8 +224,8 @@ impl ShardCache {
             }
             Err(e) => {
                 metrics::counter!("sluice_cpu_cache_errors_total").increment(1);
-                tracing::warn!(file = %path.display(), "shard cache: cannot read a cached \
-                    range ({e}); reading it from storage, and dropping the entry");
+                tracing::warn!(file = %self.0.dir.path(&name).display(), "shard cache: cannot \
+                    read a cached range ({e}); reading it from storage, and dropping the entry");
                 self.forget(key);
                 None
             }
@@ -244,7 +264,18 @@ impl ShardCache {
             }
             metrics::gauge!("sluice_cpu_cache_bytes").set(s.used as f64);
         }
-        remove_files(&self.0.path(key, "shard"));
+        remove_files(&self.0.dir, &key.stem());
+    }
+
+    /// The cached copy of shard `key` (`shard` in logs) failed at sample `index` (`why`):
+    /// the cache was wrong, not the shard. The entry is dropped, said and counted as the
+    /// cache's; the caller reads the bytes again from storage.
+    pub fn damaged(&self, key: CacheKey, shard: &str, index: u64, why: &str) {
+        metrics::counter!("sluice_cpu_cache_damaged_total").increment(1);
+        tracing::warn!(shard, sample = index, file = %self.0.dir.path(&key.name("shard")).display(),
+            "shard cache: the cached copy is damaged ({why}); dropped it, reading the rest of \
+             the unit from storage");
+        self.forget(key);
     }
 
     /// Bytes cached now.
@@ -255,7 +286,7 @@ impl ShardCache {
 
 impl Inner {
     fn path(&self, key: CacheKey, ext: &str) -> PathBuf {
-        self.dir.join(format!("{}.{ext}", key.stem()))
+        self.dir.path(&key.name(ext))
     }
 
     /// Room for `len` more bytes of shard `key`, and its file open for writing; `None` when
@@ -277,17 +308,12 @@ impl Inner {
             entry.writers += 1;
         }
         let path = self.path(key, "shard");
-        let opened = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .and_then(|f| {
-                if f.metadata()?.len() != key.size {
-                    f.set_len(key.size)?;
-                }
-                Ok(f)
-            });
+        let opened = self.dir.write(&key.name("shard")).and_then(|f| {
+            if f.metadata()?.len() != key.size {
+                f.set_len(key.size)?;
+            }
+            Ok(f)
+        });
         match opened {
             Ok(f) => Some(f),
             Err(e) => {
@@ -317,7 +343,7 @@ impl Inner {
             if let Some(e) = s.entries.remove(&victim) {
                 s.used = s.used.saturating_sub(e.bytes());
             }
-            remove_files(&self.path(victim, "shard"));
+            remove_files(&self.dir, &victim.stem());
             metrics::counter!("sluice_cpu_cache_evictions_total").increment(1);
         }
         true
@@ -352,16 +378,18 @@ impl Inner {
             .is_some_and(|e| e.writers == 0 && e.covered.is_empty());
         if empty {
             s.entries.remove(&key);
-            remove_files(&self.path(key, "shard"));
+            remove_files(&self.dir, &key.stem());
         }
         metrics::gauge!("sluice_cpu_cache_bytes").set(s.used as f64);
     }
 
     fn write_sidecar(&self, key: CacheKey, sidecar: &Sidecar) -> io::Result<()> {
-        let tmp = self.path(key, "tmp");
+        use std::io::Write;
+        let tmp = key.name("tmp");
         let text = serde_json::to_vec(sidecar).map_err(io::Error::other)?;
-        std::fs::write(&tmp, text)?;
-        std::fs::rename(&tmp, self.path(key, "ranges"))
+        self.dir.remove(&tmp);
+        self.dir.create_new(&tmp)?.write_all(&text)?;
+        self.dir.rename(&tmp, &key.name("ranges"))
     }
 
     fn failed(&self, path: &Path, e: &io::Error) {
@@ -373,17 +401,22 @@ impl Inner {
     }
 }
 
-/// The entry a sidecar describes, when its shard file is there at the key's size and every
-/// range lies inside it.
-fn load_entry(sidecar: &Path) -> Option<(CacheKey, Entry)> {
-    let stem = sidecar.file_stem()?.to_str()?;
+/// The entry the sidecar `<stem>.ranges` describes, when its shard file is there (the
+/// cache's own) at the key's size and every range lies inside it.
+fn load_entry(dir: &CacheDir, stem: &str) -> Option<(CacheKey, Entry)> {
     let (checksum, size) = stem.split_once('-')?;
     let key = CacheKey {
         checksum: u64::from_str_radix(checksum, 16).ok()?,
         size: size.parse().ok()?,
     };
-    let file = std::fs::metadata(sidecar.with_extension("shard")).ok()?;
-    let record: Sidecar = serde_json::from_slice(&std::fs::read(sidecar).ok()?).ok()?;
+    let file = dir.read(&key.name("shard")).ok()?.metadata().ok()?;
+    let mut text = Vec::new();
+    dir.read(&key.name("ranges"))
+        .ok()?
+        .take(MAX_SIDECAR_BYTES)
+        .read_to_end(&mut text)
+        .ok()?;
+    let record: Sidecar = serde_json::from_slice(&text).ok()?;
     let valid = file.len() == key.size
         && record.covered.iter().all(|&(a, b)| a < b && b <= key.size)
         && record.covered.windows(2).all(|w| w[0].1 < w[1].0);
@@ -403,10 +436,10 @@ fn load_entry(sidecar: &Path) -> Option<(CacheKey, Entry)> {
     ))
 }
 
-/// Removes a shard file and its sidecar.
-fn remove_files(shard: &Path) {
-    let _ = std::fs::remove_file(shard.with_extension("ranges"));
-    let _ = std::fs::remove_file(shard);
+/// Removes an entry's shard file and its sidecar (only what the cache made).
+fn remove_files(dir: &CacheDir, stem: &str) {
+    dir.remove(&format!("{stem}.ranges"));
+    dir.remove(&format!("{stem}.shard"));
 }
 
 /// A range of a cached shard file, streamed.

@@ -34,6 +34,7 @@
 //! again.
 
 mod cache;
+mod cache_dir;
 mod replicas;
 mod s3;
 mod streams;
@@ -245,16 +246,18 @@ impl ShardSource {
                 url: String::new(),
                 detail: e.to_string(),
             })?;
-        let cache =
-            match &config.cache {
-                Some(c) => Some(ShardCache::open(&c.dir, c.capacity).map_err(|source| {
-                    SourceError::Io {
-                        url: format!("cache dir {}", c.dir.display()),
-                        source,
-                    }
-                })?),
-                None => None,
-            };
+        // A cache directory that cannot be used costs its hits, never the worker: it is
+        // said (naming the directory and why) and shards are read from storage.
+        let cache = config.cache.as_ref().and_then(|c| {
+            ShardCache::open(&c.dir, c.capacity)
+                .inspect_err(|e| {
+                    metrics::counter!("sluice_cpu_cache_errors_total").increment(1);
+                    tracing::error!(dir = %c.dir.display(), "shard cache off: the cache \
+                        directory {} cannot be used ({e}); reading from storage uncached",
+                        c.dir.display());
+                })
+                .ok()
+        });
         Ok(ShardSource {
             cache,
             suspects: Arc::new(Suspects::new(config.suspect_for)),
@@ -274,6 +277,19 @@ impl ShardSource {
         start: u64,
         end: u64,
     ) -> Result<UnitSamples, SourceError> {
+        self.open_unit_from(loc, start, end)
+            .map(|(samples, _)| samples)
+    }
+
+    /// [`ShardSource::open_unit`], and whether its bytes come from the worker's cache (so
+    /// that a fault in them is the cache's: [`Resuming`] reads them again from storage).
+    fn open_unit_from(
+        &self,
+        loc: &ShardLocation,
+        start: u64,
+        end: u64,
+    ) -> Result<(UnitSamples, bool), SourceError> {
+        let from_cache;
         if start >= end || end > loc.info.samples {
             return Err(SourceError::Range {
                 shard: loc.name().into(),
@@ -297,7 +313,8 @@ impl ShardSource {
                     metrics::counter!("sluice_cpu_index_unavailable_total").increment(1);
                     self.warn_unindexed(loc, &e);
                     if self.config.verify {
-                        return self.open_unindexed(loc, start, end, &e);
+                        let samples = self.open_unindexed(loc, start, end, &e)?;
+                        return Ok((samples, false));
                     }
                     None
                 }
@@ -338,9 +355,13 @@ impl ShardSource {
                     cached: self.config.verify,
                 };
                 let body = match self.fetch(loc, Some((offset, len)), expect) {
-                    Err(SourceError::Changed { detail, .. }) => return Ok(changed(loc, detail)),
+                    Err(SourceError::Changed { detail, .. }) => {
+                        return Ok((changed(loc, detail), false))
+                    }
                     other => other?,
                 };
+                let (body, cached) = body;
+                from_cache = cached;
                 let checks = &index.entries[start as usize..end as usize];
                 let body: Box<dyn Read + Send> = if self.config.verify {
                     Box::new(Verified::new(
@@ -375,9 +396,13 @@ impl ShardSource {
                     cached: index.is_some() && self.config.verify,
                 };
                 let body = match self.fetch(loc, None, expect) {
-                    Err(SourceError::Changed { detail, .. }) => return Ok(changed(loc, detail)),
+                    Err(SourceError::Changed { detail, .. }) => {
+                        return Ok((changed(loc, detail), false))
+                    }
                     other => other?,
                 };
+                let (body, cached) = body;
+                from_cache = cached;
                 let verify = self.config.verify;
                 let body: Box<dyn Read + Send> = if verify {
                     Box::new(Verified::new(
@@ -415,7 +440,7 @@ impl ShardSource {
         };
         let reader = SampleReader::new(stream, name, &options);
         let admission = Admission { index, damage };
-        Ok(Box::new(
+        let samples: UnitSamples = Box::new(
             reader
                 .map(move |s| admission.admit(s))
                 .filter(move |s| match s {
@@ -424,7 +449,8 @@ impl ShardSource {
                     Err(_) => true,
                 })
                 .take_while_inclusive_end(end),
-        ))
+        );
+        Ok((samples, from_cache))
     }
 
     /// [`ShardSource::open_unit`] that survives a replica failing mid-unit, and rot on one
@@ -434,14 +460,18 @@ impl ShardSource {
     ///   failing (each replica is tried once more at most; samples already read are not read
     ///   again);
     /// - a sample whose bytes fail their checksum is read again from each of the shard's
-    ///   replicas in turn before it is reported damaged.
+    ///   replicas in turn before it is reported damaged;
+    /// - any fault in bytes from the worker's cache (a damaged sample, a tar header that does
+    ///   not parse, a short or failed read) is a cache miss: the entry is dropped and the
+    ///   unit goes on from storage at the sample that failed. Only damage that storage holds
+    ///   is a skip.
     pub fn open_unit_with_repair(
         self: &Arc<Self>,
         loc: &ShardLocation,
         start: u64,
         end: u64,
     ) -> Result<UnitSamples, SourceError> {
-        let first = self.open_waiting(loc, start, end)?;
+        let (first, from_cache) = self.open_waiting(loc, start, end)?;
         // With one replica only a cached copy can be read again (from storage).
         if loc.urls.len() < 2 && self.cache.is_none() {
             return Ok(first);
@@ -453,14 +483,12 @@ impl ShardSource {
             end,
             inner: first,
             resumes_left: loc.urls.len(),
+            from_cache,
         });
         let (source, loc) = (self.clone(), loc.clone());
         Ok(Box::new(samples.map(move |item| {
+            // (Damage in cached bytes never gets here: `Resuming` read them from storage.)
             if let Err(sluice_shard::ShardError::DamagedSample { index, detail, .. }) = &item {
-                // The bytes may have come from the cache: they are read from storage now.
-                if let Some(cache) = &source.cache {
-                    cache.forget(CacheKey::of(&loc.info));
-                }
                 if let Some(good) = source.repair(&loc, *index) {
                     tracing::warn!(shard = %loc.name(), index, "sample {index} was damaged \
                         ({detail}); a replica's copy is good and was used");
@@ -479,11 +507,11 @@ impl ShardSource {
         loc: &ShardLocation,
         start: u64,
         end: u64,
-    ) -> Result<UnitSamples, SourceError> {
+    ) -> Result<(UnitSamples, bool), SourceError> {
         let started = std::time::Instant::now();
         let mut wait = std::time::Duration::from_millis(100);
         loop {
-            match self.open_unit(loc, start, end) {
+            match self.open_unit_from(loc, start, end) {
                 Err(e)
                     if e.is_unavailable()
                         && started.elapsed() + wait < self.config.unavailable_for =>
@@ -506,9 +534,24 @@ impl ShardSource {
         loc: &mut ShardLocation,
         next: u64,
         end: u64,
-    ) -> Result<UnitSamples, SourceError> {
+    ) -> Result<(UnitSamples, bool), SourceError> {
         loc.urls.rotate_left(1);
-        self.open_unit(loc, next, end)
+        self.open_unit_from(loc, next, end)
+    }
+
+    /// The cached copy of `loc` failed at sample `next` (`why`): the entry is dropped, and
+    /// `next..end` is opened again, from storage (into the cache again as it is read).
+    fn uncache(
+        &self,
+        loc: &ShardLocation,
+        next: u64,
+        end: u64,
+        why: &str,
+    ) -> Result<(UnitSamples, bool), SourceError> {
+        if let Some(cache) = &self.cache {
+            cache.damaged(CacheKey::of(&loc.info), loc.name(), next, why);
+        }
+        self.open_unit_from(loc, next, end)
     }
 
     /// Sample `index` of `loc` from the first replica whose copy passes its checksum; the
@@ -585,7 +628,7 @@ impl ShardSource {
             tally: Default::default(),
             ..loc.only(idx_url.clone())
         };
-        let body = self
+        let (body, _) = self
             .fetch(&one, None, Expect::default())
             .map_err(|e| (e.to_string(), false))?;
         let bytes = sluice_shard::index::read_bounded(body, self.config.max_index_bytes, &idx_url)
@@ -645,11 +688,16 @@ impl ShardSource {
                 checksum: Some(loc.info.checksum),
                 cached: false,
             };
-            let outcome = self.fetch(&one, None, expect).map_err(|e| match e {
-                SourceError::Changed { detail, .. } => verify::Whole::Mismatch(detail),
-                other if other.is_unavailable() => verify::Whole::Unavailable(other.to_string()),
-                other => verify::Whole::Read(other.to_string()),
-            });
+            let outcome = self
+                .fetch(&one, None, expect)
+                .map(|(body, _)| body)
+                .map_err(|e| match e {
+                    SourceError::Changed { detail, .. } => verify::Whole::Mismatch(detail),
+                    other if other.is_unavailable() => {
+                        verify::Whole::Unavailable(other.to_string())
+                    }
+                    other => verify::Whole::Read(other.to_string()),
+                });
             let outcome = outcome.and_then(|body| {
                 verify::read_whole_checked(
                     body,
@@ -710,21 +758,21 @@ impl ShardSource {
         loc: &ShardLocation,
         range: Option<(u64, u64)>,
         expect: Expect,
-    ) -> Result<Box<dyn Read + Send>, SourceError> {
+    ) -> Result<(Box<dyn Read + Send>, bool), SourceError> {
         let (offset, len) = range.unwrap_or((0, loc.info.size));
         let Some(cache) = self.cache.as_ref().filter(|_| expect.cached) else {
             let body = self.fetch_replicas(loc, range, expect)?;
             loc.tally.storage.fetch_add(len, Ordering::Relaxed);
-            return Ok(body);
+            return Ok((body, false));
         };
         let key = CacheKey::of(&loc.info);
         if let Some(cached) = cache.read(key, offset, len) {
             loc.tally.cached.fetch_add(len, Ordering::Relaxed);
-            return Ok(cached);
+            return Ok((cached, true));
         }
         let body = self.fetch_replicas(loc, range, expect)?;
         loc.tally.storage.fetch_add(len, Ordering::Relaxed);
-        Ok(cache.fill(key, offset, len, body))
+        Ok((cache.fill(key, offset, len, body), false))
     }
 
     /// [`ShardSource::fetch`] from the shard's replicas.

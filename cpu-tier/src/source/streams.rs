@@ -24,6 +24,8 @@ pub(super) struct Resuming {
     pub(super) end: u64,
     pub(super) inner: UnitSamples,
     pub(super) resumes_left: usize,
+    /// `inner` reads the worker's cached copy: any fault in it is the cache's.
+    pub(super) from_cache: bool,
 }
 
 impl Iterator for Resuming {
@@ -32,6 +34,39 @@ impl Iterator for Resuming {
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             let item = self.inner.next()?;
+            if self.from_cache {
+                if let Err(e) = &item {
+                    // Damage, a header that does not parse, a short read: the cache was
+                    // wrong, not the shard. The rest comes from storage, from the sample that
+                    // failed (or the first not yielded).
+                    let at = match e {
+                        sluice_shard::ShardError::DamagedSample { index, .. } => *index,
+                        _ => self.next,
+                    }
+                    .max(self.next);
+                    self.from_cache = false;
+                    match self.source.uncache(&self.loc, at, self.end, &e.to_string()) {
+                        Ok((rest, cached)) => {
+                            self.next = at;
+                            self.inner = rest;
+                            self.from_cache = cached;
+                            continue;
+                        }
+                        // Storage cannot serve the rest now: the unit fails (and is read
+                        // again, here or elsewhere) rather than skip what the cache spoiled.
+                        Err(reopen) => {
+                            return Some(Err(sluice_shard::ShardError::Io {
+                                shard: self.loc.name().into(),
+                                offset: 0,
+                                source: io::Error::other(format!(
+                                    "the cached copy failed ({e}) and storage could not be \
+                                     read instead: {reopen}"
+                                )),
+                            }))
+                        }
+                    }
+                }
+            }
             let failed_read = match &item {
                 Ok(s) => {
                     self.next = s.index + 1;
@@ -50,7 +85,8 @@ impl Iterator for Resuming {
             self.resumes_left -= 1;
             let failed = self.loc.urls.first().cloned().unwrap_or_default();
             match self.source.reopen(&mut self.loc, self.next, self.end) {
-                Ok(rest) => {
+                Ok((rest, cached)) => {
+                    self.from_cache = cached;
                     metrics::counter!("sluice_cpu_source_resumes_total").increment(1);
                     if let Err(e) = &item {
                         tracing::warn!(shard = %self.loc.name(), sample = self.next, %failed,
