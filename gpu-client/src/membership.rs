@@ -99,6 +99,81 @@ impl Source {
     }
 }
 
+/// What the pool's source last gave that could be used, kept for the loader's life: when
+/// the source cannot be read, parsed or resolved later, at an epoch's start as while one
+/// runs, the pool is this again, and the failure is said once per change of state (WARN when
+/// it starts or changes, INFO when it clears). Only a loader whose source never gave a list
+/// fails for it.
+#[derive(Default)]
+pub(crate) struct LastGood {
+    inner: std::sync::Mutex<Remembered>,
+}
+
+#[derive(Default)]
+struct Remembered {
+    names: Option<Vec<String>>,
+    members: Vec<Member>,
+    failing: Option<String>,
+}
+
+impl LastGood {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Remembered> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The names `source` gives now (and `true`); when it cannot be read, or names no
+    /// worker, the ones it gave last (said once, and `false`). An error only when it never
+    /// gave any.
+    pub(crate) fn names(&self, source: &Source) -> Result<(Vec<String>, bool), ClientError> {
+        let now = source.names();
+        let last = self.lock().names.clone();
+        match (now, last) {
+            (Ok(names), _) if !names.is_empty() => Ok((names, true)),
+            (Ok(names), None) => Ok((names, true)),
+            (Ok(_), Some(last)) => {
+                self.failed("the workers' source names no worker now");
+                Ok((last, false))
+            }
+            (Err(e), Some(last)) => {
+                self.failed(&e.to_string());
+                Ok((last, false))
+            }
+            (Err(e), None) => Err(e),
+        }
+    }
+
+    /// The workers the source gave last.
+    pub(crate) fn members(&self) -> Vec<Member> {
+        self.lock().members.clone()
+    }
+
+    /// The source gave `names`, which are the workers `members`.
+    pub(crate) fn good(&self, names: &[String], members: &[Member]) {
+        if members.is_empty() {
+            return;
+        }
+        let mut r = self.lock();
+        r.names = Some(names.to_vec());
+        r.members = members.to_vec();
+    }
+
+    /// The source reads (and resolves) again.
+    pub(crate) fn cleared(&self) {
+        if self.lock().failing.take().is_some() {
+            tracing::info!("the workers' source reads again");
+        }
+    }
+
+    /// The source failed with `e`: said when this is news.
+    pub(crate) fn failed(&self, e: &str) {
+        let mut r = self.lock();
+        if r.failing.as_deref() != Some(e) {
+            tracing::warn!("the workers' source: {e} (the workers it gave before stay)");
+            r.failing = Some(e.to_string());
+        }
+    }
+}
+
 /// A worker of the pool: the name it came from, the label its links carry, its address.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Member {
@@ -313,6 +388,8 @@ pub(crate) struct Watcher {
     /// The number the next link gets.
     pub next_link: usize,
     pub stats: Arc<Stats>,
+    /// The loader's last good list, and whether its failure was said.
+    pub last: Arc<LastGood>,
 }
 
 impl Watcher {
@@ -320,7 +397,6 @@ impl Watcher {
     pub(crate) async fn run(mut self) {
         let events = self.dialer.events.clone();
         let cancel = self.dialer.cancel.clone();
-        let mut failing: Option<String> = None;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(self.every) => {}
@@ -328,18 +404,8 @@ impl Watcher {
                 _ = cancel.cancelled() => return,
             }
             match self.refresh().await {
-                Ok(()) => {
-                    if failing.take().is_some() {
-                        tracing::info!("the workers' source reads again");
-                    }
-                }
-                Err(e) => {
-                    let e = e.to_string();
-                    if failing.as_ref() != Some(&e) {
-                        tracing::warn!("the workers' source: {e} (what it gave before stays)");
-                    }
-                    failing = Some(e);
-                }
+                Ok(()) => self.last.cleared(),
+                Err(e) => self.last.failed(&e.to_string()),
             }
         }
     }
@@ -350,14 +416,19 @@ impl Watcher {
         let before: Vec<Member> = self.pool.iter().map(|(m, _)| m.clone()).collect();
         let was = before.clone();
         // DNS blocks: off the runtime's threads.
-        let (now, errors) = tokio::task::spawn_blocking(move || pool(&source.names()?, &was, true))
-            .await
-            .map_err(|e| ClientError::Runtime(e.to_string()))??;
+        let (names, now, errors) = tokio::task::spawn_blocking(move || {
+            let names = source.names()?;
+            let (now, errors) = pool(&names, &was, true)?;
+            Ok::<_, ClientError>((names, now, errors))
+        })
+        .await
+        .map_err(|e| ClientError::Runtime(e.to_string()))??;
         if now.is_empty() {
             return Err(ClientError::Runtime(
                 "the workers' source names no worker now".into(),
             ));
         }
+        self.last.good(&names, &now);
         let (joined, left) = diff(&before, &now);
         let mut result = Ok(());
         for m in joined {

@@ -480,13 +480,23 @@ pub fn run_ranks_keeping_failures(
         let handles: Vec<_> = (0..cfg.ranks)
             .map(|rank| scope.spawn(move || run_rank(cfg, manifest, rank, observer)))
             .collect();
-        handles
+        // A rank that could not even start is a failed rank beside the others, whose
+        // deliveries are still reported and dumped.
+        let results = handles
             .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(TestbedError::Setup("a rank panicked".into())))
+            .zip(0..)
+            .map(|(h, rank)| {
+                let run = h
+                    .join()
+                    .unwrap_or_else(|_| Err(TestbedError::Setup("a rank panicked".into())));
+                run.unwrap_or_else(|e| RankResult {
+                    rank,
+                    error: Some(format!("rank {rank}: {e}")),
+                    ..RankResult::default()
+                })
             })
-            .collect::<Result<Vec<_>>>()
+            .collect();
+        Ok(results)
     })
 }
 
@@ -596,14 +606,28 @@ fn run_rank(
         let mut planned: HashMap<(u32, u64), i64> = HashMap::new();
         // Padding units repeat samples to even out ranks: their rows are marked padding and
         // are no sample of the plan's own.
-        for u in loader.pending(epoch)?.into_iter().filter(|u| !u.padding) {
+        // An epoch that cannot start fails the rank; what it delivered before is reported.
+        let pending = match loader.pending(epoch) {
+            Ok(p) => p,
+            Err(e) => {
+                result.error = Some(format!("rank {rank}, epoch {epoch}: {e}"));
+                break;
+            }
+        };
+        for u in pending.into_iter().filter(|u| !u.padding) {
             for i in u.start..u.end {
                 *planned.entry((u.shard, i)).or_default() += 1;
             }
         }
         let planned_total: i64 = planned.values().sum();
         let epoch_started = Instant::now();
-        let host = loader.epoch(epoch)?;
+        let host = match loader.epoch(epoch) {
+            Ok(h) => h,
+            Err(e) => {
+                result.error = Some(format!("rank {rank}, epoch {epoch}: {e}"));
+                break;
+            }
+        };
         observer.epoch_started(rank, epoch, host.batches());
         let mut batches = match &sink {
             Sink::Host => Batches::Host(host),

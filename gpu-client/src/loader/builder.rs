@@ -209,6 +209,7 @@ impl LoaderBuilder {
                 segments_kept(&workers),
                 arena_plan(&config, &workers).map(|p| (p, allocator.clone())),
             )),
+            last_pool: Default::default(),
             fingerprint: checkpoint::fingerprint(&manifest),
             manifest: Arc::new(manifest),
             source_names: mixture

@@ -71,6 +71,8 @@ pub struct Loader {
     buffers: Arc<BufferPool>,
     /// Same-host segments of finished connections, for the next ones.
     segments: Arc<crate::same_host::Segments>,
+    /// The workers' source's last good list, kept across epochs.
+    last_pool: Arc<crate::membership::LastGood>,
     progress: Arc<Mutex<Option<start::Progress>>>,
     resume: Mutex<Option<checkpoint::Pending>>,
     /// The epoch after the current one, started early.

@@ -1,0 +1,149 @@
+//! Configuration that goes bad for a moment costs nothing: a workers file that is junk (not
+//! UTF-8), holds a bad line, or is deleted for a few seconds at a time while a job runs
+//! (across epoch boundaries, when each epoch reads it afresh) leaves the job running on the
+//! last good list, with `--dump-ids` identical to decoding in process. Only a job that never
+//! had a list fails, and loadgen still writes its table and dump when it does.
+
+mod support;
+mod system;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::path_str;
+use system::{dataset, start_worker, trust_file};
+
+fn loadgen(dir: &Path, manifest: &Path, pool: &[&str], dump: &Path, trust: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    c.args(["loadgen", "--dataset", path_str(manifest)])
+        .args(pool)
+        .args([
+            "--token-file",
+            path_str(&dir.join("token")),
+            "--trust-cert",
+            path_str(trust),
+            "--same-host",
+            "off",
+            "--pipeline",
+            "decode | resize 40 | center_crop 32",
+            "--batch-size",
+            "8",
+            "--step-ms",
+            "20",
+            "--seed",
+            "9",
+            "--epochs",
+            "8",
+            "--worker-wait",
+            "10",
+            "--dump-ids",
+            path_str(dump),
+        ])
+        .env("RUST_LOG", "warn");
+    c
+}
+
+#[test]
+fn a_workers_file_that_goes_bad_for_moments_across_epochs_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 40);
+    let w = start_worker(dir.path(), "w");
+    let trust = trust_file(dir.path(), &[&w]);
+    let manifest = &data.manifest_path;
+    let reference = dir.path().join("reference.txt");
+    let out = loadgen(dir.path(), manifest, &["--workers", "local"], &reference, &trust)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let file = dir.path().join("workers");
+    let good = format!("# the pool\n{}\n", w.addr);
+    std::fs::write(&file, &good).unwrap();
+    let dump = dir.path().join("dump.txt");
+    let pool = ["--workers-file", path_str(&file), "--workers-refresh", "0.1"];
+    let job = loadgen(dir.path(), manifest, &pool, &dump, &trust)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Each bad spell outlasts an epoch (about a second here), so epochs start inside them.
+    let done = Arc::new(AtomicBool::new(false));
+    let flipper = {
+        let (done, file) = (done.clone(), file.clone());
+        std::thread::spawn(move || {
+            let spells: [&dyn Fn(&Path); 3] = [
+                &|f| std::fs::write(f, b"\xff\xfe\x00 not text \xc3\x28").unwrap(),
+                &|f| std::fs::write(f, "cpu-7 7100\n").unwrap(),
+                &|f| std::fs::remove_file(f).unwrap(),
+            ];
+            let mut spells_done = 0;
+            'outer: loop {
+                for spell in spells {
+                    std::thread::sleep(Duration::from_millis(400));
+                    spell(&file);
+                    for _ in 0..25 {
+                        if done.load(Ordering::Relaxed) {
+                            break 'outer;
+                        }
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    std::fs::write(&file, &good).unwrap();
+                    spells_done += 1;
+                }
+            }
+            spells_done
+        })
+    };
+    let out = job.wait_with_output().unwrap();
+    done.store(true, Ordering::Relaxed);
+    let spells = flipper.join().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the job failed for a workers file blip:\n{stderr}");
+    assert!(spells >= 3, "only {spells} bad spells happened while the job ran");
+    assert!(
+        stderr.contains("the workers' source") && stderr.contains("stay"),
+        "the blips went unsaid:\n{stderr}"
+    );
+    // One warning per change of state, not one per read (the file is read ten times a
+    // second).
+    let warnings = stderr.matches("the workers' source:").count();
+    assert!(warnings <= 2 * spells + 2, "{warnings} warnings for {spells} spells:\n{stderr}");
+    assert!(
+        std::fs::read_to_string(&dump).unwrap() == std::fs::read_to_string(&reference).unwrap(),
+        "the batches changed while the workers file blipped"
+    );
+}
+
+#[test]
+fn a_job_that_never_had_a_list_fails_and_still_writes_its_table_and_dump() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 40);
+    let w = start_worker(dir.path(), "w");
+    let trust = trust_file(dir.path(), &[&w]);
+    let file = dir.path().join("workers");
+    std::fs::write(&file, "cpu-7 7100\n").unwrap();
+    let dump = dir.path().join("dump.txt");
+    let json = dir.path().join("report.json");
+    let out = loadgen(
+        dir.path(),
+        &data.manifest_path,
+        &["--workers-file", path_str(&file)],
+        &dump,
+        &trust,
+    )
+    .args(["--json", path_str(&json)])
+    .output()
+    .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success());
+    assert!(stderr.contains("workers_file") && stderr.contains("line 1"), "{stderr}");
+    assert!(stdout.contains("delivered"), "no table:\n{stdout}");
+    assert!(dump.exists(), "no --dump-ids");
+    assert!(json.exists(), "no --json");
+}
