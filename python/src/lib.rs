@@ -56,6 +56,26 @@ fn client_error(e: ClientError) -> PyErr {
     }
 }
 
+/// Runs `f`, turning a Rust panic inside it into a `SluiceError` that names `what`: a bug
+/// must not surface as pyo3's `PanicException`, a `BaseException` that `except Exception`
+/// (and so every framework's error handling) lets through.
+fn guard<T>(what: &str, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(result) => result,
+        Err(payload) => {
+            let why = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".into());
+            Err(SluiceError::new_err(format!(
+                "internal error in {what}: {why} (a bug in Sluice: please report it with \
+                 this message)"
+            )))
+        }
+    }
+}
+
 /// The dataset `dataset=` names: a local manifest, the http(s) URL of one (a storage node
 /// serves it; its relative shard URLs resolve against that URL), or shards as paths, URLs or a
 /// brace pattern (described from their `.idx` sidecars where those exist). Shard and replica
@@ -215,6 +235,167 @@ impl Loader {
         token: Option<String>,
         sources: Option<Vec<(String, f64)>>,
     ) -> PyResult<Self> {
+        guard("sluice.Loader()", || {
+            Self::make(
+                py,
+                dataset,
+                config,
+                (device, dtype, mean, std),
+                threads,
+                max_decoded_bytes,
+                token,
+                sources,
+            )
+        })
+    }
+
+    /// A mixture's sources, in the order `images.source` numbers them (`[]` for a single
+    /// dataset).
+    #[getter]
+    fn sources(&self) -> Vec<String> {
+        self.inner.source_names().to_vec()
+    }
+
+    /// Samples every rank reads per epoch (after the last-batch policy).
+    #[getter]
+    fn samples_per_epoch(&self) -> u64 {
+        self.inner.samples_per_epoch()
+    }
+
+    /// The loader's settings as validated (a `LoaderConfig` as JSON).
+    #[getter]
+    fn config(&self) -> String {
+        serde_json::to_string(self.inner.config()).unwrap_or_default()
+    }
+
+    /// The batches of epoch `epoch` (resuming it when a checkpoint for it was loaded). The
+    /// epoch keeps its loader alive: `for b in sluice.Loader(...).epoch(0)` reads it whole.
+    fn epoch(slf: &Bound<'_, Self>, epoch: u64) -> PyResult<Epoch> {
+        let mut read = guard("Loader.epoch()", || slf.borrow().read(slf.py(), epoch))?;
+        read.loader = Some(slf.clone().unbind());
+        Ok(read)
+    }
+
+    /// The epoch plain iteration (`for images, labels in loader`) uses next.
+    fn set_epoch(&self, epoch: u64) {
+        if let Ok(mut e) = self.epoch.lock() {
+            *e = epoch;
+        }
+    }
+
+    fn __iter__(slf: &Bound<'_, Self>) -> PyResult<Epoch> {
+        let epoch = slf.borrow().epoch.lock().map(|e| *e).unwrap_or(0);
+        Self::epoch(slf, epoch)
+    }
+
+    /// The dataset as this rank sees it: `{"fingerprint": hex, "shards": n, "samples": n,
+    /// "rank": r, "world_size": w}`. Every rank of a job must agree on the fingerprint
+    /// (the shards' content in manifest order); `sluice.torch` checks it across ranks.
+    #[getter]
+    fn dataset_identity<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        let m = self.inner.manifest();
+        d.set_item(
+            "fingerprint",
+            format!("{:016x}", self.inner.dataset_fingerprint()),
+        )?;
+        d.set_item("shards", m.shards.len())?;
+        d.set_item("samples", m.total_samples())?;
+        let (rank, world) = self.inner.rank_and_world();
+        d.set_item("rank", rank)?;
+        d.set_item("world_size", world)?;
+        Ok(d)
+    }
+
+    /// Batches per epoch (the same on every rank). For an epoch resumed at another world
+    /// size: the batches handed out before the checkpoint plus this rank's share of the rest,
+    /// as a training loop that restored its step count counts them.
+    fn __len__(&self) -> usize {
+        let epoch = self.epoch.lock().map(|e| *e).unwrap_or(0);
+        self.inner.batches_in_epoch(epoch) as usize
+    }
+
+    /// A checkpoint of the current epoch as a plain dict (save it with the model's).
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let Some(c) = guard("Loader.state_dict()", || Ok(self.inner.state_dict()))? else {
+            return Ok(PyDict::new(py).into_any());
+        };
+        let text = String::from_utf8_lossy(&c.to_bytes()).into_owned();
+        py.import("json")?.call_method1("loads", (text,))
+    }
+
+    /// Restores a checkpoint from `state_dict()`; the next `epoch(e)` (or iteration) resumes
+    /// it. `state` may also be a list of every rank's state dicts taken at the same step: at
+    /// another world size (plan order) the rest of their epoch is split equally across this
+    /// job's ranks, and one rank's state is enough.
+    fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
+        let json = py.import("json")?;
+        let states: Vec<Bound<'_, PyAny>> = if state.is_instance_of::<pyo3::types::PyList>() {
+            state.try_iter()?.collect::<PyResult<_>>()?
+        } else {
+            vec![state.clone()]
+        };
+        // `{}` is what state_dict() gives before the first batch: the start of an epoch,
+        // nothing to restore.
+        let empty = |s: &Bound<'_, PyAny>| s.downcast::<PyDict>().is_ok_and(|d| d.is_empty());
+        if states.iter().all(empty) {
+            return Ok(());
+        }
+        let mut checkpoints = Vec::with_capacity(states.len());
+        for s in &states {
+            let text: String = json.call_method1("dumps", (s,))?.extract()?;
+            checkpoints.push(
+                sluice_client::Checkpoint::from_bytes(text.as_bytes()).map_err(client_error)?,
+            );
+        }
+        let epoch = checkpoints.first().map_or(0, |c| c.epoch);
+        guard("Loader.load_state_dict()", || {
+            self.inner
+                .load_state_dicts(&checkpoints)
+                .map_err(client_error)
+        })?;
+        self.set_epoch(epoch);
+        Ok(())
+    }
+
+    /// Live figures: batches, samples, samples_per_s, starved_fraction, the shard bytes the
+    /// workers read from storage and from their caches (and the hit ratio), workers (name,
+    /// alive, samples, units in flight), and pool_changes (workers that joined or left the
+    /// pool while epochs ran).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.stats();
+        let d = PyDict::new(py);
+        d.set_item("batches", s.batches)?;
+        d.set_item("samples", s.samples)?;
+        d.set_item("samples_per_s", s.samples_per_s())?;
+        d.set_item("starved_fraction", s.starved_fraction())?;
+        d.set_item("storage_bytes", s.storage_bytes)?;
+        d.set_item("cached_bytes", s.cached_bytes)?;
+        d.set_item("cache_hit_ratio", s.cache_hit_ratio())?;
+        let workers: Vec<(String, bool, u64, usize)> = s
+            .workers
+            .iter()
+            .map(|w| (w.name.clone(), w.alive, w.samples, w.in_flight_units))
+            .collect();
+        d.set_item("workers", workers)?;
+        d.set_item("pool_changes", s.pool_changes)?;
+        Ok(d)
+    }
+}
+
+impl Loader {
+    /// [`Loader::new`]'s work, under its guard.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn make(
+        py: Python<'_>,
+        dataset: &str,
+        config: &str,
+        (device, dtype, mean, std): (&str, &str, Option<[f32; 3]>, Option<[f32; 3]>),
+        threads: Option<usize>,
+        max_decoded_bytes: Option<u64>,
+        token: Option<String>,
+        sources: Option<Vec<(String, f64)>>,
+    ) -> PyResult<Self> {
         logs::install();
         // The settings first, as a worker will check them: a mistake is a ValueError here.
         let mut config = settings::parse(config)?;
@@ -284,137 +465,6 @@ impl Loader {
                 max_decoded_bytes: decoded,
             }),
         })
-    }
-
-    /// A mixture's sources, in the order `images.source` numbers them (`[]` for a single
-    /// dataset).
-    #[getter]
-    fn sources(&self) -> Vec<String> {
-        self.inner.source_names().to_vec()
-    }
-
-    /// Samples every rank reads per epoch (after the last-batch policy).
-    #[getter]
-    fn samples_per_epoch(&self) -> u64 {
-        self.inner.samples_per_epoch()
-    }
-
-    /// The loader's settings as validated (a `LoaderConfig` as JSON).
-    #[getter]
-    fn config(&self) -> String {
-        serde_json::to_string(self.inner.config()).unwrap_or_default()
-    }
-
-    /// The batches of epoch `epoch` (resuming it when a checkpoint for it was loaded). The
-    /// epoch keeps its loader alive: `for b in sluice.Loader(...).epoch(0)` reads it whole.
-    fn epoch(slf: &Bound<'_, Self>, epoch: u64) -> PyResult<Epoch> {
-        let mut read = slf.borrow().read(slf.py(), epoch)?;
-        read.loader = Some(slf.clone().unbind());
-        Ok(read)
-    }
-
-    /// The epoch plain iteration (`for images, labels in loader`) uses next.
-    fn set_epoch(&self, epoch: u64) {
-        if let Ok(mut e) = self.epoch.lock() {
-            *e = epoch;
-        }
-    }
-
-    fn __iter__(slf: &Bound<'_, Self>) -> PyResult<Epoch> {
-        let epoch = slf.borrow().epoch.lock().map(|e| *e).unwrap_or(0);
-        Self::epoch(slf, epoch)
-    }
-
-    /// The dataset as this rank sees it: `{"fingerprint": hex, "shards": n, "samples": n,
-    /// "rank": r, "world_size": w}`. Every rank of a job must agree on the fingerprint
-    /// (the shards' content in manifest order); `sluice.torch` checks it across ranks.
-    #[getter]
-    fn dataset_identity<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let d = PyDict::new(py);
-        let m = self.inner.manifest();
-        d.set_item(
-            "fingerprint",
-            format!("{:016x}", self.inner.dataset_fingerprint()),
-        )?;
-        d.set_item("shards", m.shards.len())?;
-        d.set_item("samples", m.total_samples())?;
-        let (rank, world) = self.inner.rank_and_world();
-        d.set_item("rank", rank)?;
-        d.set_item("world_size", world)?;
-        Ok(d)
-    }
-
-    /// Batches per epoch (the same on every rank). For an epoch resumed at another world
-    /// size: the batches handed out before the checkpoint plus this rank's share of the rest,
-    /// as a training loop that restored its step count counts them.
-    fn __len__(&self) -> usize {
-        let epoch = self.epoch.lock().map(|e| *e).unwrap_or(0);
-        self.inner.batches_in_epoch(epoch) as usize
-    }
-
-    /// A checkpoint of the current epoch as a plain dict (save it with the model's).
-    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let Some(c) = self.inner.state_dict() else {
-            return Ok(PyDict::new(py).into_any());
-        };
-        let text = String::from_utf8_lossy(&c.to_bytes()).into_owned();
-        py.import("json")?.call_method1("loads", (text,))
-    }
-
-    /// Restores a checkpoint from `state_dict()`; the next `epoch(e)` (or iteration) resumes
-    /// it. `state` may also be a list of every rank's state dicts taken at the same step: at
-    /// another world size (plan order) the rest of their epoch is split equally across this
-    /// job's ranks, and one rank's state is enough.
-    fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
-        let json = py.import("json")?;
-        let states: Vec<Bound<'_, PyAny>> = if state.is_instance_of::<pyo3::types::PyList>() {
-            state.try_iter()?.collect::<PyResult<_>>()?
-        } else {
-            vec![state.clone()]
-        };
-        // `{}` is what state_dict() gives before the first batch: the start of an epoch,
-        // nothing to restore.
-        let empty = |s: &Bound<'_, PyAny>| s.downcast::<PyDict>().is_ok_and(|d| d.is_empty());
-        if states.iter().all(empty) {
-            return Ok(());
-        }
-        let mut checkpoints = Vec::with_capacity(states.len());
-        for s in &states {
-            let text: String = json.call_method1("dumps", (s,))?.extract()?;
-            checkpoints.push(
-                sluice_client::Checkpoint::from_bytes(text.as_bytes()).map_err(client_error)?,
-            );
-        }
-        let epoch = checkpoints.first().map_or(0, |c| c.epoch);
-        self.inner
-            .load_state_dicts(&checkpoints)
-            .map_err(client_error)?;
-        self.set_epoch(epoch);
-        Ok(())
-    }
-
-    /// Live figures: batches, samples, samples_per_s, starved_fraction, the shard bytes the
-    /// workers read from storage and from their caches (and the hit ratio), workers (name,
-    /// alive, samples, units in flight), and pool_changes (workers that joined or left the
-    /// pool while epochs ran).
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.inner.stats();
-        let d = PyDict::new(py);
-        d.set_item("batches", s.batches)?;
-        d.set_item("samples", s.samples)?;
-        d.set_item("samples_per_s", s.samples_per_s())?;
-        d.set_item("starved_fraction", s.starved_fraction())?;
-        d.set_item("storage_bytes", s.storage_bytes)?;
-        d.set_item("cached_bytes", s.cached_bytes)?;
-        d.set_item("cache_hit_ratio", s.cache_hit_ratio())?;
-        let workers: Vec<(String, bool, u64, usize)> = s
-            .workers
-            .iter()
-            .map(|w| (w.name.clone(), w.alive, w.samples, w.in_flight_units))
-            .collect();
-        d.set_item("workers", workers)?;
-        d.set_item("pool_changes", s.pool_changes)?;
-        Ok(d)
     }
 }
 
@@ -538,12 +588,14 @@ impl Epoch {
             return Err(forked(pid));
         }
         loop {
-            let next = py.allow_threads(|| {
-                self.inner
-                    .lock()
-                    .map_err(|_| "the epoch's lock is poisoned".to_string())
-                    .map(|mut e| e.next_timeout(Duration::from_millis(100)))
-            });
+            let next = guard("the epoch's next batch", || {
+                Ok(py.allow_threads(|| {
+                    self.inner
+                        .lock()
+                        .map_err(|_| "the epoch's lock is poisoned".to_string())
+                        .map(|mut e| e.next_timeout(Duration::from_millis(100)))
+                }))
+            })?;
             logs::deliver(py);
             match next.map_err(SluiceError::new_err)? {
                 Err(()) => py.check_signals()?,

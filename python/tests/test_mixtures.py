@@ -103,3 +103,37 @@ def test_torch_batches_carry_each_sample_s_source(dataset, small):
     sources = torch.cat([b["__source__"] for b in loader])
     assert sources.dtype == torch.int64
     assert int((sources == 1).sum()) == 30
+
+
+def test_a_tampered_mixture_checkpoint_is_a_value_error_never_a_panic(dataset, small):
+    """A state edited by hand or cut short names what is wrong as a ``ValueError``; nothing
+    surfaces as a Rust panic (a ``BaseException`` that ``except Exception`` lets through)."""
+    import copy
+
+    def fresh():
+        return sluice.Loader([(dataset, 3), (small, 1)], batch_size=8, seed=4,
+                             pipeline=PIPELINE)
+
+    old = fresh()
+    for i, _ in enumerate(old.epoch(0)):
+        if i == 2:
+            state = old.state_dict()
+            break
+    edits = {
+        "one weight for two sources": lambda s: s["mixture"].update(weights=[7]),
+        "weights all zero": lambda s: s["mixture"].update(weights=[0, 0]),
+        "one source state for two": lambda s: s["mixture"].update(state=s["mixture"]["state"][:1]),
+        "an earlier segment's weights": lambda s: s.update(
+            resumed=[{"world_size": 2, "batches": 1, "weights": [5]}]),
+    }
+    for what, edit in edits.items():
+        tampered = copy.deepcopy(state)
+        edit(tampered)
+        loader = fresh()
+        try:
+            loader.load_state_dict(tampered)
+            list(loader.epoch(tampered["epoch"]))
+        except ValueError as e:
+            assert "checkpoint" in str(e) or "mixture" in str(e), (what, e)
+            continue
+        pytest.fail(f"{what}: the tampered state was accepted")

@@ -281,6 +281,7 @@ impl Loader {
                         r.sources, r.epoch_samples, m.shards, m.epoch_samples
                     )));
                 }
+                check_mix_record(r, &first.resumed)?;
                 m.weights = r.weights.clone();
                 m.base = MixBase {
                     epoch: first.epoch,
@@ -620,4 +621,40 @@ impl Loader {
             })
             .collect())
     }
+}
+
+/// A mixture checkpoint's record is whole before a planner uses it: a weight and a state per
+/// source, weights that draw something, each earlier segment's weights one per source (or
+/// none). A checkpoint edited by hand or cut short is refused by name, never a panic.
+fn check_mix_record(r: &MixRecord, resumed: &[Segment]) -> Result<(), ClientError> {
+    let n = r.sources.len();
+    let bad = |detail: String| Err(ClientError::Checkpoint(detail));
+    if r.weights.len() != n {
+        return bad(format!(
+            "its mixture has {n} sources but {} weights ({:?})",
+            r.weights.len(),
+            r.weights
+        ));
+    }
+    if r.weights.iter().all(|&w| w == 0) {
+        return bad("its mixture's weights are all 0".into());
+    }
+    if r.state.len() != n {
+        return bad(format!(
+            "its mixture has {n} sources but {} source states",
+            r.state.len()
+        ));
+    }
+    for (i, seg) in resumed.iter().enumerate() {
+        if !seg.weights.is_empty() && seg.weights.len() != n {
+            return bad(format!(
+                "its earlier segment {i} has {} weights for {n} sources",
+                seg.weights.len()
+            ));
+        }
+        if !seg.weights.is_empty() && seg.weights.iter().all(|&w| w == 0) {
+            return bad(format!("its earlier segment {i}'s weights are all 0"));
+        }
+    }
+    Ok(())
 }
