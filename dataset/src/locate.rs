@@ -120,6 +120,33 @@ pub fn index_shards(
     Ok(manifest)
 }
 
+/// Refuses, by name, a local dataset path that is not a regular file: a device (`/dev/zero`
+/// would be read for ever), a FIFO (whose open blocks until a writer comes) or a socket is
+/// no manifest, shard or mixture file. `what` says which was expected.
+pub fn regular_file(path: &Path, what: &str) -> Result<()> {
+    let meta = std::fs::metadata(path).map_err(DatasetError::io("reading", path))?;
+    if meta.is_file() {
+        return Ok(());
+    }
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    let kind = if t.is_dir() {
+        "a directory"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    };
+    Err(DatasetError::Input(format!(
+        "{}: is {kind}, not {what}",
+        path.display()
+    )))
+}
+
 /// A dataset for the client: a manifest (path or http(s) URL, ending in `.json`) or shards
 /// (paths, URLs, brace patterns) described on the spot. Shard URLs come out absolute, so a
 /// worker on another host can open them.
@@ -128,6 +155,7 @@ pub fn dataset(spec: &str) -> Result<Manifest> {
         let location = Location::parse(spec);
         let (mut manifest, origin) = match &location {
             Location::File(p) => {
+                regular_file(p, "a manifest file")?;
                 let m = Manifest::load(p, MAX_MANIFEST)?;
                 let abs = std::fs::canonicalize(p).map_err(DatasetError::io("resolving", p))?;
                 (m, abs.display().to_string())
@@ -162,6 +190,9 @@ pub fn dataset(spec: &str) -> Result<Manifest> {
     let mut infos = Vec::new();
     for name in expand(spec)? {
         let location = Location::parse(&name);
+        if let Location::File(p) = &location {
+            regular_file(p, "a tar shard")?;
+        }
         if let Some(mut info) = from_sidecar(&location)? {
             info.url = absolute(&location)?;
             infos.push(info);

@@ -49,6 +49,9 @@ pub struct LoadedMixture {
 
 /// Whether `spec` names a mixture file (`.toml`, or `.json` that is not a manifest is told
 /// apart when read: see [`read_spec`]).
+/// The largest mixture file read (a few sources' names and weights).
+const MAX_SPEC_BYTES: u64 = 1 << 20;
+
 pub fn is_mixture_file(spec: &str) -> bool {
     spec.ends_with(".toml")
 }
@@ -56,7 +59,22 @@ pub fn is_mixture_file(spec: &str) -> bool {
 /// Reads a mixture file (TOML, or JSON when it ends in `.json`), naming the file and the key
 /// of any mistake.
 pub fn read_spec(path: &Path) -> Result<MixtureSpec> {
-    let text = std::fs::read_to_string(path).map_err(DatasetError::io("reading", path))?;
+    crate::locate::regular_file(path, "a mixture file")?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut std::io::Read::take(
+            std::fs::File::open(path).map_err(DatasetError::io("reading", path))?,
+            MAX_SPEC_BYTES + 1,
+        ),
+        &mut text,
+    )
+    .map_err(DatasetError::io("reading", path))?;
+    if text.len() as u64 > MAX_SPEC_BYTES {
+        return Err(DatasetError::Input(format!(
+            "mixture file {}: larger than {MAX_SPEC_BYTES} bytes",
+            path.display()
+        )));
+    }
     let bad = |e: String| DatasetError::Input(format!("mixture file {}: {e}", path.display()));
     let spec: MixtureSpec = match path.extension().and_then(|e| e.to_str()) {
         Some("json") => serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?,
@@ -124,6 +142,29 @@ pub fn weighted(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_source_that_is_no_file_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = crate::locate::dataset("/dev/zero").unwrap_err().to_string();
+        assert!(e.contains("/dev/zero") && e.contains("a device"), "{e}");
+        let e = crate::locate::dataset("/dev/null.json")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/dev/null.json"), "{e}");
+        let fifo = dir.path().join("fifo.json");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            let e = crate::locate::dataset(fifo.to_str().unwrap())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("a FIFO") && e.contains("manifest"), "{e}");
+        }
+        let mix = dir.path().join("mix.toml");
+        std::fs::write(&mix, "[[sources]]\ndataset = \"/dev/zero\"\nweight = 1\n").unwrap();
+        let e = load(&mix).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains("/dev/zero") && e.contains("a device"), "{e}");
+    }
 
     #[test]
     fn mixture_files_are_read_and_mistakes_named() {
