@@ -54,16 +54,31 @@ fn a_workers_file_that_goes_bad_for_moments_across_epochs_changes_nothing() {
     let trust = trust_file(dir.path(), &[&w]);
     let manifest = &data.manifest_path;
     let reference = dir.path().join("reference.txt");
-    let out = loadgen(dir.path(), manifest, &["--workers", "local"], &reference, &trust)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = loadgen(
+        dir.path(),
+        manifest,
+        &["--workers", "local"],
+        &reference,
+        &trust,
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let file = dir.path().join("workers");
     let good = format!("# the pool\n{}\n", w.addr);
     std::fs::write(&file, &good).unwrap();
     let dump = dir.path().join("dump.txt");
-    let pool = ["--workers-file", path_str(&file), "--workers-refresh", "0.1"];
+    let pool = [
+        "--workers-file",
+        path_str(&file),
+        "--workers-refresh",
+        "0.1",
+    ];
     let job = loadgen(dir.path(), manifest, &pool, &dump, &trust)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -101,8 +116,14 @@ fn a_workers_file_that_goes_bad_for_moments_across_epochs_changes_nothing() {
     done.store(true, Ordering::Relaxed);
     let spells = flipper.join().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the job failed for a workers file blip:\n{stderr}");
-    assert!(spells >= 3, "only {spells} bad spells happened while the job ran");
+    assert!(
+        out.status.success(),
+        "the job failed for a workers file blip:\n{stderr}"
+    );
+    assert!(
+        spells >= 3,
+        "only {spells} bad spells happened while the job ran"
+    );
     assert!(
         stderr.contains("the workers' source") && stderr.contains("stay"),
         "the blips went unsaid:\n{stderr}"
@@ -110,7 +131,10 @@ fn a_workers_file_that_goes_bad_for_moments_across_epochs_changes_nothing() {
     // One warning per change of state, not one per read (the file is read ten times a
     // second).
     let warnings = stderr.matches("the workers' source:").count();
-    assert!(warnings <= 2 * spells + 2, "{warnings} warnings for {spells} spells:\n{stderr}");
+    assert!(
+        warnings <= 2 * spells + 2,
+        "{warnings} warnings for {spells} spells:\n{stderr}"
+    );
     assert!(
         std::fs::read_to_string(&dump).unwrap() == std::fs::read_to_string(&reference).unwrap(),
         "the batches changed while the workers file blipped"
@@ -142,7 +166,10 @@ fn a_job_that_never_had_a_list_fails_and_still_writes_its_table_and_dump() {
         String::from_utf8_lossy(&out.stderr),
     );
     assert!(!out.status.success());
-    assert!(stderr.contains("workers_file") && stderr.contains("line 1"), "{stderr}");
+    assert!(
+        stderr.contains("workers_file") && stderr.contains("line 1"),
+        "{stderr}"
+    );
     assert!(stdout.contains("delivered"), "no table:\n{stdout}");
     assert!(dump.exists(), "no --dump-ids");
     assert!(json.exists(), "no --json");

@@ -545,7 +545,10 @@ fn a_same_host_impostor_of_another_user_gets_nothing_and_the_client_uses_quic() 
         .unwrap()
         .flat_map(|b| {
             let b = b.unwrap();
-            b.ids().iter().map(|id| (id.shard, id.index)).collect::<Vec<_>>()
+            b.ids()
+                .iter()
+                .map(|id| (id.shard, id.index))
+                .collect::<Vec<_>>()
         })
         .collect();
     assert_exactly_once("over QUIC", planned(&data.manifest, 3, 1, 0, 0), got);
@@ -566,7 +569,10 @@ fn a_same_host_impostor_of_another_user_gets_nothing_and_the_client_uses_quic() 
     let _ = impostor.wait();
     let mut said = String::new();
     std::io::Read::read_to_string(&mut out, &mut said).unwrap();
-    assert!(said.contains("accepted"), "the client never even connected: {said}");
+    assert!(
+        said.contains("accepted"),
+        "the client never even connected: {said}"
+    );
     assert!(
         !said.contains("got"),
         "the impostor was sent bytes (the token, a descriptor):\n{said}"

@@ -207,7 +207,14 @@ fn a_cache_too_small_or_a_full_cache_disk_still_delivers_exactly_once() {
     std::fs::create_dir_all(&mount).unwrap();
     let mounted = Command::new("mount")
         // Owner-only, as a cache dir must be (a tmpfs root is 1777 by default).
-        .args(["-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", path_str(&mount)])
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=256k,mode=0700",
+            "tmpfs",
+            path_str(&mount),
+        ])
         .status()
         .is_ok_and(|s| s.success());
     if !mounted {
@@ -285,7 +292,10 @@ fn flipped_bytes_and_swapped_files_in_the_cache_cost_no_sample() {
         assert_eq!(got, reference, "run {run} after the cache rotted");
         assert_eq!(skipped(&report), None, "run {run}: {report}");
     }
-    assert!(w.log_shows("the cached copy is damaged", std::time::Duration::from_secs(5)));
+    assert!(w.log_shows(
+        "the cached copy is damaged",
+        std::time::Duration::from_secs(5)
+    ));
     assert!(
         !w.log_contains("a replica's copy is good"),
         "the cache's damage was blamed on storage"
@@ -306,7 +316,10 @@ fn flipped_bytes_and_swapped_files_in_the_cache_cost_no_sample() {
         std::fs::write(f, other).unwrap();
     }
     let (got, report) = epoch(dir.path(), manifest, &w.addr, 1, &trust);
-    assert_eq!(got, reference, "swapped cache files changed what was delivered");
+    assert_eq!(
+        got, reference,
+        "swapped cache files changed what was delivered"
+    );
     assert_eq!(skipped(&report), None, "{report}");
     let text = system::metrics_text(&w);
     assert!(
@@ -353,7 +366,10 @@ fn links_in_the_cache_dir_are_never_written_through() {
     // Files the worker made, swapped for links while it runs.
     for entry in std::fs::read_dir(&cache).unwrap() {
         let path = entry.unwrap().path();
-        let is_file = std::fs::symlink_metadata(&path).unwrap().file_type().is_file();
+        let is_file = std::fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_file();
         if is_file && path.extension().is_some_and(|e| e == "shard") {
             std::fs::remove_file(&path).unwrap();
             symlink(&victim, &path).unwrap();
@@ -362,13 +378,23 @@ fn links_in_the_cache_dir_are_never_written_through() {
     let (got, _) = epoch(dir.path(), manifest, &w.addr, 1, &trust);
     assert_eq!(got, reference, "links put in place of cached files");
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
-    assert_eq!(std::fs::metadata(&victim).unwrap().len(), 9, "the victim was resized");
+    assert_eq!(
+        std::fs::metadata(&victim).unwrap().len(),
+        9,
+        "the victim was resized"
+    );
     let links = std::fs::read_dir(&cache)
         .unwrap()
         .filter(|e| e.as_ref().unwrap().file_type().unwrap().is_symlink())
         .count();
-    assert!(links >= stems.len(), "the worker removed links it did not make");
-    assert!(w.log_contains("not a file this worker made"), "the links went unmentioned");
+    assert!(
+        links >= stems.len(),
+        "the worker removed links it did not make"
+    );
+    assert!(
+        w.log_contains("not a file this worker made"),
+        "the links went unmentioned"
+    );
     drop(w);
 
     // A cache dir that is a link, or writable by others: refused, and the worker serves.

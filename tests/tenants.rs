@@ -89,7 +89,10 @@ fn wait_for(worker: &Worker, series: &str) -> f64 {
         if let Some(v) = value(worker, series) {
             return v;
         }
-        assert!(Instant::now() < deadline, "no {series} in the worker's metrics");
+        assert!(
+            Instant::now() < deadline,
+            "no {series} in the worker's metrics"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -113,17 +116,30 @@ fn a_teams_token_decides_its_jobs_names_and_weights_and_no_team_is_refused() {
     let trust = trust_file(dir.path(), &[&worker]);
     let run = |team: &str, name: &str, weight: u32| {
         let token = dir.path().join(format!("team-{team}.token"));
-        job(&data.manifest_path, &worker, &trust, &token, (name, weight), 10_000)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
+        job(
+            &data.manifest_path,
+            &worker,
+            &trust,
+            &token,
+            (name, weight),
+            10_000,
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
     };
     // Team A's job, then team B's named like it and asking for far more weight.
     let a = run("a", "resnet", 3);
-    assert_eq!(wait_for(&worker, "sluice_cpu_job_weight{job=\"team-a/resnet\"}"), 3.0);
+    assert_eq!(
+        wait_for(&worker, "sluice_cpu_job_weight{job=\"team-a/resnet\"}"),
+        3.0
+    );
     let b = run("b", "resnet", 16);
-    assert_eq!(wait_for(&worker, "sluice_cpu_job_weight{job=\"team-b/resnet\"}"), 2.0);
+    assert_eq!(
+        wait_for(&worker, "sluice_cpu_job_weight{job=\"team-b/resnet\"}"),
+        2.0
+    );
     // Even a name that spells out team A's stays under team B, at team B's cap.
     let b2 = run("b", "team-a/resnet", 16);
     let b2_weight = "sluice_cpu_job_weight{job=\"team-b/team-a/resnet\"}";
@@ -133,10 +149,18 @@ fn a_teams_token_decides_its_jobs_names_and_weights_and_no_team_is_refused() {
         Some(3.0),
         "team A's job keeps its weight"
     );
-    let samples = |job: &str| value(&worker, &format!("sluice_cpu_job_samples_total{{job=\"{job}\"}}"));
+    let samples = |job: &str| {
+        value(
+            &worker,
+            &format!("sluice_cpu_job_samples_total{{job=\"{job}\"}}"),
+        )
+    };
     let deadline = Instant::now() + Duration::from_secs(60);
     while samples("team-b/resnet").is_none() || samples("team-a/resnet").is_none() {
-        assert!(Instant::now() < deadline, "both teams' jobs should be sent samples");
+        assert!(
+            Instant::now() < deadline,
+            "both teams' jobs should be sent samples"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let text = metrics_text(&worker);
@@ -171,13 +195,28 @@ fn a_bad_tenants_file_stops_the_worker_by_name() {
                 [[tenant]]\nname = \"b\"\ntoken_file = \"b.token\"\n";
     for (text, says) in [
         (both, "the same token"),
-        ("[[tenant]]\nname = \"Team A\"\ntoken_file = \"a.token\"\n", "\"Team A\""),
-        ("[[tenant]]\nname = \"a\"\ntoken_file = \"missing\"\n", "missing"),
-        ("[[tenant]]\nname = \"a\"\ntokenfile = \"a.token\"\n", "tokenfile"),
+        (
+            "[[tenant]]\nname = \"Team A\"\ntoken_file = \"a.token\"\n",
+            "\"Team A\"",
+        ),
+        (
+            "[[tenant]]\nname = \"a\"\ntoken_file = \"missing\"\n",
+            "missing",
+        ),
+        (
+            "[[tenant]]\nname = \"a\"\ntokenfile = \"a.token\"\n",
+            "tokenfile",
+        ),
     ] {
         std::fs::write(&file, text).unwrap();
         let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["cpu", "--listen", "127.0.0.1:0", "--no-same-host", "--tenants"])
+            .args([
+                "cpu",
+                "--listen",
+                "127.0.0.1:0",
+                "--no-same-host",
+                "--tenants",
+            ])
             .arg(&file)
             .arg("--state-dir")
             .arg(dir.path().join("state"))
