@@ -129,6 +129,8 @@ pub struct Timeouts {
     pub handshake_secs: f64,
     /// Seconds running assignments get to finish after SIGTERM.
     pub drain_secs: f64,
+    /// Seconds a job's series (`{job="..."}`) stay on `/metrics` after the job ends.
+    pub job_series_secs: f64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -216,6 +218,7 @@ impl Default for Timeouts {
             client_silence_secs: 10.0,
             handshake_secs: 10.0,
             drain_secs: 30.0,
+            job_series_secs: 300.0,
         }
     }
 }
@@ -268,6 +271,9 @@ impl Timeouts {
     pub fn drain(&self) -> Duration {
         secs(self.drain_secs)
     }
+    pub fn job_series(&self) -> Duration {
+        secs(self.job_series_secs)
+    }
 }
 
 impl sluice_daemon::DaemonConfig for CpuConfig {
@@ -290,6 +296,7 @@ impl CpuConfig {
             ("timeouts.client_silence_secs", t.client_silence_secs),
             ("timeouts.handshake_secs", t.handshake_secs),
             ("timeouts.drain_secs", t.drain_secs),
+            ("timeouts.job_series_secs", t.job_series_secs),
             (
                 "source.connect_timeout_secs",
                 self.source.connect_timeout_secs,
@@ -302,6 +309,12 @@ impl CpuConfig {
             if !(v.is_finite() && v > 0.0 && v < 1e6) {
                 return invalid(key, "must be a positive number of seconds");
             }
+        }
+        if t.job_series_secs <= 2.0 * t.heartbeat_secs {
+            return invalid(
+                "timeouts.job_series_secs",
+                "must exceed twice timeouts.heartbeat_secs, or running jobs' series expire",
+            );
         }
         if t.client_silence_secs <= 2.0 * t.heartbeat_secs {
             return invalid(

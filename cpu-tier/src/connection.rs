@@ -80,6 +80,9 @@ pub(crate) enum Produced {
 /// What the shell keeps for an open job.
 pub(crate) struct Job {
     runner: Arc<dyn JobRunner>,
+    /// The training job's name on this worker (its tenant's prefix included) and weight.
+    name: Arc<str>,
+    weight: u32,
     /// Samples sent for the training job (`sluice_cpu_job_samples_total{job}`).
     sent: metrics::Counter,
     /// Same-host jobs: the client's segment and the slots it granted.
@@ -301,6 +304,8 @@ impl Connection {
         }
         *j = Arc::new(Job {
             runner: j.runner.clone(),
+            name: j.name.clone(),
+            weight: j.weight,
             sent: j.sent.clone(),
             slots: Some(slots),
         });
@@ -420,7 +425,10 @@ impl Connection {
                         launch(id, assign, jobs, out)
                     });
                 }
-                Input::Timeout => w.handle_timeout(self.conn, now),
+                Input::Timeout => {
+                    w.handle_timeout(self.conn, now);
+                    self.publish_jobs(&w);
+                }
                 Input::Finished => w.finished(self.conn),
                 Input::Drain => w.drain(),
             }
@@ -440,13 +448,13 @@ impl Connection {
                             .map(|j| j.runner.shape())
                             .map_err(Clone::clone);
                         if let Some(weight) = w.opened(self.conn, &spec, shape) {
-                            let job = opened.expect("opened");
+                            let mut job = opened.expect("opened");
                             info!(job = spec.job, name = %spec.name, weight, dataset = %spec.dataset,
                                   pipeline = %spec.pipeline, epoch = spec.epoch, rank = spec.rank,
                                   transport = ?self.transport, "job opened");
-                            metrics::gauge!("sluice_cpu_job_weight", "job" => spec.name.clone())
-                                .set(f64::from(weight));
+                            job.weight = weight;
                             self.jobs.insert(spec.job, Arc::new(job));
+                            self.publish_jobs(&w);
                         }
                     }
                     Effect::Grant { job, slots } => {
@@ -506,11 +514,40 @@ impl Connection {
             .open_job(spec)
             .map_err(|e| sluice_wire::error_chain(&e))?
             .into();
+        let series = sluice_daemon::job_series(None);
         Ok(Job {
             runner,
-            sent: metrics::counter!("sluice_cpu_job_samples_total", "job" => spec.name.clone()),
+            name: spec.name.as_str().into(),
+            weight: 0,
+            sent: series.counter("sluice_cpu_job_samples_total", &spec.name),
             slots: None,
         })
+    }
+
+    /// This connection's jobs' series: weight, and what each asks of the worker beside what
+    /// it gets (units holding a slot, waiting for one, waiting for their client's credit).
+    /// Set at every heartbeat, which also keeps a running job's series from expiring.
+    fn publish_jobs(&self, w: &Worker<Arc<Launch>>) {
+        let series = sluice_daemon::job_series(None);
+        for job in self.jobs.values() {
+            let name = &*job.name;
+            let d = w.demand(name);
+            series
+                .counter("sluice_cpu_job_samples_total", name)
+                .increment(0);
+            series
+                .gauge("sluice_cpu_job_weight", name)
+                .set(f64::from(job.weight));
+            series
+                .gauge("sluice_cpu_job_units_running", name)
+                .set(d.running as f64);
+            series
+                .gauge("sluice_cpu_job_units_waiting", name)
+                .set(d.waiting as f64);
+            series
+                .gauge("sluice_cpu_job_units_starved", name)
+                .set(d.starved as f64);
+        }
     }
 }
 

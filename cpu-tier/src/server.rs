@@ -195,6 +195,8 @@ pub async fn run(
         runner,
         same_host,
     } = setup;
+    // The per-job series expire as the config says (the process's first worker decides).
+    sluice_daemon::job_series(Some(config.timeouts.job_series()));
     let server_config = tls::server_config(&identity, transport(&config))?;
     let mut endpoint_config = quinn::EndpointConfig::default();
     endpoint_config

@@ -101,6 +101,8 @@ pub fn metrics_handle() -> PrometheusHandle {
                 .spawn(move || loop {
                     std::thread::sleep(METRICS_UPKEEP);
                     upkeep.run_upkeep();
+                    // Rendering is what drops the ended jobs' series.
+                    let _ = job_series(None).render();
                 });
             if let Err(e) = started {
                 tracing::warn!("no metrics upkeep thread ({e}): histograms grow until scraped");
@@ -110,6 +112,59 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
+/// How long a job's series stay on `/metrics` after its last update, unless the daemon says
+/// otherwise ([`job_series`]).
+pub const JOB_SERIES_TTL: Duration = Duration::from_secs(300);
+
+/// The series a daemon keeps per training job (`{job="..."}`): a registry of their own, so
+/// they, and only they, expire once their job has ended. A running job's shell refreshes its
+/// series at every heartbeat ([`JobSeries::counter`], [`JobSeries::gauge`] again), so only a
+/// job gone for the TTL leaves `/metrics`, and a worker that served 2,000 short jobs shows
+/// what it showed before them. `/metrics` renders them after the process's recorder.
+pub struct JobSeries {
+    recorder: metrics_exporter_prometheus::PrometheusRecorder,
+    handle: PrometheusHandle,
+}
+
+impl JobSeries {
+    /// The counter `name{job="<job>"}` (made when missing, or again after it expired).
+    pub fn counter(&self, name: &'static str, job: &str) -> metrics::Counter {
+        metrics::with_local_recorder(
+            &self.recorder,
+            || metrics::counter!(name, "job" => job.to_string()),
+        )
+    }
+
+    /// The gauge `name{job="<job>"}` (made when missing, or again after it expired).
+    pub fn gauge(&self, name: &'static str, job: &str) -> metrics::Gauge {
+        metrics::with_local_recorder(
+            &self.recorder,
+            || metrics::gauge!(name, "job" => job.to_string()),
+        )
+    }
+
+    /// The series in Prometheus text; expired ones are dropped as this renders.
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+}
+
+/// The process's per-job series, made on first use with series that expire `ttl` after
+/// their last update (`None`: [`JOB_SERIES_TTL`]); later calls get the same, whatever `ttl`
+/// they give. The upkeep thread renders them every [`METRICS_UPKEEP`], so expired series
+/// are dropped even where nobody scrapes.
+pub fn job_series(ttl: Option<Duration>) -> &'static JobSeries {
+    static SERIES: OnceLock<JobSeries> = OnceLock::new();
+    SERIES.get_or_init(|| {
+        let all = metrics_util::MetricKindMask::ALL;
+        let recorder = PrometheusBuilder::new()
+            .idle_timeout(all, Some(ttl.unwrap_or(JOB_SERIES_TTL)))
+            .build_recorder();
+        let handle = recorder.handle();
+        JobSeries { recorder, handle }
+    })
+}
+
 /// The answer to an admin request: `/metrics`, `/healthz` (by `draining`), or 404.
 pub fn admin_response(
     path: &str,
@@ -117,7 +172,10 @@ pub fn admin_response(
     draining: bool,
 ) -> (StatusCode, String) {
     match path {
-        "/metrics" => (StatusCode::OK, metrics.render()),
+        "/metrics" => (
+            StatusCode::OK,
+            metrics.render() + &job_series(None).render(),
+        ),
         "/healthz" if draining => (
             StatusCode::SERVICE_UNAVAILABLE,
             "{\"status\":\"draining\"}\n".into(),

@@ -125,6 +125,17 @@ impl Rules {
     }
 }
 
+/// What one job asks of a worker ([`Worker::demand`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Demand {
+    /// Its units holding a decode slot.
+    pub running: usize,
+    /// Its units waiting for a slot (the worker is the bottleneck).
+    pub waiting: usize,
+    /// Its units waiting for a credit (its consumer is).
+    pub starved: usize,
+}
+
 /// How a connection's samples reach its client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transport {
@@ -314,6 +325,30 @@ impl<L: Clone> Worker<L> {
     /// The unit slots, and the units waiting for one over every job (what a pool scales on).
     pub fn slots(&self) -> (usize, usize) {
         (self.slots, self.fair.waiting())
+    }
+
+    /// What job `name` asks of this worker now: its units holding a slot, waiting for one,
+    /// and waiting for a credit from their client (over every connection). A job with none
+    /// waiting for a slot takes less than its weight's share because it asks for less (its
+    /// client reads slowly, or assigns few units), not because its weight is not honoured.
+    pub fn demand(&self, name: &str) -> Demand {
+        let (running, waiting) = self
+            .fair
+            .jobs()
+            .find(|(n, ..)| *n == name)
+            .map_or((0, 0), |(_, _, r, w)| (r, w));
+        let starved = self
+            .sessions
+            .values()
+            .flat_map(|s| s.jobs.values())
+            .filter(|j| &*j.name == name)
+            .map(|j| j.starved.len())
+            .sum();
+        Demand {
+            running,
+            waiting,
+            starved,
+        }
     }
 
     /// The jobs waiting for a slot, by name, with their weights.

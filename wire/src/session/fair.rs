@@ -152,6 +152,14 @@ impl<W> FairQueue<W> {
         self.jobs.get(name).map_or(0, |t| t.waiting.len())
     }
 
+    /// Every job it knows of: its name, weight, slots its units hold and units waiting for
+    /// one (what a job asks of the worker beside what it gets).
+    pub fn jobs(&self) -> impl Iterator<Item = (&str, u32, usize, usize)> + '_ {
+        self.jobs
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.weight, t.running, t.waiting.len()))
+    }
+
     /// The jobs with waiters queued, with their weights.
     pub fn backlogged(&self) -> impl Iterator<Item = (&str, u32)> + '_ {
         self.jobs
