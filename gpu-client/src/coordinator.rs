@@ -278,6 +278,12 @@ impl Coordinator {
             Err(ClientError::ConsumerGone) => {
                 tracing::debug!(epoch = self.epoch, "the consumer left the epoch early");
             }
+            // An epoch cancelled (a loop's `break`, a dropped loader) takes its links with it:
+            // what that looks like from here (links ended, a send to a closed channel) is no
+            // error.
+            Err(e) if cancel.is_cancelled() || out.is_closed() => {
+                tracing::debug!(epoch = self.epoch, "the epoch ended early ({e})");
+            }
             Err(e) => {
                 self.counters.failed.store(true, Ordering::Relaxed);
                 tracing::error!(epoch = self.epoch, "{e}");

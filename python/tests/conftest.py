@@ -6,6 +6,7 @@ import os
 import pathlib
 import re
 import subprocess
+import threading
 import time
 
 import pytest
@@ -54,13 +55,18 @@ class Worker:
                 break
         assert self.addr, "sluice cpu did not log its address"
         self.cert = str(state / "cert.pem")
+        # Its log is read as it comes: a full pipe would stop the worker at its next line.
+        self.lines = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stderr),
+                                       daemon=True)
+        self.reader.start()
 
     def stop(self):
         """Stops the worker; returns what it logged after its address."""
         self.proc.kill()
-        rest = self.proc.stderr.read()
         self.proc.wait()
-        return rest
+        self.reader.join(timeout=10)
+        return "".join(self.lines)
 
 
 @contextlib.contextmanager

@@ -777,3 +777,26 @@ def test_an_empty_sluice_token_is_refused_by_name(dataset, monkeypatch, tmp_path
     with pytest.raises(ValueError, match="SLUICE_TOKEN is empty"):
         sluice.Loader(dataset=dataset, pipeline=PIPELINE, workers=["127.0.0.1:1"],
                       trust_cert=str(cert))
+
+
+def test_breaks_and_dropped_loaders_log_no_error(dataset, worker, caplog):
+    """Leaving an epoch early (``break``) or dropping a loader mid-epoch is a user's normal
+    move: the links it takes down are no error, so nothing is logged at ERROR."""
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="sluice")
+    loader = sluice.Loader(dataset=dataset, workers=[worker.addr], batch_size=8,
+                           pipeline=PIPELINE, token_file=worker.token_file,
+                           trust_cert=worker.cert)
+    for epoch in range(100):
+        for i, _ in enumerate(loader.epoch(epoch)):
+            if i == epoch % 3:
+                break
+    for job in range(50):
+        dropped = sluice.Loader(dataset=dataset, workers=[worker.addr], batch_size=8,
+                                pipeline=PIPELINE, token_file=worker.token_file,
+                                trust_cert=worker.cert, job_name=f"dropped-{job}")
+        next(iter(dropped))
+        del dropped
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], errors
