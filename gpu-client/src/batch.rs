@@ -682,7 +682,7 @@ mod tests {
         assert!(!f.is_full());
         f.skip(id(3), "truncated".into(), 0);
         assert!(f.is_full());
-        let b = f.finish(ShortBatch::TopUp);
+        let b = f.finish(ShortBatch::TopUp, &Arc::default());
         assert_eq!(b.images(), &[1, 2, 3, 4, 1, 2, 3, 4]);
         assert_eq!(b.labels(), &[7, -1, 7, -1]);
         assert_eq!(b.padding(), &[false, false, true, true]);
@@ -702,7 +702,7 @@ mod tests {
         let mut f = Filling::new(buf, ring.clone(), shape(), (0, 1), 2, Arc::from([]));
         f.push(put([5, 6]), id(4), 1, SampleMeta::default());
         f.skip(id(5), "x".into(), 1);
-        let b = f.finish(ShortBatch::Deliver);
+        let b = f.finish(ShortBatch::Deliver, &Arc::default());
         assert_eq!((b.len(), b.images()), (1, &[5u8, 6][..]));
     }
 }
