@@ -16,33 +16,26 @@ use std::time::Duration;
 use support::path_str;
 use system::{dataset, start_worker, trust_file};
 
-fn loadgen(dir: &Path, manifest: &Path, pool: &[&str], dump: &Path, trust: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    c.args(["loadgen", "--dataset", path_str(manifest)])
-        .args(pool)
-        .args([
-            "--token-file",
-            path_str(&dir.join("token")),
-            "--trust-cert",
-            path_str(trust),
-            "--same-host",
-            "off",
-            "--pipeline",
-            "decode | resize 40 | center_crop 32",
-            "--batch-size",
-            "8",
-            "--step-ms",
-            "20",
-            "--seed",
-            "9",
-            "--epochs",
-            "8",
-            "--worker-wait",
-            "10",
-            "--dump-ids",
-            path_str(dump),
-        ])
-        .env("RUST_LOG", "warn");
+fn job(dir: &Path, manifest: &Path, pool: &[&str], dump: &Path, trust: &Path) -> Command {
+    let mut c = system::loadgen(manifest, pool, &dir.join("token"), trust);
+    c.args([
+        "--pipeline",
+        "decode | resize 40 | center_crop 32",
+        "--batch-size",
+        "8",
+    ])
+    .args([
+        "--step-ms",
+        "20",
+        "--seed",
+        "9",
+        "--epochs",
+        "8",
+        "--worker-wait",
+        "10",
+    ])
+    .args(["--dump-ids", path_str(dump)])
+    .env("RUST_LOG", "warn");
     c
 }
 
@@ -54,7 +47,7 @@ fn a_workers_file_that_goes_bad_for_moments_across_epochs_changes_nothing() {
     let trust = trust_file(dir.path(), &[&w]);
     let manifest = &data.manifest_path;
     let reference = dir.path().join("reference.txt");
-    let out = loadgen(
+    let out = job(
         dir.path(),
         manifest,
         &["--workers", "local"],
@@ -79,7 +72,7 @@ fn a_workers_file_that_goes_bad_for_moments_across_epochs_changes_nothing() {
         "--workers-refresh",
         "0.1",
     ];
-    let job = loadgen(dir.path(), manifest, &pool, &dump, &trust)
+    let job = job(dir.path(), manifest, &pool, &dump, &trust)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -151,7 +144,7 @@ fn a_job_that_never_had_a_list_fails_and_still_writes_its_table_and_dump() {
     std::fs::write(&file, "cpu-7 7100\n").unwrap();
     let dump = dir.path().join("dump.txt");
     let json = dir.path().join("report.json");
-    let out = loadgen(
+    let out = job(
         dir.path(),
         &data.manifest_path,
         &["--workers-file", path_str(&file)],

@@ -7,11 +7,10 @@ mod support;
 mod system;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use support::path_str;
-use system::{dataset, metrics_text, start_worker, trust_file, Worker};
+use system::{dataset, loadgen, metrics_text, start_worker, trust_file, Worker};
 
 const PIPELINE: &str = "decode | random_resized_crop 64 | hflip 0.5";
 
@@ -30,32 +29,18 @@ fn job(
     weight: u32,
     credits: u32,
 ) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let token = dir.join("token");
+    loadgen(data, &["--workers", &worker.addr], &token, trust)
         .args([
-            "loadgen",
-            "--dataset",
-            path_str(data),
-            "--workers",
-            &worker.addr,
-            "--token-file",
-            path_str(&dir.join("token")),
-            "--trust-cert",
-            path_str(trust),
-            "--same-host",
-            "off",
             "--pipeline",
             PIPELINE,
             "--batch-size",
             "8",
             "--epochs",
             "10000",
-            "--credits",
-            &credits.to_string(),
-            "--job-name",
-            name,
-            "--job-weight",
-            &weight.to_string(),
         ])
+        .args(["--credits", &credits.to_string(), "--job-name", name])
+        .args(["--job-weight", &weight.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

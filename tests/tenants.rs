@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::path_str;
-use system::{dataset, metrics_text, start_worker_with, trust_file, Worker, TOKEN};
+use system::{dataset, loadgen, metrics_text, start_worker_with, trust_file, Worker, TOKEN};
 
 const PIPELINE: &str = "decode | random_resized_crop 32";
 
@@ -44,34 +44,17 @@ fn job(
     (name, weight): (&str, u32),
     epochs: u32,
 ) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    let mut c = loadgen(data, &["--workers", &worker.addr], token_file, trust);
     c.args([
-        "loadgen",
-        "--dataset",
-        path_str(data),
-        "--workers",
-        &worker.addr,
-        "--token-file",
-        path_str(token_file),
-        "--trust-cert",
-        path_str(trust),
-        "--same-host",
-        "off",
         "--pipeline",
         PIPELINE,
         "--batch-size",
         "8",
-        "--epochs",
-        &epochs.to_string(),
         "--credits",
         "16",
-        "--worker-wait",
-        "5",
-        "--job-name",
-        name,
-        "--job-weight",
-        &weight.to_string(),
-    ]);
+    ])
+    .args(["--epochs", &epochs.to_string(), "--worker-wait", "5"])
+    .args(["--job-name", name, "--job-weight", &weight.to_string()]);
     c
 }
 

@@ -154,6 +154,18 @@ pub fn start_worker_with(dir: &Path, name: &str, extra: &[&str]) -> Worker {
     }
 }
 
+/// `sluice loadgen` on the dataset `manifest`, its workers given by `pool` (`--workers ADDR`,
+/// `--workers-file FILE`, ...), over QUIC with `token_file` and the certificates in `trust`:
+/// what every test's job shares. Add the pipeline, batch size, epochs and the rest.
+pub fn loadgen(manifest: &Path, pool: &[&str], token_file: &Path, trust: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    c.args(["loadgen", "--dataset", path_str(manifest)])
+        .args(pool)
+        .args(["--token-file", path_str(token_file)])
+        .args(["--trust-cert", path_str(trust), "--same-host", "off"]);
+    c
+}
+
 /// A PEM file pinning every given worker's certificate.
 /// Runs `sluice` with `args` and, once `victim` got its job and about `after` has passed,
 /// kills it (SIGKILL) mid-run; fails the test, with `name` and the stderr, unless the run
