@@ -11,7 +11,7 @@ use sluice_shard::{Checksum, Compression, ShardInfo};
 use sluice_wire::spec::{PipelineSpec, SpecError};
 use sluice_wire::{
     Assign, Finished, JobRunner, JobSpec, Output, Places, RunnerError, SampleHeader, SamplePayload,
-    SampleShape, SkippedSample, UnitRunner,
+    SampleShape, SkippedSample, Turn, UnitRunner,
 };
 
 use crate::engine::{BadSamplePolicy, Engine, EngineConfig, Outcome, PlaceTarget, SampleContext};
@@ -121,6 +121,15 @@ impl JobRunner for CpuJob {
         assign: &Assign,
         emit: &mut dyn FnMut(Output) -> bool,
     ) -> Result<Finished, RunnerError> {
+        self.run_paced(assign, emit, &Turn::default())
+    }
+
+    fn run_paced(
+        &self,
+        assign: &Assign,
+        emit: &mut dyn FnMut(Output) -> bool,
+        turn: &Turn,
+    ) -> Result<Finished, RunnerError> {
         let shard = &assign.shard;
         // A later attempt (a hedge beside a slow first one, or a retry) starts from another
         // replica, so a slow replica does not hold up every copy of the unit.
@@ -168,7 +177,7 @@ impl JobRunner for CpuJob {
         });
         let result = self
             .engine
-            .run_unit_to(samples, ctx, target, |outcome| {
+            .run_unit_to(samples, ctx, target, Some(turn), |outcome| {
                 let index = match &outcome {
                     Outcome::Done(p) => p.index,
                     Outcome::Skipped(e) => e.index,

@@ -38,7 +38,7 @@ pub use message::*;
 pub use payload::SamplePayload;
 pub use runner::{
     drive_unit, error_chain, Cause, Finished, JobRunner, Output, PlaceClaim, Places, RunnerError,
-    UnitEnd, UnitRunner,
+    Turn, UnitEnd, UnitRunner,
 };
 
 #[cfg(test)]

@@ -113,6 +113,42 @@ pub trait UnitRunner: Send + Sync {
     }
 }
 
+/// Whether a unit may feed its decoder now: its turn on the worker's decode slots. A runner
+/// that decodes ahead of what it sends (the CPU engine) hands samples to the shared decode
+/// pool only while the unit holds its slot ([`Turn::wait`]), so a unit waiting for a slot does
+/// not decode ahead and take the share of the jobs whose turn it is.
+/// [`crate::session::UnitThread`] keeps it: paused while the unit waits for a slot, going
+/// otherwise (a unit waiting for a credit may still fill its bounded queue).
+#[derive(Debug, Default)]
+pub struct Turn {
+    paused: std::sync::Mutex<bool>,
+    signal: std::sync::Condvar,
+}
+
+impl Turn {
+    pub fn pause(&self) {
+        *self.paused.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    }
+
+    pub fn resume(&self) {
+        *self.paused.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        self.signal.notify_all();
+    }
+
+    /// Blocks while the turn is paused, looking every `poll` at `cancelled` (true ends the
+    /// wait too: a runner that gave up must not wait for a turn nobody will give).
+    pub fn wait(&self, poll: std::time::Duration, cancelled: impl Fn() -> bool) {
+        let mut paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        while *paused && !cancelled() {
+            paused = self
+                .signal
+                .wait_timeout(paused, poll)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
 /// An open job.
 pub trait JobRunner: Send + Sync {
     /// The shape of every sample tensor.
@@ -124,6 +160,16 @@ pub trait JobRunner: Send + Sync {
         assign: &Assign,
         emit: &mut dyn FnMut(Output) -> bool,
     ) -> Result<Finished, RunnerError>;
+    /// [`JobRunner::run`], feeding its decoder only while `turn` says the unit holds its slot
+    /// (a runner that decodes nothing ahead of what it emits needs no more than `run`).
+    fn run_paced(
+        &self,
+        assign: &Assign,
+        emit: &mut dyn FnMut(Output) -> bool,
+        _turn: &Turn,
+    ) -> Result<Finished, RunnerError> {
+        self.run(assign, emit)
+    }
     /// Takes back a sample's payload once the transport has sent or copied it, for the
     /// runner to write a later sample into (the default drops it).
     fn recycle(&self, _payload: Vec<u8>) {}
@@ -147,6 +193,7 @@ pub enum UnitEnd {
 pub fn drive_unit(
     runner: &dyn JobRunner,
     assign: &Assign,
+    turn: &Turn,
     mut take_credit: impl FnMut() -> bool,
     mut forward: impl FnMut(Output) -> bool,
 ) -> UnitEnd {
@@ -156,7 +203,7 @@ pub fn drive_unit(
         }
         forward(output)
     };
-    match runner.run(assign, &mut emit) {
+    match runner.run_paced(assign, &mut emit, turn) {
         Ok(f) => UnitEnd::Done(crate::message::UnitDone {
             job: assign.job,
             unit: assign.unit,
@@ -281,6 +328,7 @@ mod tests {
         let end = drive_unit(
             &Counting,
             &assign(0, 5),
+            &Turn::default(),
             || {
                 credits += 1;
                 true
@@ -300,9 +348,10 @@ mod tests {
             (7, 3, 1, 4, 1)
         );
         // No credit: the unit stops and reports a failure.
-        let end = drive_unit(&Counting, &assign(0, 5), || false, |_| true);
+        let turn = Turn::default();
+        let end = drive_unit(&Counting, &assign(0, 5), &turn, || false, |_| true);
         assert!(matches!(end, UnitEnd::Failed(f) if f.error == "cancelled"));
-        let end = drive_unit(&Counting, &assign(98, 100), || true, |_| true);
+        let end = drive_unit(&Counting, &assign(98, 100), &turn, || true, |_| true);
         assert!(matches!(end, UnitEnd::Failed(f) if f.error.contains("cursed")));
     }
 }

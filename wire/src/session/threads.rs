@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::{Gate, UnitId, Waiting, Wake, Worker};
 use crate::message::{Assign, Message, UnitFailed};
-use crate::runner::{drive_unit, Output, UnitEnd};
+use crate::runner::{drive_unit, Output, Turn, UnitEnd};
 
 /// Where a unit's thread waits for its [`Wake::Resume`] or [`Wake::Stop`]. A wake that comes
 /// before the wait is kept, so none is lost; a spurious one only makes the unit ask again.
@@ -83,6 +83,9 @@ impl<L: Clone> UnitThread<'_, L> {
             runner,
             assign,
         } = self;
+        // The unit's turn on the decode slots, for a runner that decodes ahead: paused while
+        // it waits for a slot.
+        let turn = Turn::default();
         let take_credit = || loop {
             let (gate, wakes) = {
                 let mut w = lock(worker);
@@ -90,9 +93,18 @@ impl<L: Clone> UnitThread<'_, L> {
             };
             wake(wakes);
             match gate {
-                Gate::Go => return true,
-                Gate::Stop => return false,
+                Gate::Go => {
+                    turn.resume();
+                    return true;
+                }
+                Gate::Stop => {
+                    turn.resume();
+                    return false;
+                }
                 Gate::Wait(why) => {
+                    if why == Waiting::Slot {
+                        turn.pause();
+                    }
                     let since = Instant::now();
                     parker.park();
                     waited(why, since.elapsed());
@@ -101,7 +113,9 @@ impl<L: Clone> UnitThread<'_, L> {
         };
         // A runner that panics fails its unit, not the worker: the slot it holds goes back and
         // the client moves the unit elsewhere.
-        let run = std::panic::AssertUnwindSafe(|| drive_unit(runner, assign, take_credit, forward));
+        let run = std::panic::AssertUnwindSafe(|| {
+            drive_unit(runner, assign, &turn, take_credit, forward)
+        });
         let end = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
             let why = panic
                 .downcast_ref::<&str>()
