@@ -190,9 +190,10 @@ pub struct LoaderConfig {
     pub same_host: SameHost,
     /// Where same-host workers' sockets are (`cpu-<port>.sock`).
     pub same_host_dir: PathBuf,
-    /// The user same-host workers run as; unset: this process's own. A socket owned by, or
-    /// served by a process of, any other user but root is refused before anything is sent
-    /// (QUIC takes over unless same-host is required).
+    /// The user same-host workers run as; unset: this process's own, or the owner of a
+    /// socket directory only its owner can write. A socket owned by, or served by a process
+    /// of, any other user but root is refused before anything is sent (QUIC takes over
+    /// unless same-host is required).
     pub same_host_uid: Option<u32>,
     /// Start epoch `e + 1` while epoch `e` drains (see [`crate::LoaderBuilder`]).
     pub prefetch_next_epoch: bool,

@@ -85,21 +85,18 @@ pub(crate) fn socket_for(dir: &Path, addr: SocketAddr) -> Result<PathBuf, String
 /// `socket`) is the worker this client means to trust with its token and memory: its socket
 /// file is a socket, not a link, owned by a trusted user, in a directory others cannot
 /// replace it in, and the kernel says (`SO_PEERCRED`) the listening process runs as a trusted
-/// user. Trusted: `worker_uid` (the loader's `same_host_uid`), else this process's own user;
-/// and root, which could read this process's memory anyway. Else why not, naming the file and
-/// the users, for a log line.
+/// user. Trusted: `worker_uid` (the loader's `same_host_uid`) when given; else this process's
+/// own user, and the owner of a directory only its owner can write (`/run/sluice`, 0755, the
+/// worker's: nobody else could have put a socket there); and root, which could read this
+/// process's memory anyway. Else why not, naming the file and the users, for a log line.
 pub(crate) fn check_worker(
     socket: &Path,
     stream: &tokio::net::UnixStream,
     worker_uid: Option<u32>,
 ) -> Result<(), String> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let expected = worker_uid.unwrap_or_else(|| sluice_wire::shm::current_user().0);
-    let trusted = |uid: u32| uid == expected || uid == 0;
-    let expect = match expected {
-        0 => "root".to_string(),
-        uid => format!("uid {uid} (same_host_uid) or root"),
-    };
+    let own = sluice_wire::shm::current_user().0;
+    let mut owner_of_private_dir = None;
     if let Some(dir) = socket.parent() {
         let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let (mode, sticky) = (meta.mode(), meta.mode() & 0o1000 != 0);
@@ -111,21 +108,35 @@ pub(crate) fn check_worker(
                 mode & 0o7777
             ));
         }
+        if mode & 0o022 == 0 {
+            owner_of_private_dir = Some(meta.uid());
+        }
     }
+    let trusted = |uid: u32| match worker_uid {
+        Some(expected) => uid == expected || uid == 0,
+        None => uid == own || uid == 0 || Some(uid) == owner_of_private_dir,
+    };
+    let expect = match worker_uid {
+        Some(uid) => format!("uid {uid} (same_host_uid) or root"),
+        None => format!(
+            "uid {own} (this process's), the directory's owner, or root; same_host_uid names \
+             another"
+        ),
+    };
     let meta = std::fs::symlink_metadata(socket).map_err(|e| e.to_string())?;
     if !meta.file_type().is_socket() {
         return Err("it is not a socket (a link or a file put in its place)".into());
     }
     if !trusted(meta.uid()) {
         return Err(format!(
-            "the socket file is owned by uid {}, not the worker's {expect}",
+            "the socket file is owned by uid {}, not {expect}",
             meta.uid()
         ));
     }
     let peer = sluice_wire::shm::peer(stream).map_err(|e| e.to_string())?;
     if !trusted(peer.uid) {
         return Err(format!(
-            "the process listening (pid {}) runs as uid {}, not the worker's {expect}",
+            "the process listening (pid {}) runs as uid {}, not {expect}",
             peer.pid, peer.uid
         ));
     }

@@ -160,9 +160,10 @@ class Loader:
         same_host_dir: the folder a same-host worker's ``--same-host-dir`` names
             (default ``$SLUICE_SAME_HOST_DIR``, else ``/run/sluice``, the systemd
             unit's runtime directory).
-        same_host_uid: the user id same-host workers run as (default: this process's
-            own). A socket owned by, or served by a process of, any other user but root is
-            refused before the token or any memory is sent, and QUIC is used instead.
+        same_host_uid: the user id same-host workers run as (default: this process's own,
+            or the owner of a socket folder only its owner can write, as the systemd unit's
+            ``/run/sluice``). A socket owned by, or served by a process of, any other user but
+            root is refused before the token or any memory is sent, and QUIC is used instead.
         connections_per_worker: QUIC connections to each worker (1 to 16).
         io_threads: threads that receive samples and fill batches (1 to 16; default 2).
             One costs about 10% less CPU per sample and carries about 6,000 samples/s
