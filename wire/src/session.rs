@@ -36,7 +36,7 @@ use crate::message::{Assign, ErrorCode, JobSpec, Message, SampleShape, UnitFaile
 use crate::runner::UnitEnd;
 
 /// Who a worker admits, and as whom.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub enum Admission {
     /// Anyone (`no_auth`, loopback only; the in-process worker).
     #[default]
@@ -48,6 +48,17 @@ pub enum Admission {
     Tenants(Vec<Arc<Tenant>>),
 }
 
+/// Never a token, wherever the rules are printed.
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Admission::Open => f.write_str("Open"),
+            Admission::Token(_) => f.write_str("Token(..)"),
+            Admission::Tenants(t) => f.debug_tuple("Tenants").field(t).finish(),
+        }
+    }
+}
+
 impl From<Option<String>> for Admission {
     fn from(token: Option<String>) -> Self {
         token.map_or(Admission::Open, Admission::Token)
@@ -55,7 +66,7 @@ impl From<Option<String>> for Admission {
 }
 
 /// A team sharing a worker: its token decides who it is, and its limits what its jobs get.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Tenant {
     /// Prefixes its jobs' names (`<name>/<job name>`); 1 to 63 of `a-z 0-9 . _ -`.
     pub name: String,
@@ -64,6 +75,17 @@ pub struct Tenant {
     pub max_weight: u32,
     /// The most unspent credits one of its jobs may hold (and no more than the worker's cap).
     pub max_credits: u32,
+}
+
+/// Never the token, wherever a tenant is printed.
+impl std::fmt::Debug for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tenant")
+            .field("name", &self.name)
+            .field("max_weight", &self.max_weight)
+            .field("max_credits", &self.max_credits)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Tenant {
