@@ -123,19 +123,20 @@ pub fn bind(config: &SameHost, port: u16) -> Result<Listener, SameHostError> {
 /// by others and not sticky; warned about when it is writable by everyone but sticky (a
 /// client checks the socket's owner then, `sluice_client`'s same-host peer check).
 fn check_dir(dir: &Path) -> std::io::Result<Result<(), SameHostError>> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(dir)?;
-    let mode = meta.mode() & 0o7777;
-    if mode & 0o022 != 0 && mode & 0o1000 == 0 {
-        return Ok(Err(SameHostError::UnsafeDir {
-            dir: dir.display().to_string(),
-            mode,
-        }));
-    }
-    if mode & 0o002 != 0 {
-        tracing::warn!(dir = %dir.display(), mode = format!("{mode:o}"),
-            "the same-host directory is writable by every user (sticky, so the socket cannot \
-             be replaced, but a dedicated 0755 directory such as /run/sluice is safer)");
+    match shm::socket_dir(dir)? {
+        shm::SocketDir::Unsafe { mode } => {
+            return Ok(Err(SameHostError::UnsafeDir {
+                dir: dir.display().to_string(),
+                mode,
+            }))
+        }
+        shm::SocketDir::Sticky { mode } if mode & 0o002 != 0 => {
+            tracing::warn!(dir = %dir.display(), mode = format!("{mode:o}"),
+                "the same-host directory is writable by every user (sticky, so the socket \
+                 cannot be replaced, but a dedicated 0755 directory such as /run/sluice is \
+                 safer)");
+        }
+        _ => {}
     }
     Ok(Ok(()))
 }

@@ -94,22 +94,21 @@ pub(crate) fn check_worker(
     stream: &tokio::net::UnixStream,
     worker_uid: Option<u32>,
 ) -> Result<(), String> {
+    use sluice_wire::shm::{socket_dir, SocketDir};
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let own = sluice_wire::shm::current_user().0;
     let mut owner_of_private_dir = None;
     if let Some(dir) = socket.parent() {
-        let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let (mode, sticky) = (meta.mode(), meta.mode() & 0o1000 != 0);
-        if mode & 0o022 != 0 && !sticky {
-            return Err(format!(
-                "the directory {} is writable by other users (mode {:o}) and not sticky, so \
-                 anyone could put a socket there: make it 0755, or 1777",
-                dir.display(),
-                mode & 0o7777
-            ));
-        }
-        if mode & 0o022 == 0 {
-            owner_of_private_dir = Some(meta.uid());
+        match socket_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+            SocketDir::Unsafe { mode } => {
+                return Err(format!(
+                    "the directory {} is writable by other users (mode {mode:o}) and not \
+                     sticky, so anyone could put a socket there: make it 0755, or 1777",
+                    dir.display(),
+                ))
+            }
+            SocketDir::Private { owner } => owner_of_private_dir = Some(owner),
+            SocketDir::Sticky { .. } => {}
         }
     }
     let trusted = |uid: u32| match worker_uid {

@@ -433,6 +433,30 @@ impl ProcessWatch {
     }
 }
 
+/// Who could put a socket in a same-host directory: what the worker checks before it binds
+/// there and the client before it trusts what it finds there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SocketDir {
+    /// Only its owner (and root) can write it: nobody else could have put a socket there.
+    Private { owner: u32 },
+    /// Others can make files in it, but it is sticky: none can replace another's.
+    Sticky { mode: u32 },
+    /// Others can write it and it is not sticky: anyone could replace a socket there.
+    Unsafe { mode: u32 },
+}
+
+/// What [`SocketDir`] `dir` is (its permission bits and owner, following links).
+pub fn socket_dir(dir: &Path) -> std::io::Result<SocketDir> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dir)?;
+    let mode = meta.mode() & 0o7777;
+    Ok(match (mode & 0o022 != 0, mode & 0o1000 != 0) {
+        (false, _) => SocketDir::Private { owner: meta.uid() },
+        (true, true) => SocketDir::Sticky { mode },
+        (true, false) => SocketDir::Unsafe { mode },
+    })
+}
+
 /// This process's effective user and group.
 pub fn current_user() -> (u32, u32) {
     (
