@@ -124,7 +124,7 @@ impl LastGood {
     /// The names `source` gives now (and `true`); when it cannot be read, or names no
     /// worker, the ones it gave last (said once, and `false`). An error only when it never
     /// gave any.
-    pub(crate) fn names(&self, source: &Source) -> Result<(Vec<String>, bool), ClientError> {
+    fn names(&self, source: &Source) -> Result<(Vec<String>, bool), ClientError> {
         let now = source.names();
         let last = self.lock().names.clone();
         match (now, last) {
@@ -142,9 +142,32 @@ impl LastGood {
         }
     }
 
-    /// The workers the source gave last.
-    pub(crate) fn members(&self) -> Vec<Member> {
-        self.lock().members.clone()
+    /// The pool an epoch starts on: the names `source` gives now (else the ones it gave
+    /// last), each resolved. A name that does not resolve keeps the workers it gave last (a
+    /// blip, said once); one that never resolved is left out, with a warning, until it does.
+    /// `keep`: whether names may fail to resolve at all (a pool that changes); a fixed list
+    /// must resolve now.
+    pub(crate) fn start(&self, source: &Source, keep: bool) -> Result<Vec<Member>, ClientError> {
+        let (names, fresh) = self.names(source)?;
+        let before = self.lock().members.clone();
+        let (members, unresolved) = pool(&names, &before, keep)?;
+        let mut kept = false;
+        for e in &unresolved {
+            let blip = matches!(e, ClientError::Resolve { worker, .. }
+                if before.iter().any(|m| &m.name == worker));
+            match blip {
+                true => self.failed(&e.to_string()),
+                false => tracing::warn!(
+                    "{e}: the epoch starts without it, and takes it when it resolves"
+                ),
+            }
+            kept |= blip;
+        }
+        if fresh && !kept {
+            self.cleared();
+        }
+        self.good(&names, &members);
+        Ok(members)
     }
 
     /// The source gave `names`, which are the workers `members`.

@@ -30,13 +30,13 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-
-use super::cache_dir::CacheDir;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use sluice_shard::ShardInfo;
+
+use super::cache_dir::CacheDir;
 
 /// Ranges up to this size are read into memory when a unit opens (a failing disk then shows
 /// before any sample is parsed); longer ones are streamed from the file.
@@ -171,7 +171,7 @@ impl ShardCache {
             .map(|e: &Entry| e.last_used)
             .max()
             .unwrap_or(0);
-        let shown = dir.path("");
+        let shown = dir.root().to_path_buf();
         let cache = ShardCache(Arc::new(Inner {
             dir,
             capacity,

@@ -74,6 +74,11 @@ impl CacheDir {
         })
     }
 
+    /// The directory itself, for logs.
+    pub(super) fn root(&self) -> &Path {
+        &self.path
+    }
+
     pub(super) fn path(&self, name: &str) -> PathBuf {
         self.path.join(name)
     }

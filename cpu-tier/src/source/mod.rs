@@ -354,13 +354,12 @@ impl ShardSource {
                     checksum: Some(loc.info.checksum),
                     cached: self.config.verify,
                 };
-                let body = match self.fetch(loc, Some((offset, len)), expect) {
+                let (body, cached) = match self.fetch(loc, Some((offset, len)), expect) {
                     Err(SourceError::Changed { detail, .. }) => {
                         return Ok((changed(loc, detail), false))
                     }
                     other => other?,
                 };
-                let (body, cached) = body;
                 from_cache = cached;
                 let checks = &index.entries[start as usize..end as usize];
                 let body: Box<dyn Read + Send> = if self.config.verify {
@@ -395,13 +394,12 @@ impl ShardSource {
                     checksum: Some(loc.info.checksum),
                     cached: index.is_some() && self.config.verify,
                 };
-                let body = match self.fetch(loc, None, expect) {
+                let (body, cached) = match self.fetch(loc, None, expect) {
                     Err(SourceError::Changed { detail, .. }) => {
                         return Ok((changed(loc, detail), false))
                     }
                     other => other?,
                 };
-                let (body, cached) = body;
                 from_cache = cached;
                 let verify = self.config.verify;
                 let body: Box<dyn Read + Send> = if verify {

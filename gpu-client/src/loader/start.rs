@@ -350,27 +350,8 @@ impl Loader {
         let changes = source.changes();
         // A fixed list must resolve now; a pool that changes starts with what it has (none
         // at all: the epoch waits `worker_wait` for one to join).
-        // A source that cannot be read now starts the epoch on the list it gave last, and a
-        // name that does not resolve keeps the workers it gave last (`LastGood`).
-        let (names, fresh) = self.last_pool.names(&source)?;
-        let before = self.last_pool.members();
-        let (members, unresolved) = membership::pool(&names, &before, changes)?;
-        let mut kept = false;
-        for e in &unresolved {
-            let blip = matches!(e, ClientError::Resolve { worker, .. }
-                if before.iter().any(|m| &m.name == worker));
-            match blip {
-                true => self.last_pool.failed(&e.to_string()),
-                false => tracing::warn!(
-                    "{e}: the epoch starts without it, and takes it when it resolves"
-                ),
-            }
-            kept |= blip;
-        }
-        if fresh && !kept {
-            self.last_pool.cleared();
-        }
-        self.last_pool.good(&names, &members);
+        // A source that cannot be read now starts the epoch on what it gave last.
+        let members = self.last_pool.start(&source, changes)?;
         let dialer = Dialer {
             config: self.config.clone(),
             quic: self.quic.clone(),
