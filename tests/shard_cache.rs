@@ -9,6 +9,7 @@ mod system;
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use support::{path_str, sluice_ok};
 use system::{dataset, start_worker_with, trust_file, Worker};
@@ -181,7 +182,7 @@ fn a_second_epoch_comes_from_the_workers_caches_in_the_same_order() {
         "a damaged cache changed what was delivered"
     );
     assert!(
-        a.log_contains("damaged") || b.log_contains("damaged"),
+        a.log_shows("damaged", Duration::from_secs(10)) || b.log_contains("damaged"),
         "neither worker noticed the damage"
     );
 }
@@ -232,7 +233,7 @@ fn a_cache_too_small_or_a_full_cache_disk_still_delivers_exactly_once() {
             );
         }
         assert!(
-            full.log_contains("cannot write"),
+            full.log_shows("cannot write", Duration::from_secs(10)),
             "the worker did not say its disk is full"
         );
     });
@@ -292,10 +293,7 @@ fn flipped_bytes_and_swapped_files_in_the_cache_cost_no_sample() {
         assert_eq!(got, reference, "run {run} after the cache rotted");
         assert_eq!(skipped(&report), None, "run {run}: {report}");
     }
-    assert!(w.log_shows(
-        "the cached copy is damaged",
-        std::time::Duration::from_secs(5)
-    ));
+    assert!(w.log_shows("the cached copy is damaged", Duration::from_secs(5)));
     assert!(
         !w.log_contains("a replica's copy is good"),
         "the cache's damage was blamed on storage"
@@ -392,7 +390,7 @@ fn links_in_the_cache_dir_are_never_written_through() {
         "the worker removed links it did not make"
     );
     assert!(
-        w.log_contains("not a file this worker made"),
+        w.log_shows("not a file this worker made", Duration::from_secs(10)),
         "the links went unmentioned"
     );
     drop(w);
@@ -406,7 +404,7 @@ fn links_in_the_cache_dir_are_never_written_through() {
     for (bad, says) in [(&link, "symbolic link"), (&open, "other users can write")] {
         let w = cached_worker(dir.path(), "bad", bad, "1G");
         let trust = trust_file(dir.path(), &[&w]);
-        assert!(w.log_shows("shard cache off", std::time::Duration::from_secs(5)));
+        assert!(w.log_shows("shard cache off", Duration::from_secs(5)));
         assert!(w.log_contains(says), "{says}");
         let (got, _) = epoch(dir.path(), manifest, &w.addr, 1, &trust);
         assert_eq!(got, reference);

@@ -95,7 +95,7 @@ fn a_teams_token_decides_its_jobs_names_and_weights_and_no_team_is_refused() {
         "w",
         &["--no-same-host", "--tenants", path_str(&file)],
     );
-    assert!(worker.log_contains("tenants team-a, team-b"));
+    assert!(worker.log_shows("tenants team-a, team-b", Duration::from_secs(10)));
     let trust = trust_file(dir.path(), &[&worker]);
     let run = |team: &str, name: &str, weight: u32| {
         let token = dir.path().join(format!("team-{team}.token"));
