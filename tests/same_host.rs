@@ -68,6 +68,14 @@ fn counter(worker: &Worker, name: &str) -> f64 {
         .sum()
 }
 
+/// Whether `worker` holds units of a job (running or waiting for a slot): a kill or stop
+/// then lands on work the loader must move elsewhere.
+fn holds_units(worker: &Worker) -> bool {
+    counter(worker, "sluice_cpu_job_units_running")
+        + counter(worker, "sluice_cpu_job_units_waiting")
+        > 0.0
+}
+
 /// Each sample's tensor digest, for an epoch decoded in this process (the reference).
 type Id = (u32, u64);
 
@@ -150,7 +158,7 @@ fn samples_arrive_once_and_intact_through_shared_memory_even_when_a_worker_is_ki
     for epoch in 0..2u64 {
         let (expected, order) = reference(&data, epoch);
         let l = loader(&data, dir.path(), &[&a, &b], &trust);
-        let kill_at = (epoch == 1).then_some(l.batches_per_epoch() / 3);
+        let mut kill_at = (epoch == 1).then_some(l.batches_per_epoch() / 3);
         let mut got = Vec::new();
         let mut digests = HashMap::new();
         let mut stream = l.epoch(epoch).unwrap();
@@ -158,15 +166,18 @@ fn samples_arrive_once_and_intact_through_shared_memory_even_when_a_worker_is_ki
             let batch = batch.unwrap_or_else(|e| panic!("epoch {epoch}: {e}"));
             got.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
             digest_into(&batch, &mut digests);
-            if Some(n as u64) == kill_at {
+            // From a third of the epoch on, the first moment `a` holds units.
+            if kill_at.is_some_and(|k| n as u64 >= k) && holds_units(&a) {
                 a.kill9();
+                kill_at = None;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
         let report = stream.report();
         same_as_in_process(&data, epoch, (got, order), (&digests, &expected));
         eprintln!("epoch {epoch}: {report:?}");
-        if kill_at.is_some() {
+        if epoch == 1 {
+            assert!(kill_at.is_none(), "worker a never held units to kill");
             assert!(report.reassigned > 0, "the killed worker's units moved");
         }
     }
@@ -255,7 +266,7 @@ fn segments_are_kept_across_epochs_and_a_stalled_workers_never_handed_out() {
     let mut seen = std::collections::HashSet::new();
     for epoch in 0..epochs {
         let (expected, order) = reference(&data, epoch);
-        let stall_at = (epoch == 1).then_some(l.batches_per_epoch() / 3);
+        let mut stall_at = (epoch == 1).then_some(l.batches_per_epoch() / 3);
         if epoch == 2 {
             signal(a.child.id(), "-CONT");
         }
@@ -267,15 +278,17 @@ fn segments_are_kept_across_epochs_and_a_stalled_workers_never_handed_out() {
             digest_into(&batch, &mut digests);
             seen.extend(segment_maps(a.child.id()));
             seen.extend(segment_maps(b.child.id()));
-            if Some(n as u64) == stall_at {
+            if stall_at.is_some_and(|k| n as u64 >= k) && holds_units(&a) {
                 signal(a.child.id(), "-STOP");
+                stall_at = None;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
         let report = stream.report();
         eprintln!("epoch {epoch}: {report:?}");
         same_as_in_process(&data, epoch, (got, order), (&digests, &expected));
-        if stall_at.is_some() {
+        if epoch == 1 {
+            assert!(stall_at.is_none(), "worker a never held units to stop");
             assert!(report.reassigned > 0, "the stalled worker's units moved");
         }
     }
