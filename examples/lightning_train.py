@@ -10,6 +10,13 @@ built in the DataModule's train_dataloader(), takes rank and world size from
 torch.distributed. ModelCheckpoint stores rank 0's loader state, which resumes every rank at
 its own place. On the CPU (gloo) unless --accelerator gpu. --keys-out DIR writes the keys each
 rank trained on (what the tests check, exactly once).
+
+With --eval-dataset the same job validates in fit() and, with --after-fit, runs Lightning's
+other loops: `validate`, `test` and `predict`, each on a loader with shuffle="none" and
+remainder="pad" (every rank the same number of batches; a repeated sample is marked in
+batch["padding"] and left out of the metric). --epoch-checkpoints keeps Lightning's default
+checkpoint, saved at each epoch's end: resumed, the next epoch runs in the order an
+uninterrupted job would have.
 """
 
 import argparse
@@ -25,14 +32,31 @@ PIPELINE = "decode | random_resized_crop 64 | hflip 0.5"
 
 
 class Data(L.LightningDataModule):
-    def __init__(self, dataset, batch_size, pipeline, seed):
+    def __init__(self, dataset, batch_size, pipeline, seed, eval_dataset=None):
         super().__init__()
         self.args = dict(dataset=dataset, batch_size=batch_size, pipeline=pipeline, seed=seed)
+        self.eval_dataset = eval_dataset
 
     def train_dataloader(self):
         # After the process group: rank and world size come from torch.distributed.
         args = dict(self.args)
         return Loader(args.pop("dataset"), **args)
+
+    def _eval(self):
+        # The same samples every time, every rank the same number of batches: shuffle="none"
+        # reads each rank's share in manifest order, remainder="pad" repeats a sample where
+        # the ranks' shares differ, marked in batch["padding"].
+        return Loader(self.eval_dataset, batch_size=self.args["batch_size"],
+                      pipeline=self.args["pipeline"], shuffle="none", remainder="pad")
+
+    def val_dataloader(self):
+        return self._eval()
+
+    def test_dataloader(self):
+        return self._eval()
+
+    def predict_dataloader(self):
+        return self._eval()
 
 
 class Model(L.LightningModule):
@@ -41,13 +65,37 @@ class Model(L.LightningModule):
         self.net = torch.nn.Linear(3 * size * size, classes)
         self.stop_after = stop_after
         self.keys = []
+        # What each evaluation loop saw: [loop, epoch, keys, padding].
+        self.evaluated = []
+
+    def forward(self, batch):
+        return self.net(batch["image"].float().flatten(1) / 255)
 
     def training_step(self, batch, _):
         self.keys.append([self.trainer.current_epoch, list(batch["__key__"])])
         if self.stop_after and self.trainer.global_step + 1 >= self.stop_after:
             self.trainer.should_stop = True  # preempted
-        x = batch["image"].float().flatten(1) / 255
-        return torch.nn.functional.cross_entropy(self.net(x), batch["label"])
+        return torch.nn.functional.cross_entropy(self(batch), batch["label"])
+
+    def _evaluate(self, loop, batch):
+        if not self.trainer.sanity_checking:
+            self.evaluated.append([loop, self.trainer.current_epoch, list(batch["__key__"]),
+                                   batch["padding"].tolist()])
+        real = ~batch["padding"]  # a repeated sample counts once, on the rank that owns it
+        loss = torch.nn.functional.cross_entropy(self(batch)[real], batch["label"][real],
+                                                 reduction="sum")
+        self.log(f"{loop}_loss", loss / max(int(real.sum()), 1), sync_dist=True)
+
+    def validation_step(self, batch, _):
+        self._evaluate("validate", batch)
+
+    def test_step(self, batch, _):
+        self._evaluate("test", batch)
+
+    def predict_step(self, batch, _):
+        self.evaluated.append(["predict", self.trainer.current_epoch, list(batch["__key__"]),
+                               batch["padding"].tolist()])
+        return self(batch).argmax(1)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -67,7 +115,12 @@ def main():
     p.add_argument("--checkpoint-dir", default="lightning_ckpt")
     p.add_argument("--every-n-steps", type=int, default=0, help="checkpoint every N steps")
     p.add_argument("--stop-after", type=int, default=0, help="stop after N steps")
+    p.add_argument("--epoch-checkpoints", action="store_true",
+                   help="Lightning's default checkpoint at each epoch's end, every one kept")
     p.add_argument("--resume", help="a checkpoint to resume from")
+    p.add_argument("--eval-dataset", help="a manifest to validate, test and predict on")
+    p.add_argument("--after-fit", default="",
+                   help="loops to run after fit, comma-separated: validate,test,predict")
     p.add_argument("--keys-out", help="a folder for the keys each rank trained on")
     a = p.parse_args()
 
@@ -77,17 +130,26 @@ def main():
         callbacks.append(L.pytorch.callbacks.ModelCheckpoint(
             dirpath=a.checkpoint_dir, every_n_train_steps=a.every_n_steps, save_top_k=-1,
             filename="{step}"))
+    if a.epoch_checkpoints:
+        callbacks.append(L.pytorch.callbacks.ModelCheckpoint(
+            dirpath=a.checkpoint_dir, save_top_k=-1, filename="{epoch}"))
     trainer = L.Trainer(accelerator=a.accelerator, strategy="ddp", devices=a.devices,
                         max_epochs=a.epochs, callbacks=callbacks, logger=False,
+                        # Without evaluation data Lightning runs no validation loop.
+                        limit_val_batches=1.0 if a.eval_dataset else 0,
                         enable_checkpointing=bool(callbacks), enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=a.checkpoint_dir)
     model = Model(a.size, a.classes, a.stop_after)
-    trainer.fit(model, datamodule=Data(a.dataset, a.batch_size, pipeline, a.seed),
-                ckpt_path=a.resume)
+    data = Data(a.dataset, a.batch_size, pipeline, a.seed, a.eval_dataset)
+    trainer.fit(model, datamodule=data, ckpt_path=a.resume)
+    for loop in filter(None, a.after_fit.split(",")):
+        getattr(trainer, loop)(model, datamodule=data)
     if a.keys_out:
         os.makedirs(a.keys_out, exist_ok=True)
         with open(os.path.join(a.keys_out, f"rank{trainer.global_rank}.json"), "w") as f:
             json.dump(model.keys, f)
+        with open(os.path.join(a.keys_out, f"rank{trainer.global_rank}-eval.json"), "w") as f:
+            json.dump(model.evaluated, f)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 

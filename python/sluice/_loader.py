@@ -343,6 +343,13 @@ class Loader:
         """The epoch plain iteration (``for images, labels in loader``) reads next."""
         self._inner.set_epoch(epoch)
 
+    @property
+    def next_epoch(self) -> int:
+        """The epoch plain iteration reads next: ``set_epoch``'s, or after
+        ``load_state_dict`` the state's (the one after it for a state taken once its epoch
+        had handed out every batch)."""
+        return self._inner.next_epoch
+
     def __iter__(self) -> Iterator[Any]:
         return iter(self._inner)
 
@@ -358,7 +365,10 @@ class Loader:
     def load_state_dict(self, state: Union[Dict[str, Any], List[Dict[str, Any]]]) -> None:
         """Resumes a checkpoint; the next ``epoch(e)`` (or iteration) resumes it. A list of
         every rank's states taken at the same step also resumes at another world size (plan
-        order: one rank's state is enough). ``{}`` means the start of the epoch."""
+        order: one rank's state is enough). A state taken once its epoch had handed out every
+        batch resumes at the start of the next epoch (``next_epoch``). ``{}`` (the state
+        before the first batch) forgets whatever was loaded or read: every epoch from its
+        start. Until the next epoch starts, ``state_dict()`` gives the state loaded."""
         self._inner.load_state_dict(state)
 
     def stats(self) -> Dict[str, Any]:

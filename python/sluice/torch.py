@@ -220,6 +220,11 @@ class Loader(IterableDataset):
             machine's cores shared by the job's ranks on it.
     """
 
+    #: What frameworks read off a DataLoader (Lightning's every loop asks whether its loader
+    #: shuffles through these): the batches are made by the plan, not by a batch sampler, and
+    #: ``sampler`` only carries ``set_epoch``.
+    batch_sampler: None = None
+
     def __init__(
         self,
         dataset: Any,
@@ -379,9 +384,12 @@ class Loader(IterableDataset):
 
     def __iter__(self) -> Iterator[Union[Dict[str, Any], Tuple[Any, ...]]]:
         _refuse_dataloader_worker()
-        return self._batches(self._loader(), self._epoch)
+        return self._batches(self._loader())
 
-    def _batches(self, inner: _Loader, epoch: int) -> Iterator[Any]:
+    def _batches(self, inner: _Loader) -> Iterator[Any]:
+        # The epoch is the one set when the first batch is asked for, not at iter(): Lightning
+        # resuming a checkpoint calls iter() before it sets the epoch it resumes.
+        epoch = self._epoch
         mixed = bool(inner.sources)
         for images, labels in inner.epoch(epoch):
             yield self._batch(images, labels, mixed)
@@ -433,11 +441,15 @@ class Loader(IterableDataset):
             raise ValueError(f"load_state_dict: the states are of different epochs {epochs}")
         loader = self._loader()
         loader.load_state_dict(inner if len(inner) > 1 else inner[0])
-        taken = [s.get("epoch") for s in inner if s]
-        if taken:
-            self._epoch = int(taken[0])
-        elif epochs:
-            self._epoch = int(epochs.pop())
+        outer = int(epochs.pop()) if epochs else None
+        if any(inner):
+            # The state's epoch, or the next one for a state taken once its epoch had handed
+            # out every batch (Lightning's epoch-end checkpoints: it counts an epoch's batches
+            # and never asks for the one after the last), or a later one this loader had been
+            # set to (an epoch left early, then set_epoch).
+            self._epoch = max(loader.next_epoch, outer if outer is not None else 0)
+        elif outer is not None:
+            self._epoch = outer
         self._warn_if_counted_short(loader)
         dist = _distributed() if self._collective else None
         if dist is not None:

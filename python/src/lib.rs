@@ -335,10 +335,11 @@ impl Loader {
         } else {
             vec![state.clone()]
         };
-        // `{}` is what state_dict() gives before the first batch: the start of an epoch,
-        // nothing to restore.
+        // `{}` is what state_dict() gives before the first batch: the plan from its start,
+        // whatever was loaded or read since.
         let empty = |s: &Bound<'_, PyAny>| s.downcast::<PyDict>().is_ok_and(|d| d.is_empty());
         if states.iter().all(empty) {
+            self.inner.restart();
             return Ok(());
         }
         let mut checkpoints = Vec::with_capacity(states.len());
@@ -348,14 +349,20 @@ impl Loader {
                 sluice_client::Checkpoint::from_bytes(text.as_bytes()).map_err(client_error)?,
             );
         }
-        let epoch = checkpoints.first().map_or(0, |c| c.epoch);
-        guard("Loader.load_state_dict()", || {
+        let next = guard("Loader.load_state_dict()", || {
             self.inner
                 .load_state_dicts(&checkpoints)
                 .map_err(client_error)
         })?;
-        self.set_epoch(epoch);
+        self.set_epoch(next);
         Ok(())
+    }
+
+    /// The epoch plain iteration reads next: `set_epoch`'s, or after `load_state_dict` the
+    /// checkpoint's (the one after it for a state taken at an epoch's end).
+    #[getter]
+    fn next_epoch(&self) -> u64 {
+        self.epoch.lock().map(|e| *e).unwrap_or(0)
     }
 
     /// Live figures: batches, samples, samples_per_s, starved_fraction, the shard bytes the

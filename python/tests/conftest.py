@@ -35,6 +35,19 @@ def dataset(sluice_bin, tmp_path_factory):
     return str(manifest)
 
 
+@pytest.fixture(scope="session")
+def small(sluice_bin, tmp_path_factory):
+    """30 generated JPEGs in 2 classes, 10 per shard: a second, smaller source for mixtures."""
+    d = tmp_path_factory.mktemp("small")
+    subprocess.run([sluice_bin, "synth", "--output", str(d / "images"), "--classes", "2",
+                    "--per-class", "15", "--seed", "9"], check=True, capture_output=True)
+    manifest = d / "shards" / "manifest.json"
+    subprocess.run([sluice_bin, "shard", "--input", str(d / "images"), "--output",
+                    str(d / "shards" / "small-%06d.tar"), "--max-count", "10", "--manifest",
+                    str(manifest)], check=True, capture_output=True)
+    return str(manifest)
+
+
 class Worker:
     def __init__(self, sluice_bin, state, extra, same_host_dir=None):
         self.state = state

@@ -93,6 +93,30 @@ def lightning_job(tmp_path, name, devices, manifest, *args):
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(devices)]
 
 
+@pytest.fixture(scope="module")
+def evalset(sluice_bin, tmp_path_factory):
+    """85 generated JPEGs, 10 per shard: 2 ranks read 43 each, one of them a padded repeat."""
+    d = tmp_path_factory.mktemp("eval")
+    subprocess.run([sluice_bin, "synth", "--output", str(d / "images"), "--classes", "5",
+                    "--per-class", "17", "--seed", "5"], check=True, capture_output=True)
+    manifest = d / "shards" / "manifest.json"
+    subprocess.run([sluice_bin, "shard", "--input", str(d / "images"), "--output",
+                    str(d / "shards" / "e-%06d.tar"), "--max-count", "10", "--manifest",
+                    str(manifest)], check=True, capture_output=True)
+    return str(manifest)
+
+
+def evaluated(tmp_path, name, devices):
+    """What each evaluation loop of a lightning_job saw on every rank: {(loop, epoch): [(key,
+    padding)]}."""
+    seen = {}
+    for r in range(devices):
+        for loop, epoch, ks, padding in json.loads(
+                (tmp_path / name / f"rank{r}-eval.json").read_text()):
+            seen.setdefault((loop, epoch), []).extend(zip(ks, padding))
+    return seen
+
+
 def keys(steps):
     """The keys of these training steps: Lightning's are [epoch, keys], Accelerate's keys."""
     return [k for step in steps for k in (step[1] if isinstance(step[0], int) else step)]
@@ -120,6 +144,32 @@ def test_lightning_ddp_resumes_its_own_mid_epoch_checkpoint_on_every_rank(datase
     assert_exactly_once(before + [keys(r) for r in rest])
     for r in range(2):
         assert rest[r][:2] == stopped[r][3:5], f"rank {r} did not go on in its own order"
+
+
+def test_lightning_runs_every_loop_at_two_ranks_and_resumes_an_epoch_end_checkpoint(
+        dataset, evalset, tmp_path):
+    """examples/lightning_train.py with validation in fit(), then validate, test and predict,
+    all at 2 DDP ranks: every loop scores each sample of the 85 once (the 86th row is marked
+    padding). Lightning's default checkpoint at epoch 0's end, resumed with fit(ckpt_path=),
+    trains epoch 1 on every rank in the uninterrupted job's order."""
+    full = lightning_job(tmp_path, "full", 2, dataset, "--epochs", "2", "--classes", "5",
+                         "--eval-dataset", evalset, "--after-fit", "validate,test,predict", "--epoch-checkpoints")
+    seen = evaluated(tmp_path, "full", 2)
+    assert sorted(seen) == [("predict", 2), ("test", 2), ("validate", 0), ("validate", 1),
+                            ("validate", 2)], sorted(seen)
+    for loop, rows in seen.items():
+        real = [k for k, padded in rows if not padded]
+        assert len(real) == 85 and len(set(real)) == 85, f"{loop}: each sample once"
+        assert len(rows) == 86, f"{loop}: {len(rows)} rows, one padded repeat expected"
+    ckpt = tmp_path / "ckpt" / "epoch=0.ckpt"
+    assert ckpt.exists(), sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    resumed = lightning_job(tmp_path, "resumed", 2, dataset, "--epochs", "2", "--classes", "5",
+                            "--eval-dataset", evalset, "--resume", str(ckpt))
+    for r in range(2):
+        assert resumed[r] == [s for s in full[r] if s[0] == 1], \
+            f"rank {r}: the resumed epoch 1 is not the uninterrupted job's"
+    real = [k for k, padded in evaluated(tmp_path, "resumed", 2)[("validate", 1)] if not padded]
+    assert sorted(real) == sorted(set(real)) and len(real) == 85
 
 
 def test_lightning_default_launcher_needs_no_rank_arguments(dataset, tmp_path):

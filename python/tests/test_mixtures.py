@@ -2,26 +2,12 @@
 file, each sample's source in ``images.source``, and a checkpoint resumed with new weights."""
 
 import collections
-import subprocess
 
 import pytest
 
 import sluice
 
 PIPELINE = "decode | resize 32 | center_crop 32"
-
-
-@pytest.fixture(scope="module")
-def small(sluice_bin, tmp_path_factory):
-    """30 generated JPEGs in 2 classes, 10 per shard (the small source)."""
-    d = tmp_path_factory.mktemp("small")
-    subprocess.run([sluice_bin, "synth", "--output", str(d / "images"), "--classes", "2",
-                    "--per-class", "15", "--seed", "9"], check=True, capture_output=True)
-    manifest = d / "shards" / "manifest.json"
-    subprocess.run([sluice_bin, "shard", "--input", str(d / "images"), "--output",
-                    str(d / "shards" / "small-%06d.tar"), "--max-count", "10", "--manifest",
-                    str(manifest)], check=True, capture_output=True)
-    return str(manifest)
 
 
 def read(loader, epoch):

@@ -220,6 +220,7 @@ impl LoaderBuilder {
                 .as_ref()
                 .map(|m| shard_bounds(&m.mixture.shards))
                 .unwrap_or_else(|| Arc::from([])),
+            initial_planner: Arc::new(planner.clone()),
             planner: Mutex::new(Arc::new(planner)),
             batch_plan,
             workers,
@@ -229,6 +230,7 @@ impl LoaderBuilder {
             allocator,
             progress: Arc::new(Mutex::new(None)),
             resume: Mutex::new(None),
+            loaded: Mutex::new(None),
             next: Mutex::new(None),
             last_epoch: Mutex::new(None),
             passes: AtomicU64::new(0),

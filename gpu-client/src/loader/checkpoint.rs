@@ -227,8 +227,14 @@ fn agreeing_ranks(checkpoints: &[Checkpoint]) -> Result<Vec<u32>, ClientError> {
 
 impl Loader {
     /// The state of the current epoch: restoring it with [`Loader::load_state_dict`] (in a
-    /// new process too) and calling `epoch` with the same number delivers exactly the rest.
+    /// new process too) and reading the epoch it names delivers exactly the rest; a state
+    /// taken once the epoch's last batch was handed out resumes at the next epoch's start.
+    /// Between a load and the next epoch's start it is the checkpoint loaded (`None` after
+    /// [`Loader::restart`], and before the first epoch).
     pub fn state_dict(&self) -> Option<Checkpoint> {
+        if let Some(loaded) = self.loaded.lock().ok()?.clone() {
+            return Some(loaded);
+        }
         let progress = self.progress.lock().ok()?;
         let p = progress.as_ref()?;
         let c = &self.config;
@@ -304,10 +310,32 @@ impl Loader {
         Ok(planner)
     }
 
-    /// Restores a checkpoint; the next `epoch(checkpoint.epoch)` resumes it. Errors say what
-    /// does not match this loader.
-    pub fn load_state_dict(&self, checkpoint: Checkpoint) -> Result<(), ClientError> {
+    /// Restores a checkpoint and returns the epoch to read next: the checkpoint's, whose rest
+    /// the next `epoch()` of it delivers, or the one after it when the checkpoint's epoch had
+    /// handed out every batch (a state saved at an epoch's end, as Lightning's default
+    /// `ModelCheckpoint` saves it), which then starts from its beginning. Errors say what does
+    /// not match this loader.
+    pub fn load_state_dict(&self, checkpoint: Checkpoint) -> Result<u64, ClientError> {
         self.load_state_dicts(std::slice::from_ref(&checkpoint))
+    }
+
+    /// Forgets any loaded checkpoint and what was read: the plan as built, every epoch from
+    /// its start (what loading the state taken before the first batch means). An epoch
+    /// started early is dropped.
+    pub fn restart(&self) {
+        if let Ok(mut r) = self.resume.lock() {
+            r.take();
+        }
+        if let Ok(mut l) = self.loaded.lock() {
+            l.take();
+        }
+        if let Ok(mut n) = self.next.lock() {
+            n.take();
+        }
+        if let Ok(mut p) = self.progress.lock() {
+            p.take();
+        }
+        *self.planner_mut() = self.initial_planner.clone();
     }
 
     /// Restores the checkpoints of a job's ranks, taken at the same step; the next
@@ -321,8 +349,9 @@ impl Loader {
     /// an old rank's delivered samples are its sequence's first `batches × batch_size`. The
     /// checkpoints given must agree on dataset, seed, world_size, shuffle, order, batch_size,
     /// plan settings, epoch, earlier segments and `batches` (the global step: DDP ranks stop
-    /// together); each error names the field.
-    pub fn load_state_dicts(&self, checkpoints: &[Checkpoint]) -> Result<(), ClientError> {
+    /// together); each error names the field. Returns the epoch to read next (see
+    /// [`Loader::load_state_dict`]).
+    pub fn load_state_dicts(&self, checkpoints: &[Checkpoint]) -> Result<u64, ClientError> {
         let ranks = agreeing_ranks(checkpoints)?;
         let first = &checkpoints[0];
         self.check_taken_here(first)?;
@@ -334,9 +363,14 @@ impl Loader {
             (Some(a), Some(b)) => a.weights == b.weights,
             _ => true,
         };
-        let checked = self.check_and_place(first, checkpoints, &ranks, same_weights);
-        let pending = match checked {
-            Ok(p) => p,
+        let checked = self
+            .check_and_place(first, checkpoints, &ranks, same_weights)
+            .and_then(|(pending, whole)| match whole {
+                false => Ok((Some(pending), None)),
+                true => Self::after_whole_epoch(&theirs, first).map(|base| (None, Some(base))),
+            });
+        let (pending, next_base) = match checked {
+            Ok(placed) => placed,
             Err(e) => {
                 *self.planner_mut() = ours;
                 return Err(e);
@@ -344,20 +378,60 @@ impl Loader {
         };
         let mut planner = (*ours).clone();
         if let (Some(m), Some(t)) = (planner.mixture.as_mut(), theirs.mixture.as_ref()) {
-            m.base = MixBase {
-                resumed: pending.resumed.clone(),
-                ..t.base.clone()
+            m.base = match (&pending, next_base) {
+                (Some(p), _) => MixBase {
+                    resumed: p.resumed.clone(),
+                    ..t.base.clone()
+                },
+                (None, Some(Some(base))) => base,
+                (None, _) => t.base.clone(),
             };
         }
         *self.planner_mut() = Arc::new(planner);
+        let next = match &pending {
+            Some(p) => p.epoch,
+            None => {
+                tracing::info!(
+                    epoch = first.epoch,
+                    "the checkpoint was taken at the end of epoch {}: reading resumes at the \
+                     start of epoch {}",
+                    first.epoch,
+                    first.epoch + 1
+                );
+                first.epoch + 1
+            }
+        };
         if let Ok(mut r) = self.resume.lock() {
-            *r = Some(pending);
+            *r = pending;
+        }
+        if let Ok(mut l) = self.loaded.lock() {
+            *l = Some(first.clone());
         }
         // An epoch started early would not resume the checkpoint.
         if let Ok(mut n) = self.next.lock() {
             n.take();
         }
-        Ok(())
+        Ok(next)
+    }
+
+    /// A mixture's sources where they stand after `first`'s epoch, which handed out all of
+    /// its batches: that epoch's last segment drawn as it was (its world, its weights), so
+    /// the next epoch draws from where the uninterrupted run's would.
+    fn after_whole_epoch(
+        theirs: &EpochPlanner,
+        first: &Checkpoint,
+    ) -> Result<Option<MixBase>, ClientError> {
+        if theirs.mixture.is_none() {
+            return Ok(None);
+        }
+        let mut planner = theirs.clone();
+        planner.config.world_size = first.world_size;
+        let state = planner.mixture_state(first.epoch + 1)?.unwrap_or_default();
+        Ok(Some(MixBase {
+            epoch: first.epoch + 1,
+            state,
+            resumed: Vec::new(),
+        }))
     }
 
     /// This rank's place in the epoch `first` (and the other `checkpoints` of its step)
@@ -368,7 +442,7 @@ impl Loader {
         checkpoints: &[Checkpoint],
         ranks: &[u32],
         same_weights: bool,
-    ) -> Result<Pending, ClientError> {
+    ) -> Result<(Pending, bool), ClientError> {
         let (units, batch_plan) =
             self.segment(first.epoch, &first.resumed, first.world_size, first.rank)?;
         if first.batches > batch_plan.batches {
@@ -378,14 +452,15 @@ impl Loader {
             )));
         }
         let c = &self.config;
-        if first.world_size == c.world_size && same_weights {
+        let pending = if first.world_size == c.world_size && same_weights {
             match checkpoints.iter().find(|s| s.rank == c.rank) {
                 Some(mine) => self.own_rank(mine),
                 None => self.another_rank(first, ranks),
             }
         } else {
             self.another_world(first, &units)
-        }
+        }?;
+        Ok((pending, first.batches == batch_plan.batches))
     }
 
     /// Checks that `first` was taken with this loader's dataset and settings.

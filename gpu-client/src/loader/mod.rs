@@ -59,6 +59,8 @@ pub struct Loader {
     source_bounds: Arc<[u32]>,
     /// Replaced when a checkpoint of a mixture is loaded (its sources' states).
     planner: Mutex<Arc<EpochPlanner>>,
+    /// The planner as built, for [`Loader::restart`].
+    initial_planner: Arc<EpochPlanner>,
     batch_plan: BatchPlan,
     workers: Workers,
     token: Option<String>,
@@ -75,6 +77,9 @@ pub struct Loader {
     last_pool: Arc<crate::membership::LastGood>,
     progress: Arc<Mutex<Option<start::Progress>>>,
     resume: Mutex<Option<checkpoint::Pending>>,
+    /// The checkpoint loaded last, until the next epoch starts: what `state_dict()` gives
+    /// meanwhile (a state saved right after a load resumes the same).
+    loaded: Mutex<Option<checkpoint::Checkpoint>>,
     /// The epoch after the current one, started early.
     next: Mutex<Option<start::Early>>,
     /// The epoch `epoch()` was last called for.

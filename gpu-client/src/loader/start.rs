@@ -102,6 +102,10 @@ impl Loader {
     /// checkpoint) cancels it. It is started on the first call and on a call for the epoch
     /// after the one before, not when the same epoch is asked for again.
     pub fn epoch(&self, epoch: u64) -> Result<Epoch, ClientError> {
+        // From here `state_dict()` is this read's, no longer the checkpoint loaded.
+        if let Ok(mut l) = self.loaded.lock() {
+            l.take();
+        }
         let resume = self.resume.lock().ok().and_then(|mut r| r.take());
         let resume = resume.filter(|p| p.epoch == epoch);
         let resuming = resume.is_some();

@@ -616,3 +616,33 @@ fn a_checkpoint_names_the_plan_setting_that_differs() {
         "{err}"
     );
 }
+
+#[test]
+fn a_state_taken_at_an_epochs_end_resumes_the_next_epoch_and_restart_forgets_it() {
+    let (plain, _, _) = tiny_loader(false);
+    let (l, _, _) = tiny_loader(false);
+    // Every batch of epoch 2 handed out, the stream not yet asked for more (as Lightning).
+    let mut e = l.epoch(2).unwrap();
+    for _ in 0..l.batches_per_epoch() {
+        drop(e.next().unwrap().unwrap());
+    }
+    let end = l.state_dict().unwrap();
+    drop(e);
+    let (fresh, _, _) = tiny_loader(false);
+    assert_eq!(fresh.load_state_dict(end.clone()).unwrap(), 3);
+    assert_eq!(
+        fresh.state_dict(),
+        Some(end),
+        "until the next epoch, the state loaded"
+    );
+    assert_eq!(ids(fresh.epoch(3).unwrap()), ids(plain.epoch(3).unwrap()));
+    // A mid-epoch state resumes its own epoch; restart() forgets it.
+    let mut e = l.epoch(5).unwrap();
+    drop(e.next().unwrap().unwrap());
+    let mid = l.state_dict().unwrap();
+    drop(e);
+    assert_eq!(fresh.load_state_dict(mid).unwrap(), 5);
+    fresh.restart();
+    assert_eq!(fresh.state_dict(), None);
+    assert_eq!(ids(fresh.epoch(5).unwrap()), ids(plain.epoch(5).unwrap()));
+}
