@@ -44,7 +44,10 @@ How it differs from ``torch.utils.data.DataLoader``:
   rank builds its loader, and loads its state, at the same point (as frameworks do).
 - It is not meant to run inside DataLoader worker processes: it decodes in its own threads or
   in ``sluice cpu`` workers. ``DataLoader(loader, batch_size=None)`` (``num_workers=0``)
-  works; with ``num_workers > 0`` iterating raises at once, naming this. A loader in a process
+  works. ``DataLoader(loader)`` (its default ``batch_size=1`` would batch the batches again)
+  raises at ``len()`` or ``iter()``; with ``num_workers > 0`` it raises at ``iter()`` under
+  "spawn" and "forkserver", and at the first batch under "fork" (the worker finds out), each
+  naming the fix. A loader in a process
   that forks is safe (the child never tears down the parent's threads), and the last
   reference going (``del loader``) stops its prefetch and frees its buffers at once.
 - Pickling (``copy.deepcopy``, a framework that copies dataloaders) rebuilds the loader from
@@ -122,6 +125,27 @@ def _refuse_dataloader_worker() -> None:
         raise _in_dataloader_workers(
             f"iterated in DataLoader worker {info.id} of {info.num_workers}"
         )
+
+
+def _refuse_rebatching(where: str) -> None:
+    """Raises if a DataLoader with a ``batch_size`` is the caller (its ``len()``, or its
+    iterator's fetcher at ``iter()``): it would collate Sluice's batches into batches of them
+    (``image`` of shape [1, N, 3, H, W] at DataLoader's default ``batch_size=1``)."""
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return
+        for name in ("self", "loader"):
+            dl = frame.f_locals.get(name)
+            if isinstance(dl, torch.utils.data.DataLoader) and dl.batch_size is not None:
+                raise ValueError(
+                    f"sluice.torch.Loader {where} by DataLoader(batch_size={dl.batch_size}), "
+                    "which would batch its batches again (image of shape "
+                    f"[{dl.batch_size}, N, 3, H, W]): the loader makes its own batches "
+                    "(batch_size= on the Loader), so wrap it as DataLoader(loader, "
+                    "batch_size=None), or iterate it directly"
+                )
+        frame = frame.f_back
 
 
 def _sent_to_dataloader_workers() -> bool:
@@ -206,6 +230,24 @@ def _check_datasets(everyone: List[Dict[str, Any]]) -> None:
 
 class Loader(IterableDataset):
     """A ``sluice.Loader`` whose batches are dicts (or tuples) of torch tensors.
+
+    Each batch (of N samples, the last of an epoch maybe fewer) is a dict:
+
+    - ``image``: uint8 tensor, N×3×H×W (``layout="nchw"``) or N×H×W×3 (``"nhwc"``); on the
+      GPU with ``device="cuda:K"``.
+    - ``label``: int64 tensor of N (-1 where a sample has no label).
+    - ``__key__``: list of N sample keys (the tar members' names, less the extension).
+    - ``padding``: bool tensor of N, True for a repeated sample (``remainder="pad"``): leave
+      those rows out of an evaluation's metric.
+    - ``geometry``: each sample's crop and resize, to map boxes and points (see
+      ``sluice.geometry``).
+    - ``__source__``: int64 tensor of N, each sample's source (a mixture's only; its index in
+      ``loader.sources``).
+    - each field asked for with ``fields=``: a list of N values, decoded by extension
+      (``"field:<name>"`` for a field named like one of the keys above).
+
+    Iterate it directly or as ``DataLoader(loader, batch_size=None)``; a DataLoader with a
+    batch size or with workers is refused, naming this.
 
     Args:
         dataset: a manifest (``str`` or ``Path``), a served manifest's URL or shards.
@@ -376,6 +418,7 @@ class Loader(IterableDataset):
         """Batches per epoch, the same on every rank. For an epoch resumed at another world
         size: those handed out before the checkpoint plus this rank's share of the rest, so a
         loop that restored its step count (Lightning's) runs to the epoch's end."""
+        _refuse_rebatching("measured")
         inner = self._loader()
         inner.set_epoch(self._epoch)
         n = len(inner)
@@ -384,6 +427,7 @@ class Loader(IterableDataset):
 
     def __iter__(self) -> Iterator[Union[Dict[str, Any], Tuple[Any, ...]]]:
         _refuse_dataloader_worker()
+        _refuse_rebatching("iterated")
         return self._batches(self._loader())
 
     def _batches(self, inner: _Loader) -> Iterator[Any]:

@@ -353,8 +353,10 @@ impl Loader {
             self.inner
                 .load_state_dicts(&checkpoints)
                 .map_err(client_error)
-        })?;
-        self.set_epoch(next);
+        });
+        // What the resume said (its rounding, the epoch it resumes at) reaches logging now.
+        logs::deliver(py);
+        self.set_epoch(next?);
         Ok(())
     }
 

@@ -189,13 +189,19 @@ def test_lightning_default_launcher_needs_no_rank_arguments(dataset, tmp_path):
     assert orders[0] != orders[1], "epoch 1 repeated epoch 0's order"
 
 
-def accelerate_job(tmp_path, name, ranks, manifest, *args):
-    """examples/accelerate_train.py under torchrun on CPU ranks: the keys each rank trained
-    on."""
+def accelerate_job(tmp_path, name, ranks, manifest, *args, launcher="torchrun"):
+    """examples/accelerate_train.py on CPU ranks, under torchrun or `accelerate launch
+    --multi_gpu` (the docs' recipe): the keys each rank trained on."""
     pytest.importorskip("accelerate", reason="Accelerate is not installed")
     out = tmp_path / name
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+    port = str(free_port())
+    launch = {
+        "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                     str(ranks), "--master_addr", "127.0.0.1", "--master_port", port],
+        "accelerate": [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+                       "--num_processes", str(ranks), "--main_process_port", port],
+    }[launcher]
+    cmd = [*launch,
            str(EXAMPLES / "accelerate_train.py"), "--dataset", str(manifest), "--size", "32",
            "--classes", "3", "--state-dir", str(tmp_path / "state"), "--keys-out", str(out),
            *args]
@@ -208,8 +214,11 @@ def accelerate_job(tmp_path, name, ranks, manifest, *args):
 def test_accelerate_save_state_resumes_every_rank_under_torchrun(dataset, tmp_path):
     """examples/accelerate_train.py: save_state after the third step (rank 0 writes the
     loader's state), the job stopped after the fifth, then load_state in a new job: at 2
-    ranks each goes on in its own order; at 3 the rest is split; each sample once."""
-    stopped = accelerate_job(tmp_path, "stop", 2, dataset, "--save-at", "3", "--stop-after", "5")
+    ranks each goes on in its own order; at 3 the rest is split; each sample once. The first
+    job starts as the docs say, `accelerate launch --multi_gpu --num_processes 2` (two
+    processes on a CPU machine too), the others under torchrun."""
+    stopped = accelerate_job(tmp_path, "stop", 2, dataset, "--save-at", "3", "--stop-after", "5",
+                             launcher="accelerate")
     before = [keys(s[:3]) for s in stopped]
     rest = accelerate_job(tmp_path, "resume2", 2, dataset, "--resume")
     assert_exactly_once(before + [keys(r) for r in rest])

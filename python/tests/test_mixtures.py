@@ -123,3 +123,21 @@ def test_a_tampered_mixture_checkpoint_is_a_value_error_never_a_panic(dataset, s
             assert "checkpoint" in str(e) or "mixture" in str(e), (what, e)
             continue
         pytest.fail(f"{what}: the tampered state was accepted")
+
+
+def test_a_resume_at_another_world_size_says_what_its_rounding_leaves_out(dataset, small,
+                                                                          caplog):
+    """120 samples at 2 ranks, one batch of 8 each read: 104 left, shared by 3 ranks as 34
+    each; the 2 left out of the epoch are logged, not lost in silence."""
+    mix = [(dataset, 3), (small, 1)]
+    old = sluice.Loader(mix, batch_size=8, seed=4, pipeline=PIPELINE, rank=0, world_size=2)
+    stream = old.epoch(0)
+    next(iter(stream))
+    state = old.state_dict()
+    new = sluice.Loader(mix, batch_size=8, seed=4, pipeline=PIPELINE, rank=0, world_size=3)
+    with caplog.at_level("INFO", logger="sluice"):
+        new.load_state_dict(state)
+    said = [r.getMessage() for r in caplog.records if "resumed at world_size 3" in r.getMessage()]
+    assert said and "of the 104 samples left, 102 are read and 2 are left out" in said[0], \
+        caplog.text
+    assert len(read(new, 0)) == 34

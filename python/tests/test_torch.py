@@ -126,6 +126,25 @@ def test_tuples_nhwc_dataloader_wrapping_and_copies(dataset):
         assert sum(len(y) for _, y in clone) == TOTAL
 
 
+def test_a_dataloader_that_would_batch_the_batches_again_says_batch_size_none(dataset):
+    """DataLoader's default batch_size=1 would give image of shape [1, 8, 3, 32, 32]: refused
+    at len() (what Lightning asks first) and at iter(), naming the fix; help() lists the
+    batch's keys."""
+    loader = st.Loader(dataset, batch_size=8, pipeline=PIPELINE)
+    for batch_size in (1, 4):
+        wrapped = torch.utils.data.DataLoader(loader, batch_size=batch_size)
+        with pytest.raises(ValueError, match=r"batch_size=None"):
+            len(wrapped)
+        with pytest.raises(ValueError, match=rf"DataLoader\(batch_size={batch_size}\)"):
+            iter(wrapped)
+    assert len(torch.utils.data.DataLoader(loader, batch_size=None)) == 12
+    assert len(loader) == 12 and next(iter(loader))["image"].shape == (8, 3, 32, 32)
+    doc = st.Loader.__doc__
+    for key in ("``image``", "``label``", "``__key__``", "``padding``", "``geometry``",
+                "``__source__``"):
+        assert key in doc, key
+
+
 def test_an_eval_loop_may_keep_every_batch_with_copy(dataset):
     loader = st.Loader(dataset, batch_size=8, pipeline=PIPELINE, copy=True, ring_batches=2,
                        remainder="pad")

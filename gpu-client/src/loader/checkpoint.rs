@@ -401,6 +401,9 @@ impl Loader {
                 first.epoch + 1
             }
         };
+        if let Some(p) = pending.as_ref().filter(|p| p.ledger.is_none()) {
+            self.log_rounding(first, p);
+        }
         if let Ok(mut r) = self.resume.lock() {
             *r = pending;
         }
@@ -412,6 +415,46 @@ impl Loader {
             n.take();
         }
         Ok(next)
+    }
+
+    /// Says how many of the samples the old world left this new world reads: the rest is
+    /// shared equally (whole batches under `drop_last`), so a few may be left out of the epoch
+    /// or repeated as padding.
+    fn log_rounding(&self, first: &Checkpoint, pending: &Pending) {
+        let c = &self.config;
+        let Ok((_, old)) = self.segment(first.epoch, &first.resumed, first.world_size, 0) else {
+            return;
+        };
+        let Ok((_, new)) = self.segment(first.epoch, &pending.resumed, c.world_size, c.rank) else {
+            return;
+        };
+        let done = (first.batches * old.batch_size).min(old.samples);
+        let left = u64::from(first.world_size) * (old.samples - done);
+        let read = u64::from(c.world_size) * new.samples;
+        let why = match (c.last_batch, c.remainder) {
+            (sluice_plan::LastBatch::Drop, _) => "drop_last: whole batches on every rank",
+            (_, sluice_plan::Remainder::Drop) => "remainder \"drop\": equal shares",
+            (_, sluice_plan::Remainder::Pad) => "remainder \"pad\": equal shares",
+        };
+        if read < left {
+            tracing::warn!(
+                "epoch {} resumed at world_size {} (from {}): of the {left} samples left, {read} \
+                 are read and {} are left out of this epoch ({why})",
+                first.epoch,
+                c.world_size,
+                first.world_size,
+                left - read
+            );
+        } else if read > left {
+            tracing::info!(
+                "epoch {} resumed at world_size {} (from {}): the {left} samples left are read, \
+                 {} of them twice as padding ({why})",
+                first.epoch,
+                c.world_size,
+                first.world_size,
+                read - left
+            );
+        }
     }
 
     /// A mixture's sources where they stand after `first`'s epoch, which handed out all of
