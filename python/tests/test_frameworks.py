@@ -280,3 +280,37 @@ def test_ranks_that_agree_take_their_rank_from_torch_distributed(dataset, tmp_pa
     results = run_ranks(dataset, [{"batch_size": 8}, {"batch_size": 8}], tmp_path)
     assert [out.split()[:3] for _, out in results] == [["OK", "0", "6"], ["OK", "1", "6"]], \
         results
+
+
+def trainer_job(tmp_path, name, manifest, evalset, *args):
+    """examples/trainer_train.py (sluice.transformers.Trainer) on 2 CPU ranks under torchrun:
+    what each rank trained and evaluated on."""
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    out = tmp_path / name
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+           str(EXAMPLES / "trainer_train.py"), "--dataset", str(manifest), "--eval-dataset",
+           str(evalset), "--classes", "5", "--output-dir", str(tmp_path / "trainer"),
+           "--keys-out", str(out), *args]
+    run(cmd, clean_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""), tmp_path)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_transformers_trainer_trains_evaluates_and_resumes_its_own_checkpoint(dataset, evalset,
+                                                                               tmp_path):
+    """Trainer saves checkpoint-3 (its own files and the loader's state) and is stopped after
+    step 5; train(resume_from_checkpoint=True) goes on with each rank's own next batches, the
+    epoch exactly once across the ranks; evaluate() scores each of the 85 samples once."""
+    stopped = trainer_job(tmp_path, "stop", dataset, evalset, "--save-steps", "3",
+                          "--stop-after", "5")
+    assert (tmp_path / "trainer" / "checkpoint-3" / "sluice_loader.json").exists()
+    resumed = trainer_job(tmp_path, "resume", dataset, evalset, "--resume")
+    for r in range(2):
+        assert resumed[r]["trained"][:2] == stopped[r]["trained"][3:5], \
+            f"rank {r} did not go on in its own order"
+    assert_exactly_once([keys(stopped[r]["trained"][:3] + resumed[r]["trained"])
+                         for r in range(2)])
+    rows = [(k, p) for r in range(2) for ks, ps in resumed[r]["evaluated"]
+            for k, p in zip(ks, ps)]
+    real = [k for k, padded in rows if not padded]
+    assert len(rows) == 86 and len(real) == 85 and len(set(real)) == 85
