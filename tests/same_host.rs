@@ -68,12 +68,13 @@ fn counter(worker: &Worker, name: &str) -> f64 {
         .sum()
 }
 
-/// Whether `worker` holds units of a job (running or waiting for a slot): a kill or stop
-/// then lands on work the loader must move elsewhere.
-fn holds_units(worker: &Worker) -> bool {
-    counter(worker, "sluice_cpu_job_units_running")
-        + counter(worker, "sluice_cpu_job_units_waiting")
-        > 0.0
+/// Whether the loader has units out at `worker` (the client's own view, which decides what
+/// a kill or stop makes it move elsewhere).
+fn holds_units(l: &Loader, worker: &Worker) -> bool {
+    l.stats()
+        .workers
+        .iter()
+        .any(|w| w.name.contains(&worker.addr) && w.in_flight_units > 0)
 }
 
 /// Each sample's tensor digest, for an epoch decoded in this process (the reference).
@@ -167,7 +168,7 @@ fn samples_arrive_once_and_intact_through_shared_memory_even_when_a_worker_is_ki
             got.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
             digest_into(&batch, &mut digests);
             // From a third of the epoch on, the first moment `a` holds units.
-            if kill_at.is_some_and(|k| n as u64 >= k) && holds_units(&a) {
+            if kill_at.is_some_and(|k| n as u64 >= k) && holds_units(&l, &a) {
                 a.kill9();
                 kill_at = None;
             }
@@ -278,7 +279,7 @@ fn segments_are_kept_across_epochs_and_a_stalled_workers_never_handed_out() {
             digest_into(&batch, &mut digests);
             seen.extend(segment_maps(a.child.id()));
             seen.extend(segment_maps(b.child.id()));
-            if stall_at.is_some_and(|k| n as u64 >= k) && holds_units(&a) {
+            if stall_at.is_some_and(|k| n as u64 >= k) && holds_units(&l, &a) {
                 signal(a.child.id(), "-STOP");
                 stall_at = None;
             }
