@@ -135,6 +135,11 @@ def _refuse_rebatching(where: str) -> None:
     for _ in range(8):
         if frame is None:
             return
+        # Only torch's own frames are looked into: reading another frame's locals keeps a
+        # snapshot of them alive with it (a user's `del loader` would not free the loader).
+        if "torch/utils/data" not in frame.f_code.co_filename.replace(os.sep, "/"):
+            frame = frame.f_back
+            continue
         for name in ("self", "loader"):
             dl = frame.f_locals.get(name)
             if isinstance(dl, torch.utils.data.DataLoader) and dl.batch_size is not None:
