@@ -13,7 +13,15 @@
 //! weight = 0.3
 //! ```
 //!
-//! A relative `dataset` is resolved against the mixture file's folder.
+//! A relative `dataset` is resolved against the mixture file's folder. A `[schedule]` gives the
+//! weights by training step instead (see `sluice_plan::schedule`), piecewise constant or, with
+//! `interpolate = "linear"`, on a line from each point to the next:
+//!
+//! ```toml
+//! [schedule]
+//! interpolate = "linear"
+//! points = [{ step = 0, weights = [0.8, 0.2] }, { step = 1000, weights = [0.5, 0.5] }]
+//! ```
 
 use std::path::Path;
 
@@ -37,6 +45,9 @@ pub struct MixtureSpec {
     #[serde(default)]
     pub epoch_samples: Option<u64>,
     pub sources: Vec<SourceSpec>,
+    /// Weights by training step, in place of the sources' `weight` from the first point on.
+    #[serde(default)]
+    pub schedule: Option<sluice_plan::ScheduleSpec>,
 }
 
 /// A mixture's sources loaded: (name, manifest) each, their weights, the epoch length.
@@ -45,6 +56,7 @@ pub struct LoadedMixture {
     pub sources: Vec<(String, Manifest)>,
     pub weights: Vec<f64>,
     pub epoch_samples: Option<u64>,
+    pub schedule: Option<sluice_plan::ScheduleSpec>,
 }
 
 /// Whether `spec` names a mixture file (`.toml`, or `.json` that is not a manifest is told
@@ -97,6 +109,11 @@ pub fn read_spec(path: &Path) -> Result<MixtureSpec> {
     if spec.sources.iter().all(|s| s.weight == 0.0) {
         return Err(bad("every weight is 0".into()));
     }
+    if let Some(schedule) = &spec.schedule {
+        schedule
+            .build(spec.sources.len())
+            .map_err(|e| bad(e.to_string()))?;
+    }
     if spec.epoch_samples == Some(0) {
         return Err(bad("epoch_samples must be at least 1".into()));
     }
@@ -118,7 +135,9 @@ pub fn load(path: &Path) -> Result<LoadedMixture> {
             (s.dataset, at, s.weight)
         })
         .collect();
-    weighted(sources, spec.epoch_samples)
+    let mut loaded = weighted(sources, spec.epoch_samples)?;
+    loaded.schedule = spec.schedule;
+    Ok(loaded)
 }
 
 /// Loads each `(name, dataset, weight)` (see [`crate::locate::dataset`]).
@@ -130,6 +149,7 @@ pub fn weighted(
         sources: Vec::with_capacity(sources.len()),
         weights: Vec::with_capacity(sources.len()),
         epoch_samples,
+        schedule: None,
     };
     for (name, at, weight) in sources {
         let manifest = crate::locate::dataset(&at)?;

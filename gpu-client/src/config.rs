@@ -203,6 +203,10 @@ pub struct LoaderConfig {
     /// A mixture's weights, one per source (see `sluice_plan::mixture`); `[]` with several
     /// sources: in proportion to their sizes. A checkpoint may be resumed with other weights.
     pub weights: Vec<f64>,
+    /// A mixture's weights by training step, in place of `weights` (see
+    /// `sluice_plan::schedule`): piecewise constant or linear between points, applied at
+    /// batch boundaries, the same on every rank.
+    pub weight_schedule: Option<sluice_plan::ScheduleSpec>,
     /// Samples in an epoch of a mixture (`None`: all its sources' samples).
     pub epoch_samples: Option<u64>,
     /// The training job's name on the workers: they share their decode slots among jobs by
@@ -262,6 +266,7 @@ impl Default for LoaderConfig {
             prefetch_next_epoch: true,
             epochs: None,
             weights: Vec::new(),
+            weight_schedule: None,
             epoch_samples: None,
             job_name: None,
             job_weight: 1,

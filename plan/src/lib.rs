@@ -27,6 +27,7 @@ pub mod mixture;
 pub mod order;
 pub mod resume;
 pub mod rng;
+pub mod schedule;
 pub mod shuffle;
 
 use std::fmt;
@@ -39,6 +40,7 @@ pub use mixture::{MixBase, Mixture, SourceState};
 pub use order::{Mixing, Sequence};
 pub use resume::{BatchPlan, EpochPlanner, LastBatch, Segment};
 pub use rng::sample_seed;
+pub use schedule::{Interpolate, Schedule, SchedulePoint, ScheduleSpec};
 pub use shuffle::ShuffleBuffer;
 
 /// How shards move between ranks from one epoch to the next.
@@ -199,6 +201,8 @@ pub enum PlanError {
     UnitIds { at: u64 },
     #[error("mixture weights {0} are not one finite, non-negative weight per source, not all 0")]
     Weights(String),
+    #[error("weight schedule: {0}")]
+    Schedule(String),
     #[error("source {index} of the mixture has no samples")]
     EmptySource { index: usize },
     #[error("a mixture's sources are known from epoch {known} on (its checkpoint's), not at epoch {epoch}")]

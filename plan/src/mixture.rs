@@ -38,6 +38,7 @@ use serde::{Deserialize, Serialize};
 use crate::assign::{self, Piece};
 use crate::order::{interleave, slots};
 use crate::rng::{stream, Domain};
+use crate::schedule::Schedule;
 use crate::{
     LastBatch, Mixing, PlanConfig, PlanError, Remainder, Segment, Sequence, ShufflePolicy, WorkUnit,
 };
@@ -77,6 +78,9 @@ pub struct MixBase {
     pub epoch: u64,
     pub state: Vec<SourceState>,
     pub resumed: Vec<Segment>,
+    /// The training step at which `epoch` starts (a weight schedule's clock).
+    #[serde(default)]
+    pub step: u64,
 }
 
 /// A dataset of several sources, as the planner sees it: the combined manifest lists each
@@ -90,6 +94,17 @@ pub struct Mixture {
     /// Samples in an epoch (before rounding to the world); `None`: all sources' samples.
     pub epoch_samples: Option<u64>,
     pub base: MixBase,
+    /// Weights by step, in place of `weights` (see [`crate::schedule`]).
+    pub schedule: Option<Schedule>,
+}
+
+/// The weights a segment is drawn by: fixed (a checkpoint's, or a mixture without a
+/// schedule), or its schedule's, summed over the steps the segment spans from the epoch's
+/// first step `epoch_start`.
+#[derive(Clone, Copy, Debug)]
+enum SegmentWeights<'a> {
+    Fixed(&'a [u64]),
+    Scheduled { epoch_start: u64 },
 }
 
 /// Weights as parts of [`WEIGHT_SCALE`]: each finite and ≥ 0, not all 0; a positive weight
@@ -393,6 +408,78 @@ impl Mixture {
     /// epoch's segments and every whole epoch after it (at the planner's world size and the
     /// current weights).
     pub(crate) fn state_at(&self, epoch: u64, ctx: &Ctx) -> Result<Vec<SourceState>, PlanError> {
+        Ok(self.start_of(epoch, ctx)?.0)
+    }
+
+    /// The training step at which `epoch` starts: the base's, then each epoch's batches as
+    /// its ranks take them (the base epoch's earlier segments' and its last segment's at the
+    /// planner's world size).
+    pub(crate) fn epoch_step(&self, epoch: u64, ctx: &Ctx) -> Result<u64, PlanError> {
+        Ok(self.start_of(epoch, ctx)?.1)
+    }
+
+    /// Batches each rank takes of a segment of `samples` (already rounded for `world`).
+    fn rank_batches(samples: u64, world: u32, ctx: &Ctx) -> u64 {
+        (samples / u64::from(world.max(1))).div_ceil(ctx.batch_size.max(1))
+    }
+
+    /// The weights `weights` give a segment of `samples` samples in a world of `world` that
+    /// starts after the segments `resumed` of its epoch.
+    fn resolve(
+        &self,
+        weights: SegmentWeights<'_>,
+        samples: u64,
+        world: u32,
+        resumed: &[Segment],
+        ctx: &Ctx,
+    ) -> Vec<u64> {
+        match (weights, &self.schedule) {
+            (SegmentWeights::Fixed(w), _) => w.to_vec(),
+            (SegmentWeights::Scheduled { epoch_start }, Some(schedule)) => {
+                // Each step weighs as many samples as a rank takes in it (the last, short
+                // step fewer), as the merge places them.
+                let start = epoch_start + resumed.iter().map(|s| s.batches).sum::<u64>();
+                let per_rank = samples / u64::from(world.max(1));
+                let batch = ctx.batch_size.max(1);
+                let (full, rest) = (per_rank / batch, per_rank % batch);
+                let last = schedule.at(start + full);
+                schedule
+                    .integrated(start, full)
+                    .into_iter()
+                    .zip(last)
+                    .map(|(w, l)| w.saturating_mul(batch).saturating_add(l * rest))
+                    .collect()
+            }
+            (SegmentWeights::Scheduled { .. }, None) => self.weights.clone(),
+        }
+    }
+
+    /// The weights of the current segment of `epoch` after `resumed` in a world of `world`:
+    /// the mixture's, or its schedule's over the steps the segment spans.
+    pub(crate) fn segment_weights(
+        &self,
+        epoch: u64,
+        resumed: &[Segment],
+        world: u32,
+        samples: u64,
+        ctx: &Ctx,
+    ) -> Result<Vec<u64>, PlanError> {
+        if self.schedule.is_none() {
+            return Ok(self.weights.clone());
+        }
+        let epoch_start = self.epoch_step(epoch, ctx)?;
+        let weights = SegmentWeights::Scheduled { epoch_start };
+        Ok(self.resolve(
+            weights,
+            samples * u64::from(world.max(1)),
+            world,
+            resumed,
+            ctx,
+        ))
+    }
+
+    /// The sources' states and the training step at the start of `epoch`.
+    fn start_of(&self, epoch: u64, ctx: &Ctx) -> Result<(Vec<SourceState>, u64), PlanError> {
         let base = &self.base;
         if epoch < base.epoch {
             return Err(PlanError::MixtureEpoch {
@@ -405,20 +492,30 @@ impl Mixture {
             false => vec![SourceState::default(); self.shards.len()],
         };
         if epoch == base.epoch {
-            return Ok(state);
+            return Ok((state, base.step));
         }
         let world = ctx.config.world_size;
-        state = self
-            .segment_draw(base.epoch, &state, &base.resumed, world, &self.weights, ctx)?
-            .next;
+        let ours = SegmentWeights::Scheduled {
+            epoch_start: base.step,
+        };
+        let draw = self.segment_draw(base.epoch, &state, &base.resumed, world, ours, ctx)?;
+        let last: u64 = draw.groups.iter().map(|g| assign::total(&g.pieces)).sum();
+        let mut step = base.step
+            + base.resumed.iter().map(|s| s.batches).sum::<u64>()
+            + Self::rank_batches(last, world, ctx);
+        state = draw.next;
         let length = Self::rounded(self.epoch_length(ctx.counts), world, ctx);
+        let per_epoch = Self::rank_batches(length, world, ctx);
         for _ in base.epoch + 1..epoch {
             let empty = vec![Vec::new(); self.shards.len()];
+            let weights = SegmentWeights::Scheduled { epoch_start: step };
+            let weights = self.resolve(weights, length, world, &[], ctx);
             state = self
-                .draw(&state, empty, &apportion(length, &self.weights), ctx)
+                .draw(&state, empty, &apportion(length, &weights), ctx)
                 .next;
+            step += per_epoch;
         }
-        Ok(state)
+        Ok((state, step))
     }
 
     /// The draw of the segment after `resumed` in an epoch that started at `start`, for a
@@ -429,19 +526,31 @@ impl Mixture {
         start: &[SourceState],
         resumed: &[Segment],
         world: u32,
-        weights: &[u64],
+        weights: SegmentWeights<'_>,
         ctx: &Ctx,
     ) -> Result<Draw, PlanError> {
         let Some((last, earlier)) = resumed.split_last() else {
             let length = Self::rounded(self.epoch_length(ctx.counts), world, ctx);
             let empty = vec![Vec::new(); self.shards.len()];
-            return Ok(self.draw(start, empty, &apportion(length, weights), ctx));
+            let weights = self.resolve(weights, length, world, resumed, ctx);
+            return Ok(self.draw(start, empty, &apportion(length, &weights), ctx));
         };
-        let old_weights = match last.weights.is_empty() {
-            true => weights,
-            false => &last.weights,
+        // An old segment is drawn by the weights it recorded (older checkpoints recorded
+        // none: the mixture's then).
+        let old = match (last.weights.is_empty(), weights) {
+            (false, _) => last.weights.clone(),
+            (true, SegmentWeights::Fixed(w)) => w.to_vec(),
+            (true, SegmentWeights::Scheduled { .. }) => self.weights.clone(),
         };
-        let prev = self.segment_draw(epoch, start, earlier, last.world_size, old_weights, ctx)?;
+        let old_weights = &old[..];
+        let prev = self.segment_draw(
+            epoch,
+            start,
+            earlier,
+            last.world_size,
+            SegmentWeights::Fixed(old_weights),
+            ctx,
+        )?;
         let depth = earlier.len() as u32;
         let mut front: Vec<Vec<Drawn>> = vec![Vec::new(); self.shards.len()];
         for q in 0..last.world_size {
@@ -463,11 +572,12 @@ impl Mixture {
             .map(|f| f.iter().map(Drawn::len).sum())
             .collect();
         let total = Self::rounded(left.iter().sum(), world, ctx);
+        let weights = self.resolve(weights, total, world, resumed, ctx);
         let shares = match weights == old_weights {
             // The same weights: each source delivers what it had left, the rounding for the
             // new world shared by weight.
-            true => settle(&left, total, weights),
-            false => apportion(total, weights),
+            true => settle(&left, total, &weights),
+            false => apportion(total, &weights),
         };
         Ok(self.draw(&prev.next, front, &shares, ctx))
     }
@@ -521,8 +631,9 @@ impl Mixture {
         rank: u32,
         ctx: &Ctx,
     ) -> Result<(Vec<WorkUnit>, u64), PlanError> {
-        let start = self.state_at(epoch, ctx)?;
-        let draw = self.segment_draw(epoch, &start, resumed, world, &self.weights, ctx)?;
+        let (start, epoch_start) = self.start_of(epoch, ctx)?;
+        let weights = SegmentWeights::Scheduled { epoch_start };
+        let draw = self.segment_draw(epoch, &start, resumed, world, weights, ctx)?;
         let total: u64 = draw.groups.iter().map(|g| assign::total(&g.pieces)).sum();
         let depth = resumed.len() as u32;
         let units = self.rank_units(&draw, epoch, depth, world, rank, ctx);
@@ -571,7 +682,24 @@ impl Mixture {
             }
             per_source.push(order);
         }
-        Ok(Sequence::from_order(units, base, merge(per_source)))
+        let order = match &self.schedule {
+            None => merge(per_source),
+            Some(schedule) => {
+                let before: u64 = match epoch == self.base.epoch {
+                    true => self
+                        .base
+                        .resumed
+                        .iter()
+                        .take(depth as usize)
+                        .map(|s| s.batches)
+                        .sum(),
+                    false => 0,
+                };
+                let start = self.epoch_step(epoch, ctx)? + before;
+                merge_scheduled(per_source, start, ctx.batch_size, schedule)
+            }
+        };
+        Ok(Sequence::from_order(units, base, order))
     }
 }
 
@@ -620,6 +748,50 @@ pub fn check_passes<K: std::hash::Hash + Eq>(
         }
     }
     Ok(())
+}
+
+/// Merges the sources' orders by the schedule's weight at each step: the rank's `t`-th
+/// position is in step `start + t / batch`, and source `s`'s `j`-th item goes where its
+/// weight summed from the start reaches `(j + ½) / c_s` of its sum over the sequence (ties to
+/// the earlier source), so each batch holds the sources in the proportions of its own step,
+/// and a source keeps its items' order. Weights all 0 for a source spread it evenly.
+fn merge_scheduled(
+    sources: Vec<Vec<u32>>,
+    start: u64,
+    batch: u64,
+    schedule: &Schedule,
+) -> Vec<u32> {
+    let total: usize = sources.iter().map(Vec::len).sum();
+    let batch = batch.max(1);
+    let steps = (total as u64).div_ceil(batch);
+    let weights: Vec<Vec<u64>> = (0..steps).map(|k| schedule.at(start + k)).collect();
+    // Positions in step k.
+    let width = |k: u64| (total as u64 - k * batch).min(batch) as f64;
+    let mut due: Vec<(f64, usize, usize)> = Vec::with_capacity(total);
+    for (s, items) in sources.iter().enumerate() {
+        let c = items.len();
+        let w = |k: u64| weights[k as usize].get(s).copied().unwrap_or(0) as f64;
+        let sum: f64 = (0..steps).map(|k| w(k) * width(k)).sum();
+        let (mut k, mut acc) = (0u64, 0.0f64);
+        for j in 0..c {
+            if sum <= 0.0 {
+                due.push(((j as f64 + 0.5) * total as f64 / c as f64, s, j));
+                continue;
+            }
+            let target = (j as f64 + 0.5) * sum / c as f64;
+            while k + 1 < steps && acc + w(k) * width(k) < target {
+                acc += w(k) * width(k);
+                k += 1;
+            }
+            let into = match w(k) > 0.0 {
+                true => ((target - acc) / w(k)).min(width(k)),
+                false => 0.0,
+            };
+            due.push(((k * batch) as f64 + into, s, j));
+        }
+    }
+    due.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    due.into_iter().map(|(_, s, j)| sources[s][j]).collect()
 }
 
 /// Merges the sources' orders by their counts: source `s`'s `j`-th item goes at about

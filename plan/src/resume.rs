@@ -80,7 +80,7 @@ pub struct EpochPlanner {
 }
 
 impl EpochPlanner {
-    fn ctx(&self) -> Ctx<'_> {
+    pub(crate) fn ctx(&self) -> Ctx<'_> {
         Ctx {
             counts: &self.counts,
             config: &self.config,
@@ -108,6 +108,31 @@ impl EpochPlanner {
         match &self.mixture {
             Some(m) => Ok(Some(m.state_at(epoch, &self.ctx())?)),
             None => Ok(None),
+        }
+    }
+
+    /// The weights of the current segment of `epoch` after `resumed` in a world of `world`
+    /// whose ranks take `samples` samples each: a mixture's (its schedule's, summed over the
+    /// steps the segment spans); empty for a single dataset. What a checkpoint records.
+    pub fn segment_weights(
+        &self,
+        epoch: u64,
+        resumed: &[Segment],
+        world: u32,
+        samples: u64,
+    ) -> Result<Vec<u64>, PlanError> {
+        match &self.mixture {
+            Some(m) => m.segment_weights(epoch, resumed, world, samples, &self.ctx()),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// The training step at which `epoch` starts (a mixture's weight schedule's clock; 0 for
+    /// a single dataset).
+    pub fn epoch_step(&self, epoch: u64) -> Result<u64, PlanError> {
+        match &self.mixture {
+            Some(m) => m.epoch_step(epoch, &self.ctx()),
+            None => Ok(0),
         }
     }
 

@@ -84,6 +84,22 @@ def _shuffle(shuffle: Any) -> Any:
     return shuffle
 
 
+def _schedule(points: Any, interpolate: str) -> Any:
+    """``weight_schedule`` as the loader's config has it (``None`` without one)."""
+    if interpolate not in ("step", "linear"):
+        raise ValueError(f'schedule_interpolate: expected "step" or "linear", got {interpolate!r}')
+    if points is None:
+        return None
+    try:
+        written = [{"step": int(step), "weights": [float(w) for w in weights]}
+                   for step, weights in points]
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            "weight_schedule: expected [(step, [weight, ...]), ...], e.g. "
+            f"[(0, [0.8, 0.2]), (1000, [0.5, 0.5])] ({e})") from None
+    return {"points": written, "interpolate": interpolate}
+
+
 def _seconds(value: Any) -> Any:
     return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
@@ -107,6 +123,13 @@ class Loader:
             other weights: each source's pass goes on, nothing repeated or skipped within
             it (``docs/mixtures.md``).
         epoch_samples: samples per epoch of a mixture (default: all its sources').
+        weight_schedule: a mixture's weights by training step instead of fixed ones:
+            ``[(step, [w0, w1, ...]), ...]``, steps increasing (a mixture file's
+            ``[schedule]``). The step is the training loop's: epoch ``e``'s ``b``-th batch is
+            step ``e × len(loader) + b``. Applied at batch boundaries, the same on every rank,
+            kept across checkpoints and world sizes; each source's pass stays whole.
+        schedule_interpolate: ``"step"`` (each point's weights until the next point) or
+            ``"linear"`` (a straight line from one point's to the next's).
         workers: ``sluice cpu`` workers, ``"host:port"`` or a list; ``None`` decodes in
             this process.
         batch_size: samples per batch (every rank gets the same number of batches).
@@ -246,6 +269,8 @@ class Loader:
         max_decoded_bytes: Optional[int] = None,
         top_up: bool = False,
         epoch_samples: Optional[int] = None,
+        weight_schedule: Optional[Sequence[Tuple[int, Sequence[float]]]] = None,
+        schedule_interpolate: str = "step",
         job_name: Optional[str] = None,
         job_weight: int = 1,
         workers_file: Union[None, str, PathLike] = None,
@@ -291,6 +316,7 @@ class Loader:
             "prefetch_next_epoch": prefetch_next_epoch,
             "epochs": epochs,
             "epoch_samples": epoch_samples,
+            "weight_schedule": _schedule(weight_schedule, schedule_interpolate),
             "job_name": job_name,
             "job_weight": job_weight,
             "workers_file": None if workers_file is None else os.fspath(workers_file),

@@ -444,6 +444,9 @@ impl Loader {
                     .map_err(|e| PyValueError::new_err(format!("dataset: {e}")))?;
                 config.weights = m.weights;
                 config.epoch_samples = config.epoch_samples.or(m.epoch_samples);
+                if config.weight_schedule.is_none() {
+                    config.weight_schedule = m.schedule;
+                }
                 sluice_client::Loader::builder().sources(m.sources)
             }
             (None, false) => {

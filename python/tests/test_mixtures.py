@@ -141,3 +141,95 @@ def test_a_resume_at_another_world_size_says_what_its_rounding_leaves_out(datase
     assert said and "of the 104 samples left, 102 are read and 2 are left out" in said[0], \
         caplog.text
     assert len(read(new, 0)) == 34
+
+
+SCHEDULE = [(2, [0.9, 0.1]), (12, [0.25, 0.75])]
+
+
+def scheduled_share(step):
+    """Source 0's share at `step`: 0.9 to step 2, a line to 0.25 at step 12, then 0.25."""
+    if step <= 2:
+        return 0.9
+    if step >= 12:
+        return 0.25
+    return 0.9 - 0.65 * (step - 2) / 10
+
+
+def batches(loader, epoch):
+    return [list(zip(images.source, images.keys)) for images, _ in loader.epoch(epoch)]
+
+
+def test_a_weight_schedule_sets_each_batch_and_a_resume_keeps_it(dataset, small):
+    """A linear schedule at 1 rank, 15 batches of 8 an epoch: each batch holds source 0 at
+    its step's share (±1 sample). A state after batch 5 resumes the uninterrupted run's
+    batches at 1 rank; at 3 ranks (a state of a 2-rank job) the schedule's shares go on from
+    the step it was taken at, and each pass stays whole."""
+    mix = [(dataset, 1), (small, 1)]
+
+    def loader(**kw):
+        return sluice.Loader(mix, batch_size=8, seed=6, pipeline=PIPELINE,
+                             weight_schedule=SCHEDULE, schedule_interpolate="linear", **kw)
+
+    whole = batches(loader(), 0)
+    assert len(whole) == 15
+    for step, batch in enumerate(whole[:-1]):
+        got = sum(1 for s, _ in batch if s == 0)
+        assert abs(got - 8 * scheduled_share(step)) <= 1.01, (step, got)
+    # The same world: exactly the uninterrupted batches.
+    first = loader()
+    stream = first.epoch(0)
+    for _ in range(5):
+        next(stream)
+    state = first.state_dict()
+    del stream
+    again = loader()
+    again.load_state_dict(state)
+    assert batches(again, 0) == whole[5:]
+    # A 2-rank job stopped after step 4, resumed at 3 ranks.
+    two = [loader(rank=r, world_size=2) for r in range(2)]
+    streams = [t.epoch(0) for t in two]
+    before = [list(zip(i.source, i.keys)) for s in streams for _ in range(4)
+              for i, _ in [next(s)]]
+    state = two[0].state_dict()
+    del streams
+    three = [loader(rank=r, world_size=3) for r in range(3)]
+    for t in three:
+        t.load_state_dict(state)
+    after = [batches(t, 0) for t in three]
+    assert len({len(a) for a in after}) == 1
+    for k in range(len(after[0]) - 1):
+        step = [x for a in after for x in a[k]]
+        got = sum(1 for s, _ in step if s == 0)
+        assert abs(got - len(step) * scheduled_share(4 + k)) <= 3.01, (4 + k, got, len(step))
+    delivered = [x for b in before for x in b] + [x for a in after for b in a for x in b]
+    for source, size in ((0, 90), (1, 30)):
+        # Each pass whole: a sample comes again only once every other has come as often.
+        seen = collections.Counter(k for s, k in delivered if s == source)
+        total = sum(seen.values())
+        assert len(seen) == min(total, size), f"source {source}: a sample came twice early"
+        assert max(seen.values()) - min(seen.values()) <= 1, f"source {source}: {seen}"
+
+
+def test_a_mixture_file_gives_a_schedule_and_mistakes_are_named(dataset, small, tmp_path):
+    mix = tmp_path / "sched.toml"
+    mix.write_text(f'[[sources]]\ndataset = "{dataset}"\nweight = 1\n\n'
+                   f'[[sources]]\ndataset = "{small}"\nweight = 1\n\n'
+                   '[schedule]\ninterpolate = "linear"\n'
+                   'points = [{ step = 2, weights = [0.9, 0.1] }, '
+                   '{ step = 12, weights = [0.25, 0.75] }]\n')
+    from_file = sluice.Loader(str(mix), batch_size=8, seed=6, pipeline=PIPELINE)
+    from_args = sluice.Loader([(dataset, 1), (small, 1)], batch_size=8, seed=6,
+                              pipeline=PIPELINE, weight_schedule=SCHEDULE,
+                              schedule_interpolate="linear")
+    assert batches(from_file, 0) == batches(from_args, 0)
+    with pytest.raises(ValueError, match=r"point 1 .*1 weights for 2 sources"):
+        sluice.Loader([(dataset, 1), (small, 1)], pipeline=PIPELINE,
+                      weight_schedule=[(0, [1, 1]), (5, [1])])
+    with pytest.raises(ValueError, match="not after point 0"):
+        sluice.Loader([(dataset, 1), (small, 1)], pipeline=PIPELINE,
+                      weight_schedule=[(5, [1, 1]), (5, [1, 0])])
+    with pytest.raises(ValueError, match="weight_schedule.*mixture"):
+        sluice.Loader(dataset, pipeline=PIPELINE, weight_schedule=[(0, [1.0])])
+    with pytest.raises(ValueError, match="schedule_interpolate"):
+        sluice.Loader([(dataset, 1), (small, 1)], pipeline=PIPELINE,
+                      weight_schedule=SCHEDULE, schedule_interpolate="cubic")

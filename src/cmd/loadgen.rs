@@ -332,6 +332,7 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(m) = mixture {
         cfg.loader.weights = m.weights;
         cfg.loader.epoch_samples = m.epoch_samples;
+        cfg.loader.weight_schedule = m.schedule;
         cfg.mixture = m.sources;
     }
     cfg.validate(&manifest)?;

@@ -293,6 +293,12 @@ fn combine(
         if config.epoch_samples.is_some() {
             return Err(bad("epoch_samples", "is for a mixture of several sources"));
         }
+        if config.weight_schedule.is_some() {
+            return Err(bad(
+                "weight_schedule",
+                "is for a mixture of several sources",
+            ));
+        }
         let (_, manifest) = sources.into_iter().next().expect("one source");
         return Ok((manifest, None));
     }
@@ -312,11 +318,20 @@ fn combine(
     let shards = sources.iter().map(|(_, m)| m.shards.len() as u32).collect();
     let names = sources.iter().map(|(n, _)| n.clone()).collect();
     let manifest = Manifest::new(sources.into_iter().flat_map(|(_, m)| m.shards).collect());
+    let schedule = match &config.weight_schedule {
+        Some(spec) => Some(
+            spec.build(Vec::len(&shards))
+                .map_err(|e| bad("weight_schedule", &e.to_string()))?,
+        ),
+        None => None,
+    };
     let mixture = Mixture {
         shards,
-        weights,
+        // With a schedule, its first point's (what a checkpoint of step 0 records).
+        weights: schedule.as_ref().map_or(weights, |s| s.at(0)),
         epoch_samples: config.epoch_samples,
         base: MixBase::default(),
+        schedule,
     };
     Ok((manifest, Some(Sources { names, mixture })))
 }

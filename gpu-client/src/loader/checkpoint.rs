@@ -60,6 +60,12 @@ pub struct MixRecord {
     pub weights: Vec<u64>,
     /// Each source's state at the start of `epoch`.
     pub state: Vec<SourceState>,
+    /// The training step at which `epoch` started (a weight schedule's clock).
+    #[serde(default)]
+    pub step: u64,
+    /// The weight schedule the epoch was planned by (its segments' sequences follow it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<sluice_plan::Schedule>,
 }
 
 /// A checkpoint's plan settings: typed (version 3), or the text versions 1 and 2 wrote.
@@ -257,19 +263,33 @@ impl Loader {
             resumed: p.resumed.clone(),
             batches: p.batches,
             ledger: p.ledger.to_record(),
-            mixture: self.mix_record(p.epoch),
+            mixture: self.mix_record(p.epoch, &p.resumed),
         })
     }
 
-    /// The mixture's record for a checkpoint of `epoch` (`None` for a single dataset).
-    fn mix_record(&self, epoch: u64) -> Option<MixRecord> {
+    /// The mixture's record for a checkpoint of `epoch` after the segments `resumed` (`None`
+    /// for a single dataset). Under a schedule the weights are the current segment's (its
+    /// schedule's summed over the steps it spans), so another world can draw it again.
+    fn mix_record(&self, epoch: u64, resumed: &[Segment]) -> Option<MixRecord> {
         let planner = self.planner();
         let m = planner.mixture.as_ref()?;
+        let c = &self.config;
+        let weights = match &m.schedule {
+            None => m.weights.clone(),
+            Some(_) => {
+                let (_, plan) = self.segment(epoch, resumed, c.world_size, c.rank).ok()?;
+                planner
+                    .segment_weights(epoch, resumed, c.world_size, plan.samples)
+                    .ok()?
+            }
+        };
         Some(MixRecord {
             sources: m.shards.clone(),
             epoch_samples: m.epoch_samples,
-            weights: m.weights.clone(),
+            weights,
             state: planner.mixture_state(epoch).ok()??,
+            step: planner.epoch_step(epoch).ok()?,
+            schedule: m.schedule.clone(),
         })
     }
 
@@ -289,10 +309,12 @@ impl Loader {
                 }
                 check_mix_record(r, &first.resumed)?;
                 m.weights = r.weights.clone();
+                m.schedule = r.schedule.clone();
                 m.base = MixBase {
                     epoch: first.epoch,
                     state: r.state.clone(),
                     resumed: first.resumed.clone(),
+                    step: r.step,
                 };
             }
             (ours, _) => {
@@ -359,9 +381,12 @@ impl Loader {
         // rest of the epoch under this loader's.
         let theirs = Arc::new(self.planner_of(first)?);
         let ours = std::mem::replace(&mut *self.planner_mut(), theirs.clone());
-        let same_weights = match (&ours.mixture, &theirs.mixture) {
-            (Some(a), Some(b)) => a.weights == b.weights,
-            _ => true,
+        let same_weights = match self.same_weights(&ours, first) {
+            Ok(same) => same,
+            Err(e) => {
+                *self.planner_mut() = ours;
+                return Err(e);
+            }
         };
         let checked = self
             .check_and_place(first, checkpoints, &ranks, same_weights)
@@ -474,7 +499,27 @@ impl Loader {
             epoch: first.epoch + 1,
             state,
             resumed: Vec::new(),
+            step: planner.epoch_step(first.epoch + 1)?,
         }))
+    }
+
+    /// Whether `ours` (this loader's planner) would draw `first`'s segment by the weights it
+    /// recorded, and place its samples by the same schedule: then this world size goes on
+    /// in the checkpoint's own plan; otherwise the rest of the epoch is drawn anew.
+    fn same_weights(&self, ours: &EpochPlanner, first: &Checkpoint) -> Result<bool, ClientError> {
+        let (Some(m), Some(r)) = (&ours.mixture, &first.mixture) else {
+            return Ok(true);
+        };
+        if m.schedule.is_none() && r.schedule.is_none() {
+            return Ok(m.weights == r.weights);
+        }
+        if m.schedule != r.schedule || ours.epoch_step(first.epoch)? != r.step {
+            return Ok(false);
+        }
+        let (_, plan) = self.segment(first.epoch, &first.resumed, first.world_size, first.rank)?;
+        let w =
+            ours.segment_weights(first.epoch, &first.resumed, first.world_size, plan.samples)?;
+        Ok(w == r.weights)
     }
 
     /// This rank's place in the epoch `first` (and the other `checkpoints` of its step)

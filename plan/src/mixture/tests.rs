@@ -23,6 +23,7 @@ fn planner(world: u32, weights: &[f64], policy: ShufflePolicy) -> EpochPlanner {
             weights: scale_weights(weights).unwrap(),
             epoch_samples: None,
             base: MixBase::default(),
+            schedule: None,
         }),
     }
 }
@@ -270,4 +271,71 @@ fn local_shuffles_and_empty_sources_are_refused() {
         g.mixture.as_ref().unwrap().validate(&c, &g.config),
         Err(PlanError::EmptySource { index: 1 })
     );
+}
+
+/// A's scheduled share at step `s`: 0.9 until step 4, then a line to 0.3 at step 20.
+fn scheduled_share(s: u64) -> f64 {
+    match s {
+        0..=4 => 0.9,
+        5..=19 => 0.9 - 0.6 * (s - 4) as f64 / 16.0,
+        _ => 0.3,
+    }
+}
+
+fn scheduled(world: u32) -> EpochPlanner {
+    let mut p = planner(world, &[1.0, 1.0], ShufflePolicy::Global);
+    let points = [(4, vec![0.9, 0.1]), (20, vec![0.3, 0.7])];
+    p.mixture.as_mut().unwrap().schedule =
+        Some(Schedule::new(&points, crate::Interpolate::Linear, 2).unwrap());
+    p
+}
+
+#[test]
+fn a_schedule_sets_each_steps_proportions_and_a_resume_keeps_them() {
+    // 3,800 samples at 2 ranks of 64: 30 steps an epoch (the last short).
+    let two = scheduled(2);
+    let before = deliveries(&two, 0, &[], 2);
+    let all = steps(&before, 64, 0, 30);
+    for (s, step) in all.iter().enumerate().take(29) {
+        let want = scheduled_share(s as u64);
+        let got = share_of_a(step);
+        assert!(
+            (got - want).abs() <= 2.0 / 128.0 + 1e-9,
+            "step {s}: {got:.3} for {want:.3}"
+        );
+    }
+    assert_passes(&all);
+    // Epoch 1 starts at step 30: the schedule's last weights.
+    let next = steps(&deliveries(&two, 1, &[], 2), 64, 0, 29);
+    assert!(next
+        .iter()
+        .all(|s| (share_of_a(s) - 0.3).abs() <= 2.0 / 128.0 + 1e-9));
+    // Resumed at 3 ranks after step 10, recording the segment's summed weights: the
+    // schedule's proportions go on from step 10, and every pass stays whole.
+    let m = two.mixture.as_ref().unwrap();
+    let length = Mixture::rounded(m.epoch_length(&two.counts), 2, &two.ctx());
+    let weights = m
+        .segment_weights(0, &[], 2, length / 2, &two.ctx())
+        .unwrap();
+    let seg = Segment {
+        world_size: 2,
+        batches: 10,
+        weights,
+    };
+    let mut three = scheduled(3);
+    three.mixture.as_mut().unwrap().base.resumed = vec![seg.clone()];
+    let after = deliveries(&three, 0, std::slice::from_ref(&seg), 3);
+    let resumed = steps(&after, 64, 0, after[0].len() / 64);
+    for (k, step) in resumed.iter().enumerate() {
+        let want = scheduled_share(10 + k as u64);
+        let got = share_of_a(step);
+        assert!(
+            (got - want).abs() <= 3.0 / 192.0 + 1e-9,
+            "step {}: {got:.3} for {want:.3}",
+            10 + k
+        );
+    }
+    let mut whole = steps(&before, 64, 0, 10);
+    whole.extend(steps(&after, 64, 0, after[0].len().div_ceil(64)));
+    assert_passes(&whole);
 }
