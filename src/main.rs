@@ -41,6 +41,8 @@ enum Command {
     Put(cmd::put::Args),
     /// Decode and augment samples for GPU clients over QUIC (the CPU tier).
     Cpu(cmd::cpu::Args),
+    /// Make a CA for a pool of workers and issue their certificates.
+    Cert(cmd::cert::Args),
     /// Synthetic GPU consumers: load-test workers and check the exactly-once contract.
     Loadgen(Box<cmd::loadgen::Args>),
 }
@@ -67,6 +69,7 @@ fn main() -> std::process::ExitCode {
         Command::Index(args) => cmd::index::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Synth(args) => cmd::synth::run(args),
+        Command::Cert(args) => cmd::cert::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Storage(args) => cmd::storage::run(args),
         Command::Put(args) => cmd::put::run(args),

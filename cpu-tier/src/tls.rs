@@ -87,6 +87,101 @@ pub fn self_signed(state_dir: &Path, names: &[String]) -> Result<Identity, TlsEr
     load(&cert, &key)
 }
 
+/// The subject of every CA `sluice cert ca` makes. A certificate's issuer is matched to its
+/// CA by this name and checked with the CA's key, so issuing needs only `ca.key`; a client
+/// that trusts several pools' CAs at once tries each.
+pub const CA_NAME: &str = "Sluice CA";
+
+/// The files `make_ca` writes in its folder: the certificate clients trust and its key.
+pub const CA_CERT: &str = "ca.pem";
+pub const CA_KEY: &str = "ca.key";
+
+/// Refuses to replace `path`: a CA or a key others already trust is not made again by
+/// accident.
+fn refuse_existing(path: &Path) -> Result<(), TlsError> {
+    match path.symlink_metadata() {
+        Ok(_) => Err(file_error(
+            path,
+            "exists already; remove it to make a new one (whoever trusts the old one will \
+             not trust the new)",
+        )),
+        Err(_) => Ok(()),
+    }
+}
+
+/// The CA's certificate parameters: the same for making it and for signing with it.
+fn ca_params() -> rcgen::CertificateParams {
+    let mut params = rcgen::CertificateParams::default();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, CA_NAME);
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    params
+}
+
+/// `sluice cert ca`: a certificate authority for a pool of workers in `out` (`ca.pem`, which
+/// clients trust, and `ca.key`, owner-only). Returns the certificate's path.
+pub fn make_ca(out: &Path) -> Result<PathBuf, TlsError> {
+    let (cert, key) = (out.join(CA_CERT), out.join(CA_KEY));
+    refuse_existing(&cert)?;
+    refuse_existing(&key)?;
+    std::fs::create_dir_all(out).map_err(|e| file_error(out, e))?;
+    let key_pair = rcgen::KeyPair::generate().map_err(|e| TlsError::Generate(e.to_string()))?;
+    let made = ca_params()
+        .self_signed(&key_pair)
+        .map_err(|e| TlsError::Generate(e.to_string()))?;
+    write_private(&key, key_pair.serialize_pem().as_bytes())?;
+    std::fs::write(&cert, made.pem()).map_err(|e| file_error(&cert, e))?;
+    Ok(cert)
+}
+
+/// `sluice cert issue`: a worker certificate for `names` (host names and IP addresses the
+/// clients dial) signed by the CA in `ca_dir`, written to `out` as `cert.pem` and `key.pem`
+/// (owner-only), what `sluice cpu --cert --key` serves. Returns the certificate's path.
+pub fn issue(
+    ca_dir: &Path,
+    common_name: &str,
+    names: &[String],
+    out: &Path,
+) -> Result<PathBuf, TlsError> {
+    if names.is_empty() {
+        return Err(TlsError::Generate(
+            "a worker certificate needs at least one name (--san): the host names or IP \
+             addresses clients dial"
+                .into(),
+        ));
+    }
+    let ca_key_path = ca_dir.join(CA_KEY);
+    let ca_pem = std::fs::read_to_string(&ca_key_path).map_err(|e| file_error(&ca_key_path, e))?;
+    let ca_key = rcgen::KeyPair::from_pem(&ca_pem).map_err(|e| file_error(&ca_key_path, e))?;
+    let ca = ca_params()
+        .self_signed(&ca_key)
+        .map_err(|e| TlsError::Generate(e.to_string()))?;
+    let (cert, key) = (out.join("cert.pem"), out.join("key.pem"));
+    refuse_existing(&cert)?;
+    refuse_existing(&key)?;
+    let mut params = rcgen::CertificateParams::new(names.to_vec())
+        .map_err(|e| TlsError::Generate(format!("--san {}: {e}", names.join(","))))?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, common_name);
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    params.use_authority_key_identifier_extension = true;
+    let key_pair = rcgen::KeyPair::generate().map_err(|e| TlsError::Generate(e.to_string()))?;
+    let made = params
+        .signed_by(&key_pair, &ca, &ca_key)
+        .map_err(|e| TlsError::Generate(e.to_string()))?;
+    std::fs::create_dir_all(out).map_err(|e| file_error(out, e))?;
+    write_private(&key, key_pair.serialize_pem().as_bytes())?;
+    std::fs::write(&cert, made.pem()).map_err(|e| file_error(&cert, e))?;
+    Ok(cert)
+}
+
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), TlsError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;

@@ -3,6 +3,7 @@
 //! subcommand's module.
 
 pub mod bench;
+pub mod cert;
 pub mod cpu;
 pub mod demo;
 pub mod index;

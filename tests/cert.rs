@@ -1,0 +1,125 @@
+//! `sluice cert` as an operator uses it: one CA for a pool, a certificate per worker, and a
+//! client that trusts only `ca.pem` reaching both workers for an epoch (loadgen checks it
+//! exactly once), while a worker serving its own self-signed certificate is refused.
+
+mod support;
+mod system;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+use support::path_str;
+use system::{dataset, loadgen, start_worker_with};
+
+fn sluice(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn one_ca_trusts_a_pool_and_no_other_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 20);
+    let ca = dir.path().join("ca");
+    let made = sluice(&["cert", "ca", "--out", path_str(&ca)]);
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    assert_eq!(mode(&ca.join("ca.key")), 0o600, "the CA key is owner-only");
+    let again = sluice(&["cert", "ca", "--out", path_str(&ca)]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("exists already"));
+
+    let mut workers = Vec::new();
+    for name in ["a", "b"] {
+        let out = dir.path().join(format!("{name}-tls"));
+        let issued = sluice(&[
+            "cert",
+            "issue",
+            "--ca",
+            path_str(&ca),
+            "--name",
+            name,
+            "--san",
+            "127.0.0.1,localhost",
+            "--out",
+            path_str(&out),
+        ]);
+        assert!(
+            issued.status.success(),
+            "{}",
+            String::from_utf8_lossy(&issued.stderr)
+        );
+        assert_eq!(
+            mode(&out.join("key.pem")),
+            0o600,
+            "a worker key is owner-only"
+        );
+        let (cert, key) = (out.join("cert.pem"), out.join("key.pem"));
+        workers.push(start_worker_with(
+            dir.path(),
+            name,
+            &[
+                "--no-same-host",
+                "--cert",
+                path_str(&cert),
+                "--key",
+                path_str(&key),
+            ],
+        ));
+    }
+    let pool = format!("{},{}", workers[0].addr, workers[1].addr);
+    let token = dir.path().join("token");
+    let trust = ca.join("ca.pem");
+    let run = loadgen(&data.manifest_path, &["--workers", &pool], &token, &trust)
+        .args([
+            "--pipeline",
+            "decode | random_resized_crop 32",
+            "--batch-size",
+            "8",
+        ])
+        .args(["--epochs", "1"])
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+
+    // A worker with its own self-signed certificate is not in the pool the CA vouches for.
+    let stranger = start_worker_with(dir.path(), "stranger", &["--no-same-host"]);
+    let refused = loadgen(
+        &data.manifest_path,
+        &["--workers", &stranger.addr],
+        &token,
+        &trust,
+    )
+    .args([
+        "--pipeline",
+        "decode | random_resized_crop 32",
+        "--batch-size",
+        "8",
+    ])
+    .args(["--epochs", "1", "--worker-wait", "3"])
+    .output()
+    .unwrap();
+    assert!(
+        !refused.status.success(),
+        "a client trusting only the CA reached a stranger"
+    );
+    let said = String::from_utf8_lossy(&refused.stderr).to_lowercase();
+    assert!(
+        said.contains("certificate") || said.contains("tls"),
+        "{said}"
+    );
+}
