@@ -25,7 +25,17 @@ impl Drop for Daemon {
 /// Starts `sluice storage --config FILE --listen 127.0.0.1:0` and reads the bound address
 /// from its log.
 fn start(config: &std::path::Path) -> Daemon {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    start_with(config, &[], None)
+}
+
+/// [`start`] with more arguments and `$SLUICE_TOKEN` set to `token`.
+fn start_with(config: &std::path::Path, extra: &[&str], token: Option<&str>) -> Daemon {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command.env_remove("SLUICE_TOKEN");
+    if let Some(t) = token {
+        command.env("SLUICE_TOKEN", t);
+    }
+    let mut child = command
         .args([
             "storage",
             "--config",
@@ -33,6 +43,7 @@ fn start(config: &std::path::Path) -> Daemon {
             "--listen",
             "127.0.0.1:0",
         ])
+        .args(extra)
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
@@ -136,4 +147,72 @@ fn put_index_and_a_graceful_sigterm() {
     let mut node = node;
     let status = node.child.wait().unwrap();
     assert!(status.success(), "sluice storage exited with {status}");
+}
+
+/// Upload tokens kept out of the config file (often a ConfigMap): a file the config names
+/// (relative to it), `--token-file`, and `$SLUICE_TOKEN` each let `sluice put` upload; any
+/// other token is refused, and a token file that cannot be read stops the node by name.
+#[test]
+fn upload_tokens_come_from_files_and_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("train")).unwrap();
+    let tokens = [
+        "from-config-file-0123456789",
+        "from-flag-file-0123456789",
+        "from-env-0123456789",
+    ];
+    std::fs::write(dir.path().join("team.token"), format!("{}\n", tokens[0])).unwrap();
+    std::fs::write(dir.path().join("flag.token"), format!("{}\n", tokens[1])).unwrap();
+    let config = dir.path().join("storage.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "mountpaths = [\"{}\"]\nupload_token_files = [\"team.token\"]\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let flag = dir.path().join("flag.token");
+    let node = start_with(&config, &["--token-file", path_str(&flag)], Some(tokens[2]));
+    let images = support::synth_images(dir.path(), 1, 3);
+    let pattern = format!("{}/out/s-%02d.tar", dir.path().display());
+    support::shard_images(&images, &pattern, 3, None);
+    let shard = format!("{}/out/s-00.tar", dir.path().display());
+    let to = format!("http://{}/v1/train/", node.addr);
+    for (i, token) in tokens
+        .iter()
+        .chain(["not-any-of-them-0123456789"].iter())
+        .enumerate()
+    {
+        let file = dir.path().join(format!("put-{i}.token"));
+        std::fs::write(&file, token).unwrap();
+        let put = sluice(&["put", &shard, "--to", &to, "--token-file", path_str(&file)]);
+        assert_eq!(
+            put.status.success(),
+            i < 3,
+            "token {i}: {}",
+            String::from_utf8_lossy(&put.stderr)
+        );
+    }
+    drop(node);
+    // A token file that is not there: the node does not start, and says which file.
+    std::fs::write(
+        &config,
+        format!(
+            "mountpaths = [\"{}\"]\nupload_token_files = [\"gone.token\"]\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let out = sluice(&[
+        "storage",
+        "--config",
+        path_str(&config),
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("gone.token"), "{said}");
 }

@@ -25,6 +25,10 @@ pub struct Args {
     /// serve every node of a StatefulSet).
     #[arg(long)]
     advertise: Option<String>,
+    /// A file holding an upload token (its first line); repeat for several. Else
+    /// `$SLUICE_TOKEN`, and the config's `upload_token_files` and `upload_tokens`.
+    #[arg(long)]
+    token_file: Vec<PathBuf>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -40,9 +44,10 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(listen) = args.listen {
         config.listen = listen;
     }
-    if let Some(url) = args.advertise {
-        config.advertise = Some(url);
+    if let Some(url) = &args.advertise {
+        config.advertise = Some(url.clone());
     }
+    upload_tokens(&mut config, &args)?;
     config.validate()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -63,4 +68,32 @@ pub fn run(args: Args) -> Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// Adds the upload tokens kept out of the config file: each `upload_token_files` entry
+/// (relative to the config's folder), each `--token-file`, and `$SLUICE_TOKEN`.
+fn upload_tokens(config: &mut StorageConfig, args: &Args) -> Result<()> {
+    let base = args
+        .config
+        .as_deref()
+        .and_then(std::path::Path::parent)
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
+    let files = std::mem::take(&mut config.upload_token_files);
+    for path in files
+        .iter()
+        .map(|p| base.join(p))
+        .chain(args.token_file.iter().cloned())
+    {
+        let token = sluice_wire::token::read(&path)
+            .with_context(|| format!("upload token file {}", path.display()))?;
+        config.upload_tokens.push(token);
+    }
+    if let Ok(text) = std::env::var("SLUICE_TOKEN") {
+        config
+            .upload_tokens
+            .push(sluice_wire::token::from_text(&text, "SLUICE_TOKEN")?);
+    }
+    config.upload_token_files = files;
+    Ok(())
 }

@@ -25,8 +25,13 @@ pub struct StorageConfig {
     pub metrics_listen: Option<SocketAddr>,
     pub limits: Limits,
     pub timeouts: Timeouts,
-    /// Bearer tokens allowed to upload (`PUT`); empty: uploads are refused.
+    /// Bearer tokens allowed to upload (`PUT`); empty: uploads are refused. Prefer
+    /// `upload_token_files` (or `--token-file`, `$SLUICE_TOKEN`): a config file is often a
+    /// ConfigMap that anyone reading the deployment can read.
     pub upload_tokens: Vec<String>,
+    /// Files each holding one upload token (first line), read at start; relative paths are
+    /// the config file's. A Secret mounted as files, in Kubernetes.
+    pub upload_token_files: Vec<PathBuf>,
     /// Every storage node's base URL (this one included); empty for a single node.
     pub peers: Vec<String>,
     /// This node's URL as it appears in `peers`.
@@ -81,6 +86,7 @@ impl Default for StorageConfig {
             limits: Limits::default(),
             timeouts: Timeouts::default(),
             upload_tokens: Vec::new(),
+            upload_token_files: Vec::new(),
             peers: Vec::new(),
             advertise: None,
             replicas: 1,
