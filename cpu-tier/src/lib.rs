@@ -23,6 +23,7 @@ pub mod error;
 pub mod fields;
 pub mod geometry;
 pub mod jpeg;
+pub mod metrics;
 pub mod restart;
 pub mod same_host;
 pub mod server;

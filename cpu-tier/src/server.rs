@@ -226,6 +226,8 @@ pub async fn run(
         threads: runner.threads(),
         caches: runner.caches(),
     };
+    // Every counter and gauge from the first scrape (an autoscaler's gauge included).
+    crate::metrics::register(active);
     let state = Arc::new(State {
         limits: Limits {
             max_header: config.limits.max_header_bytes,

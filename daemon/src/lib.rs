@@ -112,6 +112,35 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
+/// Serves this process's `/metrics` (and `/healthz`) on `addr` from a thread of its own, for
+/// a process that is not a daemon (`sluice loadgen`, a training process through the Python
+/// binding): installs the recorder ([`metrics_handle`]) and returns the bound address.
+pub fn serve_metrics_in_background(
+    addr: std::net::SocketAddr,
+) -> std::io::Result<std::net::SocketAddr> {
+    let handle = metrics_handle();
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    let bound = listener.local_addr()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("sluice-metrics-http".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => {
+                        let never = CancellationToken::new();
+                        serve_admin(listener, handle, never.clone(), never).await
+                    }
+                    Err(e) => tracing::warn!("metrics on {bound}: {e}"),
+                }
+            })
+        })?;
+    Ok(bound)
+}
+
 /// How long a job's series stay on `/metrics` after its last update, unless the daemon says
 /// otherwise ([`job_series`]).
 pub const JOB_SERIES_TTL: Duration = Duration::from_secs(300);

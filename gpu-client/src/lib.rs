@@ -45,6 +45,7 @@ mod link;
 pub mod loader;
 mod local;
 mod membership;
+pub mod metrics;
 #[cfg(feature = "cuda")]
 mod nvrtc;
 mod protocol;

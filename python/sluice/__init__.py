@@ -21,6 +21,7 @@ and ``images.geometry`` (the crop box and flip that made each tensor).
 PyTorch code that wants tensors in dicts, epochs that advance on every ``iter()`` (and under
 Lightning's ``sampler.set_epoch``), ``len``, ``state_dict``/``load_state_dict`` and pickling,
 uses :mod:`sluice.torch` (it imports torch; this module does not).
+``sluice.serve_metrics("0.0.0.0:9400")`` serves the client's metrics for Prometheus.
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -28,7 +29,7 @@ from importlib.metadata import PackageNotFoundError, version
 from ._fields import FieldDecodeError, Fields, decode_field
 from ._geometry import transform_boxes
 from ._loader import Loader
-from ._sluice import Epoch, Images, Labels, SluiceError
+from ._sluice import Epoch, Images, Labels, SluiceError, serve_metrics
 
 try:
     __version__ = version("sluice")
@@ -45,5 +46,6 @@ __all__ = [
     "Loader",
     "SluiceError",
     "decode_field",
+    "serve_metrics",
     "transform_boxes",
 ]

@@ -652,8 +652,25 @@ impl Epoch {
     }
 }
 
+/// Serves this process's client metrics (`sluice_client_*`: batches, samples, waits,
+/// reassigned and hedged units, the pool) at `http://ADDR/metrics` for Prometheus, from a
+/// thread of its own, for as long as the process runs; returns the bound `host:port` (port 0:
+/// any free one). Call it once per process, before or after making loaders.
+#[pyfunction]
+#[pyo3(signature = (addr = "127.0.0.1:0"))]
+fn serve_metrics(addr: &str) -> PyResult<String> {
+    let parsed: std::net::SocketAddr = addr
+        .parse()
+        .map_err(|e| PyValueError::new_err(format!("serve_metrics: {addr:?}: {e}")))?;
+    let bound = sluice_daemon::serve_metrics_in_background(parsed)
+        .map_err(|e| PyValueError::new_err(format!("serve_metrics: {addr}: {e}")))?;
+    sluice_client::metrics::register();
+    Ok(bound.to_string())
+}
+
 #[pymodule]
 fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(serve_metrics, m)?)?;
     m.add_class::<Loader>()?;
     m.add_class::<Epoch>()?;
     m.add_class::<dlpack::Images>()?;

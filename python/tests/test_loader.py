@@ -800,3 +800,21 @@ def test_breaks_and_dropped_loaders_log_no_error(dataset, worker, caplog):
         del dropped
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [], errors
+
+
+def test_serve_metrics_shows_the_clients_counters_for_prometheus(dataset):
+    """sluice.serve_metrics() serves the training process's client metrics: every counter
+    from the start, and the batches an epoch handed out."""
+    import urllib.request
+
+    addr = sluice.serve_metrics("127.0.0.1:0")
+    assert sluice.serve_metrics.__doc__ and "Prometheus" in sluice.serve_metrics.__doc__
+    loader = sluice.Loader(dataset, batch_size=8, pipeline="decode | resize 32 | center_crop 32")
+    batches = sum(1 for _ in loader.epoch(0))
+    text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=10).read().decode()
+    counted = [float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("sluice_client_batches_total")]
+    assert counted and counted[0] >= batches, text
+    assert "sluice_client_reassigned_units_total" in text
+    with pytest.raises(ValueError, match="serve_metrics"):
+        sluice.serve_metrics("not an address")

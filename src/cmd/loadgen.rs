@@ -151,6 +151,10 @@ pub struct Args {
     /// limits.max_job_weight).
     #[arg(long, default_value_t = 1)]
     job_weight: u32,
+    /// Serve the client's metrics (`sluice_client_*`) on this address at `/metrics` while
+    /// the run lasts (port 0: any free port; the log says which).
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// Where batches go: `cpu` (host memory), or `cuda:N` (page-locked ring, uploaded to GPU
     /// N one batch ahead; the starved figure then includes waiting for the copy).
     #[arg(long, default_value = "cpu")]
@@ -326,6 +330,12 @@ fn datasets(args: &Args) -> Result<(Manifest, Option<LoadedMixture>)> {
 
 pub fn run(args: Args) -> Result<()> {
     daemon::init_logs();
+    if let Some(addr) = args.metrics_listen {
+        let bound = sluice_daemon::serve_metrics_in_background(addr)
+            .with_context(|| format!("--metrics-listen {addr}"))?;
+        sluice_client::metrics::register();
+        tracing::info!(metrics = %bound, "loadgen serving the client's metrics at /metrics");
+    }
     // Settings first (device, dtype, shuffle, checkpoints), before loading anything.
     let mut cfg = config(&args)?;
     let (manifest, mixture) = datasets(&args)?;

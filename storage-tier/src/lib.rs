@@ -15,6 +15,7 @@
 pub mod config;
 pub mod connection;
 pub mod listing;
+pub mod metrics;
 pub mod mountpath;
 pub mod objects;
 pub mod placement;
