@@ -262,3 +262,43 @@ fn in_process_mode_needs_no_daemon_and_reports_bad_samples() {
         assert_eq!((r.delivered, r.skipped, r.planned), (89, 2, 91));
     }
 }
+
+/// A rolling restart as clients see it: a worker stopped with SIGTERM drains, and the client
+/// says it left the pool, at INFO, while its units go to the other worker; no "worker lost"
+/// warning, and the epoch still arrives exactly once (loadgen checks it).
+#[test]
+fn a_drained_worker_left_the_pool_and_is_not_reported_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 100);
+    let workers = [start_worker(dir.path(), "a"), start_worker(dir.path(), "b")];
+    let trust = trust_file(dir.path(), &[&workers[0], &workers[1]]);
+    let pool = format!("{},{}", workers[0].addr, workers[1].addr);
+    let run = system::loadgen(
+        &data.manifest_path,
+        &["--workers", &pool],
+        &dir.path().join("token"),
+        &trust,
+    )
+    .args([
+        "--pipeline",
+        "decode | random_resized_crop 32",
+        "--batch-size",
+        "8",
+    ])
+    .args(["--epochs", "2", "--step-ms", "20"])
+    .env("RUST_LOG", "info")
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    signal(workers[0].child.id(), "-TERM");
+    let out = run.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("left the pool"), "{said}");
+    assert!(
+        !said.contains("worker lost"),
+        "a drain was reported as a lost worker:\n{said}"
+    );
+}

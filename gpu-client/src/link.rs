@@ -149,6 +149,9 @@ struct Wire<R, W> {
 enum Ended {
     /// Worth reconnecting.
     Lost(String),
+    /// The worker closed the connection because it is shutting down (a drain: its units go
+    /// elsewhere, and it may come back at the same address).
+    Left(String),
     Fatal(crate::ClientError),
     Cancelled,
 }
@@ -162,6 +165,8 @@ impl RemoteLink {
     ) {
         let mut generation = 0u64;
         let mut backoff = Duration::from_millis(100);
+        // The worker drained: failing to reach it again is expected until it is back.
+        let mut left = false;
         loop {
             generation += 1;
             let ended = {
@@ -200,13 +205,25 @@ impl RemoteLink {
             if cancel.is_cancelled() || events.is_closed() || commands.is_closed() {
                 return;
             }
-            let (error, fatal) = match ended {
+            let (error, fatal, drained) = match ended {
                 Ended::Cancelled => return,
-                Ended::Lost(e) => (e, None),
-                Ended::Fatal(f) => (f.to_string(), Some(f)),
+                Ended::Left(reason) => (reason, None, true),
+                Ended::Lost(e) => (e, None, false),
+                Ended::Fatal(f) => (f.to_string(), Some(f), false),
             };
             let is_fatal = fatal.is_some();
-            tracing::warn!(worker = %self.name, generation, "worker lost: {error}");
+            let reconnecting = error.starts_with("connect:") || error.starts_with("no answer in");
+            if drained {
+                tracing::info!(worker = %self.name, generation,
+                    "worker left the pool ({error}): its units go to the other workers");
+                left = true;
+            } else if left && reconnecting {
+                tracing::debug!(worker = %self.name, generation,
+                    "a worker that left is not back yet: {error}");
+            } else {
+                left = false;
+                tracing::warn!(worker = %self.name, generation, "worker lost: {error}");
+            }
             let lost = Event::Lost {
                 link: self.link,
                 generation,
@@ -444,7 +461,9 @@ impl RemoteLink {
     {
         let worker = &self.name;
         let Wire {
-            reader, mut writer, ..
+            reader,
+            mut writer,
+            quic,
         } = wire;
         if events
             .send(Event::Ready {
@@ -484,7 +503,16 @@ impl RemoteLink {
         loop {
             tokio::select! {
                 ended = end_rx.recv() => {
-                    return ended.unwrap_or(Ended::Lost("reader stopped".into()));
+                    let ended = ended.unwrap_or(Ended::Lost("reader stopped".into()));
+                    // A stream that broke because the worker closed for shutdown: a drain.
+                    return match quic.as_ref().and_then(|c| c.close_reason()) {
+                        Some(e @ quinn::ConnectionError::ApplicationClosed(_))
+                            if matches!(ended, Ended::Lost(_)) =>
+                        {
+                            classify_connection_error(worker, e)
+                        }
+                        _ => ended,
+                    };
                 }
                 // Only a connection sharing the batch arena is let see this (`run`).
                 _ = cancel.cancelled() => {
@@ -637,6 +665,8 @@ fn classify_connection_error(worker: &str, e: quinn::ConnectionError) -> Ended {
             match u64::from(a.error_code) {
                 1 => refusal(worker, ErrorCode::Unauthorized, reason),
                 2 => refusal(worker, ErrorCode::BadRequest, reason),
+                // Unavailable: the worker is draining for a shutdown or restart.
+                3 if reason.contains("draining") => Ended::Left(reason),
                 _ => Ended::Lost(format!("closed by the worker: {reason}")),
             }
         }
