@@ -1,7 +1,10 @@
 //! Every file in `configs/` parses and agrees with the code: TOML configs load into the
 //! daemons' config types, systemd units carry the settings we promise (and pass
-//! `systemd-analyze verify` where it exists), and the Kubernetes manifests parse, probe
-//! `/healthz`, and reference the ports their configs listen on.
+//! `systemd-analyze verify` where it exists), and the Kubernetes manifests validate against
+//! the Kubernetes API's schemas (`kubernetes-validate`, offline), probe `/healthz` for
+//! readiness and `/livez` for liveness, reference the ports their configs listen on, and keep
+//! the rules that let them survive real use (disruption budgets, owners on distinct nodes, no
+//! `replicas` under an autoscaler, a cache volume, network policies, scraping).
 
 use sluice_daemon::DaemonConfig;
 use std::collections::BTreeMap;
@@ -187,12 +190,10 @@ fn kubernetes_manifests_parse_and_agree_on_ports() {
                 )
             })
             .collect();
-        // Probes hit /healthz on the metrics port; Prometheus scrapes that port.
-        for probe in ["readinessProbe", "livenessProbe"] {
-            assert_eq!(
-                container[probe]["httpGet"]["path"], "/healthz",
-                "{name} {probe}"
-            );
+        // Readiness is /healthz (503 while draining or with no disk), liveness /livez (the
+        // process answers), both on the metrics port; Prometheus scrapes that port.
+        for (probe, path) in [("readinessProbe", "/healthz"), ("livenessProbe", "/livez")] {
+            assert_eq!(container[probe]["httpGet"]["path"], path, "{name} {probe}");
             assert_eq!(
                 container[probe]["httpGet"]["port"], "metrics",
                 "{name} {probe}"
@@ -305,4 +306,192 @@ fn kubernetes_manifests_parse_and_agree_on_ports() {
         hpa["spec"]["minReplicas"].as_u64().unwrap() >= 1
             && hpa["spec"]["maxReplicas"].as_u64() >= hpa["spec"]["minReplicas"].as_u64()
     );
+}
+
+/// A Python with `kubernetes_validate` (PyPI's `kubernetes-validate`, which ships the API's
+/// schemas): `$SLUICE_TEST_PYTHON`, else the repo's `.venv`.
+fn validator_python() -> Option<PathBuf> {
+    let candidates = std::env::var_os("SLUICE_TEST_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python")]);
+    for py in candidates {
+        let ok = std::process::Command::new(&py)
+            .args(["-c", "import kubernetes_validate"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return Some(py);
+        }
+    }
+    assert!(
+        std::env::var_os("SLUICE_REQUIRE_PYTHON").is_none(),
+        "SLUICE_REQUIRE_PYTHON is set but no Python with kubernetes-validate was found"
+    );
+    None
+}
+
+#[test]
+fn kubernetes_manifests_validate_against_the_api_schemas() {
+    let Some(python) = validator_python() else {
+        eprintln!("skipped: no Python with kubernetes-validate (.ci/run installs it)");
+        return;
+    };
+    let files = files(&configs().join("kubernetes"), "yaml");
+    let out = std::process::Command::new(python)
+        .args(["-m", "kubernetes_validate", "--strict", "--quiet"])
+        .args(&files)
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "kubernetes-validate:\n{said}");
+    // Only the CRDs' kinds (Prometheus Operator, cert-manager) have no schema there; the
+    // rules below check those.
+    for line in said.lines().filter(|l| !l.trim().is_empty()) {
+        let crd = ["ServiceMonitor", "Issuer", "Certificate"]
+            .iter()
+            .any(|k| line.contains(&format!("kind {k} ")));
+        assert!(
+            crd && line.contains("Couldn't find schema"),
+            "kubernetes-validate: {line}"
+        );
+    }
+}
+
+/// Whether `selector` (a `matchLabels` map) selects pods labelled `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    selector["matchLabels"]
+        .as_mapping()
+        .is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| &labels[k] == v))
+}
+
+#[test]
+fn kubernetes_manifests_survive_real_use() {
+    let all: Vec<Value> = files(&configs().join("kubernetes"), "yaml")
+        .iter()
+        .flat_map(|p| docs(p))
+        .collect();
+    let kind = |k: &'static str| all.iter().filter(move |d| d["kind"] == k);
+    let hpa_targets: Vec<&str> = kind("HorizontalPodAutoscaler")
+        .map(|h| h["spec"]["scaleTargetRef"]["name"].as_str().unwrap())
+        .collect();
+    for w in kind("Deployment").chain(kind("StatefulSet")) {
+        let name = w["metadata"]["name"].as_str().unwrap();
+        let labels = &w["spec"]["template"]["metadata"]["labels"];
+        let pod = &w["spec"]["template"]["spec"];
+        // An autoscaler's target carries no replicas: `kubectl apply` would reset the pool.
+        if hpa_targets.contains(&name) {
+            assert!(
+                w["spec"]["replicas"].is_null(),
+                "{name}: replicas under an autoscaler"
+            );
+        }
+        // A voluntary disruption takes one pod at a time.
+        let pdb = kind("PodDisruptionBudget")
+            .find(|p| selects(&p["spec"]["selector"], labels))
+            .unwrap_or_else(|| panic!("{name}: no PodDisruptionBudget"));
+        assert_eq!(pdb["spec"]["maxUnavailable"].as_u64(), Some(1), "{name}");
+        // Ingress only where a NetworkPolicy lets it in, and the serving port is let in.
+        let policy = kind("NetworkPolicy")
+            .find(|p| selects(&p["spec"]["podSelector"], labels))
+            .unwrap_or_else(|| panic!("{name}: no NetworkPolicy"));
+        let serving = pod["containers"][0]["ports"][0]["containerPort"]
+            .as_u64()
+            .unwrap();
+        let opened: Vec<u64> = policy["spec"]["ingress"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .flat_map(|rule| rule["ports"].as_sequence().unwrap().iter())
+            .filter_map(|p| p["port"].as_u64())
+            .collect();
+        assert!(
+            opened.contains(&serving),
+            "{name}: its policy keeps out its own clients"
+        );
+        // Scraped by the Prometheus Operator through its Service's metrics port.
+        let monitor = kind("ServiceMonitor")
+            .find(|m| selects(&m["spec"]["selector"], labels))
+            .unwrap_or_else(|| panic!("{name}: no ServiceMonitor"));
+        assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics", "{name}");
+    }
+    // Storage owners on distinct nodes: a node lost or drained leaves a copy of every shard.
+    let storage = kind("StatefulSet").next().unwrap();
+    let anti = &storage["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+        ["requiredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(anti["topologyKey"], "kubernetes.io/hostname");
+    assert!(selects(
+        &anti["labelSelector"],
+        &storage["spec"]["template"]["metadata"]["labels"]
+    ));
+    // Upload tokens come from a Secret, not the ConfigMap.
+    let storage_toml = kind("ConfigMap")
+        .find(|c| c["metadata"]["name"] == "sluice-storage")
+        .unwrap()["data"]["storage.toml"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let storage_config: sluice_storage::StorageConfig = toml::from_str(&storage_toml).unwrap();
+    assert!(
+        storage_config.upload_tokens.is_empty() && !storage_config.upload_token_files.is_empty()
+    );
+    // The workers' cache: the config's dir is a mounted volume with room for its size.
+    let cpu = kind("Deployment")
+        .find(|d| d["metadata"]["name"] == "sluice-cpu")
+        .unwrap();
+    let cpu_toml = kind("ConfigMap")
+        .find(|c| c["metadata"]["name"] == "sluice-cpu")
+        .unwrap()["data"]["cpu.toml"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let cpu_config = sluice_cpu::config::CpuConfig::from_toml(&cpu_toml, "configmap").unwrap();
+    let dir = cpu_config
+        .cache
+        .dir
+        .clone()
+        .expect("a cache dir in cpu.toml");
+    let pod = &cpu["spec"]["template"]["spec"];
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"].as_str() == dir.to_str())
+        .unwrap_or_else(|| panic!("the cache dir {dir:?} is not a mounted volume"));
+    let volume = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    let limit = volume["emptyDir"]["sizeLimit"]
+        .as_str()
+        .expect("a sizeLimit on the cache");
+    let bytes: u64 = limit.trim_end_matches('G').parse::<u64>().unwrap() * 1_000_000_000;
+    assert!(
+        cpu_config.cache.size_bytes < bytes,
+        "the cache may outgrow its volume ({limit})"
+    );
+    // The autoscaler's metric reaches the custom metrics API through prometheus-adapter.
+    let adapter = kind("ConfigMap")
+        .find(|c| c["metadata"]["name"] == "sluice-prometheus-adapter")
+        .expect("a prometheus-adapter rule");
+    let rules = adapter["data"]["config.yaml"].as_str().unwrap();
+    for hpa in kind("HorizontalPodAutoscaler") {
+        let metric = hpa["spec"]["metrics"][0]["pods"]["metric"]["name"]
+            .as_str()
+            .unwrap();
+        assert!(rules.contains(metric), "no adapter rule for {metric}");
+    }
+    // cert-manager's certificate is the Secret the workers mount, for the Service's name.
+    let cert = kind("Certificate")
+        .next()
+        .expect("a cert-manager Certificate");
+    let mounted = cpu["spec"]["template"]["spec"]["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|v| v["secret"]["secretName"] == cert["spec"]["secretName"]);
+    assert!(mounted, "the workers do not mount the certificate's Secret");
 }

@@ -194,7 +194,8 @@ pub fn job_series(ttl: Option<Duration>) -> &'static JobSeries {
     })
 }
 
-/// The answer to an admin request: `/metrics`, `/healthz` (by `draining`), or 404.
+/// The answer to an admin request: `/metrics`, `/healthz` (by `draining`), `/livez` (always
+/// 200 while the process answers), or 404.
 pub fn admin_response(
     path: &str,
     metrics: &PrometheusHandle,
@@ -210,9 +211,13 @@ pub fn admin_response(
             "{\"status\":\"draining\"}\n".into(),
         ),
         "/healthz" => (StatusCode::OK, "{\"status\":\"ok\"}\n".into()),
+        // Liveness: the process answers. Never 503 for a drain or a bad disk, so a
+        // liveness probe restarts only a daemon that stopped answering (readiness probes
+        // /healthz).
+        "/livez" => (StatusCode::OK, "{\"status\":\"alive\"}\n".into()),
         _ => (
             StatusCode::NOT_FOUND,
-            "{\"error\":\"this address serves /metrics and /healthz\"}\n".into(),
+            "{\"error\":\"this address serves /metrics, /healthz and /livez\"}\n".into(),
         ),
     }
 }

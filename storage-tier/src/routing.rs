@@ -160,6 +160,10 @@ pub(crate) async fn route(state: &Arc<State>, req: &Request<()>) -> Reply {
         (&Method::GET, "/metrics") => {
             return Reply::Ready(text(StatusCode::OK, &state.metrics.render()))
         }
+        (&Method::GET, "/livez") => {
+            let (status, body) = sluice_daemon::admin_response("/livez", &state.metrics, false);
+            return Reply::Ready(text(status, &body));
+        }
         (&Method::GET, "/auth") => {
             // Lets an uploader check its token before streaming a large body that a refusal
             // would cut off mid-send.
