@@ -109,10 +109,15 @@ fn systemd_units_are_hardened_notify_services() {
             ("Restart", "on-failure"),
             ("User", "sluice"),
             ("KillSignal", "SIGTERM"),
+            ("MemoryDenyWriteExecute", "yes"),
+            ("UMask", "0077"),
+            ("SystemCallErrorNumber", "EPERM"),
         ] {
             assert_eq!(s.get(k).map(String::as_str), Some(v), "{name}: {k}");
         }
-        assert!(s.contains_key("WatchdogSec"), "{name}: WatchdogSec");
+        for k in ["WatchdogSec", "SystemCallFilter", "TasksMax", "MemoryMax", "LimitNOFILE"] {
+            assert!(s.contains_key(k), "{name}: {k}");
+        }
         let exec = &s["ExecStart"];
         assert!(exec.starts_with("/usr/local/bin/sluice "), "{name}: {exec}");
         let sub = exec.split_whitespace().nth(1).unwrap();
