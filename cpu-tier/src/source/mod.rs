@@ -242,9 +242,17 @@ impl ShardSource {
             // body read), not the whole transfer: a stall timeout, not a deadline.
             .timeout(config.stall_timeout)
             .build()
-            .map_err(|e| SourceError::Request {
-                url: String::new(),
-                detail: e.to_string(),
+            .map_err(|e| {
+                let cause = std::error::Error::source(&e)
+                    .map(|c| format!(": {c}"))
+                    .unwrap_or_default();
+                SourceError::Request {
+                    url: "(any shard URL)".into(),
+                    detail: format!(
+                        "the HTTP client for shard reads could not be made ({e}{cause}); it \
+                         needs the machine's CA certificates (/etc/ssl/certs)"
+                    ),
+                }
             })?;
         // A cache directory that cannot be used costs its hits, never the worker: it is
         // said (naming the directory and why) and shards are read from storage.

@@ -1,0 +1,242 @@
+//! The image as an operator runs it: `configs/container/build.sh` builds it from scratch
+//! around the binary under test, then a storage node, a CPU worker and loadgen run as three
+//! containers (host network, uid 10001) for an epoch, which loadgen checks exactly once.
+//! Skips with a message where podman is missing or cannot run a container at all (unless
+//! `SLUICE_REQUIRE_CONTAINERS` is set, as CI sets it where it installs podman).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn podman(conf: Option<&Path>, args: &[&str]) -> Output {
+    let mut c = Command::new("podman");
+    if let Some(conf) = conf {
+        c.env("CONTAINERS_CONF", conf);
+    }
+    c.args(args).output().unwrap()
+}
+
+/// The containers this test started, removed however it ends.
+struct Containers {
+    conf: Option<PathBuf>,
+    names: Vec<String>,
+}
+
+impl Drop for Containers {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = podman(self.conf.as_deref(), &["rm", "-f", n]);
+        }
+    }
+}
+
+fn skip(why: &str) {
+    assert!(
+        std::env::var_os("SLUICE_REQUIRE_CONTAINERS").is_none(),
+        "SLUICE_REQUIRE_CONTAINERS is set, but {why}"
+    );
+    eprintln!("skipped: {why}");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_for_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {port}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn storage_a_worker_and_loadgen_run_an_epoch_as_containers() {
+    if Command::new("podman").arg("--version").output().is_err() {
+        return skip("podman is not installed");
+    }
+    let tag = format!("localhost/sluice:test-{}", std::process::id());
+    let built = Command::new(repo().join("configs/container/build.sh"))
+        .env("SLUICE_BIN", env!("CARGO_BIN_EXE_sluice"))
+        .env("SLUICE_TAG", &tag)
+        .output()
+        .unwrap();
+    if !built.status.success() {
+        return skip(&format!(
+            "the image did not build: {}",
+            String::from_utf8_lossy(&built.stderr)
+        ));
+    }
+    // This machine's own configuration, else the sandbox one (runc, cgroupfs, no ulimits).
+    let sandbox = repo().join("configs/container/containers.conf");
+    let conf = [None, Some(sandbox)].into_iter().find(|c| {
+        podman(c.as_deref(), &["run", "--rm", &tag, "--version"])
+            .status
+            .success()
+    });
+    let Some(conf) = conf else {
+        let _ = podman(None, &["rmi", "-f", &tag]);
+        return skip("podman cannot run a container here");
+    };
+    let mut running = Containers {
+        conf: conf.clone(),
+        names: Vec::new(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // Everything the containers read or write lives in folders uid 10001 may use.
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let data = dir.path().join("data");
+    let images = support::synth_images(dir.path(), 2, 12);
+    support::shard_images(
+        &images,
+        &format!("{}/train/s-%02d.tar", data.display()),
+        8,
+        None,
+    );
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    std::fs::write(
+        dir.path().join("token"),
+        "container-test-token-0123456789\n",
+    )
+    .unwrap();
+    let (http, quic) = (free_port(), free_port());
+    let vol = |host: &Path, at: &str| format!("{}:{at}", host.display());
+    let start = |name: &str, args: &[&str]| {
+        let mut all = vec!["run", "-d", "--name", name, "--network", "host"];
+        all.extend_from_slice(args);
+        let out = podman(conf.as_deref(), &all);
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let tag_ref = tag.as_str();
+    let storage = format!("sluice-storage-{quic}");
+    start(
+        &storage,
+        &[
+            "-v",
+            &vol(&data, "/data"),
+            tag_ref,
+            "storage",
+            "--data",
+            "/data",
+            "--listen",
+            &format!("127.0.0.1:{http}"),
+        ],
+    );
+    running.names.push(storage);
+    wait_for_port(http);
+    // The manifest names the shards by their URLs on the storage container.
+    let manifest = dir.path().join("manifest.json");
+    let indexed = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "index",
+            &format!("http://127.0.0.1:{http}/v1/train/s-{{00..02}}.tar"),
+            "--output",
+        ])
+        .arg(&manifest)
+        .output()
+        .unwrap();
+    assert!(
+        indexed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&indexed.stderr)
+    );
+    let worker = format!("sluice-cpu-{quic}");
+    start(
+        &worker,
+        &[
+            "-v",
+            &vol(dir.path(), "/job"),
+            "-v",
+            &vol(&state, "/state"),
+            tag_ref,
+            "cpu",
+            "--listen",
+            &format!("127.0.0.1:{quic}"),
+            "--state-dir",
+            "/state",
+            "--token-file",
+            "/job/token",
+            "--no-same-host",
+            "--threads",
+            "1",
+        ],
+    );
+    running.names.push(worker);
+    let cert = state.join("cert.pem");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cert.exists() {
+        if Instant::now() > deadline {
+            let logs = podman(conf.as_deref(), &["logs", &running.names[1]]);
+            panic!(
+                "the worker made no certificate: {}",
+                String::from_utf8_lossy(&logs.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let loadgen = podman(
+        conf.as_deref(),
+        &[
+            "run",
+            "--rm",
+            "--network",
+            "host",
+            "-v",
+            &vol(dir.path(), "/job"),
+            "-v",
+            &vol(&state, "/state"),
+            tag_ref,
+            "loadgen",
+            "--dataset",
+            "/job/manifest.json",
+            "--workers",
+            &format!("127.0.0.1:{quic}"),
+            "--token-file",
+            "/job/token",
+            "--trust-cert",
+            "/state/cert.pem",
+            "--same-host",
+            "off",
+            "--pipeline",
+            "decode | random_resized_crop 32",
+            "--batch-size",
+            "4",
+            "--epochs",
+            "1",
+            "--json",
+            "/job/report.json",
+        ],
+    );
+    assert!(
+        loadgen.status.success(),
+        "loadgen: {}",
+        String::from_utf8_lossy(&loadgen.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json")).unwrap())
+            .unwrap();
+    assert_eq!(report["ranks"][0]["delivered"], 24, "{report}");
+    drop(running);
+    let _ = podman(conf.as_deref(), &["rmi", "-f", &tag]);
+}
