@@ -504,14 +504,15 @@ impl RemoteLink {
             tokio::select! {
                 ended = end_rx.recv() => {
                     let ended = ended.unwrap_or(Ended::Lost("reader stopped".into()));
-                    // A stream that broke because the worker closed for shutdown: a drain.
-                    return match quic.as_ref().and_then(|c| c.close_reason()) {
-                        Some(e @ quinn::ConnectionError::ApplicationClosed(_))
-                            if matches!(ended, Ended::Lost(_)) =>
-                        {
-                            classify_connection_error(worker, e)
-                        }
-                        _ => ended,
+                    // A stream that broke because the worker closed for shutdown is a drain;
+                    // any other end stays what the reader said.
+                    let closed = quic.as_ref().and_then(|c| c.close_reason());
+                    return match (ended, closed) {
+                        (Ended::Lost(lost), Some(e)) => match classify_connection_error(worker, e) {
+                            left @ Ended::Left(_) => left,
+                            _ => Ended::Lost(lost),
+                        },
+                        (ended, _) => ended,
                     };
                 }
                 // Only a connection sharing the batch arena is let see this (`run`).
