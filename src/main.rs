@@ -2,6 +2,7 @@
 //! argument parsing that calls into the library crates; errors get their context here, at
 //! the edge, with `anyhow`.
 
+mod args;
 mod cmd;
 mod consumers;
 mod daemon;

@@ -35,7 +35,7 @@ pub struct Args {
     threads: usize,
     /// Each worker's shard cache (`0`: none): epochs after the first read their shards from
     /// the workers' local disks, not the storage node.
-    #[arg(long, default_value = "1G", value_parser = crate::cmd::cpu::parse_bytes)]
+    #[arg(long, default_value = "1G", value_parser = crate::args::parse_bytes)]
     cache_size: u64,
     #[command(flatten)]
     consumers: Consumers,
