@@ -22,10 +22,11 @@ fn podman(conf: Option<&Path>, args: &[&str]) -> Output {
     c.args(args).output().unwrap()
 }
 
-/// The containers this test started, removed however it ends.
+/// The containers this test started and its image, removed however it ends.
 struct Containers {
     conf: Option<PathBuf>,
     names: Vec<String>,
+    image: String,
 }
 
 impl Drop for Containers {
@@ -33,6 +34,7 @@ impl Drop for Containers {
         for n in &self.names {
             let _ = podman(self.conf.as_deref(), &["rm", "-f", n]);
         }
+        let _ = podman(self.conf.as_deref(), &["rmi", "-f", &self.image]);
     }
 }
 
@@ -91,6 +93,7 @@ fn storage_a_worker_and_loadgen_run_an_epoch_as_containers() {
     let mut running = Containers {
         conf: conf.clone(),
         names: Vec::new(),
+        image: tag.clone(),
     };
     let dir = tempfile::tempdir().unwrap();
     // Everything the containers read or write lives in folders uid 10001 may use.
@@ -237,6 +240,4 @@ fn storage_a_worker_and_loadgen_run_an_epoch_as_containers() {
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json")).unwrap())
             .unwrap();
     assert_eq!(report["ranks"][0]["delivered"], 24, "{report}");
-    drop(running);
-    let _ = podman(conf.as_deref(), &["rmi", "-f", &tag]);
 }
