@@ -241,12 +241,12 @@ class Loader(IterableDataset):
 
     - ``image``: uint8 tensor, N×3×H×W (``layout="nchw"``) or N×H×W×3 (``"nhwc"``); on the
       GPU with ``device="cuda:K"``.
-    - ``label``: int64 tensor of N (-1 where a sample has no label).
+    - ``label``: int64 tensor of N (every label -1 with ``label=None``, unlabeled data).
     - ``__key__``: list of N sample keys (the tar members' names, less the extension).
     - ``padding``: bool tensor of N, True for a repeated sample (``remainder="pad"``): leave
       those rows out of an evaluation's metric.
-    - ``geometry``: each sample's crop and resize, to map boxes and points (see
-      ``sluice.geometry``).
+    - ``geometry``: each sample's crop box and flip, to map boxes into the tensor's pixels
+      (``sluice.transform_boxes``).
     - ``__source__``: int64 tensor of N, each sample's source (a mixture's only; its index in
       ``loader.sources``).
     - each field asked for with ``fields=``: a list of N values, decoded by extension
