@@ -6,6 +6,8 @@
 //! the rules that let them survive real use (disruption budgets, owners on distinct nodes, no
 //! `replicas` under an autoscaler, a cache volume, network policies, scraping).
 
+mod support;
+
 use sluice_daemon::DaemonConfig;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -328,32 +330,10 @@ fn kubernetes_manifests_parse_and_agree_on_ports() {
     );
 }
 
-/// A Python with `kubernetes_validate` (PyPI's `kubernetes-validate`, which ships the API's
-/// schemas): `$SLUICE_TEST_PYTHON`, else the repo's `.venv`.
-fn validator_python() -> Option<PathBuf> {
-    let candidates = std::env::var_os("SLUICE_TEST_PYTHON")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python")]);
-    for py in candidates {
-        let ok = std::process::Command::new(&py)
-            .args(["-c", "import kubernetes_validate"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if ok {
-            return Some(py);
-        }
-    }
-    assert!(
-        std::env::var_os("SLUICE_REQUIRE_PYTHON").is_none(),
-        "SLUICE_REQUIRE_PYTHON is set but no Python with kubernetes-validate was found"
-    );
-    None
-}
-
 #[test]
 fn kubernetes_manifests_validate_against_the_api_schemas() {
-    let Some(python) = validator_python() else {
+    // PyPI's `kubernetes-validate` ships the API's schemas.
+    let Some(python) = support::python_with("kubernetes_validate") else {
         eprintln!("skipped: no Python with kubernetes-validate (.ci/run installs it)");
         return;
     };

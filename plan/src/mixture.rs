@@ -404,13 +404,6 @@ impl Mixture {
         Draw { groups, next }
     }
 
-    /// The sources' states at the start of `epoch`: the base's, carried through the base
-    /// epoch's segments and every whole epoch after it (at the planner's world size and the
-    /// current weights).
-    pub(crate) fn state_at(&self, epoch: u64, ctx: &Ctx) -> Result<Vec<SourceState>, PlanError> {
-        Ok(self.start_of(epoch, ctx)?.0)
-    }
-
     /// The training step at which `epoch` starts: the base's, then each epoch's batches as
     /// its ranks take them (the base epoch's earlier segments' and its last segment's at the
     /// planner's world size).
@@ -454,32 +447,35 @@ impl Mixture {
         }
     }
 
-    /// The weights of the current segment of `epoch` after `resumed` in a world of `world`:
-    /// the mixture's, or its schedule's over the steps the segment spans.
+    /// The weights of the current segment after `resumed` of an epoch that starts at step
+    /// `epoch_start`, in a world of `world` whose ranks take `samples` each: the mixture's, or
+    /// its schedule's over the steps the segment spans.
     pub(crate) fn segment_weights(
         &self,
-        epoch: u64,
+        epoch_start: u64,
         resumed: &[Segment],
         world: u32,
         samples: u64,
         ctx: &Ctx,
-    ) -> Result<Vec<u64>, PlanError> {
-        if self.schedule.is_none() {
-            return Ok(self.weights.clone());
-        }
-        let epoch_start = self.epoch_step(epoch, ctx)?;
+    ) -> Vec<u64> {
         let weights = SegmentWeights::Scheduled { epoch_start };
-        Ok(self.resolve(
+        self.resolve(
             weights,
             samples * u64::from(world.max(1)),
             world,
             resumed,
             ctx,
-        ))
+        )
     }
 
-    /// The sources' states and the training step at the start of `epoch`.
-    fn start_of(&self, epoch: u64, ctx: &Ctx) -> Result<(Vec<SourceState>, u64), PlanError> {
+    /// The sources' states and the training step at the start of `epoch`: the base's, carried
+    /// through the base epoch's segments and every whole epoch after it (at the planner's
+    /// world size and the current weights).
+    pub(crate) fn start_of(
+        &self,
+        epoch: u64,
+        ctx: &Ctx,
+    ) -> Result<(Vec<SourceState>, u64), PlanError> {
         let base = &self.base;
         if epoch < base.epoch {
             return Err(PlanError::MixtureEpoch {

@@ -103,27 +103,29 @@ impl EpochPlanner {
         }
     }
 
-    /// The mixture's sources' states at the start of `epoch` (`None` for a single dataset).
-    pub fn mixture_state(&self, epoch: u64) -> Result<Option<Vec<SourceState>>, PlanError> {
-        match &self.mixture {
-            Some(m) => Ok(Some(m.state_at(epoch, &self.ctx())?)),
-            None => Ok(None),
-        }
-    }
-
-    /// The weights of the current segment of `epoch` after `resumed` in a world of `world`
-    /// whose ranks take `samples` samples each: a mixture's (its schedule's, summed over the
-    /// steps the segment spans); empty for a single dataset. What a checkpoint records.
+    /// The weights of the current segment after `resumed` of an epoch that starts at step
+    /// `epoch_start` ([`Self::mixture_start`]), in a world of `world` whose ranks take
+    /// `samples` samples each: a mixture's (its schedule's, summed over the steps the segment
+    /// spans); empty for a single dataset. What a checkpoint records.
     pub fn segment_weights(
         &self,
-        epoch: u64,
+        epoch_start: u64,
         resumed: &[Segment],
         world: u32,
         samples: u64,
-    ) -> Result<Vec<u64>, PlanError> {
+    ) -> Vec<u64> {
         match &self.mixture {
-            Some(m) => m.segment_weights(epoch, resumed, world, samples, &self.ctx()),
-            None => Ok(Vec::new()),
+            Some(m) => m.segment_weights(epoch_start, resumed, world, samples, &self.ctx()),
+            None => Vec::new(),
+        }
+    }
+
+    /// A mixture's sources' states and the training step at the start of `epoch`, computed
+    /// together (`None` for a single dataset).
+    pub fn mixture_start(&self, epoch: u64) -> Result<Option<(Vec<SourceState>, u64)>, PlanError> {
+        match &self.mixture {
+            Some(m) => Ok(Some(m.start_of(epoch, &self.ctx())?)),
+            None => Ok(None),
         }
     }
 

@@ -22,30 +22,30 @@ def sluice_bin():
     return str(path)
 
 
+def synth_manifest(sluice_bin, d, classes, per_class, prefix, seed=None):
+    """`classes` × `per_class` generated JPEGs in folder `d`, 10 per shard named
+    `<prefix>-NNNNNN.tar`: the manifest's path."""
+    seeded = ["--seed", str(seed)] if seed is not None else []
+    subprocess.run([sluice_bin, "synth", "--output", str(d / "images"), "--classes",
+                    str(classes), "--per-class", str(per_class), *seeded],
+                   check=True, capture_output=True)
+    manifest = d / "shards" / "manifest.json"
+    subprocess.run([sluice_bin, "shard", "--input", str(d / "images"), "--output",
+                    str(d / "shards" / f"{prefix}-%06d.tar"), "--max-count", "10", "--manifest",
+                    str(manifest)], check=True, capture_output=True)
+    return str(manifest)
+
+
 @pytest.fixture(scope="session")
 def dataset(sluice_bin, tmp_path_factory):
     """90 generated JPEGs in 3 classes, 10 per shard: the manifest's path."""
-    d = tmp_path_factory.mktemp("data")
-    subprocess.run([sluice_bin, "synth", "--output", str(d / "images"), "--classes", "3",
-                    "--per-class", "30"], check=True, capture_output=True)
-    manifest = d / "shards" / "manifest.json"
-    subprocess.run([sluice_bin, "shard", "--input", str(d / "images"), "--output",
-                    str(d / "shards" / "s-%06d.tar"), "--max-count", "10", "--manifest",
-                    str(manifest)], check=True, capture_output=True)
-    return str(manifest)
+    return synth_manifest(sluice_bin, tmp_path_factory.mktemp("data"), 3, 30, "s")
 
 
 @pytest.fixture(scope="session")
 def small(sluice_bin, tmp_path_factory):
     """30 generated JPEGs in 2 classes, 10 per shard: a second, smaller source for mixtures."""
-    d = tmp_path_factory.mktemp("small")
-    subprocess.run([sluice_bin, "synth", "--output", str(d / "images"), "--classes", "2",
-                    "--per-class", "15", "--seed", "9"], check=True, capture_output=True)
-    manifest = d / "shards" / "manifest.json"
-    subprocess.run([sluice_bin, "shard", "--input", str(d / "images"), "--output",
-                    str(d / "shards" / "small-%06d.tar"), "--max-count", "10", "--manifest",
-                    str(manifest)], check=True, capture_output=True)
-    return str(manifest)
+    return synth_manifest(sluice_bin, tmp_path_factory.mktemp("small"), 2, 15, "small", seed=9)
 
 
 class Worker:

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, synth_manifest
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 
@@ -96,14 +96,7 @@ def lightning_job(tmp_path, name, devices, manifest, *args):
 @pytest.fixture(scope="module")
 def evalset(sluice_bin, tmp_path_factory):
     """85 generated JPEGs, 10 per shard: 2 ranks read 43 each, one of them a padded repeat."""
-    d = tmp_path_factory.mktemp("eval")
-    subprocess.run([sluice_bin, "synth", "--output", str(d / "images"), "--classes", "5",
-                    "--per-class", "17", "--seed", "5"], check=True, capture_output=True)
-    manifest = d / "shards" / "manifest.json"
-    subprocess.run([sluice_bin, "shard", "--input", str(d / "images"), "--output",
-                    str(d / "shards" / "e-%06d.tar"), "--max-count", "10", "--manifest",
-                    str(manifest)], check=True, capture_output=True)
-    return str(manifest)
+    return synth_manifest(sluice_bin, tmp_path_factory.mktemp("eval"), 5, 17, "e", seed=5)
 
 
 def evaluated(tmp_path, name, devices):

@@ -37,13 +37,19 @@ pub fn shared_data(name: &str) -> Option<PathBuf> {
 /// A Python interpreter with the `webdataset` package: `$SLUICE_TEST_PYTHON`, else the repo's
 /// `.venv`. `None` (the caller skips) unless `SLUICE_REQUIRE_PYTHON` is set, as CI sets it.
 pub fn webdataset_python() -> Option<PathBuf> {
+    python_with("webdataset")
+}
+
+/// A Python interpreter that imports `module`: `$SLUICE_TEST_PYTHON`, else the repo's
+/// `.venv`. `None` (the caller skips) unless `SLUICE_REQUIRE_PYTHON` is set, as CI sets it.
+pub fn python_with(module: &str) -> Option<PathBuf> {
     let candidates = std::env::var_os("SLUICE_TEST_PYTHON")
         .map(PathBuf::from)
         .into_iter()
         .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python")]);
     for py in candidates {
         let ok = Command::new(&py)
-            .args(["-c", "import webdataset"])
+            .args(["-c", &format!("import {module}")])
             .output()
             .is_ok_and(|o| o.status.success());
         if ok {
@@ -52,7 +58,7 @@ pub fn webdataset_python() -> Option<PathBuf> {
     }
     assert!(
         std::env::var_os("SLUICE_REQUIRE_PYTHON").is_none(),
-        "SLUICE_REQUIRE_PYTHON is set but no Python with webdataset was found"
+        "SLUICE_REQUIRE_PYTHON is set but no Python with {module} was found"
     );
     None
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use sluice_plan::{EpochPlanner, MixBase, Segment, SourceState, WorkUnit};
+use sluice_plan::{BatchPlan, EpochPlanner, MixBase, Segment, SourceState, WorkUnit};
 use sluice_shard::Manifest;
 
 use super::Loader;
@@ -263,32 +263,23 @@ impl Loader {
             resumed: p.resumed.clone(),
             batches: p.batches,
             ledger: p.ledger.to_record(),
-            mixture: self.mix_record(p.epoch, &p.resumed),
+            mixture: self.mix_record(p.epoch, &p.resumed, p.samples),
         })
     }
 
     /// The mixture's record for a checkpoint of `epoch` after the segments `resumed` (`None`
     /// for a single dataset). Under a schedule the weights are the current segment's (its
     /// schedule's summed over the steps it spans), so another world can draw it again.
-    fn mix_record(&self, epoch: u64, resumed: &[Segment]) -> Option<MixRecord> {
+    fn mix_record(&self, epoch: u64, resumed: &[Segment], samples: u64) -> Option<MixRecord> {
         let planner = self.planner();
         let m = planner.mixture.as_ref()?;
-        let c = &self.config;
-        let weights = match &m.schedule {
-            None => m.weights.clone(),
-            Some(_) => {
-                let (_, plan) = self.segment(epoch, resumed, c.world_size, c.rank).ok()?;
-                planner
-                    .segment_weights(epoch, resumed, c.world_size, plan.samples)
-                    .ok()?
-            }
-        };
+        let (state, step) = planner.mixture_start(epoch).ok()??;
         Some(MixRecord {
             sources: m.shards.clone(),
             epoch_samples: m.epoch_samples,
-            weights,
-            state: planner.mixture_state(epoch).ok()??,
-            step: planner.epoch_step(epoch).ok()?,
+            weights: planner.segment_weights(step, resumed, self.config.world_size, samples),
+            state,
+            step,
             schedule: m.schedule.clone(),
         })
     }
@@ -381,20 +372,17 @@ impl Loader {
         // rest of the epoch under this loader's.
         let theirs = Arc::new(self.planner_of(first)?);
         let ours = std::mem::replace(&mut *self.planner_mut(), theirs.clone());
-        let same_weights = match self.same_weights(&ours, first) {
-            Ok(same) => same,
-            Err(e) => {
-                *self.planner_mut() = ours;
-                return Err(e);
+        // The checkpoint's own segment, planned once for every check below.
+        let checked = (|| {
+            let taken = self.segment(first.epoch, &first.resumed, first.world_size, first.rank)?;
+            let same_weights = self.same_weights(&ours, first, taken.1.samples)?;
+            let pending = self.check_and_place(first, checkpoints, &ranks, same_weights, &taken)?;
+            match first.batches == taken.1.batches {
+                false => Ok((Some(pending), None, taken.1)),
+                true => Self::after_whole_epoch(&theirs, first).map(|b| (None, Some(b), taken.1)),
             }
-        };
-        let checked = self
-            .check_and_place(first, checkpoints, &ranks, same_weights)
-            .and_then(|(pending, whole)| match whole {
-                false => Ok((Some(pending), None)),
-                true => Self::after_whole_epoch(&theirs, first).map(|base| (None, Some(base))),
-            });
-        let (pending, next_base) = match checked {
+        })();
+        let (pending, next_base, taken) = match checked {
             Ok(placed) => placed,
             Err(e) => {
                 *self.planner_mut() = ours;
@@ -427,7 +415,7 @@ impl Loader {
             }
         };
         if let Some(p) = pending.as_ref().filter(|p| p.ledger.is_none()) {
-            self.log_rounding(first, p);
+            self.log_rounding(first, &taken, p);
         }
         if let Ok(mut r) = self.resume.lock() {
             *r = pending;
@@ -445,11 +433,8 @@ impl Loader {
     /// Says how many of the samples the old world left this new world reads: the rest is
     /// shared equally (whole batches under `drop_last`), so a few may be left out of the epoch
     /// or repeated as padding.
-    fn log_rounding(&self, first: &Checkpoint, pending: &Pending) {
+    fn log_rounding(&self, first: &Checkpoint, old: &BatchPlan, pending: &Pending) {
         let c = &self.config;
-        let Ok((_, old)) = self.segment(first.epoch, &first.resumed, first.world_size, 0) else {
-            return;
-        };
         let Ok((_, new)) = self.segment(first.epoch, &pending.resumed, c.world_size, c.rank) else {
             return;
         };
@@ -494,45 +479,49 @@ impl Loader {
         }
         let mut planner = theirs.clone();
         planner.config.world_size = first.world_size;
-        let state = planner.mixture_state(first.epoch + 1)?.unwrap_or_default();
+        let (state, step) = planner.mixture_start(first.epoch + 1)?.unwrap_or_default();
         Ok(Some(MixBase {
             epoch: first.epoch + 1,
             state,
             resumed: Vec::new(),
-            step: planner.epoch_step(first.epoch + 1)?,
+            step,
         }))
     }
 
     /// Whether `ours` (this loader's planner) would draw `first`'s segment by the weights it
     /// recorded, and place its samples by the same schedule: then this world size goes on
     /// in the checkpoint's own plan; otherwise the rest of the epoch is drawn anew.
-    fn same_weights(&self, ours: &EpochPlanner, first: &Checkpoint) -> Result<bool, ClientError> {
+    fn same_weights(
+        &self,
+        ours: &EpochPlanner,
+        first: &Checkpoint,
+        samples: u64,
+    ) -> Result<bool, ClientError> {
         let (Some(m), Some(r)) = (&ours.mixture, &first.mixture) else {
             return Ok(true);
         };
         if m.schedule.is_none() && r.schedule.is_none() {
             return Ok(m.weights == r.weights);
         }
-        if m.schedule != r.schedule || ours.epoch_step(first.epoch)? != r.step {
+        let step = ours.epoch_step(first.epoch)?;
+        if m.schedule != r.schedule || step != r.step {
             return Ok(false);
         }
-        let (_, plan) = self.segment(first.epoch, &first.resumed, first.world_size, first.rank)?;
-        let w =
-            ours.segment_weights(first.epoch, &first.resumed, first.world_size, plan.samples)?;
+        let w = ours.segment_weights(step, &first.resumed, first.world_size, samples);
         Ok(w == r.weights)
     }
 
     /// This rank's place in the epoch `first` (and the other `checkpoints` of its step)
-    /// records, checked against the plan they were taken under.
+    /// records, checked against the plan they were taken under (`taken`: `first`'s segment,
+    /// its units and batch plan).
     fn check_and_place(
         &self,
         first: &Checkpoint,
         checkpoints: &[Checkpoint],
         ranks: &[u32],
         same_weights: bool,
-    ) -> Result<(Pending, bool), ClientError> {
-        let (units, batch_plan) =
-            self.segment(first.epoch, &first.resumed, first.world_size, first.rank)?;
+        (units, batch_plan): &(Vec<WorkUnit>, BatchPlan),
+    ) -> Result<Pending, ClientError> {
         if first.batches > batch_plan.batches {
             return Err(ClientError::Checkpoint(format!(
                 "{} batches delivered, more than the epoch's {}",
@@ -546,9 +535,9 @@ impl Loader {
                 None => self.another_rank(first, ranks),
             }
         } else {
-            self.another_world(first, &units)
+            self.another_world(first, units)
         }?;
-        Ok((pending, first.batches == batch_plan.batches))
+        Ok(pending)
     }
 
     /// Checks that `first` was taken with this loader's dataset and settings.

@@ -36,6 +36,8 @@ pub(super) struct Progress {
     /// The earlier worlds of this epoch (elastic resumes), oldest first.
     pub resumed: Vec<Segment>,
     pub batches: u64,
+    /// Samples of this segment each rank takes (its batch plan's).
+    pub samples: u64,
     pub ledger: Ledger,
     /// The `Epoch` whose batches this records.
     pub pass: u64,
@@ -287,6 +289,7 @@ impl Loader {
             epoch,
             resumed,
             batches: first_batch,
+            samples: batch_plan.samples,
             ledger: ledger.clone(),
             pass: 0,
             open: first_batch < batch_plan.batches,
