@@ -22,14 +22,13 @@ use crate::batch::{BatchPlan, Filling, HostAllocator, HostMemory, Ring, ShortBat
 use crate::config::EpochSettings;
 use crate::error::ClientError;
 use crate::ledger::Ledger;
-use crate::link::{Command, Event};
+use crate::link::Event;
+use crate::session::Command;
 use crate::protocol::{Action, Protocol, Tensor};
 use crate::reorder::{Arrival, Reorder};
 use crate::same_host::{Payload, Segments};
 use crate::stats::{EpochCounters, Stats};
 use crate::Batch;
-
-pub(crate) use crate::protocol::credit_window;
 
 /// How long an epoch in a shared ring waits for a buffer while its consumer waits for it,
 /// before it grows the ring (see [`acquire_shared`]).

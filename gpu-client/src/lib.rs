@@ -51,6 +51,7 @@ mod nvrtc;
 mod protocol;
 mod reorder;
 pub mod same_host;
+mod session;
 pub mod stats;
 #[cfg(test)]
 mod testing;

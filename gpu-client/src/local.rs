@@ -16,7 +16,8 @@ use sluice_wire::{
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::link::{Command, Event};
+use crate::link::Event;
+use crate::session::Command;
 use crate::same_host::Payload;
 
 /// A unit of the in-process worker, as its rules know it.

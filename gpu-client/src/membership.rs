@@ -30,7 +30,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::LoaderConfig;
 use crate::error::ClientError;
-use crate::link::{Command, Event, RemoteLink, SameHostRoute};
+use crate::link::{Event, RemoteLink, SameHostRoute};
+use crate::session::Command;
 use crate::same_host::SameHost;
 use crate::stats::Stats;
 

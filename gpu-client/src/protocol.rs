@@ -27,6 +27,7 @@ use crate::config::EpochSettings;
 use crate::error::ClientError;
 use crate::ledger::{Ledger, Verdict};
 use crate::reorder::{Arrival, Placement, Reorder};
+use crate::session::credit_window;
 use crate::stats::{EpochCounters, Stats};
 
 /// Skips logged by name in an epoch before the log only counts them.
@@ -978,13 +979,6 @@ fn priority<P>(reorder: &Reorder<P>, unit: u64, start: u64, end: u64) -> Option<
         }
         Reorder::Arrival { .. } => None,
     }
-}
-
-/// Credits per worker connection: never more than the connection's receive window holds.
-/// A same-host link makes exactly this many slots, so a credit always has a slot behind it.
-pub(crate) fn credit_window(credits: u32, receive_window: u64, sample_bytes: u64) -> u32 {
-    let fit = (receive_window / sample_bytes.max(1)).max(1);
-    u64::from(credits).min(fit) as u32
 }
 
 #[cfg(test)]

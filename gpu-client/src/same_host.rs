@@ -806,7 +806,7 @@ mod tests {
 
     #[test]
     fn slots_follow_the_credit_window() {
-        use crate::coordinator::credit_window;
+        use crate::session::credit_window;
         assert_eq!(credit_window(128, 64 << 20, 150_528), 128);
         assert_eq!(credit_window(128, 1 << 20, 150_528), 6);
         assert_eq!(credit_window(128, 10, 150_528), 1);

@@ -661,16 +661,18 @@ impl<L: Clone> Worker<L> {
         if s.closed {
             return;
         }
+        // Neither is a refusal: the client may have been paused (a stopped process, or this
+        // worker was itself frozen and reads its backlog late) and is welcome back.
         if !s.greeted {
             if now >= s.connected + self.rules.handshake {
-                self.close(conn, ErrorCode::BadRequest, "no Hello in time".into());
+                self.close(conn, ErrorCode::Unavailable, "no Hello in time".into());
             }
             return;
         }
         let silence = self.rules.client_silence;
         if now >= s.last_heard + silence {
             let why = format!("no frame from the client for {silence:?}");
-            return self.close(conn, ErrorCode::BadRequest, why);
+            return self.close(conn, ErrorCode::Unavailable, why);
         }
         if now >= s.next_heartbeat {
             s.seq += 1;

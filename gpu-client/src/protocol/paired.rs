@@ -1,6 +1,8 @@
-//! The paired simulation: the client's real [`Protocol`] (one per training job) against real
-//! worker state machines (`sluice_wire::session::Worker`, one per worker process), with no
-//! async runtime, no threads and no sockets. Everything between them is simulated and seeded:
+//! The paired simulation: the client's real [`Protocol`] (one per training job) and its real
+//! connection sessions (`crate::session::Session`, one per connection) against real worker
+//! state machines (`sluice_wire::session::Worker`, one per worker process), with no async
+//! runtime, no threads and no sockets: both halves of every rule (handshake, heartbeats,
+//! silence, drain, generations, credits) are the code the links and daemons run. Everything between them is simulated and seeded:
 //! frames in flight on each connection (in order, delivered at random moments), units that
 //! decode one output per step on the slots their worker grants, a clock, and a pool that
 //! changes: workers join and leave (drained), die and restart, stall past the clients'
@@ -23,6 +25,7 @@ use sluice_wire::{
 };
 
 use super::{Action, Protocol, Tensor};
+use crate::session::{self, Command, Commanded, Ended, Received, Session, TensorAt};
 use crate::coordinator::simulation::{bad, decoded, rejected, seeds, tensor, world, World, SHAPE};
 use crate::reorder::Arrival;
 use crate::stats::{EpochCounters, Stats};
@@ -33,10 +36,9 @@ impl Tensor for Vec<u8> {
     }
 }
 
-/// How long a client waits for a frame before it declares a connection lost (as links do),
-/// and after it told a link to drain.
+/// How long either side waits for a frame before it declares the other gone, and between
+/// heartbeats (the clients' and the workers' settings).
 const SILENCE: Duration = Duration::from_secs(10);
-const DRAIN_SILENCE: Duration = Duration::from_secs(3);
 const HEARTBEAT: Duration = Duration::from_secs(1);
 const MAX_WORKERS: usize = 6;
 
@@ -141,6 +143,8 @@ struct Conn {
     worker: usize,
     wconn: ConnId,
     generation: u64,
+    /// The client's half.
+    session: Session,
     to_worker: VecDeque<Message>,
     to_client: VecDeque<Message>,
     /// The worker ended it (its frames so far still arrive).
@@ -157,9 +161,6 @@ struct Link {
     worker: usize,
     generation: u64,
     conn: Option<usize>,
-    last_heard: Duration,
-    next_beat: Duration,
-    silence: Duration,
     released: bool,
     /// Down until then (reconnect backoff).
     retry_at: Duration,
@@ -388,7 +389,7 @@ impl Sim {
         self.workers[w].wake();
     }
 
-    /// A frame reaches the client (the link reads it).
+    /// A frame reaches the client: its session makes of it what the link would.
     fn arrive(&mut self, c: usize, m: Message) {
         let now = self.at();
         let (j, l, generation) = (
@@ -396,35 +397,56 @@ impl Sim {
             self.conns[c].link,
             self.conns[c].generation,
         );
+        let received = self.conns[c].session.handle(m, now);
         let job = &mut self.jobs[j];
-        job.links[l].last_heard = self.now;
         let p = &mut job.protocol;
-        match m {
-            Message::Welcome(_) | Message::Heartbeat { .. } => {}
-            Message::JobOpened { shape, .. } => {
+        match received {
+            Received::Nothing | Received::SkipPayload => {}
+            Received::Ready { shape, .. } => {
                 p.ready(l, generation, shape, job.world.caches)
                     .expect("ready");
             }
-            Message::Sample(h) => {
-                let t = tensor(h.shard, h.index);
-                p.sample(l, h, t, Default::default(), now);
+            Received::Sample { header, at } => {
+                assert_eq!(at, TensorAt::Stream, "a same-host sample over frames");
+                let t = tensor(header.shard, header.index);
+                p.sample(l, header, t, Default::default(), now);
             }
-            Message::Skipped(s) => p.skipped(s, now),
-            Message::UnitDone(d) => p.piece_ended(l, d.unit, d.attempt, None).expect("done"),
-            Message::UnitFailed(f) => {
+            Received::Skipped(s) => p.skipped(s, now),
+            Received::UnitDone(d) => p.piece_ended(l, d.unit, d.attempt, None).expect("done"),
+            Received::UnitFailed(f) => {
                 p.piece_ended(l, f.unit, f.attempt, Some(f.error))
                     .expect("failed");
             }
-            Message::Error(e) => {
-                // The worker refused or closed (drained): the link is down and retries.
-                let refused = e.message.contains("token") || e.message.contains("not open");
-                assert!(!refused, "an unexpected refusal: {e}");
-                self.lose(j, l, e.to_string());
-                return;
-            }
-            other => panic!("a worker sent {}", other.kind()),
+            Received::Attach(_) | Received::Released => panic!("no same-host connection here"),
         }
+        self.flush(c);
         self.act(j);
+    }
+
+    /// Sends what connection `c`'s session queued, and, once the session has ended, takes
+    /// the link down (the worker refused or closed, or fell silent: the link retries).
+    fn flush(&mut self, c: usize) {
+        let conn = &mut self.conns[c];
+        while let Some(m) = conn.session.poll_transmit() {
+            if let Message::Credit { samples, .. } = &m {
+                conn.granted += u64::from(*samples);
+            }
+            if !conn.client_closed {
+                conn.to_worker.push_back(m);
+            }
+        }
+        let (j, l) = (conn.job, conn.link);
+        let Some(ended) = conn.session.take_end() else {
+            return;
+        };
+        let why = match ended {
+            Ended::Fatal(f) => panic!("an unexpected refusal: {f}"),
+            Ended::Lost(why) | Ended::Left(why) => why,
+            Ended::Cancelled => "cancelled".into(),
+        };
+        if self.jobs[j].links[l].conn == Some(c) {
+            self.lose(j, l, why);
+        }
     }
 
     /// Link `l` of job `j` is down: its connection is dropped, its pieces go back.
@@ -581,23 +603,10 @@ impl Sim {
             let job = &mut self.jobs[j];
             match action {
                 Action::Assign(l, generation, assign) => {
-                    if let Some(c) = job.links[l].conn {
-                        if self.conns[c].generation == generation {
-                            self.conns[c].to_worker.push_back(Message::Assign(assign));
-                        }
-                    }
+                    self.command(j, l, Command::Assign(generation, assign));
                 }
                 Action::Credit(l, generation, n) => {
-                    if let Some(c) = job.links[l].conn {
-                        let conn = &mut self.conns[c];
-                        if conn.generation == generation {
-                            conn.granted += u64::from(n);
-                            conn.to_worker.push_back(Message::Credit {
-                                job: job.id,
-                                samples: n,
-                            });
-                        }
-                    }
+                    self.command(j, l, Command::Credit(generation, n));
                 }
                 Action::Ring(_) => {}
                 Action::Fill(Arrival::Sample { id, .. }) => job.filling.push((id.shard, id.index)),
@@ -606,7 +615,7 @@ impl Sim {
                     let batch = std::mem::take(&mut job.filling);
                     job.batches.push(batch);
                 }
-                Action::Drain(l) => job.links[l].silence = DRAIN_SILENCE,
+                Action::Drain(l) => self.command(j, l, Command::Drain),
                 Action::Release(l) => {
                     let link = &mut job.links[l];
                     link.released = true;
@@ -619,8 +628,21 @@ impl Sim {
         }
     }
 
-    /// What happens at its time: links connect, beat and notice silence; workers beat and
-    /// notice silent clients; stalls end; the protocols hedge.
+    /// A command of job `j`'s protocol to its link `l`, carried out by the link's session
+    /// (which drops what was meant for an earlier connection).
+    fn command(&mut self, j: usize, l: usize, command: Command) {
+        let Some(c) = self.jobs[j].links[l].conn else {
+            return;
+        };
+        match self.conns[c].session.command(command) {
+            Commanded::Nothing => {}
+            _ => panic!("same-host work on a connection of frames"),
+        }
+        self.flush(c);
+    }
+
+    /// What happens at its time: sessions beat and notice silence, links redial; workers
+    /// beat and notice silent clients; stalls end; the protocols hedge.
     fn timers(&mut self) {
         let now = self.at();
         for j in 0..self.jobs.len() {
@@ -636,14 +658,10 @@ impl Sim {
                     }
                     None => {}
                     Some(c) => {
-                        if self.now >= link.last_heard + link.silence {
-                            self.lose(j, l, "silent".into());
-                        } else if self.now >= link.next_beat {
-                            let link = &mut self.jobs[j].links[l];
-                            link.next_beat = self.now + HEARTBEAT;
-                            self.conns[c]
-                                .to_worker
-                                .push_back(Message::Heartbeat { seq: 0 });
+                        let session = &mut self.conns[c].session;
+                        if session.poll_timeout().is_some_and(|t| t <= now) {
+                            session.handle_timeout(now);
+                            self.flush(c);
                         }
                     }
                 }
@@ -682,29 +700,37 @@ impl Sim {
         let now = self.at();
         let w = self.jobs[j].links[l].worker;
         let wconn = self.workers[w].rules.connect(Transport::Frames, now);
-        let spec = self.jobs[j].spec();
+        let settings = session::Settings {
+            worker: format!("w{w}"),
+            hello: Hello {
+                token: "t".into(),
+                client: "sim".into(),
+            },
+            job: self.jobs[j].spec(),
+            transport: session::Transport::Frames,
+            heartbeat: HEARTBEAT,
+            silence: SILENCE,
+            handshake: SILENCE,
+        };
         let link = &mut self.jobs[j].links[l];
         link.generation += 1;
-        link.last_heard = self.now;
-        link.next_beat = self.now + HEARTBEAT;
-        let hello = Message::Hello(Hello {
-            token: "t".into(),
-            client: "sim".into(),
-        });
         self.conns.push(Conn {
             job: j,
             link: l,
             worker: w,
             wconn,
             generation: link.generation,
-            to_worker: VecDeque::from([hello, Message::OpenJob(spec)]),
+            session: Session::new(settings, link.generation, now),
+            to_worker: VecDeque::new(),
             to_client: VecDeque::new(),
             worker_closed: false,
             client_closed: false,
             granted: 0,
             sent: 0,
         });
-        link.conn = Some(self.conns.len() - 1);
+        let c = self.conns.len() - 1;
+        link.conn = Some(c);
+        self.flush(c);
     }
 
     /// Now and then: a worker joins, leaves (drained), is killed (and restarts later),
@@ -809,9 +835,6 @@ impl Link {
             worker,
             generation: 0,
             conn: None,
-            last_heard: Duration::ZERO,
-            next_beat: Duration::ZERO,
-            silence: SILENCE,
             released: false,
             retry_at: Duration::ZERO,
         }
