@@ -18,17 +18,18 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::arena::{Arena, ArenaAllocator, PlaceGrant};
+use crate::assembly::{self, Assembly, Landing, Settle};
+use crate::batch::Batch;
 use crate::batch::{BatchPlan, Filling, HostAllocator, HostMemory, Ring, ShortBatch};
 use crate::config::EpochSettings;
 use crate::error::ClientError;
 use crate::ledger::Ledger;
 use crate::link::Event;
-use crate::session::Command;
 use crate::protocol::{Action, Protocol, Tensor};
 use crate::reorder::{Arrival, Reorder};
 use crate::same_host::{Payload, Segments};
+use crate::session::Command;
 use crate::stats::{EpochCounters, Stats};
-use crate::Batch;
 
 /// How long an epoch in a shared ring waits for a buffer while its consumer waits for it,
 /// before it grows the ring (see [`acquire_shared`]).
@@ -111,8 +112,8 @@ pub(crate) struct Bound {
 }
 
 impl Bound {
-    /// Puts a sample in the next place of the batch: nothing to copy when the worker wrote it
-    /// there; put off when a worker may still write that place.
+    /// Puts a sample in the next place of the batch where [`assembly::landing`] says:
+    /// copied (nothing to copy when the worker wrote it there), or put off.
     fn push(
         &mut self,
         tensor: Payload,
@@ -122,10 +123,17 @@ impl Bound {
         arena: Option<&Arena>,
     ) {
         let at = self.filling.len();
-        if let (Some(first), Some(arena)) = (self.first, arena) {
-            let place = first + at as u32;
-            let in_place = matches!(&tensor, Payload::Placed { place: p, .. } if *p == place);
-            if !in_place && arena.owned(place..place + 1) {
+        let written_at = match &tensor {
+            Payload::Placed { place, .. } => Some(*place),
+            _ => None,
+        };
+        let first = self.first.filter(|_| arena.is_some());
+        let owned = |p: u32| arena.is_some_and(|a| a.owned(p..p + 1));
+        match assembly::landing(first, at, written_at, owned) {
+            Landing::Copy => self
+                .filling
+                .push(|slot| tensor.copy_tensor(slot), id, unit, meta),
+            Landing::Defer => {
                 // A tensor in its place is read now: the batch's later samples may close the
                 // gap over it before this one is written.
                 let tensor = match tensor {
@@ -138,11 +146,8 @@ impl Bound {
                 };
                 self.deferred.push((at, tensor));
                 self.filling.push(|_| {}, id, unit, meta);
-                return;
             }
         }
-        self.filling
-            .push(|slot| tensor.copy_tensor(slot), id, unit, meta);
     }
 }
 
@@ -484,16 +489,11 @@ impl Coordinator {
         self.shape.map_or(0, |s| s.bytes() as usize) * self.batch_plan.batch_size as usize
     }
 
-    /// With a batch arena the ring holds the batches bound ahead too, so its free buffers do
-    /// not stop a consumer that keeps every batch: the consumer may hold `ring_batches` of this
-    /// epoch's (twice that in a ring shared with the epoch before, as `acquire_shared` grows
-    /// it), and the next batch waits, its wait the consumer's `RingExhausted` as on every
-    /// transport.
+    /// Waits while the consumer holds as many batches as [`Assembly::hold_limit`] lets it.
     async fn until_consumer_may_hold_another(&mut self) {
-        if self.ahead_max() == 0 {
+        let Some(limit) = self.assembly().hold_limit(self.shared_ring) else {
             return;
-        }
-        let limit = self.ring_batches * if self.shared_ring { 2 } else { 1 };
+        };
         if self.held.now() < limit {
             return;
         }
@@ -502,13 +502,17 @@ impl Coordinator {
         self.counters.ring_full.store(false, Ordering::Relaxed);
     }
 
-    /// Buffers in this epoch's ring: with a batch arena, those bound ahead as well.
     fn ring_buffers(&self) -> usize {
-        self.ring_batches + self.ahead_max()
+        self.assembly().ring_buffers()
     }
 
-    fn ahead_max(&self) -> usize {
-        self.arena.as_ref().map_or(0, |a| a.ahead())
+    /// How this epoch assembles its batches (known once the ring's arena is).
+    fn assembly(&self) -> Assembly {
+        Assembly {
+            batches: self.batch_plan.batches,
+            ring_batches: self.ring_batches,
+            ahead_max: self.arena.as_ref().map_or(0, |a| a.ahead()),
+        }
     }
 
     /// Where the ring's buffers come from: the batch arena while it has free ones.
@@ -575,26 +579,23 @@ impl Coordinator {
         }
     }
 
-    /// Binds free ring buffers to the next batches, without waiting for one: as far ahead
-    /// as samples have arrived early so far (and one more), up to the arena's `ahead`.
+    /// Binds free ring buffers to the batches [`Assembly::bind_next`] names, without
+    /// waiting for one.
     async fn bind_ahead(&mut self) {
         let Some(ring) = self.ring.clone().filter(|_| self.arena.is_some()) else {
             return;
         };
-        let reached = self.protocol.batches_reached().saturating_add(1);
-        let most = self
-            .ahead_max()
-            .min(usize::try_from(reached).unwrap_or(usize::MAX));
+        let (assembly, reached) = (self.assembly(), self.protocol.batches_reached());
         loop {
-            let next = self.next_batch + u64::from(self.filling.is_some());
-            let index = next + self.ahead.len() as u64;
-            if self.ahead.len() >= most || index >= self.batch_plan.batches {
+            let filling = self.filling.is_some();
+            let next = assembly.bind_next(self.next_batch, filling, self.ahead.len(), reached);
+            let Some(index) = next else {
                 return;
-            }
+            };
             let Some(buf) = ring.try_acquire() else {
                 return;
             };
-            if index + 1 >= self.batch_plan.batches {
+            if assembly.is_last(index) {
                 if let Some(next) = &mut self.successor {
                     next.ring(&ring);
                 }
@@ -666,7 +667,7 @@ impl Coordinator {
             self.stats.ring_wait(started.elapsed());
             // Time spent waiting for the consumer is not the workers' delay.
             self.protocol.waited(now());
-            if self.next_batch + 1 >= self.batch_plan.batches {
+            if self.assembly().is_last(self.next_batch) {
                 if let Some(next) = &mut self.successor {
                     next.ring(&ring);
                 }
@@ -693,8 +694,8 @@ impl Coordinator {
             return Ok(filling);
         };
         let n = self.shape.map_or(0, |s| s.bytes() as usize);
-        let places = first..first + self.batch_plan.batch_size as u32;
-        if !arena.owned(places) {
+        let size = self.batch_plan.batch_size as u32;
+        if assembly::settle(Some(first), size, |r| arena.owned(r)) == Settle::InPlace {
             if let Some(buf) = filling.buffer_mut() {
                 for (i, payload) in &deferred {
                     payload.copy_tensor(&mut buf[i * n..(i + 1) * n]);
@@ -812,174 +813,4 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 pub(crate) mod simulation;
 
 #[cfg(test)]
-mod tests {
-    use sluice_shard::{Checksum, Compression, ShardInfo};
-    use sluice_wire::{SampleHeader, SampleShape, UnitDone};
-
-    use super::*;
-    use crate::batch::{HeapAllocator, LastBatch};
-    use crate::config::LoaderConfig;
-    use crate::ledger::Ledger;
-
-    const SHAPE: SampleShape = SampleShape {
-        height: 1,
-        width: 1,
-        channels: 3,
-        elem_bytes: 1,
-        chw: false,
-    };
-
-    fn sample(link: usize, unit: u64, attempt: u32, index: u64) -> Event {
-        Event::Sample {
-            link,
-            header: SampleHeader {
-                job: 9,
-                unit,
-                attempt,
-                shard: 0,
-                index,
-                key: format!("{index}"),
-                label: Some(index as i64),
-                tensor_bytes: 3,
-                fields: Vec::new(),
-                geometry: Default::default(),
-            },
-            payload: crate::same_host::Payload::Bytes(vec![index as u8; 3].into()),
-            fields: Default::default(),
-        }
-    }
-
-    /// Two links; link 0 is lost after some samples, a late frame of its attempt arrives
-    /// after the reassignment, and the reassigned piece repeats what was already delivered.
-    #[tokio::test]
-    async fn reassignment_delivers_each_sample_once_and_counts_duplicates() {
-        let manifest = Arc::new(Manifest::new(vec![ShardInfo {
-            url: "file:///s.tar".into(),
-            size: 1,
-            samples: 8,
-            checksum: Checksum(0),
-            compression: Compression::None,
-            replicas: Vec::new(),
-        }]));
-        let units = vec![sluice_plan::WorkUnit {
-            id: 0,
-            shard: 0,
-            start: 0,
-            end: 8,
-            padding: false,
-            group: 0,
-        }];
-        let sequence = Arc::new(
-            sluice_plan::Sequence::new(&units, sluice_plan::Mixing::default(), 1, 0, 0).unwrap(),
-        );
-        let (tx0, mut rx0) = mpsc::channel(16);
-        let (tx1, mut rx1) = mpsc::channel(16);
-        let counters = Arc::new(EpochCounters::default());
-        let c = Coordinator::new(
-            EpochSettings {
-                config: Arc::new(LoaderConfig {
-                    short_batch: ShortBatch::Deliver,
-                    credits_per_worker: 4,
-                    receive_window: 1 << 20,
-                    units_per_worker: 1,
-                    ring_batches: 2,
-                    worker_wait: Duration::from_secs(5),
-                    max_unit_attempts: 3,
-                    lookahead: 8,
-                    hedge_after: Duration::from_secs(60),
-                    labels: Default::default(),
-                    ..LoaderConfig::default()
-                }),
-                job: 9,
-                epoch: 0,
-                batch_plan: BatchPlan::new(8, 4, LastBatch::Partial),
-                first_batch: 0,
-            },
-            manifest,
-            (Ledger::new(&units), Reorder::plan(sequence.clone(), 0)),
-            vec![("w0".into(), tx0), ("w1".into(), tx1)],
-            Arc::new(HeapAllocator),
-            counters.clone(),
-            Arc::new(Stats::new()),
-        );
-        let (ev_tx, ev_rx) = mpsc::channel(64);
-        let (out_tx, mut out_rx) = mpsc::channel(4);
-        let task = tokio::spawn(c.run(ev_rx, out_tx, CancellationToken::new()));
-        ev_tx
-            .send(Event::Ready {
-                link: 0,
-                generation: 1,
-                shape: SHAPE,
-                caches: false,
-            })
-            .await
-            .unwrap();
-        // Link 0 gets its credits and the only piece.
-        assert!(matches!(rx0.recv().await, Some(Command::Credit(1, 4))));
-        let Some(Command::Assign(1, a)) = rx0.recv().await else {
-            panic!("no assignment")
-        };
-        assert_eq!((a.start, a.end, a.attempt), (0, 8, 0));
-        for i in 0..3 {
-            ev_tx.send(sample(0, 0, 0, i)).await.unwrap();
-        }
-        ev_tx
-            .send(Event::Lost {
-                link: 0,
-                generation: 1,
-                error: "gone".into(),
-                fatal: None,
-            })
-            .await
-            .unwrap();
-        // A frame link 0 sent before it died, read after the loss: still new, so kept.
-        ev_tx.send(sample(0, 0, 0, 3)).await.unwrap();
-        ev_tx
-            .send(Event::Ready {
-                link: 1,
-                generation: 1,
-                shape: SHAPE,
-                caches: false,
-            })
-            .await
-            .unwrap();
-        assert!(matches!(rx1.recv().await, Some(Command::Credit(1, 4))));
-        let Some(Command::Assign(1, b)) = rx1.recv().await else {
-            panic!("no reassignment")
-        };
-        assert_eq!((b.start, b.end), (3, 8), "only what was not yet delivered");
-        assert!(b.attempt > 0);
-        // Link 1 repeats sample 3 (delivered meanwhile), then sends the rest.
-        for i in 3..8 {
-            ev_tx.send(sample(1, 0, b.attempt, i)).await.unwrap();
-        }
-        ev_tx
-            .send(Event::UnitDone {
-                link: 1,
-                done: UnitDone {
-                    job: 9,
-                    unit: 0,
-                    attempt: b.attempt,
-                    sent: 5,
-                    skipped: 0,
-                    storage_bytes: 0,
-                    cached_bytes: 0,
-                },
-            })
-            .await
-            .unwrap();
-        let mut ids = Vec::new();
-        while let Some(batch) = out_rx.recv().await {
-            let batch = batch.unwrap();
-            assert_eq!(batch.labels().len(), batch.len());
-            ids.extend(batch.ids().iter().map(|id| id.index));
-        }
-        task.await.unwrap();
-        let planned: Vec<u64> = (0..8).map(|p| sequence.at(p).unwrap().1).collect();
-        assert_eq!(ids, planned, "batches in the plan's order");
-        ids.sort();
-        assert_eq!(ids, (0..8).collect::<Vec<_>>());
-        let r = counters.report(0, 8);
-        assert_eq!((r.duplicates_dropped, r.reassigned), (1, 1));
-    }
-}
+mod tests;

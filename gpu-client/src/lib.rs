@@ -33,6 +33,7 @@
 
 mod affinity;
 mod arena;
+mod assembly;
 pub mod batch;
 mod buffers;
 pub mod config;

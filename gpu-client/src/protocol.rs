@@ -17,9 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_shard::Manifest;
-use sluice_wire::{
-    Assign, Place, SampleFields, SampleHeader, SampleShape, ShardRef, SkippedSample,
-};
+use sluice_wire::{Assign, SampleFields, SampleHeader, SampleShape, ShardRef, SkippedSample};
 
 use crate::affinity::{LinkView, Owner, Owners};
 use crate::batch::{SampleId, SampleMeta};
@@ -476,75 +474,6 @@ impl<P: Tensor> Protocol<P> {
             .div_ceil(self.settings.batch_plan.batch_size.max(1))
     }
 
-    /// Where the samples of batch `batch` could be written straight into it (its buffer's
-    /// places start at `first`): for each sample not yet arrived that exactly one link's open
-    /// piece holds, that link, its connection and the place. A sample two attempts hold (a
-    /// hedge) gets none: no place ever has two writers.
-    pub(crate) fn batch_places(&self, batch: u64, first: u32) -> Vec<(usize, u64, Place)> {
-        let plan = &self.settings.batch_plan;
-        let start = batch.saturating_mul(plan.batch_size);
-        (0..plan.target(batch))
-            .filter_map(|j| self.place_at(start + j as u64, first + j as u32))
-            .collect()
-    }
-
-    /// The places for the samples of a piece just assigned whose batches are bound (`bound`
-    /// gives a batch's first place), as [`Protocol::batch_places`] decides them.
-    pub(crate) fn piece_places(
-        &self,
-        assign: &Assign,
-        bound: impl Fn(u64) -> Option<u32>,
-    ) -> Vec<Place> {
-        let plan = &self.settings.batch_plan;
-        let Some((sequence, _)) = self.reorder.plan_holding(0) else {
-            return Vec::new();
-        };
-        let Ok(unit) = u32::try_from(assign.unit) else {
-            return Vec::new();
-        };
-        (assign.start..assign.end)
-            .filter_map(|index| {
-                let pos = sequence.position(unit, index)?;
-                let batch = pos / plan.batch_size.max(1);
-                let j = pos % plan.batch_size.max(1);
-                let first = bound(batch)?;
-                if j >= plan.target(batch) as u64 {
-                    return None;
-                }
-                self.place_at(pos, first + j as u32).map(|(_, _, p)| p)
-            })
-            .collect()
-    }
-
-    /// The place `place` for the sample at plan position `pos`, with the link and connection
-    /// that would write it: only for a sample not yet here, held by one open piece.
-    fn place_at(&self, pos: u64, place: u32) -> Option<(usize, u64, Place)> {
-        let (sequence, held) = self.reorder.plan_holding(pos)?;
-        let (unit, index) = sequence.at(pos)?;
-        let unit = u64::from(unit);
-        let shard = self.ledger.unit(unit)?.shard;
-        if held || self.ledger.check(unit, shard, index) != Verdict::Accept {
-            return None;
-        }
-        let mut holders = self.links.iter().enumerate().flat_map(|(i, l)| {
-            l.open
-                .iter()
-                .filter(move |p| p.unit == unit && (p.start..p.end).contains(&index))
-                .map(move |p| (i, l.generation, p.attempt))
-        });
-        let (link, generation, attempt) = holders.next()?;
-        if holders.next().is_some() {
-            return None;
-        }
-        let place = Place {
-            unit,
-            attempt,
-            index,
-            place,
-        };
-        Some((link, generation?, place))
-    }
-
     /// A sample the worker's decoder rejected.
     pub(crate) fn skipped(&mut self, skipped: SkippedSample, now: Instant) {
         self.clock = self.clock.max(now);
@@ -820,78 +749,6 @@ impl<P: Tensor> Protocol<P> {
             .push_back(Action::Assign(i, generation, assign));
     }
 
-    /// When to hedge: plan order, something is awaited, and the order has not moved for
-    /// `hedge_after`.
-    fn hedge_deadline(&self) -> Option<Instant> {
-        if self.held {
-            return None;
-        }
-        let (unit, _) = self.reorder.awaited()?;
-        if self.hedged.get(unit as usize).copied().unwrap_or(true) {
-            return None;
-        }
-        Some(self.progressed + self.settings.config.hedge_after)
-    }
-
-    /// Gives the rest of the awaited sample's unit to a second live worker too, if a worker
-    /// holds it and another is up. First copy wins: the ledger drops the slower one's.
-    fn hedge(&mut self) {
-        let Some((unit, index)) = self.reorder.awaited() else {
-            return;
-        };
-        if let Some(h) = self.hedged.get_mut(unit as usize) {
-            *h = true;
-        }
-        let unit = u64::from(unit);
-        let Some((holder, piece)) = self.links.iter().enumerate().find_map(|(i, l)| {
-            l.open
-                .iter()
-                .find(|p| p.unit == unit && (p.start..p.end).contains(&index))
-                .map(|p| (i, *p))
-        }) else {
-            return; // still queued (no worker has it): dispatch will send it
-        };
-        let Some(other) = (0..self.links.len())
-            .filter(|&i| {
-                let l = &self.links[i];
-                i != holder && l.generation.is_some() && !l.leaving
-            })
-            .min_by_key(|&i| self.links[i].open.len())
-        else {
-            // Nobody to hedge to: say what the epoch waits for (a storage node restarting
-            // shows here as a pause, and in the worker's log as its retries).
-            tracing::info!(
-                unit,
-                worker = %self.links[holder].name,
-                "sample {index} of unit {unit} is late ({:.1} s without progress); no other \
-                 worker to hedge to, waiting",
-                self.settings.config.hedge_after.as_secs_f64()
-            );
-            return;
-        };
-        self.counters.hedged.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("sluice_client_hedged_units_total").increment(1);
-        tracing::info!(
-            unit,
-            slow = %self.links[holder].name,
-            to = %self.links[other].name,
-            "sample {index} of unit {unit} is late: hedging the rest of the unit"
-        );
-        for (start, end) in self.ledger.missing(unit, piece.start, piece.end) {
-            let a = &mut self.attempts[unit as usize];
-            let attempt = *a;
-            *a += 1;
-            let piece = Piece {
-                priority: 0,
-                unit,
-                start,
-                end,
-                attempt,
-            };
-            self.send_piece(other, piece);
-        }
-    }
-
     /// A sample consumed one credit of `link`; give credits back in small batches.
     fn used_credit(&mut self, link: usize) {
         let window = self.credit_window;
@@ -981,5 +838,9 @@ fn priority<P>(reorder: &Reorder<P>, unit: u64, start: u64, end: u64) -> Option<
     }
 }
 
+mod hedge;
 #[cfg(test)]
 mod paired;
+mod places;
+#[cfg(test)]
+pub(crate) mod world;
