@@ -325,11 +325,6 @@ impl LoaderConfig {
         if self.workers_refresh < Duration::from_millis(10) {
             return bad("workers_refresh", "must be at least 0.01 s");
         }
-        if let Some(file) = &self.workers_file {
-            if let Err(e) = crate::membership::read_workers_file(file) {
-                return bad("workers_file", &e.to_string());
-            }
-        }
         if self.remote() && self.trust_cert.is_none() {
             return bad(
                 "trust_cert",

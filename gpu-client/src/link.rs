@@ -35,8 +35,8 @@ use tokio_util::sync::CancellationToken;
 use crate::arena::Arena;
 use crate::same_host::{Payload, Segments, SlotPool};
 use crate::session::{
-    closed_by_worker, credit_window, Command, Commanded, Ended, Received, Redial, Session, Settings, Tone,
-    Transport,
+    closed_by_worker, credit_window, Command, Commanded, Ended, Received, Redial, Session,
+    Settings, Tone, Transport,
 };
 use read::{read_frames, ReadTo, TensorRead};
 
@@ -72,7 +72,7 @@ pub(crate) enum Event {
         generation: u64,
         error: String,
         /// A refusal that retrying cannot fix.
-        fatal: Option<crate::ClientError>,
+        fatal: Option<crate::error::ClientError>,
     },
     /// A worker joined the pool while the epoch ran (`crate::membership`): link `link` (the
     /// next number) goes to it, commanded through `commands`. Sent before the link's task
@@ -317,7 +317,7 @@ impl RemoteLink {
     ) -> Ended {
         let socket = route.socket.display();
         let refused = |message: String| {
-            Ended::Fatal(crate::ClientError::Refused {
+            Ended::Fatal(crate::error::ClientError::Refused {
                 worker: self.name.clone(),
                 message,
             })
@@ -399,7 +399,7 @@ impl RemoteLink {
         let segments = self.segments.clone();
         let pool = SlotPool::create(slots, spare, shape.bytes(), self.buffers.clone(), segments)
             .map(Arc::new)
-            .map_err(|e| Ended::Fatal(crate::ClientError::Allocate(e.to_string())))?;
+            .map_err(|e| Ended::Fatal(crate::error::ClientError::Allocate(e.to_string())))?;
         if let Some(watch) = watch {
             pool.watch(watch);
         }
@@ -537,9 +537,7 @@ where
         if let Some(ended) = session.take_end() {
             return Err(ended);
         }
-        let deadline = session
-            .poll_timeout()
-            .map(tokio::time::Instant::from_std);
+        let deadline = session.poll_timeout().map(tokio::time::Instant::from_std);
         let next = tokio::select! {
             next = wire.reader.next() => next,
             _ = sleep_until(deadline) => {
@@ -560,7 +558,7 @@ where
                     None => Ended::Lost("the worker closed the stream".into()),
                 })
             }
-            Err(e) => session.fail(Ended::Fatal(crate::ClientError::Protocol {
+            Err(e) => session.fail(Ended::Fatal(crate::error::ClientError::Protocol {
                 worker: session.worker().to_string(),
                 detail: e.to_string(),
             })),
@@ -578,9 +576,14 @@ fn carry_out(
 ) {
     match (commanded, pool) {
         (Commanded::Nothing, _) => {}
-        (Commanded::Assigned { unit, attempt, samples }, Some(p)) => {
-            p.assigned(unit, attempt, samples)
-        }
+        (
+            Commanded::Assigned {
+                unit,
+                attempt,
+                samples,
+            },
+            Some(p),
+        ) => p.assigned(unit, attempt, samples),
         (Commanded::Grant(n), Some(p)) => {
             if let Some(slots) = p.grant(n, 1) {
                 lock(session).slots(slots);
@@ -618,7 +621,7 @@ fn classify_connection_error(worker: &str, e: quinn::ConnectionError) -> Ended {
     match &e {
         // TLS alert 120, no_application_protocol: the worker speaks another protocol version.
         C::TransportError(_) | C::ConnectionClosed(_) if e.to_string().contains("error 120") => {
-            Ended::Fatal(crate::ClientError::Refused {
+            Ended::Fatal(crate::error::ClientError::Refused {
                 worker: worker.to_string(),
                 message: format!(
                     "it does not speak this client's protocol version ({}, offered as TLS \
@@ -631,7 +634,7 @@ fn classify_connection_error(worker: &str, e: quinn::ConnectionError) -> Ended {
             if e.to_string().contains("cryptographic handshake")
                 || e.to_string().contains("certificate") =>
         {
-            Ended::Fatal(crate::ClientError::Tls {
+            Ended::Fatal(crate::error::ClientError::Tls {
                 worker: worker.to_string(),
                 detail: e.to_string(),
             })

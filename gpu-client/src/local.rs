@@ -17,8 +17,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::link::Event;
-use crate::session::Command;
 use crate::same_host::Payload;
+use crate::session::Command;
 
 /// A unit of the in-process worker, as its rules know it.
 struct Unit {
@@ -125,7 +125,7 @@ fn rules(threads: u32) -> Rules {
 
 /// Refuses the epoch: what the in-process worker said is fatal (retrying changes nothing).
 async fn refuse(events: &mpsc::Sender<Event>, link: usize, message: String) {
-    let fatal = crate::ClientError::Refused {
+    let fatal = crate::error::ClientError::Refused {
         worker: "in-process".into(),
         message,
     };

@@ -31,8 +31,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::LoaderConfig;
 use crate::error::ClientError;
 use crate::link::{Event, RemoteLink, SameHostRoute};
-use crate::session::Command;
 use crate::same_host::SameHost;
+use crate::session::Command;
 use crate::stats::Stats;
 
 pub(crate) type Task = Pin<Box<dyn Future<Output = ()> + Send>>;

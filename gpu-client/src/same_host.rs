@@ -805,14 +805,6 @@ mod tests {
     }
 
     #[test]
-    fn slots_follow_the_credit_window() {
-        use crate::session::credit_window;
-        assert_eq!(credit_window(128, 64 << 20, 150_528), 128);
-        assert_eq!(credit_window(128, 1 << 20, 150_528), 6);
-        assert_eq!(credit_window(128, 10, 150_528), 1);
-    }
-
-    #[test]
     fn only_local_addresses_with_a_socket_are_same_host() {
         let dir = std::env::temp_dir().join(format!("sluice-sh-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -106,12 +106,18 @@ pub(crate) enum TensorAt {
 pub(crate) enum Received {
     Nothing,
     /// The handshake is done: tell the coordinator.
-    Ready { shape: SampleShape, caches: bool },
+    Ready {
+        shape: SampleShape,
+        caches: bool,
+    },
     /// Same-host: the job is open; the shell sends `ShmAttach` and the segments' descriptors,
     /// then calls [`Session::attach_sent`].
     Attach(SampleShape),
     /// A sample of the job: read its tensor (if in the frame) and fields.
-    Sample { header: SampleHeader, at: TensorAt },
+    Sample {
+        header: SampleHeader,
+        at: TensorAt,
+    },
     /// A sample of another job (a late frame of an earlier epoch's): skip its payload.
     SkipPayload,
     Skipped(SkippedSample),
@@ -125,7 +131,11 @@ pub(crate) enum Received {
 pub(crate) enum Commanded {
     Nothing,
     /// Same-host: unit `(unit, attempt)` of `samples` samples may write slots until it ends.
-    Assigned { unit: u64, attempt: u32, samples: u64 },
+    Assigned {
+        unit: u64,
+        attempt: u32,
+        samples: u64,
+    },
     /// Same-host: turn these credits into free slots, then [`Session::slots`].
     Grant(u32),
     /// Same-host with the batch arena: hand the grant's places to this connection's writer,
@@ -237,7 +247,8 @@ impl Session {
                     )));
                 } else if now >= self.next_beat {
                     self.seq += 1;
-                    self.transmit.push_back(Message::Heartbeat { seq: self.seq });
+                    self.transmit
+                        .push_back(Message::Heartbeat { seq: self.seq });
                     self.next_beat = now + self.settings.heartbeat;
                 }
             }
@@ -275,7 +286,9 @@ impl Session {
                 self.expect(Phase::JobOpened, now);
                 Received::Nothing
             }
-            (Phase::JobOpened, Message::JobOpened { job, shape }) if job == self.settings.job.job => {
+            (Phase::JobOpened, Message::JobOpened { job, shape })
+                if job == self.settings.job.job =>
+            {
                 self.shape = Some(shape);
                 match self.settings.transport {
                     Transport::Frames => self.ready(now),
@@ -322,7 +335,11 @@ impl Session {
                 let (unit, attempt, samples) = (a.unit, a.attempt, a.end.saturating_sub(a.start));
                 self.transmit.push_back(Message::Assign(a));
                 match same_host {
-                    true => Commanded::Assigned { unit, attempt, samples },
+                    true => Commanded::Assigned {
+                        unit,
+                        attempt,
+                        samples,
+                    },
                     false => Commanded::Nothing,
                 }
             }
@@ -398,17 +415,24 @@ impl Session {
         let same_host = self.settings.transport == Transport::SameHost;
         let arena = self.arena;
         let checked = match m {
-            Message::ShmSample { slot, header } if same_host => self
-                .same_host_header(&header)
-                .map(|()| Received::Sample { header, at: TensorAt::Slot(slot) }),
-            Message::ShmSample { .. } => Err("a shared-memory sample over QUIC".into()),
-            Message::ShmPlaced { slot, place, header } if arena => {
+            Message::ShmSample { slot, header } if same_host => {
                 self.same_host_header(&header).map(|()| Received::Sample {
                     header,
-                    at: TensorAt::Placed { slot, place },
+                    at: TensorAt::Slot(slot),
                 })
             }
-            Message::ShmPlaced { .. } => Err("a sample in a batch place, but no batch arena".into()),
+            Message::ShmSample { .. } => Err("a shared-memory sample over QUIC".into()),
+            Message::ShmPlaced {
+                slot,
+                place,
+                header,
+            } if arena => self.same_host_header(&header).map(|()| Received::Sample {
+                header,
+                at: TensorAt::Placed { slot, place },
+            }),
+            Message::ShmPlaced { .. } => {
+                Err("a sample in a batch place, but no batch arena".into())
+            }
             Message::Sample(_) if same_host => {
                 Err("a sample in the frame over the same-host socket".into())
             }
@@ -444,7 +468,10 @@ impl Session {
         if header.job != self.settings.job.job {
             return Ok(Received::SkipPayload);
         }
-        Ok(Received::Sample { header, at: TensorAt::Stream })
+        Ok(Received::Sample {
+            header,
+            at: TensorAt::Stream,
+        })
     }
 
     /// A same-host sample's header names the connection's job and its shape's tensor size.
@@ -464,7 +491,10 @@ impl Session {
         self.heard = now;
         self.next_beat = now + self.settings.heartbeat;
         match self.shape {
-            Some(shape) => Received::Ready { shape, caches: self.caches },
+            Some(shape) => Received::Ready {
+                shape,
+                caches: self.caches,
+            },
             None => Received::Nothing,
         }
     }

@@ -150,11 +150,11 @@ mod tests {
         }
     }
 
-    fn loader(gpu: &Arc<Gpu>) -> crate::Loader {
+    fn loader(gpu: &Arc<Gpu>) -> crate::loader::Loader {
         loader_with_ring(gpu, 4)
     }
 
-    fn loader_with_ring(gpu: &Arc<Gpu>, ring_batches: usize) -> crate::Loader {
+    fn loader_with_ring(gpu: &Arc<Gpu>, ring_batches: usize) -> crate::loader::Loader {
         let manifest = sluice_shard::Manifest::new(vec![sluice_shard::ShardInfo {
             url: "synthetic://ramp".into(),
             size: 100 << 20, // synthetic: room for the count, no bytes
@@ -163,7 +163,7 @@ mod tests {
             compression: sluice_shard::Compression::None,
             replicas: Vec::new(),
         }]);
-        crate::Loader::builder()
+        crate::loader::Loader::builder()
             .dataset(manifest)
             .in_process(Arc::new(Ramp))
             .batch_size(16)

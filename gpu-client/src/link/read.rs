@@ -110,7 +110,7 @@ pub(super) async fn read_frames<R: TensorRead>(mut reader: FrameReader<R>, to: R
 impl ReadTo {
     fn protocol(&self, detail: String) -> Ended {
         let worker = lock(&self.session).worker().to_string();
-        Ended::Fatal(crate::ClientError::Protocol { worker, detail })
+        Ended::Fatal(crate::error::ClientError::Protocol { worker, detail })
     }
 
     /// Carries out what the session made of a frame: the event for the coordinator, if any.
@@ -141,11 +141,17 @@ impl ReadTo {
             }
             Received::UnitDone(done) => {
                 self.unit_ended(done.unit, done.attempt);
-                Event::UnitDone { link: self.link, done }
+                Event::UnitDone {
+                    link: self.link,
+                    done,
+                }
             }
             Received::UnitFailed(failed) => {
                 self.unit_ended(failed.unit, failed.attempt);
-                Event::UnitFailed { link: self.link, failed }
+                Event::UnitFailed {
+                    link: self.link,
+                    failed,
+                }
             }
             // The job is cancelled: its places in the batch arena are this process's again.
             Received::Released => {

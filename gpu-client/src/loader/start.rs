@@ -18,10 +18,10 @@ use crate::coordinator::{handoff, Coordinator, Predecessor};
 use crate::error::ClientError;
 use crate::ledger::Ledger;
 use crate::link::Event;
-use crate::session::Command;
 use crate::local::run_local;
 use crate::membership::{self, Dialer, Source, Task, Watcher};
 use crate::reorder::Reorder;
+use crate::session::Command;
 use crate::stats::EpochCounters;
 
 /// What the consumer has been handed in the current epoch.

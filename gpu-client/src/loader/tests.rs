@@ -607,7 +607,7 @@ fn a_checkpoint_names_the_plan_setting_that_differs() {
         .max_unit_samples(20)
         .lookahead(64)
         .seed(5)
-        .last_batch(crate::LastBatch::Drop)
+        .last_batch(crate::batch::LastBatch::Drop)
         .build()
         .unwrap();
     let err = other.load_state_dict(state).unwrap_err().to_string();

@@ -19,15 +19,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_plan::rng::{stream, Domain, Stream};
-use sluice_wire::session::{ConnId, Effect, End, Gate, Rules, Transport, UnitId, Wake, Worker};
-use sluice_wire::{
-    Assign, ErrorCode, ErrorMessage, Hello, JobSpec, Message, UnitDone, UnitFailed, Welcome,
-};
+use sluice_wire::session::{ConnId, Effect, End, Gate, Transport};
+use sluice_wire::{ErrorCode, ErrorMessage, Hello, JobSpec, Message, UnitDone, UnitFailed};
 
+use super::world::{bad, decoded, rejected, seeds, tensor, world, World, SHAPE};
 use super::{Action, Protocol, Tensor};
-use crate::session::{self, Command, Commanded, Ended, Received, Session, TensorAt};
-use crate::coordinator::simulation::{bad, decoded, rejected, seeds, tensor, world, World, SHAPE};
 use crate::reorder::Arrival;
+use crate::session::{self, Command, Commanded, Ended, Received, Session, TensorAt};
 use crate::stats::{EpochCounters, Stats};
 
 impl Tensor for Vec<u8> {
@@ -42,99 +40,8 @@ const SILENCE: Duration = Duration::from_secs(10);
 const HEARTBEAT: Duration = Duration::from_secs(1);
 const MAX_WORKERS: usize = 6;
 
-/// A unit on a simulated worker thread: what the worker registered, and its next sample.
-#[derive(Clone, Debug)]
-struct SimUnit {
-    id: UnitId,
-    conn: ConnId,
-    assign: Assign,
-}
-
-struct Running {
-    unit: SimUnit,
-    next: u64,
-    stopped: bool,
-    /// It holds a slot (a unit stopped while it waited holds none: it only ends).
-    holds: bool,
-}
-
-/// One worker process.
-struct SimWorker {
-    rules: Worker<SimUnit>,
-    slots: usize,
-    alive: bool,
-    /// Frozen until then (no step, no frame, no heartbeat).
-    stalled_until: Option<Duration>,
-    /// It left the pool (every job was told).
-    left: bool,
-    /// Units holding a slot, and those waiting (parked) for a slot or a credit.
-    running: Vec<Running>,
-    parked: HashMap<UnitId, Running>,
-}
-
-impl SimWorker {
-    fn new(rng: &mut Stream) -> Self {
-        let slots = 1 + rng.below(3) as usize;
-        SimWorker {
-            rules: Worker::new(rules(), slots),
-            slots,
-            alive: true,
-            stalled_until: None,
-            left: false,
-            running: Vec::new(),
-            parked: HashMap::new(),
-        }
-    }
-
-    fn active(&self, now: Duration) -> bool {
-        self.alive && self.stalled_until.is_none_or(|t| now >= t)
-    }
-
-    /// Carries out the worker's wakes.
-    fn wake(&mut self) {
-        for w in self.rules.take_wakes() {
-            match w {
-                Wake::Start(unit) => {
-                    let next = unit.assign.start;
-                    self.running.push(Running {
-                        unit,
-                        next,
-                        stopped: false,
-                        holds: true,
-                    });
-                }
-                Wake::Resume(unit) => {
-                    let mut r = self.parked.remove(&unit.id).expect("a resumed unit waited");
-                    r.holds = true;
-                    self.running.push(r);
-                }
-                Wake::Stop(unit) => {
-                    if let Some(mut r) = self.parked.remove(&unit.id) {
-                        r.stopped = true;
-                        r.holds = false;
-                        self.running.push(r);
-                    }
-                    for r in self.running.iter_mut().filter(|r| r.unit.id == unit.id) {
-                        r.stopped = true;
-                    }
-                }
-            }
-        }
-    }
-}
-
-fn rules() -> Rules {
-    let welcome = Welcome {
-        worker: "sim".into(),
-        ..Welcome::default()
-    };
-    Rules {
-        max_job_weight: 8,
-        heartbeat: HEARTBEAT,
-        client_silence: SILENCE,
-        ..Rules::new(Some("t".into()), welcome)
-    }
-}
+mod workers;
+use workers::{Running, SimUnit, SimWorker};
 
 /// A connection between a job's link and a worker, with what is in flight each way.
 struct Conn {

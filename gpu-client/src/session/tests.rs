@@ -46,7 +46,13 @@ fn sent(s: &mut Session) -> Vec<&'static str> {
 fn running(transport: Transport, t0: Instant) -> Session {
     let mut s = Session::new(settings(transport), 1, t0);
     s.handle(Message::Welcome(Welcome::default()), t0);
-    let opened = s.handle(Message::JobOpened { job: 7, shape: SHAPE }, t0);
+    let opened = s.handle(
+        Message::JobOpened {
+            job: 7,
+            shape: SHAPE,
+        },
+        t0,
+    );
     if transport == Transport::SameHost {
         assert!(matches!(opened, Received::Attach(SHAPE)));
         s.attach_sent(true, t0);
@@ -93,11 +99,26 @@ fn the_handshake_goes_in_order_and_each_answer_has_its_time() {
         caches: true,
         ..Welcome::default()
     };
-    assert!(matches!(s.handle(Message::Welcome(welcome), t0), Received::Nothing));
+    assert!(matches!(
+        s.handle(Message::Welcome(welcome), t0),
+        Received::Nothing
+    ));
     assert_eq!(sent(&mut s), ["OpenJob"]);
     let t1 = t0 + Duration::from_secs(4);
-    let got = s.handle(Message::JobOpened { job: 7, shape: SHAPE }, t1);
-    assert!(matches!(got, Received::Ready { shape: SHAPE, caches: true }));
+    let got = s.handle(
+        Message::JobOpened {
+            job: 7,
+            shape: SHAPE,
+        },
+        t1,
+    );
+    assert!(matches!(
+        got,
+        Received::Ready {
+            shape: SHAPE,
+            caches: true
+        }
+    ));
 
     let mut late = Session::new(settings(Transport::Frames), 2, t0);
     late.handle_timeout(t0 + Duration::from_secs(4));
@@ -107,7 +128,13 @@ fn the_handshake_goes_in_order_and_each_answer_has_its_time() {
     assert!(matches!(late.take_end(), Some(Ended::Lost(e)) if e.starts_with("no answer in")));
 
     let mut wrong = Session::new(settings(Transport::Frames), 3, t0);
-    wrong.handle(Message::JobOpened { job: 7, shape: SHAPE }, t0);
+    wrong.handle(
+        Message::JobOpened {
+            job: 7,
+            shape: SHAPE,
+        },
+        t0,
+    );
     assert!(fatal(&mut wrong).contains("expected Welcome, got JobOpened"));
 }
 
@@ -123,16 +150,31 @@ fn refusals_end_for_good_and_a_busy_worker_is_tried_again() {
         s.handle(Message::Error(e), t0);
         s.take_end()
     };
-    assert!(matches!(refuse(ErrorCode::Unauthorized), Some(Ended::Fatal(_))));
-    assert!(matches!(refuse(ErrorCode::BadRequest), Some(Ended::Fatal(_))));
-    assert!(matches!(refuse(ErrorCode::Unavailable), Some(Ended::Lost(_))));
+    assert!(matches!(
+        refuse(ErrorCode::Unauthorized),
+        Some(Ended::Fatal(_))
+    ));
+    assert!(matches!(
+        refuse(ErrorCode::BadRequest),
+        Some(Ended::Fatal(_))
+    ));
+    assert!(matches!(
+        refuse(ErrorCode::Unavailable),
+        Some(Ended::Lost(_))
+    ));
     assert!(matches!(refuse(ErrorCode::Internal), Some(Ended::Lost(_))));
     assert!(matches!(
         closed_by_worker("w", 3, "worker is draining".into()),
         Ended::Left(_)
     ));
-    assert!(matches!(closed_by_worker("w", 1, "token".into()), Ended::Fatal(_)));
-    assert!(matches!(closed_by_worker("w", 0, "bye".into()), Ended::Lost(_)));
+    assert!(matches!(
+        closed_by_worker("w", 1, "token".into()),
+        Ended::Fatal(_)
+    ));
+    assert!(matches!(
+        closed_by_worker("w", 0, "bye".into()),
+        Ended::Lost(_)
+    ));
 }
 
 #[test]
@@ -154,9 +196,7 @@ fn heartbeats_go_out_and_silence_ends_the_connection_but_a_waiting_reader_is_not
     s.handle_timeout(sec(45));
     assert!(s.take_end().is_none());
     s.handle_timeout(sec(46));
-    assert!(
-        matches!(s.take_end(), Some(Ended::Lost(e)) if e.contains("no frame from the worker"))
-    );
+    assert!(matches!(s.take_end(), Some(Ended::Lost(e)) if e.contains("no frame from the worker")));
     // Nothing more comes out of an ended session.
     assert!(s.poll_timeout().is_none());
 }
@@ -204,9 +244,16 @@ fn commands_for_an_earlier_connection_are_void_and_credits_follow_the_transport(
     let mut shm = running(Transport::SameHost, t0);
     assert!(matches!(
         shm.command(assign(1)),
-        Commanded::Assigned { unit: 1, attempt: 0, samples: 4 }
+        Commanded::Assigned {
+            unit: 1,
+            attempt: 0,
+            samples: 4
+        }
     ));
-    assert!(matches!(shm.command(Command::Credit(1, 5)), Commanded::Grant(5)));
+    assert!(matches!(
+        shm.command(Command::Credit(1, 5)),
+        Commanded::Grant(5)
+    ));
     assert_eq!(sent(&mut shm), ["Assign"]);
     shm.slots(vec![0, 1, 2]);
     assert_eq!(sent(&mut shm), ["SlotCredit"]);
@@ -219,7 +266,10 @@ fn frame_headers_are_checked_against_the_transport_job_and_shape() {
     let mut s = running(Transport::Frames, t0);
     assert!(matches!(
         s.handle(Message::Sample(header(7, bytes)), t0),
-        Received::Sample { at: TensorAt::Stream, .. }
+        Received::Sample {
+            at: TensorAt::Stream,
+            ..
+        }
     ));
     // A late frame of another job is passed over; a wrong size is not.
     assert!(matches!(
@@ -230,7 +280,13 @@ fn frame_headers_are_checked_against_the_transport_job_and_shape() {
     assert!(fatal(&mut s).contains("tensor bytes"));
 
     let mut s = running(Transport::Frames, t0);
-    s.handle(Message::ShmSample { slot: 0, header: header(7, bytes) }, t0);
+    s.handle(
+        Message::ShmSample {
+            slot: 0,
+            header: header(7, bytes),
+        },
+        t0,
+    );
     assert!(fatal(&mut s).contains("shared-memory sample over QUIC"));
 
     let mut s = running(Transport::SameHost, t0);
@@ -245,9 +301,18 @@ fn frame_headers_are_checked_against_the_transport_job_and_shape() {
     };
     assert!(matches!(
         s.handle(placed, t0),
-        Received::Sample { at: TensorAt::Placed { slot: 1, place: 2 }, .. }
+        Received::Sample {
+            at: TensorAt::Placed { slot: 1, place: 2 },
+            ..
+        }
     ));
-    s.handle(Message::ShmSample { slot: 0, header: header(6, bytes) }, t0);
+    s.handle(
+        Message::ShmSample {
+            slot: 0,
+            header: header(6, bytes),
+        },
+        t0,
+    );
     assert!(fatal(&mut s).contains("of job 6"));
 
     let mut s = running(Transport::Frames, t0);
@@ -270,7 +335,10 @@ fn an_epoch_that_ends_with_places_owned_cancels_and_waits_for_the_release() {
     assert_eq!(sent(&mut s), ["Cancel"]);
     assert!(s.take_end().is_none());
     // Commands after the end are void; answers still settle places.
-    assert!(matches!(s.command(Command::Credit(1, 4)), Commanded::Nothing));
+    assert!(matches!(
+        s.command(Command::Credit(1, 4)),
+        Commanded::Nothing
+    ));
     assert!(matches!(
         s.handle(Message::ShmReleased { job: 7 }, t0),
         Received::Released
@@ -298,10 +366,15 @@ fn redialing_backs_off_to_two_seconds_and_stops_at_a_refusal() {
         .map(|_| r.ended(Ended::Lost("x".into())).and_then(|l| l.retry_in))
         .collect();
     let ms = |n| Some(Duration::from_millis(n));
-    assert_eq!(waits, [ms(100), ms(200), ms(400), ms(800), ms(1600), ms(2000)]);
+    assert_eq!(
+        waits,
+        [ms(100), ms(200), ms(400), ms(800), ms(1600), ms(2000)]
+    );
     let left = r.ended(Ended::Left("draining".into())).map(|l| l.tone);
     assert_eq!(left, Some(Tone::Left));
-    let not_back = r.ended(Ended::Lost("connect: refused".into())).map(|l| l.tone);
+    let not_back = r
+        .ended(Ended::Lost("connect: refused".into()))
+        .map(|l| l.tone);
     assert_eq!(not_back, Some(Tone::NotBack));
     let refused = ClientError::Refused {
         worker: "w".into(),
@@ -310,4 +383,11 @@ fn redialing_backs_off_to_two_seconds_and_stops_at_a_refusal() {
     let fatal = r.ended(Ended::Fatal(refused)).expect("reported");
     assert!(fatal.fatal.is_some() && fatal.retry_in.is_none());
     assert!(r.ended(Ended::Cancelled).is_none());
+}
+
+#[test]
+fn credits_and_so_same_host_slots_follow_the_receive_window() {
+    assert_eq!(credit_window(128, 64 << 20, 150_528), 128);
+    assert_eq!(credit_window(128, 1 << 20, 150_528), 6);
+    assert_eq!(credit_window(128, 10, 150_528), 1);
 }
