@@ -18,7 +18,18 @@ use sluice_wire::{Assign, ErrorCode, JobRunner, JobSpec, Message, Output};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use crate::server::State;
+/// What every connection of a worker shares: its config, its runner, and its rules.
+pub(crate) struct State {
+    pub(crate) config: crate::config::CpuConfig,
+    pub(crate) runner: Arc<dyn sluice_wire::UnitRunner>,
+    /// The worker's rules over every connection and unit (`sluice_wire::session`), with
+    /// its assignments processed at once and shared fairly by job.
+    pub(crate) rules: SharedWorker,
+    /// Bounds the connections served at once (`limits.max_connections`).
+    pub(crate) connections: Arc<tokio::sync::Semaphore>,
+    pub(crate) draining: tokio_util::sync::CancellationToken,
+    pub(crate) limits: sluice_wire::Limits,
+}
 
 /// The worker's rules, behind the one lock its connections and units share.
 pub(crate) type SharedWorker = Mutex<Worker<Arc<Launch>>>;
@@ -86,7 +97,7 @@ pub(crate) struct Job {
     /// Samples sent for the training job (`sluice_cpu_job_samples_total{job}`).
     sent: metrics::Counter,
     /// Same-host jobs: the client's segment and the slots it granted.
-    slots: Option<Arc<crate::same_host::Slots>>,
+    slots: Option<Arc<crate::slots::Slots>>,
 }
 
 /// What a unit runs with, registered with the worker when it accepts the assignment.
@@ -295,7 +306,7 @@ impl Connection {
     }
 
     /// Same-host: gives the open job its client's segment.
-    pub(crate) fn attach(&mut self, job: u64, slots: Arc<crate::same_host::Slots>) -> bool {
+    pub(crate) fn attach(&mut self, job: u64, slots: Arc<crate::slots::Slots>) -> bool {
         let Some(j) = self.jobs.get_mut(&job) else {
             return false;
         };

@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod restart;
 pub mod same_host;
 pub mod server;
+mod slots;
 pub mod source;
 pub mod tenants;
 pub mod tls;

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::config::CpuConfig;
-use crate::connection::{Connection, Ended, Outbound, SendError, SharedWorker};
+use crate::connection::{Connection, Ended, Outbound, SendError, State};
 use crate::tls::{self, Identity, TlsError};
 
 #[derive(Debug, thiserror::Error)]
@@ -134,17 +134,6 @@ impl Setup {
     }
 }
 
-pub(crate) struct State {
-    pub(crate) config: CpuConfig,
-    pub(crate) runner: Arc<dyn UnitRunner>,
-    /// The worker's rules over every connection and unit (`sluice_wire::session`), with
-    /// its assignments processed at once and shared fairly by job.
-    pub(crate) rules: SharedWorker,
-    connections: Arc<Semaphore>,
-    pub(crate) draining: CancellationToken,
-    pub(crate) limits: Limits,
-}
-
 /// The worker's rules from its config.
 fn rules(config: &CpuConfig, admission: session::Admission, welcome: Welcome) -> session::Rules {
     let t = &config.timeouts;
@@ -197,22 +186,7 @@ pub async fn run(
     } = setup;
     // The per-job series expire as the config says (the process's first worker decides).
     sluice_daemon::job_series(Some(config.timeouts.job_series()));
-    let server_config = tls::server_config(&identity, transport(&config))?;
-    let mut endpoint_config = quinn::EndpointConfig::default();
-    endpoint_config
-        .max_udp_payload_size(sluice_wire::quic::MAX_UDP_PAYLOAD)
-        .map_err(|e| ServerError::Endpoint(std::io::Error::other(e)))?;
-    // A send buffer that holds GSO bursts while the client's ACKs catch up.
-    if let Some(why) = sluice_wire::quic::grow_buffer(&socket, sluice_wire::quic::Buffer::Send) {
-        tracing::debug!("{why}");
-    }
-    let endpoint = quinn::Endpoint::new(
-        endpoint_config,
-        Some(server_config),
-        socket,
-        Arc::new(quinn::TokioRuntime),
-    )
-    .map_err(ServerError::Endpoint)?;
+    let endpoint = endpoint(socket, &identity, &config)?;
     let active = match config.limits.max_active_units {
         0 => (runner.threads() as usize * 2).max(2),
         n => n,
@@ -291,8 +265,37 @@ pub async fn run(
     }
     // No new same-host clients either (the socket file goes with the listener).
     drop(same_host);
-    // New clients and assignments are refused from now; each connection closes once its
-    // running units are done (the session's rule), or at the deadline below.
+    drain(&state, &endpoint, tasks).await;
+    Ok(())
+}
+
+/// The worker's QUIC endpoint on `socket`.
+fn endpoint(
+    socket: std::net::UdpSocket,
+    identity: &tls::Identity,
+    config: &CpuConfig,
+) -> Result<quinn::Endpoint, ServerError> {
+    let server_config = tls::server_config(identity, transport(config))?;
+    let mut endpoint_config = quinn::EndpointConfig::default();
+    endpoint_config
+        .max_udp_payload_size(sluice_wire::quic::MAX_UDP_PAYLOAD)
+        .map_err(|e| ServerError::Endpoint(std::io::Error::other(e)))?;
+    // A send buffer that holds GSO bursts while the client's ACKs catch up.
+    if let Some(why) = sluice_wire::quic::grow_buffer(&socket, sluice_wire::quic::Buffer::Send) {
+        tracing::debug!("{why}");
+    }
+    quinn::Endpoint::new(
+        endpoint_config,
+        Some(server_config),
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )
+    .map_err(ServerError::Endpoint)
+}
+
+/// The drain: new clients and assignments are refused from now; each connection closes once
+/// its running units are done (the session's rule), or at the drain deadline.
+async fn drain(state: &State, endpoint: &quinn::Endpoint, mut tasks: JoinSet<()>) {
     crate::connection::lock(&state.rules).drain();
     state.draining.cancel();
     endpoint.set_server_config(None);
@@ -320,7 +323,6 @@ pub async fn run(
     endpoint.close(0u32.into(), b"shutting down");
     tasks.abort_all();
     let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
-    Ok(())
 }
 
 /// The next same-host client; never, without the transport.

@@ -14,10 +14,13 @@ use sluice_wire::{
     SampleShape, SkippedSample, Turn, UnitRunner,
 };
 
-use crate::engine::{BadSamplePolicy, Engine, EngineConfig, Outcome, PlaceTarget, SampleContext};
+use crate::engine::{
+    BadSamplePolicy, Engine, EngineConfig, Outcome, PlaceTarget, Processed, SampleContext,
+    UnitStats,
+};
+use crate::error::EngineError;
 use crate::fields::FieldSpec;
 use crate::source::{ShardLocation, ShardSource};
-use crate::EngineError;
 
 /// The decode pool and shard source every job of a worker shares.
 pub struct CpuWorker {
@@ -130,30 +133,7 @@ impl JobRunner for CpuJob {
         emit: &mut dyn FnMut(Output) -> bool,
         turn: &Turn,
     ) -> Result<Finished, RunnerError> {
-        let shard = &assign.shard;
-        // A later attempt (a hedge beside a slow first one, or a retry) starts from another
-        // replica, so a slow replica does not hold up every copy of the unit.
-        let mut urls = shard.urls.clone();
-        if !urls.is_empty() {
-            let turn = assign.attempt as usize % urls.len();
-            urls.rotate_left(turn);
-        }
-        let loc = ShardLocation {
-            tally: Default::default(),
-            urls,
-            info: ShardInfo {
-                url: shard.urls.first().cloned().unwrap_or_default(),
-                size: shard.size,
-                samples: shard.samples,
-                checksum: Checksum(shard.checksum),
-                compression: if shard.gzip {
-                    Compression::Gzip
-                } else {
-                    Compression::None
-                },
-                replicas: shard.urls.iter().skip(1).cloned().collect(),
-            },
-        };
+        let loc = location(assign);
         let samples = self
             .source
             .open_unit_with_repair(&loc, assign.start, assign.end)
@@ -161,12 +141,10 @@ impl JobRunner for CpuJob {
         let ctx = SampleContext {
             seed: self.spec.seed,
             epoch: self.spec.epoch,
-            shard: shard.index,
+            shard: assign.shard.index,
         };
-        let expected = self.shape.bytes();
         let mut finished = Finished::default();
-        let mut wrong_shape = None;
-        let mut cancelled = false;
+        let mut stopped = None;
         // Which samples of the range were reported, so a damaged shard's unreadable rest can
         // be reported as skipped instead of failing the unit again and again.
         let mut reported = vec![false; (assign.end - assign.start) as usize];
@@ -189,92 +167,126 @@ impl JobRunner for CpuJob {
                     *r = true;
                 }
                 let output = match outcome {
-                    Outcome::Done(p) => {
-                        // A tensor written into its place was claimed at the job's size.
-                        if p.tensor.placed.is_none() && p.tensor.data.len() as u64 != expected {
-                            wrong_shape = Some(format!(
-                                "sample {:?} of shard {} came out {}x{} ({} bytes), not the job's {}x{} ({expected} bytes)",
-                                p.key, loc.name(), p.tensor.width, p.tensor.height,
-                                p.tensor.data.len(), self.shape.width, self.shape.height
-                            ));
+                    Outcome::Done(p) => match self.output(assign, &loc, p, &mut finished) {
+                        Ok(output) => output,
+                        Err(e) => {
+                            stopped = Some(e);
                             return false;
                         }
-                        let with_fields = p
-                            .fields
-                            .iter()
-                            .fold(expected, |n, f| n.saturating_add(f.data.len() as u64));
-                        if with_fields > self.max_sample_bytes {
-                            // It could never be sent: skipped by name, not a frame that the
-                            // transport refuses and the client waits for forever.
-                            finished.skipped += 1;
-                            metrics::counter!("sluice_cpu_samples_skipped_total").increment(1);
-                            let reason = format!(
-                                "the sample is {with_fields} bytes with its fields, over the \
-                                 largest frame ({} bytes): ask for fewer fields, or lower \
-                                 max_field_bytes (a sluice cpu worker's own ceiling is its \
-                                 limits.max_payload_bytes)",
-                                self.max_sample_bytes
-                            );
-                            self.engine.recycle(p.tensor.data);
-                            let go = emit(skip(assign, p.index, p.key, reason));
-                            cancelled |= !go;
-                            return go;
-                        }
-                        let (payload, fields) = SamplePayload::join(
-                            p.tensor.data,
-                            p.fields.iter().map(|f| (f.name.as_str(), f.data.as_slice())),
-                        );
-                        let header = SampleHeader {
-                            job: assign.job,
-                            unit: assign.unit,
-                            attempt: assign.attempt,
-                            shard: shard.index,
-                            index: p.index,
-                            key: p.key,
-                            label: p.label,
-                            tensor_bytes: expected,
-                            fields,
-                            geometry: p.geometry,
-                        };
-                        finished.sent += 1;
-                        match p.tensor.placed {
-                            // The payload is the fields alone: the tensor is in its place.
-                            Some(place) => {
-                                metrics::counter!("sluice_cpu_resized_in_place_total")
-                                    .increment(1);
-                                Output::Placed(header, place, payload)
-                            }
-                            None => Output::Sample(header, payload),
-                        }
-                    }
+                    },
                     Outcome::Skipped(e) => {
                         finished.skipped += 1;
                         skip(assign, e.index, e.key.clone(), e.reason.to_string())
                     }
                 };
                 let go = emit(output);
-                cancelled |= !go;
+                if !go {
+                    stopped = Some(RunnerError::Cancelled);
+                }
                 go
             });
-        if let Some(e) = wrong_shape {
-            return Err(RunnerError::Broken(e));
+        if let Some(e) = stopped {
+            return Err(e);
         }
-        if cancelled {
-            return Err(RunnerError::Cancelled);
+        if let Some(why) = self.damage(result, assign, &loc)? {
+            self.skip_unread(assign, &reported, &why, emit, &mut finished)?;
         }
-        // The shard itself is damaged (its structure, or it ends early): reading it again
-        // cannot help, so the samples it cannot yield are reported skipped, named, and the
-        // unit ends; a read that failed (the network, a disk error) fails the unit instead,
-        // for the client to try elsewhere.
-        let damage = match result {
+        (finished.storage_bytes, finished.cached_bytes) = loc.tally.get();
+        Ok(finished)
+    }
+}
+
+impl CpuJob {
+    /// What a decoded sample becomes on the wire: the sample (in its frame, or in its place
+    /// with the fields in the frame), or a named skip when it would not fit a frame; an
+    /// error when it came out at another size than the job's (the unit is broken).
+    fn output(
+        &self,
+        assign: &Assign,
+        loc: &ShardLocation,
+        p: Processed,
+        finished: &mut Finished,
+    ) -> Result<Output, RunnerError> {
+        let expected = self.shape.bytes();
+        // A tensor written into its place was claimed at the job's size.
+        if p.tensor.placed.is_none() && p.tensor.data.len() as u64 != expected {
+            return Err(RunnerError::Broken(format!(
+                "sample {:?} of shard {} came out {}x{} ({} bytes), not the job's {}x{} \
+                 ({expected} bytes)",
+                p.key,
+                loc.name(),
+                p.tensor.width,
+                p.tensor.height,
+                p.tensor.data.len(),
+                self.shape.width,
+                self.shape.height
+            )));
+        }
+        let with_fields = p
+            .fields
+            .iter()
+            .fold(expected, |n, f| n.saturating_add(f.data.len() as u64));
+        if with_fields > self.max_sample_bytes {
+            // It could never be sent: skipped by name, not a frame that the transport
+            // refuses and the client waits for forever.
+            finished.skipped += 1;
+            metrics::counter!("sluice_cpu_samples_skipped_total").increment(1);
+            let reason = format!(
+                "the sample is {with_fields} bytes with its fields, over the largest frame \
+                 ({} bytes): ask for fewer fields, or lower max_field_bytes (a sluice cpu \
+                 worker's own ceiling is its limits.max_payload_bytes)",
+                self.max_sample_bytes
+            );
+            self.engine.recycle(p.tensor.data);
+            return Ok(skip(assign, p.index, p.key, reason));
+        }
+        let (payload, fields) = SamplePayload::join(
+            p.tensor.data,
+            p.fields
+                .iter()
+                .map(|f| (f.name.as_str(), f.data.as_slice())),
+        );
+        let header = SampleHeader {
+            job: assign.job,
+            unit: assign.unit,
+            attempt: assign.attempt,
+            shard: assign.shard.index,
+            index: p.index,
+            key: p.key,
+            label: p.label,
+            tensor_bytes: expected,
+            fields,
+            geometry: p.geometry,
+        };
+        finished.sent += 1;
+        Ok(match p.tensor.placed {
+            // The payload is the fields alone: the tensor is in its place.
+            Some(place) => {
+                metrics::counter!("sluice_cpu_resized_in_place_total").increment(1);
+                Output::Placed(header, place, payload)
+            }
+            None => Output::Sample(header, payload),
+        })
+    }
+
+    /// How the engine's run of a unit ended: `Some(why)` when the shard itself is damaged
+    /// (its structure, or it ends early), which reading it again cannot help, so the samples
+    /// it could not yield are reported skipped; an error for a read that failed (the network,
+    /// a disk error), which fails the unit for the client to try elsewhere.
+    fn damage(
+        &self,
+        result: Result<UnitStats, EngineError>,
+        assign: &Assign,
+        loc: &ShardLocation,
+    ) -> Result<Option<String>, RunnerError> {
+        let why = match result {
             Ok(stats) => {
-                let planned = assign.end - assign.start;
-                (stats.done + stats.skipped != planned).then(|| {
+                let (got, planned) = (stats.done + stats.skipped, assign.end - assign.start);
+                (got != planned).then(|| {
                     format!(
-                        "shard {} ended after {} of samples {}..{}, which the manifest lists: \
-                         it was cut short or changed since it was indexed",
+                        "shard {} ended after {got} of samples {}..{}, which the manifest \
+                         lists: it was cut short or changed since it was indexed",
                         loc.name(),
-                        stats.done + stats.skipped,
                         assign.start,
                         assign.end
                     )
@@ -288,27 +300,61 @@ impl JobRunner for CpuJob {
             Err(EngineError::BadSample(e)) => return Err(RunnerError::Damaged(e.to_string())),
             Err(e @ EngineError::Pool(_)) => return Err(RunnerError::Broken(e.to_string())),
         };
-        if let Some(why) = damage {
-            if self.spec.fail_on_bad_sample {
-                return Err(RunnerError::Damaged(format!("shard {}: {why}", loc.name())));
+        match why {
+            Some(why) if self.spec.fail_on_bad_sample => {
+                Err(RunnerError::Damaged(format!("shard {}: {why}", loc.name())))
             }
-            for (i, _) in reported.iter().enumerate().filter(|(_, r)| !**r) {
-                let index = assign.start + i as u64;
-                finished.skipped += 1;
-                metrics::counter!("sluice_cpu_samples_skipped_total").increment(1);
-                let skipped = skip(
-                    assign,
-                    index,
-                    format!("#{index}"),
-                    format!("unreadable: {why}"),
-                );
-                if !emit(skipped) {
-                    return Err(RunnerError::Cancelled);
-                }
+            why => Ok(why),
+        }
+    }
+
+    /// Reports each sample of the unit that a damaged shard did not yield as skipped, named.
+    fn skip_unread(
+        &self,
+        assign: &Assign,
+        reported: &[bool],
+        why: &str,
+        emit: &mut dyn FnMut(Output) -> bool,
+        finished: &mut Finished,
+    ) -> Result<(), RunnerError> {
+        for (i, _) in reported.iter().enumerate().filter(|(_, r)| !**r) {
+            let index = assign.start + i as u64;
+            finished.skipped += 1;
+            metrics::counter!("sluice_cpu_samples_skipped_total").increment(1);
+            let reason = format!("unreadable: {why}");
+            if !emit(skip(assign, index, format!("#{index}"), reason)) {
+                return Err(RunnerError::Cancelled);
             }
         }
-        (finished.storage_bytes, finished.cached_bytes) = loc.tally.get();
-        Ok(finished)
+        Ok(())
+    }
+}
+
+/// Where a unit's shard is: its replicas, a later attempt (a hedge beside a slow first one,
+/// or a retry) starting from another one, so a slow replica does not hold up every copy of
+/// the unit.
+fn location(assign: &Assign) -> ShardLocation {
+    let shard = &assign.shard;
+    let mut urls = shard.urls.clone();
+    if !urls.is_empty() {
+        let turn = assign.attempt as usize % urls.len();
+        urls.rotate_left(turn);
+    }
+    ShardLocation {
+        tally: Default::default(),
+        urls,
+        info: ShardInfo {
+            url: shard.urls.first().cloned().unwrap_or_default(),
+            size: shard.size,
+            samples: shard.samples,
+            checksum: Checksum(shard.checksum),
+            compression: if shard.gzip {
+                Compression::Gzip
+            } else {
+                Compression::None
+            },
+            replicas: shard.urls.iter().skip(1).cloned().collect(),
+        },
     }
 }
 

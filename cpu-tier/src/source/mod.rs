@@ -35,6 +35,7 @@
 
 mod cache;
 mod cache_dir;
+mod open;
 mod replicas;
 mod s3;
 mod streams;
@@ -47,14 +48,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use object_store::ObjectStore;
 
-use sluice_shard::read::decompressed;
-use sluice_shard::{Checksum, Compression, ReadOptions, SampleIndex, SampleReader, ShardInfo};
+use sluice_shard::{Checksum, ReadOptions, SampleIndex, ShardInfo};
 
 pub use cache::{CacheConfig, CacheKey, ShardCache};
 use replicas::Suspects;
 pub use streams::fetch_nanos;
-use streams::{Progress, Resuming, TakeUntilEnd, Timed};
-use verify::{Admission, Damage, Verified};
+use streams::{Progress, Resuming, Timed};
 
 /// Why a source could not deliver.
 #[derive(Debug, thiserror::Error)]
@@ -289,176 +288,6 @@ impl ShardSource {
             .map(|(samples, _)| samples)
     }
 
-    /// [`ShardSource::open_unit`], and whether its bytes come from the worker's cache (so
-    /// that a fault in them is the cache's: [`Resuming`] reads them again from storage).
-    fn open_unit_from(
-        &self,
-        loc: &ShardLocation,
-        start: u64,
-        end: u64,
-    ) -> Result<(UnitSamples, bool), SourceError> {
-        let from_cache;
-        if start >= end || end > loc.info.samples {
-            return Err(SourceError::Range {
-                shard: loc.name().into(),
-                start,
-                end,
-                samples: loc.info.samples,
-            });
-        }
-        let whole = start == 0 && end == loc.info.samples;
-        // With a cache a whole shard is read as its samples' range too, as the units that
-        // split it were: the same bytes are then cached and found (the tar's end-of-archive
-        // blocks, which no sample's range holds, would otherwise make every whole read miss).
-        let ranged = (!whole || self.cache.is_some()) && loc.info.compression == Compression::None;
-        // Without a usable index no sample can be checked on its own: the unit is read whole
-        // and held until the shard has matched the manifest's checksum (`verify = false`, an
-        // explicit opt-out, reads it unchecked).
-        let index = if self.config.verify || ranged {
-            match self.index(loc) {
-                Ok(index) => Some(index),
-                Err(e) => {
-                    metrics::counter!("sluice_cpu_index_unavailable_total").increment(1);
-                    self.warn_unindexed(loc, &e);
-                    if self.config.verify {
-                        let samples = self.open_unindexed(loc, start, end, &e)?;
-                        return Ok((samples, false));
-                    }
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        // A manifest that understates (or overstates) a shard would silently leave samples
-        // out of training (or ask for ones that are not there): the index is the shard's own
-        // count, so a disagreement is an error naming both.
-        if let Some(index) = &index {
-            if index.entries.len() as u64 != loc.info.samples {
-                return Err(SourceError::Index {
-                    shard: loc.name().into(),
-                    detail: format!(
-                        "the manifest says {} samples, the shard's index lists {}: re-run \
-                         sluice index",
-                        loc.info.samples,
-                        index.entries.len()
-                    ),
-                });
-            }
-        }
-        let name: Arc<str> = loc.name().into();
-        let damage = Damage::default();
-        let (stream, options): (Box<dyn Read + Send>, ReadOptions) = match (&index, ranged) {
-            (Some(index), true) => {
-                let (offset, len) =
-                    index
-                        .byte_range(start, end)
-                        .ok_or_else(|| SourceError::Index {
-                            shard: loc.name().into(),
-                            detail: format!("has no samples {start}..{end}"),
-                        })?;
-                let expect = Expect {
-                    size: None,
-                    checksum: Some(loc.info.checksum),
-                    cached: self.config.verify,
-                };
-                let (body, cached) = match self.fetch(loc, Some((offset, len)), expect) {
-                    Err(SourceError::Changed { detail, .. }) => {
-                        return Ok((changed(loc, detail), false))
-                    }
-                    other => other?,
-                };
-                from_cache = cached;
-                let checks = &index.entries[start as usize..end as usize];
-                let body: Box<dyn Read + Send> = if self.config.verify {
-                    Box::new(Verified::new(
-                        body,
-                        name.clone(),
-                        offset,
-                        start,
-                        checks,
-                        None,
-                        &damage,
-                    ))
-                } else {
-                    Box::new(body.take(len))
-                };
-                let options = ReadOptions {
-                    start_offset: offset,
-                    first_index: start,
-                    ..self.config.read_options.clone()
-                };
-                (body, options)
-            }
-            _ => {
-                // A whole shard, a gzip shard, or no index: stream from the start, and skip
-                // to the range. The file checksum covers the stored (maybe compressed) bytes;
-                // sample checksums cover the tar stream.
-                // Without an index no sample can be checked before it is delivered: a shard
-                // whose size is not the manifest's is refused whole. With one, each sample
-                // is admitted on its own (a shard cut short still yields its intact prefix).
-                let expect = Expect {
-                    size: index.is_none().then_some(loc.info.size),
-                    checksum: Some(loc.info.checksum),
-                    cached: index.is_some() && self.config.verify,
-                };
-                let (body, cached) = match self.fetch(loc, None, expect) {
-                    Err(SourceError::Changed { detail, .. }) => {
-                        return Ok((changed(loc, detail), false))
-                    }
-                    other => other?,
-                };
-                from_cache = cached;
-                let verify = self.config.verify;
-                let body: Box<dyn Read + Send> = if verify {
-                    Box::new(Verified::new(
-                        body,
-                        name.clone(),
-                        0,
-                        0,
-                        &[],
-                        Some(loc.info.checksum),
-                        &damage,
-                    ))
-                } else {
-                    body
-                };
-                let tar = decompressed(io::BufReader::with_capacity(1 << 20, body)).map_err(
-                    |source| SourceError::Io {
-                        url: loc.name().into(),
-                        source,
-                    },
-                )?;
-                let tar: Box<dyn Read + Send> = match (&index, verify) {
-                    (Some(index), true) => Box::new(Verified::new(
-                        tar,
-                        name.clone(),
-                        0,
-                        0,
-                        &index.entries,
-                        None,
-                        &damage,
-                    )),
-                    _ => tar,
-                };
-                (tar, self.config.read_options.clone())
-            }
-        };
-        let reader = SampleReader::new(stream, name, &options);
-        let admission = Admission { index, damage };
-        let samples: UnitSamples = Box::new(
-            reader
-                .map(move |s| admission.admit(s))
-                .filter(move |s| match s {
-                    Ok(s) => s.index >= start,
-                    Err(sluice_shard::ShardError::DamagedSample { index, .. }) => *index >= start,
-                    Err(_) => true,
-                })
-                .take_while_inclusive_end(end),
-        );
-        Ok((samples, from_cache))
-    }
-
     /// [`ShardSource::open_unit`] that survives a replica failing mid-unit, and rot on one
     /// copy:
     /// - a read that fails part way (the node died, the link was cut) resumes on the next
@@ -672,88 +501,6 @@ impl ShardSource {
         }
     }
 
-    /// A unit of a shard with no usable index. No sample can be checked on its own, so the
-    /// whole shard is read from one replica, the unit's samples held, and they are delivered
-    /// only once the shard's last byte has matched the manifest's checksum. A replica whose
-    /// bytes do not is demoted and the next one read; when every replica answered with other
-    /// bytes, the unit's samples are skipped as changed, by name. A read that fails is an
-    /// error (the unit is read again, here or on another worker).
-    fn open_unindexed(
-        &self,
-        loc: &ShardLocation,
-        start: u64,
-        end: u64,
-        why: &SourceError,
-    ) -> Result<UnitSamples, SourceError> {
-        let name: Arc<str> = loc.name().into();
-        let (mut mismatched, mut failed, mut unavailable) = (Vec::new(), Vec::new(), Vec::new());
-        for url in self.suspects.order(&loc.urls) {
-            let one = loc.only(url.clone());
-            let expect = Expect {
-                size: Some(loc.info.size),
-                checksum: Some(loc.info.checksum),
-                cached: false,
-            };
-            let outcome = self
-                .fetch(&one, None, expect)
-                .map(|(body, _)| body)
-                .map_err(|e| match e {
-                    SourceError::Changed { detail, .. } => verify::Whole::Mismatch(detail),
-                    other if other.is_unavailable() => {
-                        verify::Whole::Unavailable(other.to_string())
-                    }
-                    other => verify::Whole::Read(other.to_string()),
-                });
-            let outcome = outcome.and_then(|body| {
-                verify::read_whole_checked(
-                    body,
-                    name.clone(),
-                    loc.info.checksum,
-                    (start, end),
-                    &self.config.read_options,
-                )
-            });
-            match outcome {
-                Ok(samples) => return Ok(Box::new(samples.into_iter())),
-                Err(verify::Whole::Mismatch(detail)) => {
-                    if loc.urls.len() > 1 {
-                        self.suspects
-                            .demote(&url, &format!("its copy of {} {detail}", loc.name()));
-                    }
-                    mismatched.push(format!("{url}: {detail}"));
-                }
-                Err(verify::Whole::Read(detail)) => failed.push(detail),
-                Err(verify::Whole::Unavailable(detail)) => unavailable.push(detail),
-            }
-        }
-        if failed.is_empty() && mismatched.is_empty() && !unavailable.is_empty() {
-            return Err(SourceError::Unavailable {
-                shard: loc.name().into(),
-                errors: unavailable,
-            });
-        }
-        failed.extend(unavailable);
-        if failed.is_empty() && !mismatched.is_empty() {
-            return Ok(changed(
-                loc,
-                format!(
-                    "{why}; and no replica's bytes match the manifest's checksum ({})",
-                    mismatched.join("; ")
-                ),
-            ));
-        }
-        Err(match failed.len() {
-            0 | 1 => SourceError::Request {
-                url: loc.urls.first().cloned().unwrap_or_default(),
-                detail: failed.pop().unwrap_or_else(|| "no replica".into()),
-            },
-            _ => SourceError::AllReplicasFailed {
-                shard: loc.name().into(),
-                errors: failed,
-            },
-        })
-    }
-
     /// Opens the bytes `range` (offset, len) of an object, trying each replica in turn, those
     /// that failed or stalled lately last. A replica whose object is not what `expect` says
     /// (another size, or a checksum header, sluice storage's `X-Sluice-Checksum`, naming
@@ -963,19 +710,19 @@ impl ShardSource {
 
 /// What an object fetched must be, checked before its first byte is read.
 #[derive(Clone, Copy, Debug, Default)]
-struct Expect {
+pub(super) struct Expect {
     /// Its whole size.
-    size: Option<u64>,
+    pub size: Option<u64>,
     /// Its checksum, where the server states one.
-    checksum: Option<Checksum>,
+    pub checksum: Option<Checksum>,
     /// Its bytes are checked sample by sample against the shard's index, so they may come
     /// from (and go to) the worker's shard cache.
-    cached: bool,
+    pub cached: bool,
 }
 
 /// A unit of a shard that changed since it was indexed on every replica: one `Changed`
 /// error, so the worker reports each of the unit's samples skipped with it.
-fn changed(loc: &ShardLocation, detail: String) -> UnitSamples {
+pub(super) fn changed(loc: &ShardLocation, detail: String) -> UnitSamples {
     metrics::counter!("sluice_cpu_changed_shards_total").increment(1);
     Box::new(std::iter::once(Err(sluice_shard::ShardError::Changed {
         shard: loc.name().into(),
