@@ -10,7 +10,9 @@
 //! - the dataset tools sit beside the shard format and depend on no tier;
 //! - `anyhow` is for the binary's edge only;
 //! - no library installs the process's metrics recorder: the binary (or the test bed) does,
-//!   and hands the tiers its handle.
+//!   and hands the tiers its handle;
+//! - inside the client and the CPU tier, modules stand on floors (ARCHITECTURE.md): each
+//!   imports only from its own floor or those below, and no floor holds a circle.
 
 use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
@@ -259,5 +261,159 @@ fn only_the_binary_and_the_test_bed_install_the_metrics_recorder() {
     assert!(
         found.is_empty(),
         "libraries that install the metrics recorder (take a PrometheusHandle instead): {found:?}"
+    );
+}
+
+/// Every `.rs` file under `dir`, with the module of the crate it belongs to (its first path
+/// component under `src/`).
+fn modules(dir: &std::path::Path) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let rel = path.strip_prefix(dir).unwrap().display().to_string();
+                let module = rel
+                    .split('/')
+                    .next()
+                    .unwrap()
+                    .trim_end_matches(".rs")
+                    .to_string();
+                out.push((module, rel, std::fs::read_to_string(&path).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+/// The modules each module names through `crate::` (in code, not in comments), with the file.
+fn imports(dir: &std::path::Path) -> Vec<(String, String, String)> {
+    let mut edges = Vec::new();
+    for (module, file, text) in modules(dir) {
+        let code: String = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut named = BTreeSet::new();
+        for (i, _) in code.match_indices("crate::") {
+            let rest = &code[i + "crate::".len()..];
+            if let Some(group) = rest.strip_prefix('{') {
+                let group = &group[..group.find('}').unwrap_or(group.len())];
+                for part in group.split(',') {
+                    let name: String = part
+                        .trim()
+                        .chars()
+                        .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                        .collect();
+                    named.insert(name);
+                }
+            } else {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                named.insert(name);
+            }
+        }
+        for name in named {
+            if !name.is_empty() && name != module {
+                edges.push((module.clone(), name, file.clone()));
+            }
+        }
+    }
+    edges
+}
+
+/// Checks `dir`'s imports against `floors` (lowest first).
+fn check_floors(dir: &str, floors: &[&[&str]]) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    let floor = |m: &str| floors.iter().position(|f| f.contains(&m));
+    let mut wrong = Vec::new();
+    let mut same: HashMap<String, BTreeSet<String>> = HashMap::new();
+    for (from, to, file) in imports(&root) {
+        let (Some(a), b) = (floor(&from), floor(&to)) else {
+            wrong.push(format!("{file}: module {from} is on no floor"));
+            continue;
+        };
+        match b {
+            // Not a module: an item `lib.rs` re-exports. Import it by its module's path.
+            None => wrong.push(format!(
+                "{file}: crate::{to} (import it by its module's path)"
+            )),
+            Some(b) if b > a => wrong.push(format!(
+                "{file}: {from} (floor {a}) imports {to} (floor {b})"
+            )),
+            Some(b) if b == a => {
+                same.entry(from).or_default().insert(to);
+            }
+            Some(_) => {}
+        }
+    }
+    // No circle within a floor: follow each module's same-floor imports back to itself.
+    for start in same.keys() {
+        let mut seen = BTreeSet::new();
+        let mut stack: Vec<&String> = same[start].iter().collect();
+        while let Some(m) = stack.pop() {
+            if m == start {
+                wrong.push(format!("{dir}: {start} imports itself through its floor"));
+                break;
+            }
+            if seen.insert(m.clone()) {
+                stack.extend(same.get(m).into_iter().flatten());
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "imports running back up in {dir}:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn client_modules_import_only_down_their_floors() {
+    check_floors(
+        "gpu-client/src",
+        &[
+            &[
+                "error",
+                "config",
+                "batch",
+                "buffers",
+                "ledger",
+                "reorder",
+                "arena",
+                "same_host",
+                "affinity",
+                "stats",
+                "tls",
+                "metrics",
+                "nvrtc",
+                "testing",
+                "lib",
+            ],
+            &["session", "protocol", "assembly"],
+            &["link", "local", "coordinator", "membership"],
+            &["loader", "cuda"],
+        ],
+    );
+}
+
+#[test]
+fn cpu_tier_modules_import_only_down_their_floors() {
+    check_floors(
+        "cpu-tier/src",
+        &[
+            &[
+                "source", "geometry", "restart", "metrics", "tls", "tenants", "slots", "error",
+                "jpeg", "fields", "engine", "lib",
+            ],
+            &["worker", "config"],
+            &["connection", "same_host", "server"],
+        ],
     );
 }

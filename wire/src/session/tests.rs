@@ -139,7 +139,10 @@ fn admission_checks_the_token_the_first_frame_and_the_drain() {
     w.handle_timeout(late, now + Duration::from_secs(5));
     assert_eq!(
         closed(&mut w, late),
-        Some(End::Error(ErrorCode::Unavailable, "no Hello in time".into()))
+        Some(End::Error(
+            ErrorCode::Unavailable,
+            "no Hello in time".into()
+        ))
     );
     w.drain();
     let conn = w.connect(Transport::Frames, now);
