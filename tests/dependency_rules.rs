@@ -12,7 +12,9 @@
 //! - no library installs the process's metrics recorder: the binary (or the test bed) does,
 //!   and hands the tiers its handle;
 //! - inside the client and the CPU tier, modules stand on floors (ARCHITECTURE.md): each
-//!   imports only from its own floor or those below, and no floor holds a circle.
+//!   imports only from its own floor or those below, and no floor holds a circle;
+//! - the sans-IO cores (the client's session, protocol and assembly, the worker's session)
+//!   use no runtime, socket, file or clock.
 
 use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
@@ -415,5 +417,46 @@ fn cpu_tier_modules_import_only_down_their_floors() {
             &["worker", "config"],
             &["connection", "same_host", "server"],
         ],
+    );
+}
+
+/// The state machines the shells drive do no IO and read no clock: time comes in as an
+/// argument, so the simulations can drive them with no runtime at all.
+#[test]
+fn the_sans_io_cores_use_no_runtime_socket_file_or_clock() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cores = [
+        "gpu-client/src/session.rs",
+        "gpu-client/src/assembly.rs",
+        "gpu-client/src/protocol.rs",
+        "gpu-client/src/protocol/places.rs",
+        "gpu-client/src/protocol/hedge.rs",
+        "wire/src/session.rs",
+        "wire/src/session/fair.rs",
+    ];
+    let banned = [
+        "tokio",
+        "quinn",
+        "std::net",
+        "std::fs",
+        "std::os",
+        "Instant::now",
+        "SystemTime",
+    ];
+    let mut found = Vec::new();
+    for core in cores {
+        let text = std::fs::read_to_string(root.join(core)).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("//") {
+                continue;
+            }
+            for b in banned.iter().filter(|b| line.contains(*b)) {
+                found.push(format!("{core}:{}: {b}", n + 1));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "IO or a clock in a sans-IO core: {found:?}"
     );
 }

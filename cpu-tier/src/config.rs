@@ -166,6 +166,8 @@ pub struct Decode {
     /// Largest image accepted, in pixels (checked from the header, before decoding).
     pub max_pixels: u64,
     pub max_progressive_scans: u32,
+    /// The most frames a clip (an `mjpeg` field) may hold.
+    pub max_clip_frames: u32,
     /// Decode only the crop window.
     pub roi_decode: bool,
     /// Decode at a reduced DCT scale when the output is smaller than the crop.
@@ -247,6 +249,7 @@ impl Default for Decode {
         Decode {
             max_pixels: e.limits.max_pixels,
             max_progressive_scans: e.limits.max_progressive_scans,
+            max_clip_frames: e.limits.max_clip_frames,
             roi_decode: e.roi_decode,
             dct_scaling: e.dct_scaling,
             readahead: e.readahead,
@@ -341,6 +344,9 @@ impl CpuConfig {
         if self.decode.max_pixels == 0 {
             return invalid("decode.max_pixels", "must be at least 1");
         }
+        if self.decode.max_clip_frames == 0 {
+            return invalid("decode.max_clip_frames", "must be at least 1");
+        }
         let sh = &self.same_host;
         if sh.enabled && sh.socket_dir.as_os_str().is_empty() {
             return invalid("same_host.socket_dir", "must name a directory");
@@ -399,6 +405,7 @@ impl CpuConfig {
             limits: DecodeLimits {
                 max_pixels: self.decode.max_pixels,
                 max_progressive_scans: self.decode.max_progressive_scans,
+                max_clip_frames: self.decode.max_clip_frames,
             },
             dct_scaling: self.decode.dct_scaling,
             roi_decode: self.decode.roi_decode,

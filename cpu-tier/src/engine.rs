@@ -85,6 +85,8 @@ pub struct SampleContext {
 /// An output image.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {
+    /// Frames of a clip (T×H×W×3, frame after frame); 1 for an image.
+    pub frames: u32,
     pub height: u32,
     pub width: u32,
     pub dtype: DType,
@@ -148,6 +150,7 @@ pub struct UnitStats {
 }
 
 const IMAGE_FIELDS: [&str; 5] = ["jpg", "jpeg", "png", "webp", "img"];
+const CLIP_FIELDS: [&str; 2] = ["mjpeg", "mjpg"];
 
 /// The geometry a sample reports: what [`compose`] chose, on a `w`×`h` source.
 fn reported(w: u32, h: u32, g: &Geometry) -> SampleGeometry {
@@ -162,6 +165,18 @@ fn reported(w: u32, h: u32, g: &Geometry) -> SampleGeometry {
         ),
         size: (g.out_h, g.out_w),
         flip: g.flip,
+        frames: None,
+    }
+}
+
+/// The crop `g` takes, in the pixels of a region decoded at a DCT scale.
+fn scaled_crop(g: &Geometry, d: &crate::jpeg::Decoded) -> RectF {
+    let s = f64::from(d.scale_num) / 8.0;
+    RectF {
+        x: g.src.x * s - f64::from(d.rect.x),
+        y: g.src.y * s - f64::from(d.rect.y),
+        w: g.src.w * s,
+        h: g.src.h * s,
     }
 }
 
@@ -531,7 +546,9 @@ impl Engine {
         let fields = self.fields.pick(sample, image_field)?;
         let mut rng = sample_stream(ctx.seed, ctx.epoch, ctx.shard, sample.index);
         let t0 = Instant::now();
-        let (tensor, decode_ns, geometry) = if data.starts_with(&[0xFF, 0xD8, 0xFF]) {
+        let (tensor, decode_ns, geometry) = if let Some(clip) = self.spec.clip {
+            self.render_clip(ws, data, clip, &mut rng, dest)?
+        } else if data.starts_with(&[0xFF, 0xD8, 0xFF]) {
             self.render_jpeg(ws, data, &mut rng, t0, dest)?
         } else {
             let img = self.decode_other(data)?;
@@ -564,9 +581,13 @@ impl Engine {
     }
 
     fn image_field<'s>(&self, sample: &'s Sample) -> Result<(&'s str, &'s [u8]), DecodeError> {
+        let defaults: &[&str] = match self.spec.clip {
+            Some(_) => &CLIP_FIELDS,
+            None => &IMAGE_FIELDS,
+        };
         let found = match &self.spec.field {
             Some(name) => sample.fields.iter().find(|f| &f.name == name),
-            None => IMAGE_FIELDS
+            None => defaults
                 .iter()
                 .find_map(|n| sample.fields.iter().find(|f| f.name == *n)),
         };
@@ -577,7 +598,7 @@ impl Engine {
                     .spec
                     .field
                     .clone()
-                    .unwrap_or_else(|| IMAGE_FIELDS.join("/")),
+                    .unwrap_or_else(|| defaults.join("/")),
                 present: sample
                     .fields
                     .iter()
@@ -635,43 +656,14 @@ impl Engine {
         } else {
             8
         };
-        let want = if self.config.roi_decode {
-            // The resampling filter reaches past the crop's edges (bilinear: one output pixel's
-            // width in source pixels, as torchvision resizes the whole image): decode that
-            // margin too, so edge pixels match a full decode.
-            let mx = (g.src.w / f64::from(g.out_w)).max(1.0).ceil() + 1.0;
-            let my = (g.src.h / f64::from(g.out_h)).max(1.0).ceil() + 1.0;
-            let x0 = (g.src.x - mx).max(0.0).floor() as u32;
-            let y0 = (g.src.y - my).max(0.0).floor() as u32;
-            let x1 = ((g.src.x + g.src.w + mx).ceil().max(0.0) as u32).min(header.width);
-            let y1 = ((g.src.y + g.src.h + my).ceil().max(0.0) as u32).min(header.height);
-            Rect {
-                x: x0.min(header.width - 1),
-                y: y0.min(header.height - 1),
-                w: x1.saturating_sub(x0).max(1),
-                h: y1.saturating_sub(y0).max(1),
-            }
-        } else {
-            Rect {
-                x: 0,
-                y: 0,
-                w: header.width,
-                h: header.height,
-            }
-        };
+        let want = self.window(&g, header.width, header.height);
         let mut region = std::mem::take(&mut ws.region);
         let decoded = ws
             .jpeg
             .decode_region(data, &header, want, scale, &mut region);
         let decode_ns = t0.elapsed().as_nanos() as u64;
         let result = decoded.and_then(|d| {
-            let s = f64::from(d.scale_num) / 8.0;
-            let crop = RectF {
-                x: g.src.x * s - f64::from(d.rect.x),
-                y: g.src.y * s - f64::from(d.rect.y),
-                w: g.src.w * s,
-                h: g.src.h * s,
-            };
+            let crop = scaled_crop(&g, &d);
             self.resample(ws, (&region, d.rect.w, d.rect.h), crop, &g, dest)
         });
         ws.region = region;
@@ -680,6 +672,148 @@ impl Engine {
             decode_ns,
             reported(header.width, header.height, &g),
         ))
+    }
+
+    /// The part of a `w`×`h` image to decode for geometry `g`: the crop window (with ROI
+    /// decoding), or all of it.
+    fn window(&self, g: &Geometry, w: u32, h: u32) -> Rect {
+        if !self.config.roi_decode {
+            return Rect { x: 0, y: 0, w, h };
+        }
+        // The resampling filter reaches past the crop's edges (bilinear: one output pixel's
+        // width in source pixels, as torchvision resizes the whole image): decode that
+        // margin too, so edge pixels match a full decode.
+        let mx = (g.src.w / f64::from(g.out_w)).max(1.0).ceil() + 1.0;
+        let my = (g.src.h / f64::from(g.out_h)).max(1.0).ceil() + 1.0;
+        let x0 = (g.src.x - mx).max(0.0).floor() as u32;
+        let y0 = (g.src.y - my).max(0.0).floor() as u32;
+        let x1 = ((g.src.x + g.src.w + mx).ceil().max(0.0) as u32).min(w);
+        let y1 = ((g.src.y + g.src.h + my).ceil().max(0.0) as u32).min(h);
+        Rect {
+            x: x0.min(w - 1),
+            y: y0.min(h - 1),
+            w: x1.saturating_sub(x0).max(1),
+            h: y1.saturating_sub(y0).max(1),
+        }
+    }
+
+    /// A clip: its frames found without decoding them ([`crate::clip::frames`]), the window's
+    /// start drawn (or centred), and only the window's frames decoded, each with the ROI and
+    /// DCT scale an image gets; the crop and flip are drawn once, from the first frame taken,
+    /// and applied to every frame. A frame repeated past a short clip's end is copied.
+    fn render_clip(
+        &self,
+        ws: &mut Workspace,
+        data: &[u8],
+        clip: sluice_wire::spec::Clip,
+        rng: &mut sluice_plan::rng::Stream,
+        dest: Dest<'_>,
+    ) -> Result<(Tensor, u64, SampleGeometry), DecodeError> {
+        let frames = crate::clip::frames(data, self.config.limits.max_clip_frames)?;
+        let total = frames.len() as u32;
+        let first = clip.first(total, |n| rng.below(n));
+        let taken: Vec<u32> = clip.indices(first, total).collect();
+        let f0 = &data[frames[taken[0] as usize].clone()];
+        let header = ws.jpeg.header(f0)?;
+        let (w, h) = (header.width, header.height);
+        let g = compose(&self.spec.ops, w, h, rng);
+        let scale = if self.config.dct_scaling {
+            dct_scale(&g)
+        } else {
+            8
+        };
+        let want = self.window(&g, w, h);
+        let frame_len = g.out_w as usize * g.out_h as usize * 3;
+        let len = frame_len * taken.len();
+        let mut claim = match dest {
+            Some((t, index)) if self.spec.normalize.is_none() && !self.spec.chw => {
+                t.places.claim(t.unit, t.attempt, index, len)
+            }
+            _ => None,
+        };
+        let mut owned = match claim {
+            Some(_) => Vec::new(),
+            None => self.outputs.take(len),
+        };
+        let out: &mut [u8] = match claim.as_mut() {
+            Some(c) => c.memory(),
+            None => &mut owned,
+        };
+        let mut decode_ns = 0;
+        let mut region = std::mem::take(&mut ws.region);
+        let mut result = Ok(());
+        for (t, &k) in taken.iter().enumerate() {
+            if t > 0 && taken[t - 1] == k {
+                out.copy_within((t - 1) * frame_len..t * frame_len, t * frame_len);
+                continue;
+            }
+            let started = Instant::now();
+            let frame = &data[frames[k as usize].clone()];
+            let decoded = ws.jpeg.header(frame).and_then(|fh| {
+                if (fh.width, fh.height) != (w, h) {
+                    return Err(DecodeError::Clip(format!(
+                        "frame {k} is {}x{}, frame {} is {w}x{h}",
+                        fh.width, fh.height, taken[0]
+                    )));
+                }
+                ws.jpeg.decode_region(frame, &fh, want, scale, &mut region)
+            });
+            decode_ns += started.elapsed().as_nanos() as u64;
+            let to = &mut out[t * frame_len..(t + 1) * frame_len];
+            result = decoded.and_then(|d| {
+                let crop = scaled_crop(&g, &d);
+                self.resample_into(ws, (&region, d.rect.w, d.rect.h), crop, &g, to)
+            });
+            if result.is_err() {
+                break;
+            }
+        }
+        ws.region = region;
+        result?;
+        let mut geometry = reported(w, h, &g);
+        geometry.frames = Some(sluice_wire::ClipFrames {
+            first,
+            stride: clip.stride,
+            count: clip.frames,
+            total,
+        });
+        let frames_out = taken.len() as u32;
+        if let Some(c) = claim {
+            let tensor = Tensor {
+                frames: frames_out,
+                height: g.out_h,
+                width: g.out_w,
+                dtype: self.spec.dtype(),
+                chw: false,
+                data: Vec::new(),
+                placed: Some(c.place()),
+            };
+            return Ok((tensor, decode_ns, geometry));
+        }
+        let data = match self.spec.normalize.is_none() && !self.spec.chw {
+            true => owned,
+            // Normalized or channels first, frame by frame (T×3×H×W with chw).
+            false => {
+                let mut data = Vec::with_capacity(len * self.spec.dtype().size());
+                for f in owned.chunks_exact(frame_len) {
+                    let one = self.convert(f.to_vec(), g.out_w, g.out_h).data;
+                    data.extend_from_slice(&one);
+                    self.outputs.give_back(one);
+                }
+                self.outputs.give_back(owned);
+                data
+            }
+        };
+        let tensor = Tensor {
+            frames: frames_out,
+            height: g.out_h,
+            width: g.out_w,
+            dtype: self.spec.dtype(),
+            chw: self.spec.chw,
+            data,
+            placed: None,
+        };
+        Ok((tensor, decode_ns, geometry))
     }
 
     fn decode_other(&self, data: &[u8]) -> Result<image::RgbImage, DecodeError> {
@@ -738,6 +872,32 @@ impl Engine {
             Some(c) => c.memory(),
             None => &mut owned,
         };
+        self.resample_into(ws, (buf, bw, bh), crop, g, out)?;
+        if let Some(c) = claim {
+            return Ok(Tensor {
+                frames: 1,
+                height: oh,
+                width: ow,
+                dtype: self.spec.dtype(),
+                chw: false,
+                data: Vec::new(),
+                placed: Some(c.place()),
+            });
+        }
+        Ok(self.convert(owned, ow, oh))
+    }
+
+    /// Resamples `crop` of the `bw`×`bh` image in `buf` to the output size into `out`
+    /// (black where the crop reaches past the image), mirrored if the geometry flips.
+    fn resample_into(
+        &self,
+        ws: &mut Workspace,
+        (buf, bw, bh): (&[u8], u32, u32),
+        crop: RectF,
+        g: &Geometry,
+        out: &mut [u8],
+    ) -> Result<(), DecodeError> {
+        let (ow, oh) = (g.out_w, g.out_h);
         let src = ImageRef::new(bw, bh, buf, PixelType::U8x3)
             .map_err(|e| DecodeError::Decoder(e.to_string()))?;
         let alg = ResizeAlg::Convolution(FilterType::Bilinear);
@@ -803,17 +963,7 @@ impl Engine {
                 }
             }
         }
-        if let Some(c) = claim {
-            return Ok(Tensor {
-                height: oh,
-                width: ow,
-                dtype: self.spec.dtype(),
-                chw: false,
-                data: Vec::new(),
-                placed: Some(c.place()),
-            });
-        }
-        Ok(self.convert(owned, ow, oh))
+        Ok(())
     }
 
     /// Applies normalization and layout.
@@ -854,6 +1004,7 @@ impl Engine {
             }
         };
         Tensor {
+            frames: 1,
             height: h,
             width: w,
             dtype: self.spec.dtype(),

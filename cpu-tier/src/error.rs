@@ -10,6 +10,8 @@ pub enum DecodeError {
     Truncated,
     #[error("image is {width}x{height}, over the limit of {limit} pixels")]
     TooLarge { width: u32, height: u32, limit: u64 },
+    #[error("broken clip: {0}")]
+    Clip(String),
     #[error("unsupported image format ({0})")]
     Unsupported(String),
     #[error("no image field (looked for {wanted}; the sample has {present})")]

@@ -51,6 +51,8 @@ pub struct Decoded {
 pub struct DecodeLimits {
     pub max_pixels: u64,
     pub max_progressive_scans: u32,
+    /// The most frames a clip field may hold (a longer one is a named skip).
+    pub max_clip_frames: u32,
 }
 
 impl Default for DecodeLimits {
@@ -58,6 +60,7 @@ impl Default for DecodeLimits {
         DecodeLimits {
             max_pixels: 40_000_000,
             max_progressive_scans: 100,
+            max_clip_frames: 10_000,
         }
     }
 }

@@ -16,6 +16,7 @@
 //! - [`config`], [`tls`], [`tenants`]: its configuration, TLS identity and the teams it
 //!   admits.
 
+pub mod clip;
 pub mod config;
 mod connection;
 pub mod engine;

@@ -84,6 +84,8 @@ fn order_stream(seed: u64) -> sluice_plan::rng::Stream {
 struct Planned {
     key: String,
     files: Vec<(String, PathBuf)>,
+    /// A clip's frames, in order: written as one `mjpeg` field.
+    frames: Vec<PathBuf>,
     label: Option<u64>,
 }
 
@@ -120,6 +122,119 @@ pub fn write_folder(
         samples,
         bytes,
     })
+}
+
+/// Writes a folder of clips as shards: each clip a folder of JPEG frames (sorted by name),
+/// written as one sample whose `mjpeg` field is the frames back to back. Clip folders sit in
+/// class folders (`root/<class>/<clip>/`, the class's index in sorted name order as `.cls`),
+/// or, with `labels` (a TSV naming each clip folder in its `file` column), in `root` itself.
+pub fn write_clip_folder(
+    root: &Path,
+    labels: Option<&Path>,
+    config: WriterConfig,
+    order: Order,
+    rewrite: Option<Rewrite>,
+    progress: &mut dyn Progress,
+) -> Result<Written> {
+    let mut writer = writer(config)?;
+    let mut planned = Vec::new();
+    let mut ignored = Vec::new();
+    match labels {
+        Some(labels) => {
+            for (line, name, label) in read_labels(labels)? {
+                let dir = root.join(&name);
+                if !dir.is_dir() {
+                    return Err(DatasetError::Input(format!(
+                        "{}:{line}: clip folder {name:?} is not in {}",
+                        labels.display(),
+                        root.display()
+                    )));
+                }
+                let frames = clip_frames(&dir, &mut ignored)?;
+                planned.push(clip(name.replace('.', "_"), frames, label));
+            }
+        }
+        None => {
+            let classes = subfolders(root)?;
+            if classes.is_empty() {
+                return Err(DatasetError::Input(format!(
+                    "{} has no class folders of clip folders; for a flat folder of clips pass \
+                     --labels FILE.tsv",
+                    root.display()
+                )));
+            }
+            for (index, class) in classes.iter().enumerate() {
+                for name in subfolders(&root.join(class))? {
+                    let frames = clip_frames(&root.join(class).join(&name), &mut ignored)?;
+                    let key = format!("{class}/{}", name.replace('.', "_"));
+                    planned.push(clip(key, frames, index as u64));
+                }
+            }
+        }
+    }
+    if let Some(first) = ignored.first() {
+        progress.note(&format!(
+            "ignored {} files in clip folders that are not JPEG frames (e.g. {})",
+            ignored.len(),
+            first.display()
+        ));
+    }
+    if order.shuffle {
+        order_stream(order.seed).shuffle(&mut planned);
+    }
+    let (samples, bytes) = write_planned(&mut writer, &planned, rewrite, progress)?;
+    Ok(Written {
+        shards: writer.finish()?,
+        samples,
+        bytes,
+    })
+}
+
+fn clip(key: String, frames: Vec<PathBuf>, label: u64) -> Planned {
+    Planned {
+        key,
+        files: Vec::new(),
+        frames,
+        label: Some(label),
+    }
+}
+
+/// The folders in `dir`, sorted by name (hidden ones left out).
+fn subfolders(dir: &Path) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(DatasetError::io("listing", dir))?;
+    for entry in entries {
+        let entry = entry.map_err(DatasetError::io("listing", dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if is_dir && !name.starts_with('.') {
+            out.push(name);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// A clip folder's JPEG frames in name order; other files go to `ignored`.
+fn clip_frames(dir: &Path, ignored: &mut Vec<PathBuf>) -> Result<Vec<PathBuf>> {
+    let mut frames = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(DatasetError::io("listing", dir))?;
+    for entry in entries {
+        let path = entry.map_err(DatasetError::io("listing", dir))?.path();
+        let ext = path.extension().map(|e| e.to_string_lossy().to_lowercase());
+        match ext.as_deref() {
+            Some("jpg" | "jpeg") if path.is_file() => frames.push(path),
+            _ => ignored.push(path),
+        }
+    }
+    frames.sort();
+    if frames.is_empty() {
+        return Err(DatasetError::Input(format!(
+            "clip folder {} holds no JPEG frames (.jpg, .jpeg)",
+            dir.display()
+        )));
+    }
+    Ok(frames)
 }
 
 /// Re-shards a tar stream (gzip or plain) named `name` in errors, shuffled through a bounded
@@ -241,13 +356,31 @@ fn write_planned(
 
 /// A planned sample's files, each through `rewrite`.
 fn read<'p>(p: &'p Planned, rewrite: Option<Rewrite>) -> Result<Vec<(&'p str, Vec<u8>)>> {
-    let mut data = Vec::with_capacity(p.files.len() + 1);
+    let mut data = Vec::with_capacity(p.files.len() + 2);
     for (field, path) in &p.files {
         let mut d = std::fs::read(path).map_err(DatasetError::io("reading", path))?;
         if let Some(new) = rewrite.and_then(|r| r(&p.key, field, &d)) {
             d = new;
         }
         data.push((field.as_str(), d));
+    }
+    if !p.frames.is_empty() {
+        // Each frame as the JPEG it is (rewritten as one), back to back.
+        let mut clip = Vec::new();
+        for path in &p.frames {
+            let mut d = std::fs::read(path).map_err(DatasetError::io("reading", path))?;
+            if let Some(new) = rewrite.and_then(|r| r(&p.key, "jpg", &d)) {
+                d = new;
+            }
+            if !d.starts_with(&[0xFF, 0xD8]) {
+                return Err(DatasetError::Input(format!(
+                    "{}: a clip's frame must be a JPEG",
+                    path.display()
+                )));
+            }
+            clip.extend_from_slice(&d);
+        }
+        data.push(("mjpeg", clip));
     }
     Ok(data)
 }
@@ -383,6 +516,7 @@ fn image_folder(root: &Path, progress: &mut dyn Progress) -> Result<Vec<Planned>
         planned.extend(groups.into_iter().map(|(key, files)| Planned {
             key,
             files,
+            frames: Vec::new(),
             label: Some(index as u64),
         }));
     }
@@ -425,6 +559,7 @@ fn labelled_folder(
         planned.push(Planned {
             key,
             files,
+            frames: Vec::new(),
             label: Some(label),
         });
     }

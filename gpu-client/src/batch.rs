@@ -319,14 +319,20 @@ impl Batch {
     }
 
     /// The batch's dimensions: (N, H, W, C), or (N, C, H, W) for a channels-first pipeline.
-    pub fn dims(&self) -> [usize; 4] {
+    pub fn dims(&self) -> Vec<usize> {
         let s = self.shape;
         let (h, w, c) = (s.height as usize, s.width as usize, s.channels as usize);
-        if s.chw {
-            [self.len(), c, h, w]
-        } else {
-            [self.len(), h, w, c]
+        let sample = match s.chw {
+            true => [c, h, w],
+            false => [h, w, c],
+        };
+        let mut dims = vec![self.len()];
+        // A clip: N×T×H×W×C (N×T×C×H×W channels first).
+        if s.frames > 1 {
+            dims.push(s.frames as usize);
         }
+        dims.extend(sample);
+        dims
     }
 
     pub fn len(&self) -> usize {
@@ -642,6 +648,7 @@ mod tests {
 
     fn shape() -> SampleShape {
         SampleShape {
+            frames: 1,
             height: 1,
             width: 2,
             channels: 1,
@@ -696,6 +703,9 @@ mod tests {
         assert_eq!(heights, [3, 5, 3, 5]);
         assert_eq!(b.field_names(), ["txt"]);
         assert_eq!(b.dims(), [4, 1, 2, 1]);
+        let mut b = b;
+        b.shape.frames = 3;
+        assert_eq!(b.dims(), [4, 3, 1, 2, 1], "a batch of clips");
         assert!(ring.take().is_none());
         drop(b);
         let buf = ring.take().expect("returned on drop");

@@ -393,7 +393,24 @@ impl LoaderConfig {
         if self.lookahead == 0 {
             self.lookahead = 512.max(2 * u64::from(self.batch_size));
         }
-        check_pipeline(&self.pipeline)?;
+        let spec = check_pipeline(&self.pipeline)?;
+        // A loader that does not shuffle takes each clip's middle frames, unless the pipeline
+        // says where clips start.
+        if let Some(clip) = spec.clip.filter(|c| !c.explicit_start) {
+            if self.shuffle == ShufflePolicy::Sequential {
+                let start = sluice_wire::spec::ClipStart::Center;
+                let clip = sluice_wire::spec::Clip {
+                    start,
+                    explicit_start: true,
+                    ..clip
+                };
+                let centred = sluice_wire::spec::PipelineSpec {
+                    clip: Some(clip),
+                    ..spec
+                };
+                self.pipeline = centred.to_string();
+            }
+        }
         if self.order == Order::Plan && self.lookahead < u64::from(self.batch_size) {
             return bad(
                 "lookahead",

@@ -553,6 +553,7 @@ impl Coordinator {
             .as_ref()
             .and_then(|a| a.first_place(buf.as_slice()));
         let shape = self.shape.unwrap_or(sluice_wire::SampleShape {
+            frames: 1,
             height: 0,
             width: 0,
             channels: 0,

@@ -106,7 +106,10 @@ class Images:
     @property
     def geometry(self) -> List[Dict[str, Any]]:
         """Per row ``{"source": (h, w), "box": (x0, y0, x1, y1), "size": (h, w), "flip":
-        bool}``; see ``sluice.transform_boxes``."""
+        bool}`` (a clip's adds ``"frames"``); see ``sluice.transform_boxes``."""
+    @property
+    def frames(self) -> Optional[List[List[int]]]:
+        """A batch of clips: each row's source frame indices; ``None`` for images."""
 
 class Labels:
     """A batch's int64 labels, through DLPack, beside its images."""

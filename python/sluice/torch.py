@@ -79,7 +79,7 @@ __all__ = ["Loader"]
 _log = logging.getLogger("sluice")
 
 #: The batch's own keys: no sample field may take their place.
-RESERVED_KEYS = ("image", "label", "__key__", "__source__", "padding", "geometry")
+RESERVED_KEYS = ("image", "label", "__key__", "__source__", "padding", "geometry", "frames")
 
 #: What decides which samples a rank gets and how many steps it takes: every rank of a job
 #: must agree on all of it (compared as ``sluice.Loader`` would take it, defaults filled in).
@@ -240,7 +240,9 @@ class Loader(IterableDataset):
     Each batch (of N samples, the last of an epoch maybe fewer) is a dict:
 
     - ``image``: uint8 tensor, N×3×H×W (``layout="nchw"``) or N×H×W×3 (``"nhwc"``); on the
-      GPU with ``device="cuda:K"``.
+      GPU with ``device="cuda:K"``. A clip pipeline (``clip T``) makes N×T×3×H×W (N×T×H×W×3):
+      ``image.permute(0, 2, 1, 3, 4)`` is the N×3×T×H×W torchvision's video models take.
+    - ``frames``: int64 tensor N×T (clips only), each frame's index in its source clip.
     - ``label``: int64 tensor of N (every label -1 with ``label=None``, unlabeled data).
     - ``__key__``: list of N sample keys (the tar members' names, less the extension).
     - ``padding``: bool tensor of N, True for a repeated sample (``remainder="pad"``): leave
@@ -460,6 +462,10 @@ class Loader(IterableDataset):
             "padding": torch.tensor(images.padding, dtype=torch.bool),
             "geometry": images.geometry,
         }
+        frames = images.frames
+        if frames is not None:
+            # A batch of clips: each row's source frame indices, N×T.
+            batch["frames"] = torch.tensor(frames, dtype=torch.int64)
         if mixed:
             # A mixture's source of each sample (its place in ``loader.sources``).
             batch["__source__"] = torch.tensor(images.source, dtype=torch.int64)

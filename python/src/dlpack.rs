@@ -262,7 +262,7 @@ pub struct Labels {
 struct View {
     images: usize,
     labels: usize,
-    dims: [usize; 4],
+    dims: Vec<usize>,
     dtype: (u8, u8),
     device: (i32, i32),
 }
@@ -301,7 +301,7 @@ impl Held {
                 View {
                     images: d.images_ptr() as usize,
                     labels: d.labels_ptr() as usize,
-                    dims: d.dims(),
+                    dims: d.dims().to_vec(),
                     dtype,
                     device: (KDL_CUDA, d.device() as i32),
                 }
@@ -492,7 +492,7 @@ impl Images {
 
     /// Per row: `{"source": (h, w), "box": (x0, y0, x1, y1), "size": (h, w), "flip": bool}`,
     /// the crop box in source pixels (after EXIF orientation) that was resampled to `size`
-    /// and then mirrored if `flip`. `sluice.transform_boxes` maps annotations with it.
+    /// and then mirrored if `flip`; a clip's row adds `"frames"`, its source frames. `sluice.transform_boxes` maps annotations with it.
     #[getter]
     fn geometry<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
         let rows: Vec<sluice_client::SampleGeometry> = self
@@ -505,8 +505,22 @@ impl Images {
                 d.set_item("box", g.crop)?;
                 d.set_item("size", g.size)?;
                 d.set_item("flip", g.flip)?;
+                if let Some(f) = &g.frames {
+                    d.set_item("frames", f.indices().collect::<Vec<u32>>())?;
+                }
                 Ok(d)
             })
+            .collect()
+    }
+
+    /// A batch of clips: per row, the source frame of each of its T frames (the crop box in
+    /// `geometry` is every frame's); `None` for a batch of images.
+    #[getter]
+    fn frames(&self) -> Option<Vec<Vec<u32>>> {
+        let rows: Vec<sluice_client::SampleGeometry> =
+            self.with_batch(|b| b.geometry().to_vec())?;
+        rows.iter()
+            .map(|g| g.frames.map(|f| f.indices().collect()))
             .collect()
     }
 }

@@ -1,5 +1,7 @@
 //! `sluice inspect`: lists a shard's samples and validates it end to end (every header,
 //! every size, and the sidecar index when there is one); exits non-zero on a broken shard.
+//! Clips listed (`mjpeg`/`mjpg` fields) get their frame counts after the listing, or the
+//! reason their frame stream is broken.
 
 use std::io::Write;
 
@@ -31,6 +33,7 @@ pub fn run(args: Args) -> Result<()> {
         args.limit.unwrap_or(u64::MAX)
     };
     let mut listed = 0u64;
+    let mut clips = 0u64;
     let mut write_err = None;
     if limit > 0 {
         write_err = writeln!(out, "index\tkey\tfields (name: size)").err();
@@ -52,6 +55,7 @@ pub fn run(args: Args) -> Result<()> {
                 write_err = Some(e);
             }
             listed += 1;
+            clips += u64::from(s.fields.iter().any(|(n, _)| is_clip(n)));
         }
     });
     // A reader that stopped early (`| head`) is not an error; the shard is still validated.
@@ -72,6 +76,9 @@ pub fn run(args: Args) -> Result<()> {
             }
         }
     }
+    if clips > 0 {
+        list_frames(&location, listed, &mut out)?;
+    }
     let summary = writeln!(
         out,
         "{}: ok, {} samples, {} bytes, {}{}",
@@ -90,4 +97,31 @@ pub fn run(args: Args) -> Result<()> {
         Err(e) if !piped(&e) => Err(e.into()),
         _ => Ok(()),
     }
+}
+
+fn is_clip(field: &str) -> bool {
+    matches!(field, "mjpeg" | "mjpg")
+}
+
+/// The frame count of each clip among the first `listed` samples (a second read of the
+/// shard, which the scan has validated).
+fn list_frames(location: &Location, listed: u64, out: &mut impl Write) -> Result<()> {
+    let reader = sluice_shard::SampleReader::new(
+        location.open()?,
+        location.display(),
+        &ReadOptions::default(),
+    );
+    writeln!(out, "index\tkey\tclip frames")?;
+    let max = sluice_cpu::jpeg::DecodeLimits::default().max_clip_frames;
+    for sample in reader.take(listed as usize) {
+        let sample = sample.with_context(|| format!("{} is broken", location.display()))?;
+        for f in sample.fields.iter().filter(|f| is_clip(&f.name)) {
+            let frames = match sluice_cpu::clip::frames(&f.data, max) {
+                Ok(frames) => format!("{}: {} frames", f.name, frames.len()),
+                Err(e) => format!("{}: {e}", f.name),
+            };
+            writeln!(out, "{}\t{}\t{frames}", sample.index, escaped_key(&sample.key))?;
+        }
+    }
+    Ok(())
 }

@@ -3,7 +3,10 @@
 //! - an ImageFolder tree (one subfolder per class; `.cls` = the class's index in sorted
 //!   class-name order; keys are `class/stem`),
 //! - a flat folder plus a labels TSV (header row naming `file` and `class_index`), or
-//! - a tar stream on stdin (`--input -`), whose samples are re-sharded as they are.
+//! - a tar stream on stdin (`--input -`), whose samples are re-sharded as they are, or
+//! - a folder of clips (`--clips DIR`): each clip a folder of JPEG frames, sorted by name,
+//!   written as one sample's `.mjpeg` (the frames back to back), in class folders or with
+//!   `--labels` as for images.
 //!
 //! Files sharing a stem become one sample (`a.jpg` + `a.json` → fields `jpg`, `json`); field
 //! names are lower-cased and `jpeg` is written `jpg`, as WebDataset readers expect.
@@ -33,8 +36,12 @@ use crate::progress::Progress;
 #[derive(clap::Args)]
 pub struct Args {
     /// Input: a folder, or `-` for a tar stream on stdin.
-    #[arg(long)]
-    input: String,
+    #[arg(long, required_unless_present = "clips", conflicts_with = "clips")]
+    input: Option<String>,
+    /// Input: a folder of clips, each a folder of JPEG frames (in class folders, or listed
+    /// in `--labels`), written as one sample's `.mjpeg` each.
+    #[arg(long, value_name = "DIR")]
+    clips: Option<PathBuf>,
     /// Output pattern with a shard number, e.g. 'out/train-%06d.tar'.
     #[arg(long)]
     output: String,
@@ -99,7 +106,13 @@ pub fn run(args: Args) -> Result<()> {
         }
     };
     let rewrite: Option<write::Rewrite> = args.restart_markers.then_some(&add_markers);
-    let written = if args.input == "-" {
+    let written = if let Some(dir) = &args.clips {
+        let mut progress = Progress::new(None, "shard");
+        let labels = args.labels.as_deref();
+        let w = write::write_clip_folder(dir, labels, config, order, rewrite, &mut progress)?;
+        progress.finish();
+        (w, progress.elapsed())
+    } else if args.input.as_deref() == Some("-") {
         if args.labels.is_some() {
             bail!("--labels applies to a folder input, not to a tar stream on stdin");
         }
@@ -110,7 +123,7 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         let mut progress = Progress::new(None, "shard");
         let w = write::write_folder(
-            Path::new(&args.input),
+            Path::new(args.input.as_deref().unwrap_or_default()),
             args.labels.as_deref(),
             config,
             order,

@@ -61,6 +61,7 @@ impl Synthetic {
     /// A worker of side×side×3 uint8 tensors (what `center_crop side` makes), and the shape.
     pub fn rgb(side: u32) -> (Arc<Self>, SampleShape) {
         let shape = SampleShape {
+            frames: 1,
             height: side,
             width: side,
             channels: 3,

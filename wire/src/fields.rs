@@ -145,7 +145,7 @@ impl fmt::Display for LabelSource {
 
 /// Where a sample's output came from: the crop box in source pixels (after EXIF orientation)
 /// that was resampled to the output size, then mirrored if `flip`. The box may reach past the
-/// image (a center crop larger than it: that part is black).
+/// image (a center crop larger than it: that part is black). A clip's frames share one box.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SampleGeometry {
     /// The source image's height and width.
@@ -155,6 +155,30 @@ pub struct SampleGeometry {
     /// The output's height and width.
     pub size: (u32, u32),
     pub flip: bool,
+    /// A clip's frames: which source frames became its tensor's.
+    pub frames: Option<ClipFrames>,
+}
+
+/// The source frames of a clip's tensor: frame `i` is `min(first + i·stride, total - 1)`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClipFrames {
+    pub first: u32,
+    pub stride: u32,
+    /// Frames in the tensor.
+    pub count: u32,
+    /// Frames in the source clip.
+    pub total: u32,
+}
+
+impl ClipFrames {
+    /// The source frame of each of the tensor's frames.
+    pub fn indices(&self) -> impl Iterator<Item = u32> + '_ {
+        let last = self.total.saturating_sub(1);
+        (0..self.count).map(move |i| {
+            let at = u64::from(self.first) + u64::from(i) * u64::from(self.stride);
+            at.min(u64::from(last)) as u32
+        })
+    }
 }
 
 /// A sample's fields as they arrived: each name with its bytes, back to back in one buffer.

@@ -33,7 +33,7 @@ pub mod token;
 
 pub use buffers::BufferPool;
 pub use codec::{decode_frame, encode_frame, Frame, Limits, WireError, VERSION};
-pub use fields::{FieldSelection, LabelSource, SampleFields, SampleGeometry};
+pub use fields::{ClipFrames, FieldSelection, LabelSource, SampleFields, SampleGeometry};
 pub use message::*;
 pub use payload::SamplePayload;
 pub use runner::{

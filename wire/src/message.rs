@@ -156,6 +156,8 @@ pub struct JobSpec {
 /// The shape of every sample tensor of a job; the pipeline must fix it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SampleShape {
+    /// Frames of a clip (T×H×W×C); 1 for an image.
+    pub frames: u32,
     pub height: u32,
     pub width: u32,
     pub channels: u32,
@@ -167,7 +169,8 @@ pub struct SampleShape {
 
 impl SampleShape {
     pub fn bytes(&self) -> u64 {
-        u64::from(self.height)
+        u64::from(self.frames.max(1))
+            * u64::from(self.height)
             * u64::from(self.width)
             * u64::from(self.channels)
             * u64::from(self.elem_bytes)
@@ -312,4 +315,4 @@ impl std::fmt::Display for ErrorMessage {
 /// a job names itself and its weight for the worker's fair sharing). Version 5 changed only
 /// same-host frames (the batch arena), so the name stays; every frame's version byte still
 /// tells builds of different versions apart, with an error naming both.
-pub const ALPN: &[u8] = b"sluice/4";
+pub const ALPN: &[u8] = b"sluice/6";

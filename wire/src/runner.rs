@@ -249,6 +249,7 @@ mod tests {
     impl JobRunner for Counting {
         fn shape(&self) -> SampleShape {
             SampleShape {
+                frames: 1,
                 height: 1,
                 width: 1,
                 channels: 1,

@@ -6,6 +6,14 @@
 //! decode | resize 256 | center_crop 224 | normalize mean=0.485,0.456,0.406 std=0.229,0.224,0.225 dtype=f16 | chw
 //! ```
 //!
+//! A clip (a field of concatenated JPEG frames, `mjpeg`) takes `clip N [stride=S]
+//! [start=random|center]` right after `decode`: N frames S apart, every spatial op drawn once
+//! per clip and applied to each frame; its tensor is T×H×W×3 (T×3×H×W with `chw`):
+//!
+//! ```text
+//! decode field=mjpeg | clip 8 stride=2 | random_resized_crop 112 | hflip 0.5
+//! ```
+//!
 //! Ops (torchvision semantics): `decode [field=jpg]`, `random_resized_crop SIZE [scale=A,B]
 //! [ratio=A,B]`, `center_crop SIZE`, `resize SIZE` (shorter side) or `resize HxW`, `hflip [P]`,
 //! `normalize mean=R,G,B std=R,G,B [dtype=f32|f16]`, `chw`. SIZE is `N` or `HxW`. The output
@@ -21,8 +29,9 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 /// Every op the grammar knows, in the order a pipeline may use them (docs/pipeline.md).
-pub const OPS: [&str; 7] = [
+pub const OPS: [&str; 8] = [
     "decode",
+    "clip",
     "random_resized_crop",
     "center_crop",
     "resize",
@@ -81,11 +90,68 @@ pub struct Normalize {
     pub dtype: DType,
 }
 
+/// Where a clip's frames start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClipStart {
+    /// Drawn from the seed, the epoch and the sample.
+    #[default]
+    Random,
+    /// The window's centre on the clip's centre (evaluation; `shuffle="none"`).
+    Center,
+}
+
+/// `clip N stride=S start=...`: which frames of a clip become its tensor. A clip shorter than
+/// `(N-1)·S+1` frames starts at its first frame and repeats its last to fill the window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Clip {
+    pub frames: u32,
+    pub stride: u32,
+    pub start: ClipStart,
+    /// `start` was written out (a loader that does not shuffle leaves an explicit choice).
+    pub explicit_start: bool,
+}
+
+impl Clip {
+    /// The most frames `clip` takes.
+    pub const MAX_FRAMES: u32 = 1024;
+
+    /// Frames the window spans in the source: `(N-1)·S+1`.
+    pub fn span(&self) -> u64 {
+        u64::from(self.frames.saturating_sub(1)) * u64::from(self.stride) + 1
+    }
+
+    /// The first frame of the window in a clip of `total` frames, `draw` giving a uniform
+    /// number in `0..n` for the random start.
+    pub fn first(&self, total: u32, draw: impl FnOnce(u64) -> u64) -> u32 {
+        let room = u64::from(total).saturating_sub(self.span());
+        if u64::from(total) < self.span() {
+            return 0;
+        }
+        match self.start {
+            ClipStart::Center => (room / 2) as u32,
+            ClipStart::Random => draw(room + 1) as u32,
+        }
+    }
+
+    /// The source frame of each of the window's frames: `first + i·S`, the last frame
+    /// repeated past the clip's end.
+    pub fn indices(&self, first: u32, total: u32) -> impl Iterator<Item = u32> + '_ {
+        let last = total.saturating_sub(1);
+        (0..self.frames).map(move |i| {
+            let at = u64::from(first) + u64::from(i) * u64::from(self.stride);
+            at.min(u64::from(last)) as u32
+        })
+    }
+}
+
 /// A parsed, validated pipeline.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PipelineSpec {
-    /// The field holding the image; `None` picks the first of jpg, jpeg, png, webp, img.
+    /// The field holding the image; `None` picks the first of jpg, jpeg, png, webp, img (of
+    /// mjpeg, mjpg for a clip).
     pub field: Option<String>,
+    /// The pipeline makes clips: which frames.
+    pub clip: Option<Clip>,
     pub ops: Vec<Op>,
     pub normalize: Option<Normalize>,
     /// Channels first (CHW) instead of HWC.
@@ -123,13 +189,19 @@ impl PipelineSpec {
     /// Bytes of one output tensor.
     pub fn output_bytes(&self) -> usize {
         let (h, w) = self.output_size().unwrap_or((0, 0));
-        h as usize * w as usize * 3 * self.dtype().size()
+        h as usize * w as usize * 3 * self.dtype().size() * self.frames() as usize
+    }
+
+    /// Frames in each output tensor: the clip's, 1 for an image.
+    pub fn frames(&self) -> u32 {
+        self.clip.map_or(1, |c| c.frames)
     }
 
     /// The shape of every tensor this pipeline makes, if it fixes one (it must, to batch).
     pub fn output_shape(&self) -> Option<crate::SampleShape> {
         let (height, width) = self.output_size()?;
         Some(crate::SampleShape {
+            frames: self.frames(),
             height,
             width,
             channels: 3,
@@ -153,12 +225,22 @@ impl PipelineSpec {
             ));
         };
         if shape.bytes() > max_payload {
+            let clip = match shape.frames {
+                1 => String::new(),
+                t => format!("{t}x"),
+            };
             return Err(refuse(format!(
-                "it makes {}x{}x3 tensors of {} bytes, over the largest frame a worker sends \
-                 ({max_payload} bytes, limits.max_payload_bytes): choose a smaller output size",
-                shape.width,
+                "it makes {clip}{}x{}x3 tensors of {} bytes, over the largest frame a worker \
+                 sends ({max_payload} bytes, limits.max_payload_bytes): choose a smaller output \
+                 size{}",
                 shape.height,
-                shape.bytes()
+                shape.width,
+                shape.bytes(),
+                if shape.frames > 1 {
+                    " or fewer frames"
+                } else {
+                    ""
+                }
             )));
         }
         Ok(shape)
@@ -196,6 +278,7 @@ impl FromStr for PipelineSpec {
         };
         let mut spec = PipelineSpec {
             field: None,
+            clip: None,
             ops: Vec::new(),
             normalize: None,
             chw: false,
@@ -249,6 +332,43 @@ impl FromStr for PipelineSpec {
                     }
                     decoded = true;
                     spec.field = named_arg("field").map(str::to_string);
+                }
+                "clip" => {
+                    allow(&["stride", "start"], 1)?;
+                    if i != 1 {
+                        return Err(err("clip comes right after decode".into()));
+                    }
+                    let frames = positional
+                        .first()
+                        .and_then(|s| s.parse::<u32>().ok())
+                        .filter(|n| (1..=Clip::MAX_FRAMES).contains(n))
+                        .ok_or_else(|| {
+                            err(format!(
+                                "clip needs a frame count N (1..{})",
+                                Clip::MAX_FRAMES
+                            ))
+                        })?;
+                    let stride = match named_arg("stride") {
+                        Some(s) => s
+                            .parse::<u32>()
+                            .ok()
+                            .filter(|s| (1..=1024).contains(s))
+                            .ok_or_else(|| err(format!("clip: stride={s} is not 1..1024")))?,
+                        None => 1,
+                    };
+                    let start = match named_arg("start") {
+                        None | Some("random") => ClipStart::Random,
+                        Some("center") => ClipStart::Center,
+                        Some(other) => {
+                            return Err(err(format!("clip: start={other} is not random or center")))
+                        }
+                    };
+                    spec.clip = Some(Clip {
+                        frames,
+                        stride,
+                        start,
+                        explicit_start: named_arg("start").is_some(),
+                    });
                 }
                 "random_resized_crop" => {
                     allow(&["scale", "ratio"], 1)?;
@@ -355,6 +475,16 @@ impl fmt::Display for PipelineSpec {
             Some(field) => write!(f, "decode field={field}")?,
             None => f.write_str("decode")?,
         }
+        if let Some(c) = &self.clip {
+            write!(f, " | clip {} stride={}", c.frames, c.stride)?;
+            if c.explicit_start {
+                let start = match c.start {
+                    ClipStart::Random => "random",
+                    ClipStart::Center => "center",
+                };
+                write!(f, " start={start}")?;
+            }
+        }
         for op in &self.ops {
             match op {
                 Op::RandomResizedCrop { h, w, scale, ratio } => write!(
@@ -413,7 +543,7 @@ mod tests {
             ("random_resized_crop 224", "start with decode"),
             (
                 "decode | blur 3",
-                "unknown op \"blur\"; the ops are decode, random_resized_crop, center_crop",
+                "unknown op \"blur\"; the ops are decode, clip, random_resized_crop, center_crop",
             ),
             ("decode | random_resized_crop", "needs a size"),
             ("decode | random_resized_crop 224 scale=0,1", "scale"),
@@ -434,5 +564,86 @@ mod tests {
             let e = text.parse::<PipelineSpec>().unwrap_err();
             assert!(e.to_string().contains(expect), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn a_clip_takes_frames_after_decode_and_counts_them_in_its_shape() {
+        let spec: PipelineSpec =
+            "decode field=mjpeg | clip 8 stride=2 | random_resized_crop 112 | hflip"
+                .parse()
+                .unwrap();
+        let clip = spec.clip.unwrap();
+        assert_eq!(
+            (clip.frames, clip.stride, clip.start),
+            (8, 2, ClipStart::Random)
+        );
+        let shape = spec.output_shape().unwrap();
+        assert_eq!((shape.frames, shape.height, shape.width), (8, 112, 112));
+        assert_eq!(shape.bytes(), 8 * 112 * 112 * 3);
+        assert_eq!(spec.output_bytes() as u64, shape.bytes());
+        for text in [
+            "decode | clip 4 | center_crop 64",
+            "decode field=mjpg | clip 16 stride=3 start=center | resize 64x48 | chw",
+            "decode | clip 2 stride=1 start=random | center_crop 8",
+        ] {
+            let spec: PipelineSpec = text.parse().unwrap();
+            let again: PipelineSpec = spec.to_string().parse().unwrap();
+            assert_eq!(spec, again, "{text}");
+        }
+        for (text, expect) in [
+            (
+                "decode | center_crop 8 | clip 4",
+                "clip comes right after decode",
+            ),
+            ("decode | clip | center_crop 8", "frame count"),
+            ("decode | clip 0 | center_crop 8", "frame count"),
+            ("decode | clip 2000 | center_crop 8", "frame count"),
+            ("decode | clip 4 stride=0 | center_crop 8", "stride=0"),
+            (
+                "decode | clip 4 start=middle | center_crop 8",
+                "start=middle",
+            ),
+            (
+                "decode | clip 4 every=2 | center_crop 8",
+                "unknown argument",
+            ),
+        ] {
+            let e = text.parse::<PipelineSpec>().unwrap_err();
+            assert!(e.to_string().contains(expect), "{text}: {e}");
+        }
+        // A clip's whole tensor must fit a frame.
+        let big: PipelineSpec = "decode | clip 64 | center_crop 512".parse().unwrap();
+        let e = big.shape_within(32 << 20).unwrap_err().to_string();
+        assert!(
+            e.contains("64x512x512x3") && e.contains("fewer frames"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_clips_window_starts_where_drawn_or_centred_and_repeats_a_short_clips_last_frame() {
+        let clip = |frames, stride, start| Clip {
+            frames,
+            stride,
+            start,
+            explicit_start: false,
+        };
+        let c = clip(4, 2, ClipStart::Center);
+        assert_eq!(c.span(), 7);
+        assert_eq!(c.first(11, |_| unreachable!()), 2);
+        assert_eq!(c.indices(2, 11).collect::<Vec<_>>(), [2, 4, 6, 8]);
+        let r = clip(4, 2, ClipStart::Random);
+        assert_eq!(r.first(11, |n| n - 1), 4, "the last start that fits");
+        assert_eq!(r.first(11, |_| 0), 0);
+        // Shorter than the window: from the first frame, the last repeated.
+        assert_eq!(r.first(5, |_| unreachable!()), 0);
+        assert_eq!(r.indices(0, 5).collect::<Vec<_>>(), [0, 2, 4, 4]);
+        let frames = crate::ClipFrames {
+            first: 0,
+            stride: 2,
+            count: 4,
+            total: 5,
+        };
+        assert_eq!(frames.indices().collect::<Vec<_>>(), [0, 2, 4, 4]);
     }
 }

@@ -7,6 +7,7 @@ use crate::config::LoaderConfig;
 use crate::ledger::Ledger;
 
 const SHAPE: SampleShape = SampleShape {
+    frames: 1,
     height: 1,
     width: 1,
     channels: 3,

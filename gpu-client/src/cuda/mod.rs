@@ -134,6 +134,7 @@ mod tests {
     impl sluice_wire::JobRunner for Ramp {
         fn shape(&self) -> sluice_wire::SampleShape {
             sluice_wire::SampleShape {
+                frames: 1,
                 height: 4,
                 width: 4,
                 channels: 3,

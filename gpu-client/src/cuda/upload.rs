@@ -345,10 +345,11 @@ impl Shared {
             Some((p, _)) => (p, true),
             None => (s.images, shape.chw),
         };
-        let dims = if layout_chw && !shape.chw {
-            [dims[0], dims[3], dims[1], dims[2]]
-        } else {
-            dims
+        // Converted on the device: each image (or clip frame) channels first.
+        let dims = match (layout_chw && !shape.chw, dims.as_slice()) {
+            (true, [n, h, w, c]) => vec![*n, *c, *h, *w],
+            (true, [n, t, h, w, c]) => vec![*n, *t, *c, *h, *w],
+            _ => dims,
         };
         Ok(DeviceBatch {
             shared: self.clone(),
@@ -423,12 +424,14 @@ impl Shared {
             (&mut b2 as *mut f32).cast(),
         ];
         let blocks = (hw as u32).div_ceil(256).clamp(1, 1024);
-        let images = u32::try_from(batch.len())
+        // A clip's frames are images of their own here, one after another.
+        let n = batch.len() * s.frames.max(1) as usize;
+        let images = u32::try_from(n)
             .ok()
             .filter(|n| *n <= 65_535)
             .ok_or_else(|| CudaError::Call {
                 what: "conversion",
-                detail: format!("{} images in one batch; at most 65535", batch.len()),
+                detail: format!("{n} images (or clip frames) in one batch; at most 65535"),
             })?;
         call(
             "cuLaunchKernel",
@@ -506,7 +509,7 @@ pub struct DeviceBatch {
     pub(crate) host: Option<Batch>,
     pub(crate) images: sys::CUdeviceptr,
     pub(crate) labels: sys::CUdeviceptr,
-    pub(crate) dims: [usize; 4],
+    pub(crate) dims: Vec<usize>,
     pub(crate) dtype: DType,
     pub(crate) ready: sys::CUevent,
     pub(crate) released: sys::CUevent,
@@ -535,8 +538,8 @@ impl DeviceBatch {
     }
 
     /// (N, H, W, C) for uint8 NHWC batches, (N, C, H, W) for converted or channels-first ones.
-    pub fn dims(&self) -> [usize; 4] {
-        self.dims
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
     }
 
     pub fn dtype(&self) -> DType {

@@ -27,6 +27,7 @@ struct TinyJob {
 }
 
 const TINY: sluice_wire::SampleShape = sluice_wire::SampleShape {
+    frames: 1,
     height: 1,
     width: 1,
     channels: 1,

@@ -16,6 +16,7 @@ use crate::ledger::Ledger;
 use crate::reorder::Reorder;
 
 pub(crate) const SHAPE: SampleShape = SampleShape {
+    frames: 1,
     height: 1,
     width: 1,
     channels: 4,

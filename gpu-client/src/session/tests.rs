@@ -11,6 +11,7 @@ use sluice_wire::{
 use super::*;
 
 const SHAPE: SampleShape = SampleShape {
+    frames: 1,
     height: 2,
     width: 2,
     channels: 3,

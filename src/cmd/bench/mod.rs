@@ -67,6 +67,11 @@ pub struct CpuArgs {
     /// pixels do not change; the decoder can then start at the crop window's rows).
     #[arg(long)]
     restart_markers: bool,
+    /// Clips: make clips of this many frames from the images (a window moving across each)
+    /// and run a clip pipeline on them (`--pipeline` must take `clip N`), beside, in the same
+    /// run, the same clips decoding all their frames and the frames as images of their own.
+    #[arg(long, default_value_t = 0)]
+    clip_frames: u32,
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -88,6 +93,9 @@ fn cpu(args: CpuArgs) -> Result<()> {
     let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/imagenet-sample");
     let dir = args.images.clone().or(default.is_dir().then_some(default));
     let (mut samples, what) = sizing::bench_images(dir.as_deref())?;
+    if args.clip_frames > 0 || spec.clip.is_some() {
+        return clips(&args, spec, &samples, &what);
+    }
     if args.restart_markers {
         let (before, after) = sizing::add_restart_markers(&mut samples)?;
         println!(
@@ -136,6 +144,70 @@ fn cpu(args: CpuArgs) -> Result<()> {
     }
     if let Some(path) = &args.json {
         let doc = serde_json::json!({"bench": "cpu", "corpus": what, "pipeline": spec.to_string(), "results": results});
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `bench cpu` on clips: frames/s per core of the clip pipeline, and in the same run the same
+/// clips with every frame decoded (the saving of decoding only the window's frames, as a
+/// ratio) and the frames as images of their own (a frame's cost beside an image's).
+fn clips(args: &CpuArgs, spec: PipelineSpec, images: &[sluice_shard::Sample], what: &str) -> Result<()> {
+    let Some(clip) = spec.clip else {
+        anyhow::bail!("--clip-frames needs a clip pipeline, e.g. \"decode | clip 8 stride=2 | random_resized_crop 112 | hflip 0.5\"");
+    };
+    let frames = match args.clip_frames {
+        0 => 32,
+        n => n,
+    };
+    let (clips, singles) = sluice_testbed::sizing::bench_clips(images, 40, frames)?;
+    let all = PipelineSpec {
+        clip: Some(sluice_wire::spec::Clip { frames, stride: 1, ..clip }),
+        ..spec.clone()
+    };
+    let image = PipelineSpec { clip: None, field: None, ..spec.clone() };
+    println!(
+        "sluice bench cpu, clips: {} clips of {frames} frames from {what}; pipeline: {spec}",
+        clips.len()
+    );
+    let mut results = Vec::new();
+    for &threads in &args.threads {
+        let config = EngineConfig {
+            threads,
+            dct_scaling: !args.no_dct,
+            roi_decode: !args.no_roi,
+            ..EngineConfig::default()
+        };
+        let window = sizing::engine_run(&clips, spec.clone(), config.clone(), args.seconds)?;
+        let every = sizing::engine_run(&clips, all.clone(), config.clone(), args.seconds)?;
+        let single = sizing::engine_run(&singles, image.clone(), config, args.seconds)?;
+        let per_core = |frames_per_s: f64| frames_per_s / threads as f64;
+        let taken = window.images_per_s() * f64::from(clip.frames);
+        let decoded_all = every.images_per_s() * f64::from(frames);
+        let single_rate = single.images_per_s();
+        println!(
+            "clips\tthreads={threads}\t{:.1} clips/s\t{:.0} frames/s/core ({} of {frames} frames each)\tall {frames} frames: {:.1} clips/s, {:.0} frames/s/core\tonly the window: {:.2}x the clips/s",
+            window.images_per_s(),
+            per_core(taken),
+            clip.frames,
+            every.images_per_s(),
+            per_core(decoded_all),
+            window.images_per_s() / every.images_per_s().max(1e-9)
+        );
+        println!(
+            "frames\tthreads={threads}\tthe same frames as images: {:.0} images/s/core\ta clip's frame runs at {:.2} of an image's rate",
+            per_core(single_rate),
+            taken / single_rate.max(1e-9)
+        );
+        results.push(serde_json::json!({
+            "threads": threads, "clips_per_s": window.images_per_s(),
+            "frames_per_s": taken, "all_frames_clips_per_s": every.images_per_s(),
+            "all_frames_per_s": decoded_all, "images_per_s": single_rate,
+        }));
+    }
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({"bench": "cpu-clips", "corpus": what, "frames": frames, "pipeline": spec.to_string(), "results": results});
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
     }

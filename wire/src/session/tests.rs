@@ -50,6 +50,7 @@ fn assign(job: u64, unit: u64) -> Assign {
 }
 
 const SHAPE: SampleShape = SampleShape {
+    frames: 1,
     height: 1,
     width: 1,
     channels: 1,
