@@ -92,7 +92,9 @@ fn frame_end(data: &[u8], start: usize) -> Result<usize, String> {
 /// marker (not stuffing, a restart marker or fill).
 fn entropy_end(data: &[u8], mut i: usize) -> Result<usize, String> {
     loop {
-        let Some(ff) = data[i..].iter().position(|&b| b == 0xFF) else {
+        // memchr's SIMD search: the scan runs over every frame of the clip, so it must cost
+        // little beside decoding the few frames a window takes.
+        let Some(ff) = memchr::memchr(0xFF, &data[i..]) else {
             return Err("the stream ends inside a scan's entropy-coded data".into());
         };
         i += ff;

@@ -120,7 +120,12 @@ fn list_frames(location: &Location, listed: u64, out: &mut impl Write) -> Result
                 Ok(frames) => format!("{}: {} frames", f.name, frames.len()),
                 Err(e) => format!("{}: {e}", f.name),
             };
-            writeln!(out, "{}\t{}\t{frames}", sample.index, escaped_key(&sample.key))?;
+            writeln!(
+                out,
+                "{}\t{}\t{frames}",
+                sample.index,
+                escaped_key(&sample.key)
+            )?;
         }
     }
     Ok(())

@@ -694,6 +694,78 @@ pub fn read_anchor_results(
         .collect())
 }
 
+/// A clip corpus from an image corpus, for `sluice bench cpu --clip-frames`: from each of
+/// (at most) `clips` images, `frames` JPEG frames (quality 90) of a window of three quarters
+/// of the image moving across it, as one clip sample (`mjpeg`); and the same frames as
+/// images of their own (`jpg`), to measure a frame beside an image of its size.
+pub fn bench_clips(
+    images: &[Sample],
+    clips: usize,
+    frames: u32,
+) -> Result<(Vec<Sample>, Vec<Sample>)> {
+    let mut decoder = sluice_cpu::jpeg::JpegDecoder::new(Default::default())
+        .map_err(|e| TestbedError::Setup(format!("the JPEG decoder: {e}")))?;
+    let (mut out, mut singles) = (Vec::new(), Vec::new());
+    for s in images {
+        if out.len() >= clips {
+            break;
+        }
+        let Some(jpg) = s.fields.iter().find(|f| f.name == "jpg") else {
+            continue;
+        };
+        let Ok(header) = decoder.header(&jpg.data) else {
+            continue;
+        };
+        let (w, h) = (header.width, header.height);
+        let whole = sluice_cpu::jpeg::Rect { x: 0, y: 0, w, h };
+        let mut rgb = Vec::new();
+        if decoder
+            .decode_region(&jpg.data, &header, whole, 8, &mut rgb)
+            .is_err()
+        {
+            continue;
+        }
+        let (fw, fh) = ((w * 3 / 4).max(1), (h * 3 / 4).max(1));
+        let mut mjpeg = Vec::new();
+        for k in 0..frames {
+            let x0 = ((w - fw) as u64 * u64::from(k) / u64::from(frames.max(2) - 1)) as u32;
+            let mut px = Vec::with_capacity(fw as usize * fh as usize * 3);
+            for y in 0..fh as usize {
+                let row = (y * w as usize + x0 as usize) * 3;
+                px.extend_from_slice(&rgb[row..row + fw as usize * 3]);
+            }
+            let frame = sluice_dataset::synth::encode_jpeg(fw, fh, &px, 90)?;
+            let index = singles.len() as u64;
+            singles.push(Sample {
+                key: format!("{index:06}"),
+                index,
+                fields: vec![Field {
+                    name: "jpg".into(),
+                    data: frame.clone(),
+                }],
+                ..s.clone()
+            });
+            mjpeg.extend(frame);
+        }
+        let index = out.len() as u64;
+        out.push(Sample {
+            key: format!("clip{index:04}"),
+            index,
+            fields: vec![Field {
+                name: "mjpeg".into(),
+                data: mjpeg,
+            }],
+            ..s.clone()
+        });
+    }
+    if out.is_empty() {
+        return Err(TestbedError::Setup(
+            "no image of the corpus decodes: no clips".into(),
+        ));
+    }
+    Ok((out, singles))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -738,67 +810,4 @@ mod tests {
         let e = tensor_size("decode | hflip 0.5").unwrap_err().to_string();
         assert!(e.contains("output size"), "{e}");
     }
-}
-
-/// A clip corpus from an image corpus, for `sluice bench cpu --clip-frames`: from each of
-/// (at most) `clips` images, `frames` JPEG frames (quality 90) of a window of three quarters
-/// of the image moving across it, as one clip sample (`mjpeg`); and the same frames as
-/// images of their own (`jpg`), to measure a frame beside an image of its size.
-pub fn bench_clips(images: &[Sample], clips: usize, frames: u32) -> Result<(Vec<Sample>, Vec<Sample>)> {
-    let mut decoder = sluice_cpu::jpeg::JpegDecoder::new(Default::default())
-        .map_err(|e| TestbedError::Setup(format!("the JPEG decoder: {e}")))?;
-    let (mut out, mut singles) = (Vec::new(), Vec::new());
-    for s in images {
-        if out.len() >= clips {
-            break;
-        }
-        let Some(jpg) = s.fields.iter().find(|f| f.name == "jpg") else {
-            continue;
-        };
-        let Ok(header) = decoder.header(&jpg.data) else {
-            continue;
-        };
-        let (w, h) = (header.width, header.height);
-        let whole = sluice_cpu::jpeg::Rect { x: 0, y: 0, w, h };
-        let mut rgb = Vec::new();
-        if decoder.decode_region(&jpg.data, &header, whole, 8, &mut rgb).is_err() {
-            continue;
-        }
-        let (fw, fh) = ((w * 3 / 4).max(1), (h * 3 / 4).max(1));
-        let mut mjpeg = Vec::new();
-        for k in 0..frames {
-            let x0 = ((w - fw) as u64 * u64::from(k) / u64::from(frames.max(2) - 1)) as u32;
-            let mut px = Vec::with_capacity(fw as usize * fh as usize * 3);
-            for y in 0..fh as usize {
-                let row = (y * w as usize + x0 as usize) * 3;
-                px.extend_from_slice(&rgb[row..row + fw as usize * 3]);
-            }
-            let frame = sluice_dataset::synth::encode_jpeg(fw, fh, &px, 90)?;
-            let index = singles.len() as u64;
-            singles.push(Sample {
-                key: format!("{index:06}"),
-                index,
-                fields: vec![Field {
-                    name: "jpg".into(),
-                    data: frame.clone(),
-                }],
-                ..s.clone()
-            });
-            mjpeg.extend(frame);
-        }
-        let index = out.len() as u64;
-        out.push(Sample {
-            key: format!("clip{index:04}"),
-            index,
-            fields: vec![Field {
-                name: "mjpeg".into(),
-                data: mjpeg,
-            }],
-            ..s.clone()
-        });
-    }
-    if out.is_empty() {
-        return Err(TestbedError::Setup("no image of the corpus decodes: no clips".into()));
-    }
-    Ok((out, singles))
 }

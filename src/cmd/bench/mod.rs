@@ -153,7 +153,12 @@ fn cpu(args: CpuArgs) -> Result<()> {
 /// `bench cpu` on clips: frames/s per core of the clip pipeline, and in the same run the same
 /// clips with every frame decoded (the saving of decoding only the window's frames, as a
 /// ratio) and the frames as images of their own (a frame's cost beside an image's).
-fn clips(args: &CpuArgs, spec: PipelineSpec, images: &[sluice_shard::Sample], what: &str) -> Result<()> {
+fn clips(
+    args: &CpuArgs,
+    spec: PipelineSpec,
+    images: &[sluice_shard::Sample],
+    what: &str,
+) -> Result<()> {
     let Some(clip) = spec.clip else {
         anyhow::bail!("--clip-frames needs a clip pipeline, e.g. \"decode | clip 8 stride=2 | random_resized_crop 112 | hflip 0.5\"");
     };
@@ -163,10 +168,18 @@ fn clips(args: &CpuArgs, spec: PipelineSpec, images: &[sluice_shard::Sample], wh
     };
     let (clips, singles) = sluice_testbed::sizing::bench_clips(images, 40, frames)?;
     let all = PipelineSpec {
-        clip: Some(sluice_wire::spec::Clip { frames, stride: 1, ..clip }),
+        clip: Some(sluice_wire::spec::Clip {
+            frames,
+            stride: 1,
+            ..clip
+        }),
         ..spec.clone()
     };
-    let image = PipelineSpec { clip: None, field: None, ..spec.clone() };
+    let image = PipelineSpec {
+        clip: None,
+        field: None,
+        ..spec.clone()
+    };
     println!(
         "sluice bench cpu, clips: {} clips of {frames} frames from {what}; pipeline: {spec}",
         clips.len()
