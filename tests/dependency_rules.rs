@@ -411,8 +411,8 @@ fn cpu_tier_modules_import_only_down_their_floors() {
         "cpu-tier/src",
         &[
             &[
-                "source", "geometry", "restart", "metrics", "tls", "tenants", "slots", "error",
-                "jpeg", "fields", "engine", "lib",
+                "source", "geometry", "restart", "metrics", "tls", "tenants", "slots", "clip",
+                "error", "jpeg", "fields", "engine", "lib",
             ],
             &["worker", "config"],
             &["connection", "same_host", "server"],

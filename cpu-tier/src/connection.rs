@@ -179,6 +179,16 @@ fn run_unit(state: &Arc<State>, launch: &Arc<Launch>) {
                 _
             )
         );
+        // A sample in its place spends no credit (the place bounds it): the one it took
+        // comes back, before the frame can reach the client.
+        if matches!(frame, Produced::Frame(Message::ShmPlaced { .. }, _)) {
+            let wakes = {
+                let mut rules = lock(&state.rules);
+                rules.refund(launch.id);
+                rules.take_wakes()
+            };
+            wake(state, wakes);
+        }
         if launch.parker.stopped() || launch.out.blocking_send(frame).is_err() {
             dead.store(true, Ordering::Relaxed);
             return false;

@@ -725,16 +725,7 @@ impl Engine {
         let want = self.window(&g, w, h);
         let frame_len = g.out_w as usize * g.out_h as usize * 3;
         let len = frame_len * taken.len();
-        let mut claim = match dest {
-            Some((t, index)) if self.spec.normalize.is_none() && !self.spec.chw => {
-                t.places.claim(t.unit, t.attempt, index, len)
-            }
-            _ => None,
-        };
-        let mut owned = match claim {
-            Some(_) => Vec::new(),
-            None => self.outputs.take(len),
-        };
+        let (mut claim, mut owned) = self.output(dest, len);
         let out: &mut [u8] = match claim.as_mut() {
             Some(c) => c.memory(),
             None => &mut owned,
@@ -858,16 +849,7 @@ impl Engine {
     ) -> Result<Tensor, DecodeError> {
         let (ow, oh) = (g.out_w, g.out_h);
         let len = ow as usize * oh as usize * 3;
-        let mut claim = match dest {
-            Some((t, index)) if self.spec.normalize.is_none() && !self.spec.chw => {
-                t.places.claim(t.unit, t.attempt, index, len)
-            }
-            _ => None,
-        };
-        let mut owned = match claim {
-            Some(_) => Vec::new(),
-            None => self.outputs.take(len),
-        };
+        let (mut claim, mut owned) = self.output(dest, len);
         let out: &mut [u8] = match claim.as_mut() {
             Some(c) => c.memory(),
             None => &mut owned,
@@ -885,6 +867,25 @@ impl Engine {
             });
         }
         Ok(self.convert(owned, ow, oh))
+    }
+
+    /// Where a tensor of `len` bytes is written: its place in the client's batch, when it has
+    /// one and the tensor goes there as it is (no normalize, no chw), else a buffer of ours.
+    fn output<'d>(
+        &self,
+        dest: Dest<'d>,
+        len: usize,
+    ) -> (Option<sluice_wire::PlaceClaim<'d>>, Vec<u8>) {
+        let claim = match dest {
+            Some((t, index)) if self.spec.normalize.is_none() && !self.spec.chw => {
+                t.places.claim(t.unit, t.attempt, index, len)
+            }
+            _ => None,
+        };
+        match claim {
+            Some(c) => (Some(c), Vec::new()),
+            None => (None, self.outputs.take(len)),
+        }
     }
 
     /// Resamples `crop` of the `bw`×`bh` image in `buf` to the output size into `out`

@@ -123,26 +123,20 @@ impl Slots {
         Ok(slot)
     }
 
-    /// A sample the runner wrote into its claimed place: the frame to send (the credit's slot
-    /// comes back unused) and its payload (the fields).
+    /// A sample the runner wrote into its claimed place: the frame to send (it takes no slot)
+    /// and its payload (the fields).
     pub(crate) fn placed(
         &self,
         header: SampleHeader,
         place: u32,
         fields: Vec<u8>,
     ) -> Result<(Message, Vec<u8>), String> {
-        let slot = self.next_slot()?;
-        let frame = Message::ShmPlaced {
-            slot,
-            place,
-            header,
-        };
-        Ok((frame, fields))
+        Ok((Message::ShmPlaced { place, header }, fields))
     }
 
     /// Writes a sample's tensor into its place in the client's batch, if it has one, else into
     /// the next granted slot: the frame to send and its payload (the fields only). A placed
-    /// sample still takes a credit, and gives its slot back in the frame unused.
+    /// sample takes no slot (and the connection gives its credit back).
     pub(crate) fn place(
         &self,
         header: SampleHeader,
@@ -157,17 +151,13 @@ impl Slots {
             ));
         }
         let (tensor, fields) = SamplePayload::parts(&header, payload)?;
-        let slot = self.next_slot()?;
         let sample = (header.unit, header.attempt, header.index);
         if let Some(mut claim) = self.take_place(sample, tensor.len())? {
             claim.memory().copy_from_slice(tensor);
-            let frame = Message::ShmPlaced {
-                slot,
-                place: claim.place(),
-                header,
-            };
-            return Ok((frame, fields.to_vec()));
+            let place = claim.place();
+            return Ok((Message::ShmPlaced { place, header }, fields.to_vec()));
         }
+        let slot = self.next_slot()?;
         self.segment
             .write(slot, tensor)
             .map_err(|e| e.to_string())?;
@@ -255,7 +245,7 @@ mod tests {
     }
 
     #[test]
-    fn a_placed_sample_goes_into_the_clients_batch_and_gives_its_slot_back() {
+    fn a_placed_sample_goes_into_the_clients_batch_and_takes_no_slot() {
         let arena = Segment::create("sluice-test", 4, 4).unwrap();
         let view = Segment::open_arena(
             arena.fd().try_clone_to_owned().unwrap(),
@@ -298,23 +288,14 @@ mod tests {
         slots.add_places(&[place(7, 0, 3), place(8, 0, 2)]).unwrap();
         slots.grant(&[0, 1]).unwrap();
         let (m, fields) = slots.place(header(7, 0), &[1, 2, 3, 4, 9]).unwrap();
-        assert!(
-            matches!(
-                m,
-                Message::ShmPlaced {
-                    slot: 0,
-                    place: 3,
-                    ..
-                }
-            ),
-            "{m:?}"
-        );
+        assert!(matches!(m, Message::ShmPlaced { place: 3, .. }), "{m:?}");
         assert_eq!(fields, [9]);
         let mut got = [0u8; 4];
         arena.read(3, &mut got).unwrap();
         assert_eq!(got, [1, 2, 3, 4], "written into the client's batch");
+        // A placed sample took no slot: the next one takes the first granted.
         let (m, _) = slots.place(header(8, 0), &[5, 6, 7, 8, 9]).unwrap();
-        assert!(matches!(m, Message::ShmSample { slot: 1, .. }), "{m:?}");
+        assert!(matches!(m, Message::ShmSample { slot: 0, .. }), "{m:?}");
         arena.read(2, &mut got).unwrap();
         assert_eq!(
             got, [0; 4],
@@ -345,23 +326,16 @@ mod tests {
         assert_eq!(got, [4, 3, 2, 1]);
         slots.grant(&[1]).unwrap();
         let (m, fields) = slots.placed(header(10, 0), 2, vec![5]).unwrap();
-        assert!(
-            matches!(
-                m,
-                Message::ShmPlaced {
-                    slot: 1,
-                    place: 2,
-                    ..
-                }
-            ),
-            "{m:?}"
-        );
+        assert!(matches!(m, Message::ShmPlaced { place: 2, .. }), "{m:?}");
         assert_eq!(fields, [5]);
+        assert!(
+            slots.grant(&[1]).is_err(),
+            "slot 1 is still granted: the placed took none"
+        );
         // Released: a place is never written again.
         slots.unit_started(9, 0);
         slots.add_places(&[place(9, 0, 0)]).unwrap();
         slots.release();
-        slots.grant(&[1]).unwrap();
         assert!(slots.place(header(9, 0), &[7; 5]).is_err());
         arena.read(0, &mut got).unwrap();
         assert_eq!(got, [0; 4]);

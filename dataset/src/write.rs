@@ -108,20 +108,12 @@ pub fn write_folder(
     rewrite: Option<Rewrite>,
     progress: &mut dyn Progress,
 ) -> Result<Written> {
-    let mut writer = writer(config)?;
-    let mut planned = match labels {
+    let writer = writer(config)?;
+    let planned = match labels {
         Some(labels) => labelled_folder(root, labels, progress)?,
         None => image_folder(root, progress)?,
     };
-    if order.shuffle {
-        order_stream(order.seed).shuffle(&mut planned);
-    }
-    let (samples, bytes) = write_planned(&mut writer, &planned, rewrite, progress)?;
-    Ok(Written {
-        shards: writer.finish()?,
-        samples,
-        bytes,
-    })
+    write_all(writer, planned, order, rewrite, progress)
 }
 
 /// Writes a folder of clips as shards: each clip a folder of JPEG frames (sorted by name),
@@ -136,7 +128,7 @@ pub fn write_clip_folder(
     rewrite: Option<Rewrite>,
     progress: &mut dyn Progress,
 ) -> Result<Written> {
-    let mut writer = writer(config)?;
+    let writer = writer(config)?;
     let mut planned = Vec::new();
     let mut ignored = Vec::new();
     match labels {
@@ -179,6 +171,17 @@ pub fn write_clip_folder(
             first.display()
         ));
     }
+    write_all(writer, planned, order, rewrite, progress)
+}
+
+/// Writes `planned` in `order` (shuffled by its seed unless it keeps the input's).
+fn write_all(
+    mut writer: ShardWriter,
+    mut planned: Vec<Planned>,
+    order: Order,
+    rewrite: Option<Rewrite>,
+    progress: &mut dyn Progress,
+) -> Result<Written> {
     if order.shuffle {
         order_stream(order.seed).shuffle(&mut planned);
     }

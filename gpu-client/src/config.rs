@@ -6,7 +6,7 @@
 //! passes (durations in seconds, the shuffle policy, fields and label as text), so the binding
 //! hands over a dict and never restates the list.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -325,6 +325,11 @@ impl LoaderConfig {
         if self.workers_refresh < Duration::from_millis(10) {
             return bad("workers_refresh", "must be at least 0.01 s");
         }
+        // A pool must start from a list: a workers file that cannot be read now is an error
+        // (once an epoch has run, one that goes bad keeps the last good list).
+        if let Some(file) = &self.workers_file {
+            read_workers_file(file)?;
+        }
         if self.remote() && self.trust_cert.is_none() {
             return bad(
                 "trust_cert",
@@ -440,6 +445,34 @@ impl LoaderConfig {
             mixing: self.mixing,
         }
     }
+}
+
+/// The workers a workers file names: one `host:port` a line; blank lines and `#` comments
+/// are ignored.
+pub(crate) fn read_workers_file(path: &Path) -> Result<Vec<String>, ClientError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ClientError::Config {
+        key: "workers_file",
+        detail: format!("{}: {e}", path.display()),
+    })?;
+    let mut names = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        if line.split_whitespace().count() > 1 || !line.contains(':') {
+            return Err(ClientError::Config {
+                key: "workers_file",
+                detail: format!(
+                    "{} line {}: {line:?} is not one host:port",
+                    path.display(),
+                    n + 1
+                ),
+            });
+        }
+        names.push(line.to_string());
+    }
+    Ok(names)
 }
 
 /// Parses `pipeline` with the workers' grammar and checks that its tensors have a fixed

@@ -155,6 +155,10 @@ impl Tensor for Payload {
     fn detach(self, tensor_bytes: usize) -> Self {
         Payload::detach(self, tensor_bytes)
     }
+
+    fn spent_credit(&self) -> bool {
+        !matches!(self, Payload::Placed { .. })
+    }
 }
 
 pub(crate) struct Coordinator {

@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +28,7 @@ use sluice_wire::{BufferPool, JobSpec, Limits};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::LoaderConfig;
+use crate::config::{read_workers_file, LoaderConfig};
 use crate::error::ClientError;
 use crate::link::{Event, RemoteLink, SameHostRoute};
 use crate::same_host::SameHost;
@@ -36,34 +36,6 @@ use crate::session::Command;
 use crate::stats::Stats;
 
 pub(crate) type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
-
-/// The workers a workers file names: one `host:port` a line; blank lines and `#` comments
-/// are ignored.
-pub(crate) fn read_workers_file(path: &Path) -> Result<Vec<String>, ClientError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ClientError::Config {
-        key: "workers_file",
-        detail: format!("{}: {e}", path.display()),
-    })?;
-    let mut names = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = line.split('#').next().unwrap_or("").trim();
-        if line.is_empty() {
-            continue;
-        }
-        if line.split_whitespace().count() > 1 || !line.contains(':') {
-            return Err(ClientError::Config {
-                key: "workers_file",
-                detail: format!(
-                    "{} line {}: {line:?} is not one host:port",
-                    path.display(),
-                    n + 1
-                ),
-            });
-        }
-        names.push(line.to_string());
-    }
-    Ok(names)
-}
 
 /// Where the pool's workers are named: the fixed list and the workers file.
 #[derive(Clone, Debug)]
@@ -542,6 +514,8 @@ fn diff(before: &[Member], now: &[Member]) -> (Vec<Member>, Vec<Member>) {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     fn member(name: &str, addr: &str) -> Member {

@@ -38,6 +38,12 @@ pub(crate) trait Tensor {
     /// The tensor alone, for a sample that must wait for its turn (a same-host slot only
     /// if the segment can spare it: a held sample may not keep a credit's slot).
     fn detach(self, tensor_bytes: usize) -> Self;
+
+    /// Whether the sample spent a credit: one written straight into its place in the batch
+    /// arena did not (the place bounds it, and the worker kept the credit).
+    fn spent_credit(&self) -> bool {
+        true
+    }
 }
 
 /// What the shell must do.
@@ -407,7 +413,9 @@ impl<P: Tensor> Protocol<P> {
     ) {
         self.clock = self.clock.max(now);
         self.counters.received.fetch_add(1, Ordering::Relaxed);
-        self.used_credit(link);
+        if payload.spent_credit() {
+            self.used_credit(link);
+        }
         if let Some(reason) = header
             .label
             .and_then(|l| self.settings.config.labels.check(l))

@@ -97,8 +97,8 @@ pub(crate) enum TensorAt {
     Stream,
     /// In a same-host slot the worker was granted.
     Slot(u32),
-    /// In its place in the batch arena; the credit's slot comes back unused.
-    Placed { slot: u32, place: u32 },
+    /// In its place in the batch arena; it spends no credit.
+    Placed { place: u32 },
 }
 
 /// What a frame means, for the shell to carry out.
@@ -422,14 +422,12 @@ impl Session {
                 })
             }
             Message::ShmSample { .. } => Err("a shared-memory sample over QUIC".into()),
-            Message::ShmPlaced {
-                slot,
-                place,
-                header,
-            } if arena => self.same_host_header(&header).map(|()| Received::Sample {
-                header,
-                at: TensorAt::Placed { slot, place },
-            }),
+            Message::ShmPlaced { place, header } if arena => {
+                self.same_host_header(&header).map(|()| Received::Sample {
+                    header,
+                    at: TensorAt::Placed { place },
+                })
+            }
             Message::ShmPlaced { .. } => {
                 Err("a sample in a batch place, but no batch arena".into())
             }

@@ -185,6 +185,29 @@ def test_clips_over_quic_with_a_worker_killed_and_over_same_host_are_the_in_proc
             assert np.array_equal(mine[5], theirs[5]), (name, mine[1])
 
 
+def test_a_checkpoint_mid_epoch_resumes_the_rest_with_the_same_frames_and_crops(clips):
+    manifest, _ = clips
+    settings = dict(dataset=manifest, batch_size=3, seed=2,
+                    pipeline="decode | clip 4 stride=2 | random_resized_crop 40 | hflip 0.5")
+    whole = [r[1:5] for r in rows(sluice.Loader(**settings), epoch=1)]
+    first = sluice.Loader(**settings)
+    epoch = first.epoch(1)
+    got = []
+    for _ in range(2):
+        images, _ = next(epoch)
+        got += [(k, tuple(f), tuple(g["box"]), g["flip"])
+                for k, g, f in zip(images.keys, images.geometry, images.frames)]
+    state = json.loads(json.dumps(first.state_dict()))
+    del epoch, first
+    second = sluice.Loader(**settings)
+    second.load_state_dict(state)
+    rest = []
+    for images, _ in second:
+        rest += [(k, tuple(f), tuple(g["box"]), g["flip"])
+                 for k, g, f in zip(images.keys, images.geometry, images.frames)]
+    assert got + rest == whole
+
+
 def test_a_broken_frame_stream_is_skipped_by_name(clips, sluice_bin, tmp_path):
     _, frames_of = clips
     good = b"".join(p.read_bytes() for p in frames_of["c0/clip04"])

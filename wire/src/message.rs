@@ -53,12 +53,9 @@ pub enum Message {
     /// into their places in the client's batches.
     ShmPlaces { job: u64, places: Vec<Place> },
     /// Worker → client, same-host transport: a sample whose tensor is in its `place` of the
-    /// batch arena. The credit's `slot` comes back unused; the payload carries the fields.
-    ShmPlaced {
-        slot: u32,
-        place: u32,
-        header: SampleHeader,
-    },
+    /// batch arena. It spends no credit (the place bounds it; the worker gives the credit
+    /// it took back); the payload carries the fields.
+    ShmPlaced { place: u32, header: SampleHeader },
     /// Worker → client, same-host transport, after the client cancelled a job: no sample of
     /// it is being or will be written into the batch arena.
     ShmReleased { job: u64 },

@@ -609,6 +609,14 @@ impl<L: Clone> Worker<L> {
         }
     }
 
+    /// Unit `id` sent a sample that spends no credit (same-host: written straight into its
+    /// place in the client's batch, which the place bounds): the credit it took comes back.
+    pub fn refund(&mut self, id: UnitId) {
+        if let Some((conn, job)) = self.units.get(&id).map(|u| (u.conn, u.job)) {
+            self.credit(conn, job, 1);
+        }
+    }
+
     /// The worker stops taking clients and assignments (SIGTERM): each connection ends once
     /// its running units have finished.
     pub fn drain(&mut self) {

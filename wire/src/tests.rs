@@ -144,21 +144,14 @@ fn arb_message() -> impl Strategy<Value = Message> {
                     })
                     .collect()
             }),
-        (any::<u32>(), any::<u32>(), 0u64..1 << 24, 0u64..512).prop_map(
-            |(slot, place, tensor, field)| {
-                let Message::Sample(mut header) =
-                    sample(field as usize, vec![("json".into(), field)])
-                else {
-                    unreachable!()
-                };
-                header.tensor_bytes = tensor;
-                Message::ShmPlaced {
-                    slot,
-                    place,
-                    header,
-                }
-            }
-        ),
+        (any::<u32>(), 0u64..1 << 24, 0u64..512).prop_map(|(place, tensor, field)| {
+            let Message::Sample(mut header) = sample(field as usize, vec![("json".into(), field)])
+            else {
+                unreachable!()
+            };
+            header.tensor_bytes = tensor;
+            Message::ShmPlaced { place, header }
+        }),
     ]
 }
 

@@ -355,6 +355,8 @@ async fn step(
                     .expect("a place");
                 ar.placed(l.writer, place, key).expect("its own place");
                 shared.placed += 1;
+                // A placed sample spends no credit: the worker keeps the one it took.
+                l.credits += 1;
                 Event::Sample {
                     link: i,
                     header: decoded(a, index),

@@ -201,9 +201,7 @@ impl ReadTo {
                 }
                 Payload::Slot(slot)
             }
-            (TensorAt::Placed { slot, place }, Some(pool), Some((arena, writer))) => {
-                // The credit's slot comes back unused.
-                pool.filled(slot).map_err(|e| self.protocol(e))?;
+            (TensorAt::Placed { place }, Some(pool), Some((arena, writer))) => {
                 pool.answered(header.unit, header.attempt);
                 arena
                     .placed(*writer, place, key)

@@ -162,11 +162,6 @@ impl LoaderBuilder {
 
     pub fn build(mut self) -> Result<Loader, ClientError> {
         self.config.validate()?;
-        // A pool must start from a list: a workers file that cannot be read now is an error
-        // (once an epoch has run, one that goes bad keeps the last good list).
-        if let Some(file) = &self.config.workers_file {
-            crate::membership::read_workers_file(file)?;
-        }
         let config = Arc::new(self.config);
         if self.sources.is_empty() {
             return Err(bad("dataset", "no dataset given"));

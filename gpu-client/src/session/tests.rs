@@ -296,14 +296,13 @@ fn frame_headers_are_checked_against_the_transport_job_and_shape() {
 
     let mut s = running(Transport::SameHost, t0);
     let placed = Message::ShmPlaced {
-        slot: 1,
         place: 2,
         header: header(7, bytes),
     };
     assert!(matches!(
         s.handle(placed, t0),
         Received::Sample {
-            at: TensorAt::Placed { slot: 1, place: 2 },
+            at: TensorAt::Placed { place: 2 },
             ..
         }
     ));

@@ -77,6 +77,17 @@ pub struct CpuArgs {
     json: Option<PathBuf>,
 }
 
+impl CpuArgs {
+    fn engine(&self, threads: usize) -> EngineConfig {
+        EngineConfig {
+            threads,
+            dct_scaling: !self.no_dct,
+            roi_decode: !self.no_roi,
+            ..EngineConfig::default()
+        }
+    }
+}
+
 pub fn run(args: Args) -> Result<()> {
     match args.what {
         What::Cpu(a) => cpu(a),
@@ -109,12 +120,7 @@ fn cpu(args: CpuArgs) -> Result<()> {
     );
     let mut results = Vec::new();
     for &threads in &args.threads {
-        let config = EngineConfig {
-            threads,
-            dct_scaling: !args.no_dct,
-            roi_decode: !args.no_roi,
-            ..EngineConfig::default()
-        };
+        let config = args.engine(threads);
         let run = sizing::engine_run(&samples, spec.clone(), config, args.seconds)?;
         if let Some(first) = run.skipped.first() {
             eprintln!(
@@ -186,12 +192,7 @@ fn clips(
     );
     let mut results = Vec::new();
     for &threads in &args.threads {
-        let config = EngineConfig {
-            threads,
-            dct_scaling: !args.no_dct,
-            roi_decode: !args.no_roi,
-            ..EngineConfig::default()
-        };
+        let config = args.engine(threads);
         let window = sizing::engine_run(&clips, spec.clone(), config.clone(), args.seconds)?;
         let every = sizing::engine_run(&clips, all.clone(), config.clone(), args.seconds)?;
         let single = sizing::engine_run(&singles, image.clone(), config, args.seconds)?;
