@@ -39,12 +39,10 @@ use crate::assign::{self, Piece};
 use crate::order::{interleave, slots};
 use crate::rng::{stream, Domain};
 use crate::schedule::Schedule;
+pub use crate::schedule::{scale_weights, WEIGHT_SCALE};
 use crate::{
     LastBatch, Mixing, PlanConfig, PlanError, Remainder, Segment, Sequence, ShufflePolicy, WorkUnit,
 };
-
-/// Weights are kept as parts of this many, so plans are integer arithmetic.
-pub const WEIGHT_SCALE: u64 = 1_000_000_000;
 
 /// Samples of one shard drawn in one pass of its source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,26 +103,6 @@ pub struct Mixture {
 enum SegmentWeights<'a> {
     Fixed(&'a [u64]),
     Scheduled { epoch_start: u64 },
-}
-
-/// Weights as parts of [`WEIGHT_SCALE`]: each finite and ≥ 0, not all 0; a positive weight
-/// never rounds to 0.
-pub fn scale_weights(weights: &[f64]) -> Result<Vec<u64>, PlanError> {
-    let bad = || PlanError::Weights(format!("{weights:?}"));
-    if weights.iter().any(|w| !w.is_finite() || *w < 0.0) {
-        return Err(bad());
-    }
-    let sum: f64 = weights.iter().sum();
-    if sum <= 0.0 {
-        return Err(bad());
-    }
-    Ok(weights
-        .iter()
-        .map(|&w| match w > 0.0 {
-            true => ((w / sum * WEIGHT_SCALE as f64).round() as u64).max(1),
-            false => 0,
-        })
-        .collect())
 }
 
 /// `total` split by `weights` (largest remainder; ties to the earlier source).
@@ -553,7 +531,7 @@ impl Mixture {
             let units = self.rank_units(&prev, epoch, depth, last.world_size, q, ctx);
             let sequence = self.sequence(&units, epoch, depth, q, ctx)?;
             let done = (last.batches * ctx.batch_size).min(sequence.len());
-            for (group, piece) in crate::resume::remaining_by_group(&units, &sequence, done) {
+            for (group, piece) in crate::order::remaining_by_group(&units, &sequence, done) {
                 let g = &prev.groups[group as usize];
                 front[g.source].push(Drawn {
                     pass: g.pass,

@@ -19,6 +19,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::assign::Piece;
 use crate::rng::{stream, Domain};
 use crate::{PlanError, ShuffleBuffer, WorkUnit};
 
@@ -207,6 +208,47 @@ pub(crate) fn interleave(
         order.extend(std::iter::from_fn(|| b.pop()));
     }
     order
+}
+
+/// The samples at positions `done..` of `sequence` as pieces (per unit, in unit order, runs
+/// of consecutive indexes), each with its unit's mixture group.
+pub(crate) fn remaining_by_group(
+    units: &[WorkUnit],
+    sequence: &Sequence,
+    done: u64,
+) -> Vec<(u32, Piece)> {
+    let mut left: Vec<Vec<u64>> = vec![Vec::new(); units.len()];
+    for p in done..sequence.len() {
+        if let Some((u, i)) = sequence.at(p) {
+            left[u as usize].push(i);
+        }
+    }
+    let mut out: Vec<(u32, Piece)> = Vec::new();
+    for (u, mut idx) in units.iter().zip(left) {
+        idx.sort_unstable();
+        for i in idx {
+            match out.last_mut() {
+                Some((g, p))
+                    if *g == u.group
+                        && p.shard == u.shard
+                        && p.end == i
+                        && p.padding == u.padding =>
+                {
+                    p.end += 1
+                }
+                _ => out.push((
+                    u.group,
+                    Piece {
+                        shard: u.shard,
+                        start: i,
+                        end: i + 1,
+                        padding: u.padding,
+                    },
+                )),
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]

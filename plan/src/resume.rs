@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::assign::{self, Piece};
 use crate::mixture::{Ctx, Mixture, SourceState};
+use crate::order::remaining_by_group;
 use crate::{Mixing, PlanConfig, PlanError, Sequence, WorkUnit};
 
 /// What happens to the epoch's last, incomplete batch.
@@ -245,46 +246,6 @@ pub fn remaining_pieces(units: &[WorkUnit], sequence: &Sequence, done: u64) -> V
         .into_iter()
         .map(|(_, p)| p)
         .collect()
-}
-
-/// [`remaining_pieces`], each with its unit's mixture group.
-pub(crate) fn remaining_by_group(
-    units: &[WorkUnit],
-    sequence: &Sequence,
-    done: u64,
-) -> Vec<(u32, Piece)> {
-    let mut left: Vec<Vec<u64>> = vec![Vec::new(); units.len()];
-    for p in done..sequence.len() {
-        if let Some((u, i)) = sequence.at(p) {
-            left[u as usize].push(i);
-        }
-    }
-    let mut out: Vec<(u32, Piece)> = Vec::new();
-    for (u, mut idx) in units.iter().zip(left) {
-        idx.sort_unstable();
-        for i in idx {
-            match out.last_mut() {
-                Some((g, p))
-                    if *g == u.group
-                        && p.shard == u.shard
-                        && p.end == i
-                        && p.padding == u.padding =>
-                {
-                    p.end += 1
-                }
-                _ => out.push((
-                    u.group,
-                    Piece {
-                        shard: u.shard,
-                        start: i,
-                        end: i + 1,
-                        padding: u.padding,
-                    },
-                )),
-            }
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -19,8 +19,30 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::mixture::{scale_weights, WEIGHT_SCALE};
 use crate::PlanError;
+
+/// Weights are kept as parts of this many, so plans are integer arithmetic.
+pub const WEIGHT_SCALE: u64 = 1_000_000_000;
+
+/// Weights as parts of [`WEIGHT_SCALE`]: each finite and ≥ 0, not all 0; a positive weight
+/// never rounds to 0.
+pub fn scale_weights(weights: &[f64]) -> Result<Vec<u64>, PlanError> {
+    let bad = || PlanError::Weights(format!("{weights:?}"));
+    if weights.iter().any(|w| !w.is_finite() || *w < 0.0) {
+        return Err(bad());
+    }
+    let sum: f64 = weights.iter().sum();
+    if sum <= 0.0 {
+        return Err(bad());
+    }
+    Ok(weights
+        .iter()
+        .map(|&w| match w > 0.0 {
+            true => ((w / sum * WEIGHT_SCALE as f64).round() as u64).max(1),
+            false => 0,
+        })
+        .collect())
+}
 
 /// How weights go from one point to the next.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

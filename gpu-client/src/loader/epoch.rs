@@ -5,16 +5,39 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use sluice_plan::Segment;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::start::Progress;
 use crate::batch::{Batch, SampleId};
 use crate::error::ClientError;
+use crate::ledger::Ledger;
 use crate::stats::{EpochCounters, EpochReport, Stats};
 
 /// before the epoch fails with [`ClientError::RingExhausted`].
 const RING_DEADLOCK_GRACE: Duration = Duration::from_secs(5);
+
+/// What the consumer has been handed in the current epoch.
+///
+/// It records one `Epoch` (its `pass`): the one the consumer trains on. A pass of the same
+/// epoch begun while that one is still being read (a peek, `next(iter(loader))` in the middle
+/// of an epoch) is read on its own and recorded nowhere, so a checkpoint always means the
+/// batches the training pass was handed. A pass of another epoch, a loaded checkpoint, or any
+/// pass once the recorded one has ended (run out, been dropped, or handed out every batch)
+/// becomes the recorded pass.
+pub(super) struct Progress {
+    pub epoch: u64,
+    /// The earlier worlds of this epoch (elastic resumes), oldest first.
+    pub resumed: Vec<Segment>,
+    pub batches: u64,
+    /// Samples of this segment each rank takes (its batch plan's).
+    pub samples: u64,
+    pub ledger: Ledger,
+    /// The `Epoch` whose batches this records.
+    pub pass: u64,
+    /// That `Epoch` can still hand out batches.
+    pub open: bool,
+}
 
 /// One epoch's batches, in the order they are completed. Dropping it cancels the epoch.
 pub struct Epoch {

@@ -75,7 +75,7 @@ pub struct Loader {
     segments: Arc<crate::same_host::Segments>,
     /// The workers' source's last good list, kept across epochs.
     last_pool: Arc<crate::membership::LastGood>,
-    progress: Arc<Mutex<Option<start::Progress>>>,
+    progress: Arc<Mutex<Option<epoch::Progress>>>,
     resume: Mutex<Option<checkpoint::Pending>>,
     /// The checkpoint loaded last, until the next epoch starts: what `state_dict()` gives
     /// meanwhile (a state saved right after a load resumes the same).

@@ -5,13 +5,13 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use sluice_plan::{Segment, ShuffleBuffer};
+use sluice_plan::ShuffleBuffer;
 use sluice_wire::JobSpec;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::checkpoint::Pending;
-use super::epoch::{Epoch, Parts};
+use super::epoch::{Epoch, Parts, Progress};
 use super::{Loader, Workers};
 use crate::config::{EpochSettings, Order};
 use crate::coordinator::{handoff, Coordinator, Predecessor};
@@ -23,28 +23,6 @@ use crate::membership::{self, Dialer, Source, Task, Watcher};
 use crate::reorder::Reorder;
 use crate::session::Command;
 use crate::stats::EpochCounters;
-
-/// What the consumer has been handed in the current epoch.
-///
-/// It records one `Epoch` (its `pass`): the one the consumer trains on. A pass of the same
-/// epoch begun while that one is still being read (a peek, `next(iter(loader))` in the middle
-/// of an epoch) is read on its own and recorded nowhere, so a checkpoint always means the
-/// batches the training pass was handed. A pass of another epoch, a loaded checkpoint, or any
-/// pass once the recorded one has ended (run out, been dropped, or handed out every batch)
-/// becomes the recorded pass.
-pub(super) struct Progress {
-    pub epoch: u64,
-    /// The earlier worlds of this epoch (elastic resumes), oldest first.
-    pub resumed: Vec<Segment>,
-    pub batches: u64,
-    /// Samples of this segment each rank takes (its batch plan's).
-    pub samples: u64,
-    pub ledger: Ledger,
-    /// The `Epoch` whose batches this records.
-    pub pass: u64,
-    /// That `Epoch` can still hand out batches.
-    pub open: bool,
-}
 
 /// An epoch planned and started, not yet handed to the consumer.
 pub(super) struct Started {
