@@ -396,6 +396,7 @@ fn client_modules_import_only_down_their_floors() {
                 "metrics",
                 "nvrtc",
                 "testing",
+                "clock",
                 "lib",
             ],
             &["session", "protocol", "assembly"],

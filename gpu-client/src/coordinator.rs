@@ -21,6 +21,7 @@ use crate::arena::{Arena, ArenaAllocator, PlaceGrant};
 use crate::assembly::{self, Assembly, Landing, Settle};
 use crate::batch::Batch;
 use crate::batch::{BatchPlan, Filling, HostAllocator, HostMemory, Ring, ShortBatch};
+use crate::clock::{now, sleep_until};
 use crate::config::EpochSettings;
 use crate::error::ClientError;
 use crate::ledger::Ledger;
@@ -320,10 +321,7 @@ impl Coordinator {
                     next.dispatched();
                 }
             }
-            let deadline = self
-                .protocol
-                .poll_timeout()
-                .map(tokio::time::Instant::from_std);
+            let deadline = self.protocol.poll_timeout();
             let earlier = self.earlier_dispatched.clone();
             let event = tokio::select! {
                 e = events.recv() => e,
@@ -793,23 +791,10 @@ async fn send(link: Option<mpsc::Sender<Command>>, command: Command) {
     }
 }
 
-/// The protocol's clock: tokio's (the same as the system's, except under a paused test
-/// clock, where deadlines must agree with the sleeps that wait for them).
-fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
-}
-
 /// Waits until `earlier` is cancelled; for ever when there is none.
 async fn gate(earlier: Option<CancellationToken>) {
     match earlier {
         Some(t) => t.cancelled().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
     }
 }

@@ -36,6 +36,7 @@ mod arena;
 mod assembly;
 pub mod batch;
 mod buffers;
+mod clock;
 pub mod config;
 mod coordinator;
 #[cfg(feature = "cuda")]

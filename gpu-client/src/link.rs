@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sluice_wire::io::{FrameReader, FrameWriter, IoError};
 use sluice_wire::{
@@ -33,6 +33,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::arena::Arena;
+use crate::clock::{fired, now, sleep_until};
 use crate::same_host::{Payload, Segments, SlotPool};
 use crate::session::{
     closed_by_worker, credit_window, Command, Commanded, Ended, Received, Redial, Session,
@@ -486,9 +487,7 @@ impl RemoteLink {
             if let Some(ended) = lock(&session).take_end() {
                 return with_close_reason(&self.name, ended, quic.as_ref());
             }
-            let deadline = lock(&session)
-                .poll_timeout()
-                .map(tokio::time::Instant::from_std);
+            let deadline = lock(&session).poll_timeout();
             let owns = || arena.as_ref().is_some_and(|(a, w)| a.owns_any(*w));
             tokio::select! {
                 _ = wake.notified() => {}
@@ -512,10 +511,7 @@ impl RemoteLink {
                         lock(&session).slots(slots);
                     }
                 }
-                _ = sleep_until(deadline) => {
-                    let at = deadline.map_or_else(now, |d| now().max(d.into_std()));
-                    lock(&session).handle_timeout(at);
-                }
+                _ = sleep_until(deadline) => lock(&session).handle_timeout(fired(deadline)),
             }
         }
     }
@@ -537,13 +533,12 @@ where
         if let Some(ended) = session.take_end() {
             return Err(ended);
         }
-        let deadline = session.poll_timeout().map(tokio::time::Instant::from_std);
+        let deadline = session.poll_timeout();
         let next = tokio::select! {
             next = wire.reader.next() => next,
             _ = sleep_until(deadline) => {
                 // Nothing was read: the reader's frame is not cut.
-                let at = deadline.map_or_else(now, |d| now().max(d.into_std()));
-                session.handle_timeout(at);
+                session.handle_timeout(fired(deadline));
                 continue;
             }
         };
@@ -684,18 +679,6 @@ async fn released(pool: &Option<Arc<SlotPool>>) {
         Some(p) => p.released().await,
         None => std::future::pending().await,
     }
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// The links' clock: tokio's (the system's, except under a paused test clock).
-fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

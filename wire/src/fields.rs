@@ -172,7 +172,7 @@ pub struct ClipFrames {
 
 impl ClipFrames {
     /// The source frame of each of the tensor's frames.
-    pub fn indices(&self) -> impl Iterator<Item = u32> + '_ {
+    pub fn indices(self) -> impl Iterator<Item = u32> {
         let last = self.total.saturating_sub(1);
         (0..self.count).map(move |i| {
             let at = u64::from(self.first) + u64::from(i) * u64::from(self.stride);

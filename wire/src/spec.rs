@@ -120,6 +120,17 @@ impl Clip {
         u64::from(self.frames.saturating_sub(1)) * u64::from(self.stride) + 1
     }
 
+    /// The window's frames in a clip of `total` frames, `draw` giving a uniform number in
+    /// `0..n` for the random start (its source frames: [`crate::ClipFrames::indices`]).
+    pub fn window(&self, total: u32, draw: impl FnOnce(u64) -> u64) -> crate::ClipFrames {
+        crate::ClipFrames {
+            first: self.first(total, draw),
+            stride: self.stride,
+            count: self.frames,
+            total,
+        }
+    }
+
     /// The first frame of the window in a clip of `total` frames, `draw` giving a uniform
     /// number in `0..n` for the random start.
     pub fn first(&self, total: u32, draw: impl FnOnce(u64) -> u64) -> u32 {
@@ -131,16 +142,6 @@ impl Clip {
             ClipStart::Center => (room / 2) as u32,
             ClipStart::Random => draw(room + 1) as u32,
         }
-    }
-
-    /// The source frame of each of the window's frames: `first + i·S`, the last frame
-    /// repeated past the clip's end.
-    pub fn indices(&self, first: u32, total: u32) -> impl Iterator<Item = u32> + '_ {
-        let last = total.saturating_sub(1);
-        (0..self.frames).map(move |i| {
-            let at = u64::from(first) + u64::from(i) * u64::from(self.stride);
-            at.min(u64::from(last)) as u32
-        })
     }
 }
 
@@ -631,13 +632,19 @@ mod tests {
         let c = clip(4, 2, ClipStart::Center);
         assert_eq!(c.span(), 7);
         assert_eq!(c.first(11, |_| unreachable!()), 2);
-        assert_eq!(c.indices(2, 11).collect::<Vec<_>>(), [2, 4, 6, 8]);
+        assert_eq!(
+            c.window(11, |_| 0).indices().collect::<Vec<_>>(),
+            [2, 4, 6, 8]
+        );
         let r = clip(4, 2, ClipStart::Random);
         assert_eq!(r.first(11, |n| n - 1), 4, "the last start that fits");
         assert_eq!(r.first(11, |_| 0), 0);
         // Shorter than the window: from the first frame, the last repeated.
         assert_eq!(r.first(5, |_| unreachable!()), 0);
-        assert_eq!(r.indices(0, 5).collect::<Vec<_>>(), [0, 2, 4, 4]);
+        assert_eq!(
+            r.window(5, |_| 3).indices().collect::<Vec<_>>(),
+            [0, 2, 4, 4]
+        );
         let frames = crate::ClipFrames {
             first: 0,
             stride: 2,

@@ -119,8 +119,8 @@ impl Engine {
     ) -> Result<(Tensor, u64, SampleGeometry), DecodeError> {
         let frames = crate::clip::frames(data, self.config.limits.max_clip_frames)?;
         let total = frames.len() as u32;
-        let first = clip.first(total, |n| rng.below(n));
-        let taken: Vec<u32> = clip.indices(first, total).collect();
+        let window = clip.window(total, |n| rng.below(n));
+        let taken: Vec<u32> = window.indices().collect();
         let f0 = &data[frames[taken[0] as usize].clone()];
         let header = ws.jpeg.header(f0)?;
         let (w, h) = (header.width, header.height);
@@ -170,12 +170,7 @@ impl Engine {
         ws.region = region;
         result?;
         let mut geometry = reported(w, h, &g);
-        geometry.frames = Some(sluice_wire::ClipFrames {
-            first,
-            stride: clip.stride,
-            count: clip.frames,
-            total,
-        });
+        geometry.frames = Some(window);
         let frames_out = taken.len() as u32;
         if let Some(c) = claim {
             let tensor = Tensor {

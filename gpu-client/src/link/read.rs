@@ -9,7 +9,8 @@ use sluice_wire::{BufferPool, SampleHeader, SamplePayload};
 use tokio::io::AsyncRead;
 use tokio::sync::{mpsc, Notify};
 
-use super::{lock, now, Event, Writer};
+use super::{lock, Event, Writer};
+use crate::clock::now;
 use crate::same_host::{Payload, SlotPool};
 use crate::session::{Ended, Received, Session, TensorAt};
 
