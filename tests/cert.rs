@@ -8,8 +8,8 @@ mod system;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use support::{path_str, sluice};
-use system::{dataset, loadgen, start_worker_with};
+use support::{path_str, sluice, sluice_ok, succeed};
+use system::{dataset, loadgen, start_worker_with, SMALL_BATCHES};
 
 fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
@@ -20,12 +20,7 @@ fn one_ca_trusts_a_pool_and_no_other_certificate() {
     let dir = tempfile::tempdir().unwrap();
     let data = dataset(dir.path(), 20);
     let ca = dir.path().join("ca");
-    let made = sluice(&["cert", "ca", "--out", path_str(&ca)]);
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
+    sluice_ok(&["cert", "ca", "--out", path_str(&ca)]);
     assert_eq!(mode(&ca.join("ca.key")), 0o600, "the CA key is owner-only");
     let again = sluice(&["cert", "ca", "--out", path_str(&ca)]);
     assert!(!again.status.success());
@@ -34,7 +29,7 @@ fn one_ca_trusts_a_pool_and_no_other_certificate() {
     let mut workers = Vec::new();
     for name in ["a", "b"] {
         let out = dir.path().join(format!("{name}-tls"));
-        let issued = sluice(&[
+        sluice_ok(&[
             "cert",
             "issue",
             "--ca",
@@ -46,11 +41,6 @@ fn one_ca_trusts_a_pool_and_no_other_certificate() {
             "--out",
             path_str(&out),
         ]);
-        assert!(
-            issued.status.success(),
-            "{}",
-            String::from_utf8_lossy(&issued.stderr)
-        );
         assert_eq!(
             mode(&out.join("key.pem")),
             0o600,
@@ -72,20 +62,10 @@ fn one_ca_trusts_a_pool_and_no_other_certificate() {
     let pool = format!("{},{}", workers[0].addr, workers[1].addr);
     let token = dir.path().join("token");
     let trust = ca.join("ca.pem");
-    let run = loadgen(&data.manifest_path, &["--workers", &pool], &token, &trust)
-        .args([
-            "--pipeline",
-            "decode | random_resized_crop 32",
-            "--batch-size",
-            "8",
-        ])
-        .args(["--epochs", "1"])
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
+    succeed(
+        loadgen(&data.manifest_path, &["--workers", &pool], &token, &trust)
+            .args(SMALL_BATCHES)
+            .args(["--epochs", "1"]),
     );
 
     // A worker with its own self-signed certificate is not in the pool the CA vouches for.
@@ -96,12 +76,7 @@ fn one_ca_trusts_a_pool_and_no_other_certificate() {
         &token,
         &trust,
     )
-    .args([
-        "--pipeline",
-        "decode | random_resized_crop 32",
-        "--batch-size",
-        "8",
-    ])
+    .args(SMALL_BATCHES)
     .args(["--epochs", "1", "--worker-wait", "3"])
     .output()
     .unwrap();

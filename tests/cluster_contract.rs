@@ -10,22 +10,18 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use sluice_client::{Checkpoint, Loader};
-use support::{path_str, sluice};
-use system::{assert_exactly_once, dataset, planned, start_worker, trust_file, TOKEN};
+use support::{path_str, sluice_ok};
+use system::{assert_exactly_once, bed, planned, TOKEN};
 
 const PIPELINE: &str = "decode | random_resized_crop 96 | hflip 0.5";
 
 #[test]
 fn loadgen_gets_every_planned_sample_once_per_rank_and_epoch() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dataset(dir.path(), 50);
-    let a = start_worker(dir.path(), "a");
-    let b = start_worker(dir.path(), "b");
-    let trust = trust_file(dir.path(), &[&a, &b]);
+    let (dir, data, [a, b], trust) = bed(50, ["a", "b"]);
     let ids = dir.path().join("ids.tsv");
     let json = dir.path().join("loadgen.json");
     let workers = format!("{},{}", a.addr, b.addr);
-    let out = sluice(&[
+    sluice_ok(&[
         "loadgen",
         "--dataset",
         path_str(&data.manifest_path),
@@ -50,11 +46,6 @@ fn loadgen_gets_every_planned_sample_once_per_rank_and_epoch() {
         "--dump-ids",
         path_str(&ids),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     // Checked from outside: the dump against the planner.
     let key_to_index: Vec<HashMap<&str, u64>> = data
         .keys
@@ -138,11 +129,7 @@ fn loader(data: &system::Dataset, workers: &[&str], trust: &std::path::Path) -> 
 
 #[test]
 fn a_checkpoint_resumes_exactly_the_rest_and_workers_agree_byte_for_byte() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dataset(dir.path(), 100);
-    let a = start_worker(dir.path(), "a");
-    let b = start_worker(dir.path(), "b");
-    let trust = trust_file(dir.path(), &[&a, &b]);
+    let (_dir, data, [a, b], trust) = bed(100, ["a", "b"]);
 
     // Checkpoint after 9 batches, drop the client, resume in a new one.
     let first = loader(&data, &[&a.addr, &b.addr], &trust);
@@ -214,37 +201,22 @@ fn a_checkpoint_resumes_exactly_the_rest_and_workers_agree_byte_for_byte() {
 
 #[test]
 fn a_slow_consumer_keeps_every_process_bounded() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dataset(dir.path(), 100);
-    let a = start_worker(dir.path(), "a");
-    let b = start_worker(dir.path(), "b");
-    let trust = trust_file(dir.path(), &[&a, &b]);
+    let (dir, data, [a, b], trust) = bed(100, ["a", "b"]);
     let workers = format!("{},{}", a.addr, b.addr);
     // 224×224×3 tensors (150 KB): unbounded buffering would grow by tens of MB a second.
-    let mut client = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "loadgen",
-            "--dataset",
-            path_str(&data.manifest_path),
-            "--workers",
-            &workers,
-            "--batch-size",
-            "8",
-            "--step-ms",
-            "100",
-            "--credits",
-            "32",
-            "--epochs",
-            "5",
-            "--token-file",
-            path_str(&dir.path().join("token")),
-            "--trust-cert",
-            path_str(&trust),
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let token = dir.path().join("token");
+    let mut client = system::loadgen(
+        &data.manifest_path,
+        &["--workers", &workers],
+        &token,
+        &trust,
+    )
+    .args(["--batch-size", "8", "--step-ms", "100", "--credits", "32"])
+    .args(["--epochs", "5"])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
     let pid = client.id();
     let sample = || [system::rss_kb(pid), a.rss_kb(), b.rss_kb()];
     std::thread::sleep(Duration::from_secs(3));

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use sluice_client::{Loader, ShortBatch};
 use support::{path_str, signal, synth_images};
-use system::{assert_exactly_once, dataset, planned, start_worker, trust_file, TOKEN};
+use system::{
+    assert_exactly_once, bed, dataset, planned, start_worker, trust_file, SMALL_BATCHES, TOKEN,
+};
 
 fn loader(
     data: &system::Dataset,
@@ -114,10 +116,7 @@ fn killed_and_stopped_workers_lose_and_repeat_nothing() {
 
 #[test]
 fn wrong_tokens_and_untrusted_certificates_are_refused_on_both_sides() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dataset(dir.path(), 100);
-    let w = start_worker(dir.path(), "a");
-    let trust = trust_file(dir.path(), &[&w]);
+    let (dir, data, [w], trust) = bed(100, ["a"]);
     let first_error = |l: Loader| -> String {
         let mut epoch = l.epoch(0).unwrap();
         match epoch.next() {
@@ -158,10 +157,7 @@ fn wrong_tokens_and_untrusted_certificates_are_refused_on_both_sides() {
 
 #[test]
 fn no_worker_at_all_is_an_error_after_the_wait_not_a_hang() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dataset(dir.path(), 100);
-    let w = start_worker(dir.path(), "a");
-    let trust = trust_file(dir.path(), &[&w]);
+    let (_dir, data, [w], trust) = bed(100, ["a"]);
     let addr = w.addr.clone();
     drop(w); // killed: nothing listens there now
     let l = Loader::builder()
@@ -268,10 +264,7 @@ fn in_process_mode_needs_no_daemon_and_reports_bad_samples() {
 /// warning, and the epoch still arrives exactly once (loadgen checks it).
 #[test]
 fn a_drained_worker_left_the_pool_and_is_not_reported_lost() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dataset(dir.path(), 100);
-    let workers = [start_worker(dir.path(), "a"), start_worker(dir.path(), "b")];
-    let trust = trust_file(dir.path(), &[&workers[0], &workers[1]]);
+    let (dir, data, workers, trust) = bed(100, ["a", "b"]);
     let pool = format!("{},{}", workers[0].addr, workers[1].addr);
     let run = system::loadgen(
         &data.manifest_path,
@@ -279,12 +272,7 @@ fn a_drained_worker_left_the_pool_and_is_not_reported_lost() {
         &dir.path().join("token"),
         &trust,
     )
-    .args([
-        "--pipeline",
-        "decode | random_resized_crop 32",
-        "--batch-size",
-        "8",
-    ])
+    .args(SMALL_BATCHES)
     .args(["--epochs", "2", "--step-ms", "20"])
     .env("RUST_LOG", "info")
     .stdout(std::process::Stdio::null())

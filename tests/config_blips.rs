@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::path_str;
-use system::{dataset, start_worker, trust_file};
+use support::{path_str, succeed};
+use system::bed;
 
 fn job(dir: &Path, manifest: &Path, pool: &[&str], dump: &Path, trust: &Path) -> Command {
     let mut c = system::loadgen(manifest, pool, &dir.join("token"), trust);
@@ -41,26 +41,16 @@ fn job(dir: &Path, manifest: &Path, pool: &[&str], dump: &Path, trust: &Path) ->
 
 #[test]
 fn a_workers_file_that_goes_bad_for_moments_across_epochs_changes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dataset(dir.path(), 40);
-    let w = start_worker(dir.path(), "w");
-    let trust = trust_file(dir.path(), &[&w]);
+    let (dir, data, [w], trust) = bed(40, ["w"]);
     let manifest = &data.manifest_path;
     let reference = dir.path().join("reference.txt");
-    let out = job(
+    succeed(job(
         dir.path(),
         manifest,
         &["--workers", "local"],
         &reference,
         &trust,
-    )
-    .output()
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ));
 
     let file = dir.path().join("workers");
     let good = format!("# the pool\n{}\n", w.addr);
@@ -136,10 +126,7 @@ fn a_workers_file_that_goes_bad_for_moments_across_epochs_changes_nothing() {
 
 #[test]
 fn a_job_that_never_had_a_list_fails_and_still_writes_its_table_and_dump() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dataset(dir.path(), 40);
-    let w = start_worker(dir.path(), "w");
-    let trust = trust_file(dir.path(), &[&w]);
+    let (dir, data, [_w], trust) = bed(40, ["w"]);
     let file = dir.path().join("workers");
     std::fs::write(&file, "cpu-7 7100\n").unwrap();
     let dump = dir.path().join("dump.txt");

@@ -149,19 +149,14 @@ fn storage_a_worker_and_loadgen_run_an_epoch_as_containers() {
     wait_for_port(http);
     // The manifest names the shards by their URLs on the storage container.
     let manifest = dir.path().join("manifest.json");
-    let indexed = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "index",
-            &format!("http://127.0.0.1:{http}/v1/train/s-{{00..02}}.tar"),
-            "--output",
-        ])
-        .arg(&manifest)
-        .output()
-        .unwrap();
-    assert!(
-        indexed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&indexed.stderr)
+    support::succeed(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args([
+                "index",
+                &format!("http://127.0.0.1:{http}/v1/train/s-{{00..02}}.tar"),
+                "--output",
+            ])
+            .arg(&manifest),
     );
     let worker = format!("sluice-cpu-{quic}");
     start(

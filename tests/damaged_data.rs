@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use sluice_shard::SampleIndex;
-use support::{path_str, sluice, synth_images};
+use support::{local_job, path_str, sluice, synth_images};
 
 /// Shards of `per_shard` samples from 4 classes of 30, with their `.idx` and manifest.
 fn indexed(dir: &Path, per_shard: u32) -> std::path::PathBuf {
@@ -205,23 +205,21 @@ fn a_failed_loadgen_run_writes_what_it_has_and_names_the_failure() {
     let dir = tempfile::tempdir().unwrap();
     let manifest = indexed(dir.path(), 40);
     let (dump, json) = (dir.path().join("ids.tsv"), dir.path().join("run.json"));
-    let out = sluice(&[
-        "loadgen",
-        "--dataset",
-        path_str(&manifest),
-        "--workers",
-        "local",
-        "--batch-size",
-        "8",
-        "--label",
-        "json:category_id",
-        "--pipeline",
-        "decode | resize 32 | center_crop 32",
-        "--dump-ids",
-        path_str(&dump),
-        "--json",
-        path_str(&json),
-    ]);
+    let out = sluice(&local_job(
+        &manifest,
+        &[
+            "--batch-size",
+            "8",
+            "--label",
+            "json:category_id",
+            "--pipeline",
+            "decode | resize 32 | center_crop 32",
+            "--dump-ids",
+            path_str(&dump),
+            "--json",
+            path_str(&json),
+        ],
+    ));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use sluice_shard::{Manifest, ReadOptions, SampleIndex};
-use support::{path_str, shard_files, shared_data, sluice, sluice_ok};
+use support::{path_str, shard_files, shared_data, sluice, sluice_ok, succeed};
 
 fn read_samples(shards: &[std::path::PathBuf]) -> Vec<sluice_shard::Sample> {
     let mut out = Vec::new();
@@ -20,20 +20,11 @@ fn read_samples(shards: &[std::path::PathBuf]) -> Vec<sluice_shard::Sample> {
 }
 
 /// `sluice shard` of a flat folder with a labels TSV into `pattern`.
-fn shard_labelled(
-    flat: &std::path::Path,
-    labels: &std::path::Path,
-    pattern: &str,
-) -> std::process::Output {
-    sluice(&[
-        "shard",
-        "--input",
-        path_str(flat),
-        "--labels",
-        path_str(labels),
-        "--output",
-        pattern,
-    ])
+fn shard_labelled(flat: &std::path::Path, labels: &std::path::Path, pattern: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    c.args(["shard", "--input", path_str(flat), "--labels"])
+        .args([path_str(labels), "--output", pattern]);
+    c
 }
 
 #[test]
@@ -161,12 +152,7 @@ fn labelled_flat_folder_and_its_errors() {
     )
     .unwrap();
     let pattern = format!("{}/out/s-%02d.tar", dir.path().display());
-    let out = shard_labelled(&flat, &labels, &pattern);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = succeed(shard_labelled(&flat, &labels, &pattern));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("1 samples"),
         "c.JPEG has no label and is reported"
@@ -197,7 +183,7 @@ fn labelled_flat_folder_and_its_errors() {
         ("file\tclass_index\nmissing.JPEG\t1\n", "missing.JPEG"),
     ] {
         std::fs::write(&labels, table).unwrap();
-        let out = shard_labelled(&flat, &labels, &pattern);
+        let out = shard_labelled(&flat, &labels, &pattern).output().unwrap();
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(expect), "expected {expect:?} in: {err}");

@@ -3,13 +3,13 @@
 
 mod support;
 
-use support::{path_str, sluice};
+use support::{path_str, sluice_ok};
 
 #[test]
 fn the_demo_runs_every_tier_and_keeps_the_contract() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("demo.json");
-    let out = sluice(&[
+    let stdout = sluice_ok(&[
         "demo",
         "--samples",
         "200",
@@ -22,12 +22,6 @@ fn the_demo_runs_every_tier_and_keeps_the_contract() {
         "--json",
         path_str(&json),
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(stdout.contains("bottleneck:"), "{stdout}");
     assert!(
         stdout.contains("contract: planned 600, delivered 600"),
@@ -66,7 +60,7 @@ fn bench_chain_writes_a_report_and_a_picture() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("bench.json");
     let svg = dir.path().join("bench.svg");
-    let out = sluice(&[
+    sluice_ok(&[
         "bench",
         "chain",
         "--samples",
@@ -82,11 +76,6 @@ fn bench_chain_writes_a_report_and_a_picture() {
         "--svg",
         path_str(&svg),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(report["tiers"].as_array().unwrap().len(), 3);
     assert!(report["timeline"].as_array().is_some());
@@ -108,7 +97,7 @@ fn bench_chain_writes_a_report_and_a_picture() {
 
 #[test]
 fn bench_host_cost_prints_each_transports_client_cpu_beside_its_floor() {
-    let out = sluice(&[
+    let stdout = sluice_ok(&[
         "bench",
         "host-cost",
         "--samples",
@@ -118,12 +107,6 @@ fn bench_host_cost_prints_each_transports_client_cpu_beside_its_floor() {
         "--repeat",
         "1",
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     // A row per transport: the client's µs per sample, the floor and what its parts are.
     for (transport, floor) in [("quic", "AES-256-GCM"), ("same-host", "copy")] {
         let row = stdout

@@ -16,8 +16,12 @@
 //! - the sans-IO cores (the client's session, protocol and assembly, the worker's session)
 //!   use no runtime, socket, file or clock.
 
+mod support;
+
 use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
+
+use support::succeed;
 
 use serde_json::Value;
 
@@ -36,15 +40,10 @@ struct Graph {
 }
 
 fn graph() -> Graph {
-    let out = Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version", "1", "--manifest-path"])
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
-        .output()
-        .expect("cargo metadata");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeed(
+        Command::new(env!("CARGO"))
+            .args(["metadata", "--format-version", "1", "--manifest-path"])
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")),
     );
     let meta: Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
     let mut names = HashMap::new();
@@ -116,26 +115,21 @@ impl Graph {
 /// Normal dependencies of `krate`, transitively, with features resolved as a build of that
 /// crate alone resolves them (`cargo metadata` unifies features across the workspace).
 fn tree(krate: &str) -> BTreeSet<String> {
-    let out = Command::new(env!("CARGO"))
-        .args([
-            "tree",
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-            "-f",
-            "{p}",
-            "-p",
-            krate,
-            "--manifest-path",
-        ])
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
-        .output()
-        .expect("cargo tree");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeed(
+        Command::new(env!("CARGO"))
+            .args([
+                "tree",
+                "-e",
+                "normal",
+                "--prefix",
+                "none",
+                "-f",
+                "{p}",
+                "-p",
+                krate,
+                "--manifest-path",
+            ])
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")),
     );
     String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -172,6 +166,13 @@ fn pure_crates_pull_in_no_runtime_network_or_metrics() {
     );
 }
 
+/// Fails unless `krate` depends on none of `banned`, even transitively.
+fn links_none(g: &Graph, krate: &str, banned: &[&str]) {
+    let all = g.transitive(krate);
+    let bad: Vec<_> = banned.iter().filter(|d| all.contains(**d)).collect();
+    assert!(bad.is_empty(), "{krate} depends on {bad:?}");
+}
+
 #[test]
 fn tiers_do_not_depend_on_each_other() {
     let g = graph();
@@ -185,9 +186,7 @@ fn tiers_do_not_depend_on_each_other() {
 
 #[test]
 fn gpu_client_links_no_image_decoder() {
-    let all = graph().transitive("sluice-client");
-    let bad: Vec<_> = DECODERS.iter().filter(|d| all.contains(**d)).collect();
-    assert!(bad.is_empty(), "sluice-client links {bad:?}");
+    links_none(&graph(), "sluice-client", &DECODERS);
 }
 
 #[test]
@@ -225,9 +224,7 @@ fn daemon_support_is_shared_by_the_daemon_tiers_only() {
 
 #[test]
 fn dataset_tools_depend_on_no_tier() {
-    let all = graph().transitive("sluice-dataset");
-    let bad: Vec<_> = TIERS.iter().filter(|t| all.contains(**t)).collect();
-    assert!(bad.is_empty(), "sluice-dataset depends on {bad:?}");
+    links_none(&graph(), "sluice-dataset", &TIERS);
 }
 
 #[test]

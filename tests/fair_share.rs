@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use system::{dataset, loadgen, metrics_text, start_worker, trust_file, Worker};
+use system::{bed, loadgen, metrics_text, Worker};
 
 const PIPELINE: &str = "decode | random_resized_crop 64 | hflip 0.5";
 
@@ -91,10 +91,7 @@ fn stop(jobs: Vec<Child>) {
 
 #[test]
 fn jobs_share_a_worker_by_weight_and_a_late_one_gets_its_share_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dataset(dir.path(), 40);
-    let worker = start_worker(dir.path(), "w");
-    let trust = trust_file(dir.path(), &[&worker]);
+    let (dir, data, [worker], trust) = bed(40, ["w"]);
     let run = |name: &str, weight: u32, credits: u32| {
         job(
             &data.manifest_path,

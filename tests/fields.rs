@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_client::{FieldSelection, Loader, SameHost};
-use support::{path_str, sluice_ok};
+use support::{local_job, path_str, sluice_ok};
 use system::{start_worker, start_worker_with, trust_file, Worker, TOKEN};
 
 const PIPELINE: &str = "decode | random_resized_crop 48 | hflip 0.5";
@@ -148,17 +148,7 @@ fn loadgen_reports_the_bytes_fields_add_per_sample() {
     let (_, expected) = dataset(dir.path());
     let manifest = dir.path().join("shards").join("manifest.json");
     let run = |fields: Option<&str>| {
-        let mut args = vec![
-            "loadgen",
-            "--dataset",
-            path_str(&manifest),
-            "--workers",
-            "local",
-            "--batch-size",
-            "8",
-            "--pipeline",
-            PIPELINE,
-        ];
+        let mut args = local_job(&manifest, &["--batch-size", "8", "--pipeline", PIPELINE]);
         if let Some(f) = fields {
             args.extend(["--fields", f]);
         }

@@ -9,12 +9,12 @@ mod support;
 mod system;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use system::{dataset, loadgen, metrics_text, start_worker};
+use system::{loadgen, metrics_text, scrape, start_worker, SMALL_BATCHES};
 
 fn catalog() -> BTreeSet<&'static str> {
     [
@@ -85,16 +85,7 @@ fn the_code_the_catalogs_and_the_docs_table_name_the_same_metrics() {
         recorded_in(&root.join(crate_src), &mut recorded);
     }
     let catalog: BTreeSet<String> = catalog().into_iter().map(String::from).collect();
-    let uncatalogued: Vec<_> = recorded.difference(&catalog).collect();
-    assert!(
-        uncatalogued.is_empty(),
-        "recorded but in no catalog: {uncatalogued:?}"
-    );
-    let unrecorded: Vec<_> = catalog.difference(&recorded).collect();
-    assert!(
-        unrecorded.is_empty(),
-        "catalogued but recorded nowhere: {unrecorded:?}"
-    );
+    same_names(("recorded", &recorded), ("catalogued", &catalog));
 
     let docs = std::fs::read_to_string(root.join("docs/operations.md")).unwrap();
     let table = &docs[docs.find("## Metrics to watch").unwrap()..];
@@ -111,16 +102,18 @@ fn the_code_the_catalogs_and_the_docs_table_name_the_same_metrics() {
             }
         }
     }
-    let undocumented: Vec<_> = catalog.difference(&documented).collect();
-    assert!(
-        undocumented.is_empty(),
-        "not in the docs' metrics table: {undocumented:?}"
+    same_names(
+        ("in the docs' metrics table", &documented),
+        ("catalogued", &catalog),
     );
-    let unknown: Vec<_> = documented.difference(&catalog).collect();
-    assert!(
-        unknown.is_empty(),
-        "in the docs' table but exported by none: {unknown:?}"
-    );
+}
+
+/// Fails, naming the metrics, unless both sets hold the same names.
+fn same_names((a, in_a): (&str, &BTreeSet<String>), (b, in_b): (&str, &BTreeSet<String>)) {
+    let only_a: Vec<_> = in_a.difference(in_b).collect();
+    let only_b: Vec<_> = in_b.difference(in_a).collect();
+    assert!(only_a.is_empty(), "{a} but not {b}: {only_a:?}");
+    assert!(only_b.is_empty(), "{b} but not {a}: {only_b:?}");
 }
 
 #[test]
@@ -153,38 +146,16 @@ fn a_fresh_worker_shows_every_counter_and_gauge_before_any_client() {
     );
 }
 
-/// `GET /metrics` from `addr`, the body.
-fn scrape(addr: &str) -> String {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body
-}
-
 #[test]
 fn loadgen_serves_the_clients_metrics_while_it_runs() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dataset(dir.path(), 20);
-    let worker = start_worker(dir.path(), "w");
-    let trust = system::trust_file(dir.path(), &[&worker]);
+    let (dir, data, [worker], trust) = system::bed(20, ["w"]);
     let mut child = loadgen(
         &data.manifest_path,
         &["--workers", &worker.addr],
         &dir.path().join("token"),
         &trust,
     )
-    .args([
-        "--pipeline",
-        "decode | random_resized_crop 32",
-        "--batch-size",
-        "8",
-    ])
+    .args(SMALL_BATCHES)
     .args([
         "--epochs",
         "3",

@@ -74,15 +74,13 @@ impl Cluster {
             })
             .sum();
         let s0 = bed.host("s0").addr;
-        let config = dir.path().join("storage.toml");
-        std::fs::write(
-            &config,
-            format!(
+        let config = support::write_file(
+            &dir.path().join("storage.toml"),
+            &format!(
                 "listen = \"{s0}:7000\"\nmountpaths = [\"{}\"]\n",
                 dir.path().join("data").display()
             ),
-        )
-        .unwrap();
+        );
         bed.start(
             "s0",
             "storage",

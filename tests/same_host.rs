@@ -77,11 +77,30 @@ fn holds_units(l: &Loader, worker: &Worker) -> bool {
         .any(|w| w.name.contains(&worker.addr) && w.in_flight_units > 0)
 }
 
-/// Each sample's tensor digest, for an epoch decoded in this process (the reference).
+/// A sample: (shard, index).
 type Id = (u32, u64);
 
-/// The in-process engine's tensors (digests by sample) and batches' order, with the same plan.
-fn reference(data: &system::Dataset, epoch: u64) -> (HashMap<Id, u64>, Vec<Id>) {
+/// What an epoch delivered: its samples in batch order, and each one's tensor digest.
+#[derive(Default)]
+struct Arrived {
+    order: Vec<Id>,
+    digests: HashMap<Id, u64>,
+}
+
+impl Arrived {
+    fn take(&mut self, batch: &sluice_client::Batch) {
+        let n = batch.shape().bytes() as usize;
+        for (i, id) in batch.ids().iter().enumerate() {
+            let t = &batch.images()[i * n..(i + 1) * n];
+            let id = (id.shard, id.index);
+            self.order.push(id);
+            self.digests.insert(id, xxhash_rust::xxh3::xxh3_64(t));
+        }
+    }
+}
+
+/// The in-process engine's epoch, with the same plan: what every transport must deliver.
+fn reference(data: &system::Dataset, epoch: u64) -> Arrived {
     let source = sluice_cpu::ShardSource::new(sluice_cpu::SourceConfig::default()).unwrap();
     let engine = sluice_cpu::EngineConfig {
         threads: 2,
@@ -98,13 +117,11 @@ fn reference(data: &system::Dataset, epoch: u64) -> (HashMap<Id, u64>, Vec<Id>) 
         .seed(3)
         .build()
         .unwrap();
-    let (mut m, mut order) = (HashMap::new(), Vec::new());
+    let mut arrived = Arrived::default();
     for batch in l.epoch(epoch).unwrap() {
-        let batch = batch.unwrap();
-        digest_into(&batch, &mut m);
-        order.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
+        arrived.take(&batch.unwrap());
     }
-    (m, order)
+    arrived
 }
 
 /// A narrow mixing window: with the small lookahead, workers stay near the consumer, so the
@@ -114,34 +131,23 @@ const MIXING: sluice_client::Mixing = sluice_client::Mixing {
     buffer_samples: 16,
 };
 
-fn digest_into(batch: &sluice_client::Batch, m: &mut HashMap<(u32, u64), u64>) {
-    let n = batch.shape().bytes() as usize;
-    for (i, id) in batch.ids().iter().enumerate() {
-        let t = &batch.images()[i * n..(i + 1) * n];
-        m.insert((id.shard, id.index), xxhash_rust::xxh3::xxh3_64(t));
-    }
-}
-
-/// An epoch's batches are the in-process engine's: its order (`got` against `order`), each
-/// sample once, and its tensors byte for byte (`digests` against `expected`).
-fn same_as_in_process(
-    data: &system::Dataset,
-    epoch: u64,
-    (got, order): (Vec<Id>, Vec<Id>),
-    (digests, expected): (&HashMap<Id, u64>, &HashMap<Id, u64>),
-) {
+/// An epoch's batches are the in-process engine's: its order, each sample once, and its
+/// tensors byte for byte.
+fn same_as_in_process(data: &system::Dataset, epoch: u64, got: Arrived) {
+    let expected = reference(data, epoch);
     assert!(
-        got == order,
+        got.order == expected.order,
         "epoch {epoch}: shared memory gave another order than the in-process engine"
     );
     assert_exactly_once(
         &format!("epoch {epoch}"),
         planned(&data.manifest, 3, 1, 0, epoch),
-        got,
+        got.order,
     );
     let torn: Vec<_> = expected
+        .digests
         .iter()
-        .filter(|(id, d)| digests.get(id) != Some(d))
+        .filter(|(id, d)| got.digests.get(id) != Some(d))
         .map(|(id, _)| *id)
         .collect();
     assert!(
@@ -157,16 +163,13 @@ fn samples_arrive_once_and_intact_through_shared_memory_even_when_a_worker_is_ki
     let dir = tempfile::tempdir().unwrap();
     let (data, mut a, b, trust) = two_workers(dir.path());
     for epoch in 0..2u64 {
-        let (expected, order) = reference(&data, epoch);
         let l = loader(&data, dir.path(), &[&a, &b], &trust);
         let mut kill_at = (epoch == 1).then_some(l.batches_per_epoch() / 3);
-        let mut got = Vec::new();
-        let mut digests = HashMap::new();
+        let mut got = Arrived::default();
         let mut stream = l.epoch(epoch).unwrap();
         for (n, batch) in stream.by_ref().enumerate() {
             let batch = batch.unwrap_or_else(|e| panic!("epoch {epoch}: {e}"));
-            got.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
-            digest_into(&batch, &mut digests);
+            got.take(&batch);
             // From a third of the epoch on, the first moment `a` holds units.
             if kill_at.is_some_and(|k| n as u64 >= k) && holds_units(&l, &a) {
                 a.kill9();
@@ -175,7 +178,7 @@ fn samples_arrive_once_and_intact_through_shared_memory_even_when_a_worker_is_ki
             std::thread::sleep(Duration::from_millis(10));
         }
         let report = stream.report();
-        same_as_in_process(&data, epoch, (got, order), (&digests, &expected));
+        same_as_in_process(&data, epoch, got);
         eprintln!("epoch {epoch}: {report:?}");
         if epoch == 1 {
             assert!(kill_at.is_none(), "worker a never held units to kill");
@@ -224,15 +227,13 @@ fn epochs_left_early_give_their_batch_places_back() {
     let placed = sum("sluice_cpu_placed_samples_total");
     let shared = sum("sluice_cpu_same_host_samples_total");
     let epoch = 4;
-    let (expected, order) = reference(&data, epoch);
-    let (mut got, mut digests) = (Vec::new(), HashMap::new());
+    let mut got = Arrived::default();
     for batch in l.epoch(epoch).unwrap() {
         let batch = batch.unwrap();
-        got.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
-        digest_into(&batch, &mut digests);
+        got.take(&batch);
         std::thread::sleep(Duration::from_millis(5));
     }
-    same_as_in_process(&data, epoch, (got, order), (&digests, &expected));
+    same_as_in_process(&data, epoch, got);
     let placed = sum("sluice_cpu_placed_samples_total") - placed;
     let shared = sum("sluice_cpu_same_host_samples_total") - shared;
     eprintln!("after four epochs left early: {placed} of {shared} samples placed");
@@ -266,17 +267,15 @@ fn segments_are_kept_across_epochs_and_a_stalled_workers_never_handed_out() {
     let epochs = 4u64;
     let mut seen = std::collections::HashSet::new();
     for epoch in 0..epochs {
-        let (expected, order) = reference(&data, epoch);
         let mut stall_at = (epoch == 1).then_some(l.batches_per_epoch() / 3);
         if epoch == 2 {
             signal(a.child.id(), "-CONT");
         }
-        let (mut got, mut digests) = (Vec::new(), HashMap::new());
+        let mut got = Arrived::default();
         let mut stream = l.epoch(epoch).unwrap();
         for (n, batch) in stream.by_ref().enumerate() {
             let batch = batch.unwrap_or_else(|e| panic!("epoch {epoch}: {e}"));
-            got.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
-            digest_into(&batch, &mut digests);
+            got.take(&batch);
             seen.extend(segment_maps(a.child.id()));
             seen.extend(segment_maps(b.child.id()));
             if stall_at.is_some_and(|k| n as u64 >= k) && holds_units(&l, &a) {
@@ -287,7 +286,7 @@ fn segments_are_kept_across_epochs_and_a_stalled_workers_never_handed_out() {
         }
         let report = stream.report();
         eprintln!("epoch {epoch}: {report:?}");
-        same_as_in_process(&data, epoch, (got, order), (&digests, &expected));
+        same_as_in_process(&data, epoch, got);
         if epoch == 1 {
             assert!(stall_at.is_none(), "worker a never held units to stop");
             assert!(report.reassigned > 0, "the stalled worker's units moved");
@@ -324,7 +323,6 @@ fn a_pool_that_grows_and_shrinks_mid_epoch_keeps_batches_over_shared_memory() {
     let (data, a, b, trust) = two_workers(dir.path());
     let pool = dir.path().join("workers");
     std::fs::write(&pool, format!("{}\n", a.addr)).unwrap();
-    let (expected, order) = reference(&data, 0);
     let l = builder(&data, dir.path(), &trust)
         .workers_file(&pool)
         .workers_refresh(Duration::from_millis(50))
@@ -332,11 +330,10 @@ fn a_pool_that_grows_and_shrinks_mid_epoch_keeps_batches_over_shared_memory() {
         .build()
         .unwrap();
     let batches = l.batches_per_epoch();
-    let (mut got, mut digests) = (Vec::new(), HashMap::new());
+    let mut got = Arrived::default();
     for (n, batch) in l.epoch(0).unwrap().enumerate() {
         let batch = batch.unwrap();
-        got.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
-        digest_into(&batch, &mut digests);
+        got.take(&batch);
         let n = n as u64;
         if n == batches / 5 {
             std::fs::write(&pool, format!("{}\n{}\n", a.addr, b.addr)).unwrap();
@@ -346,9 +343,13 @@ fn a_pool_that_grows_and_shrinks_mid_epoch_keeps_batches_over_shared_memory() {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(got == order, "the pool's changes changed the batches");
+    let expected = reference(&data, 0);
     assert!(
-        expected.iter().all(|(id, d)| digests.get(id) == Some(d)),
+        got.order == expected.order,
+        "the pool's changes changed the batches"
+    );
+    assert!(
+        got.digests == expected.digests,
         "a sample's bytes differ from the in-process engine's"
     );
     let stats = l.stats();
@@ -446,15 +447,13 @@ fn strangers_cannot_attach() {
     )
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("cpu.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let config = support::write_file(
+        &dir.path().join("cpu.toml"),
+        &format!(
             "[same_host]\nsocket_dir = \"{}\"\nsocket_mode = 0o666\n",
             sockets.display()
         ),
-    )
-    .unwrap();
+    );
     let w = start_worker_with(dir.path(), "a", &["--config", path_str(&config)]);
     let port = w.addr.rsplit(':').next().unwrap();
     let socket = sockets.join(format!("cpu-{port}.sock"));

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use support::{mixing, path_str, sluice, sluice_ok, synth_images};
+use support::{local_job, mixing, path_str, shard_job, sluice, sluice_ok, synth_images};
 use system::{dataset, start_worker, trust_file};
 
 /// Class-sorted ImageFolder data sharded with and without `sluice shard`'s shuffle.
@@ -23,17 +23,11 @@ fn class_sorted(dir: &Path, shuffle: bool) -> std::path::PathBuf {
     let name = if shuffle { "shuffled" } else { "sorted" };
     let manifest = dir.join(name).join("m.json");
     let pattern = dir.join(name).join("tr-%06d.tar");
-    let mut args = vec![
-        "shard",
-        "--input",
-        path_str(&images),
-        "--output",
-        path_str(&pattern),
-        "--max-count",
-        "24",
-        "--manifest",
-        path_str(&manifest),
-    ];
+    let mut args = shard_job(
+        &images,
+        &pattern,
+        &["--max-count", "24", "--manifest", path_str(&manifest)],
+    );
     if !shuffle {
         args.push("--no-shuffle");
     }
@@ -106,27 +100,25 @@ fn shuffle_none_reads_the_manifest_in_order_for_any_seed() {
     assert_eq!(in_order.len(), 240);
     let dump = |seed: &str| {
         let out = dir.path().join(format!("none-{seed}.tsv"));
-        sluice_ok(&[
-            "loadgen",
-            "--dataset",
-            path_str(&manifest),
-            "--workers",
-            "local",
-            "--ranks",
-            "3",
-            "--epochs",
-            "2",
-            "--batch-size",
-            "16",
-            "--seed",
-            seed,
-            "--shuffle",
-            "none",
-            "--pipeline",
-            "decode | resize 32 | center_crop 32",
-            "--dump-ids",
-            path_str(&out),
-        ]);
+        sluice_ok(&local_job(
+            &manifest,
+            &[
+                "--ranks",
+                "3",
+                "--epochs",
+                "2",
+                "--batch-size",
+                "16",
+                "--seed",
+                seed,
+                "--shuffle",
+                "none",
+                "--pipeline",
+                "decode | resize 32 | center_crop 32",
+                "--dump-ids",
+                path_str(&out),
+            ],
+        ));
         std::fs::read_to_string(&out).unwrap()
     };
     let first = dump("3");
@@ -154,15 +146,7 @@ fn shard_order_is_seeded_and_reproducible_for_folders_and_streams() {
     let images = synth_images(dir.path(), 3, 4);
     let write = |name: &str, extra: &[&str]| -> Vec<u8> {
         let pattern = dir.path().join(name).join("s-%06d.tar");
-        let mut args = vec![
-            "shard",
-            "--input",
-            path_str(&images),
-            "--output",
-            path_str(&pattern),
-        ];
-        args.extend(extra);
-        sluice_ok(&args);
+        sluice_ok(&shard_job(&images, &pattern, extra));
         std::fs::read(dir.path().join(name).join("s-000000.tar")).unwrap()
     };
     let a = write("a", &[]);
@@ -268,42 +252,28 @@ fn dump_ids_match_line_for_line_in_process_over_quic_over_three_connections_and_
     let b = start_worker(dir.path(), "b");
     let trust = trust_file(dir.path(), &[&a, &b]);
     let both = format!("{},{}", a.addr, b.addr);
-    let quic = dump_with(
-        dir.path(),
-        &data.manifest_path,
-        &both,
-        Some(&trust),
-        None,
-        "quic",
-        1,
-        &[],
-    );
+    let over_both = |name: &str, connections: u32, extra: &[&str]| {
+        let (manifest, trust) = (&data.manifest_path, Some(&*trust));
+        dump_with(
+            dir.path(),
+            manifest,
+            &both,
+            trust,
+            None,
+            name,
+            connections,
+            extra,
+        )
+    };
+    let quic = over_both("quic", 1, &[]);
     assert!(local == quic, "in-process and QUIC orders differ");
-    let spread = dump_with(
-        dir.path(),
-        &data.manifest_path,
-        &both,
-        Some(&trust),
-        None,
-        "three-connections",
-        3,
-        &[],
-    );
+    let spread = over_both("three-connections", 3, &[]);
     assert!(
         local == spread,
         "three connections per worker changed the order"
     );
     // Epoch 1 started while epoch 0 drained (the default), or only when asked for.
-    let unhurried = dump_with(
-        dir.path(),
-        &data.manifest_path,
-        &both,
-        Some(&trust),
-        None,
-        "no-prefetch",
-        1,
-        &["--no-prefetch-next-epoch"],
-    );
+    let unhurried = over_both("no-prefetch", 1, &["--no-prefetch-next-epoch"]);
     assert!(
         local == unhurried,
         "starting the next epoch early changed the order"
@@ -369,19 +339,17 @@ fn a_checkpoint_at_two_ranks_resumes_at_three_with_exactly_the_rest() {
     let state = dir.path().join("state.json");
     let before = dir.path().join("before.tsv");
     let after = dir.path().join("after.tsv");
-    let common = [
-        "loadgen",
-        "--dataset",
-        path_str(&manifest),
-        "--workers",
-        "local",
-        "--batch-size",
-        "8",
-        "--seed",
-        "4",
-        "--pipeline",
-        "decode | resize 32 | center_crop 32",
-    ];
+    let common = local_job(
+        &manifest,
+        &[
+            "--batch-size",
+            "8",
+            "--seed",
+            "4",
+            "--pipeline",
+            "decode | resize 32 | center_crop 32",
+        ],
+    );
     let mut first = common.to_vec();
     first.extend([
         "--ranks",
@@ -451,15 +419,7 @@ fn a_checkpoint_at_two_ranks_resumes_at_three_with_exactly_the_rest() {
 fn an_impossible_world_is_refused_before_any_rank_starts() {
     let dir = tempfile::tempdir().unwrap();
     let manifest = class_sorted(dir.path(), true);
-    let out = sluice(&[
-        "loadgen",
-        "--dataset",
-        path_str(&manifest),
-        "--workers",
-        "local",
-        "--ranks",
-        "4000",
-    ]);
+    let out = sluice(&local_job(&manifest, &["--ranks", "4000"]));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sluice_cpu::{ShardLocation, ShardSource, SourceConfig};
 use sluice_storage::StorageConfig;
-use support::{path_str, signal, sluice_ok};
+use support::{local_job, path_str, signal, sluice_ok};
 
 const TOKEN: &str = "cluster-token-0123456789";
 
@@ -207,25 +207,23 @@ fn a_lost_storage_node_costs_no_sample() {
         let dump = dir.path().join(format!("ids{round}.tsv"));
         let report = dir.path().join(format!("report{round}.json"));
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args([
-                "loadgen",
-                "--dataset",
-                path_str(&manifest),
-                "--workers",
-                "local",
-                "--ranks",
-                "2",
-                "--batch-size",
-                "8",
-                "--epochs",
-                "3",
-                "--step-ms",
-                "60",
-                "--dump-ids",
-                path_str(&dump),
-                "--json",
-                path_str(&report),
-            ])
+            .args(local_job(
+                &manifest,
+                &[
+                    "--ranks",
+                    "2",
+                    "--batch-size",
+                    "8",
+                    "--epochs",
+                    "3",
+                    "--step-ms",
+                    "60",
+                    "--dump-ids",
+                    path_str(&dump),
+                    "--json",
+                    path_str(&report),
+                ],
+            ))
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -338,13 +336,7 @@ fn a_hung_storage_node_fails_over_to_its_replica() {
     let dump = dir.path().join("ids.tsv");
     let started = std::time::Instant::now();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "loadgen",
-            "--dataset",
-            path_str(&manifest),
-            "--workers",
-            "local",
-        ])
+        .args(local_job(&manifest, &[]))
         .args([
             "--ranks",
             "2",

@@ -5,6 +5,7 @@ mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -70,21 +71,20 @@ fn start_with(config: &std::path::Path, extra: &[&str], token: Option<&str>) -> 
     Daemon { child, addr }
 }
 
+/// `dir/storage.toml`: a node on the mountpath `data`, with `rest` of the settings.
+fn storage_toml(dir: &Path, data: &Path, rest: &str) -> PathBuf {
+    let toml = format!("mountpaths = [\"{}\"]\n{rest}", data.display());
+    support::write_file(&dir.join("storage.toml"), &toml)
+}
+
 #[test]
 fn put_index_and_a_graceful_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     std::fs::create_dir_all(data.join("train")).unwrap();
     let token = "test-upload-token-0123456789";
-    let config = dir.path().join("storage.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "mountpaths = [\"{}\"]\nupload_tokens = [\"{token}\"]\n[limits]\nread_size = 65536\n",
-            data.display()
-        ),
-    )
-    .unwrap();
+    let extra = format!("upload_tokens = [\"{token}\"]\n[limits]\nread_size = 65536\n");
+    let config = storage_toml(dir.path(), &data, &extra);
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, format!("{token}\n")).unwrap();
     let node = start(&config);
@@ -164,15 +164,7 @@ fn upload_tokens_come_from_files_and_the_environment() {
     ];
     std::fs::write(dir.path().join("team.token"), format!("{}\n", tokens[0])).unwrap();
     std::fs::write(dir.path().join("flag.token"), format!("{}\n", tokens[1])).unwrap();
-    let config = dir.path().join("storage.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "mountpaths = [\"{}\"]\nupload_token_files = [\"team.token\"]\n",
-            data.display()
-        ),
-    )
-    .unwrap();
+    let config = storage_toml(dir.path(), &data, "upload_token_files = [\"team.token\"]\n");
     let flag = dir.path().join("flag.token");
     let node = start_with(&config, &["--token-file", path_str(&flag)], Some(tokens[2]));
     let images = support::synth_images(dir.path(), 1, 3);

@@ -33,7 +33,6 @@ for path in sys.argv[3:]:
 #[test]
 fn reads_shards_and_ranges_from_an_s3_compatible_store() {
     let Some(python) = common::python_with("moto.server, boto3") else {
-        eprintln!("skipping: no Python with moto[server] (set SLUICE_TEST_PYTHON, or make .venv as .ci/run does)");
         return;
     };
     let port = TcpListener::bind("127.0.0.1:0")

@@ -5,11 +5,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_wire::{encode_frame, ErrorCode, Hello, Limits, Message};
+use sluice_wire::ErrorCode::{BadRequest, Unauthorized};
+use sluice_wire::{encode_frame, Hello, Limits, Message};
 
 mod quic_client;
 
 use quic_client::*;
+
+/// A heartbeat (`seq` 1) as a whole frame, to be spoiled byte by byte.
+fn heartbeat_frame() -> Vec<u8> {
+    let mut frame = Vec::new();
+    let heartbeat = Message::Heartbeat { seq: 1 };
+    encode_frame(&heartbeat, &[], &Limits::default(), &mut frame).unwrap();
+    frame
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_frames_close_one_connection_and_the_server_goes_on() {
@@ -19,63 +28,44 @@ async fn bad_frames_close_one_connection_and_the_server_goes_on() {
     let mut c = connect(&r).await;
     hello(&mut c).await;
     raw(&mut c, b"GET / HTTP/1.1\r\n\r\n").await;
-    expect_error(&mut c, ErrorCode::BadRequest, "not a Sluice frame").await;
+    expect_error(&mut c, BadRequest, "not a Sluice frame").await;
 
     // A frame of a protocol version this build does not speak.
     let mut c = connect(&r).await;
-    let mut frame = Vec::new();
-    encode_frame(
-        &Message::Heartbeat { seq: 1 },
-        &[],
-        &Limits::default(),
-        &mut frame,
-    )
-    .unwrap();
+    let mut frame = heartbeat_frame();
     frame[3] = 9;
     raw(&mut c, &frame).await;
-    expect_error(
-        &mut c,
-        ErrorCode::BadRequest,
-        "unsupported protocol version 9",
-    )
-    .await;
+    expect_error(&mut c, BadRequest, "unsupported protocol version 9").await;
 
     // A header longer than the server accepts: refused before anything is allocated.
     let mut c = connect(&r).await;
     hello(&mut c).await;
-    let mut frame = Vec::new();
-    encode_frame(
-        &Message::Heartbeat { seq: 1 },
-        &[],
-        &Limits::default(),
-        &mut frame,
-    )
-    .unwrap();
+    let mut frame = heartbeat_frame();
     frame[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
     raw(&mut c, &frame).await;
-    expect_error(&mut c, ErrorCode::BadRequest, "exceeds the limit").await;
+    expect_error(&mut c, BadRequest, "exceeds the limit").await;
 
     // Anything before Hello, and no token.
     let mut c = connect(&r).await;
     c.1.send(&job("decode | center_crop 8"), &[]).await.unwrap();
-    expect_error(&mut c, ErrorCode::BadRequest, "expected Hello first").await;
+    expect_error(&mut c, BadRequest, "expected Hello first").await;
     let mut c = connect(&r).await;
     let anonymous = Message::Hello(Hello {
         token: String::new(),
         client: "x".into(),
     });
     c.1.send(&anonymous, &[]).await.unwrap();
-    expect_error(&mut c, ErrorCode::Unauthorized, "no cluster token").await;
+    expect_error(&mut c, Unauthorized, "no cluster token").await;
 
     // Out-of-turn and nonsensical requests.
     let mut c = connect(&r).await;
     hello(&mut c).await;
     c.1.send(&job("decode"), &[]).await.unwrap();
-    expect_error(&mut c, ErrorCode::BadRequest, "output size is not fixed").await;
+    expect_error(&mut c, BadRequest, "output size is not fixed").await;
     let mut c = connect(&r).await;
     hello(&mut c).await;
     c.1.send(&job("decode | sharpen 3"), &[]).await.unwrap();
-    expect_error(&mut c, ErrorCode::BadRequest, "sharpen").await;
+    expect_error(&mut c, BadRequest, "sharpen").await;
     // A tensor no frame can carry (805 MB, over 256 MiB) is refused when the job opens, not
     // sent until the transport refuses it and the client reconnects forever.
     let mut c = connect(&r).await;
@@ -83,7 +73,7 @@ async fn bad_frames_close_one_connection_and_the_server_goes_on() {
     c.1.send(&job("decode | resize 16384x16384"), &[])
         .await
         .unwrap();
-    expect_error(&mut c, ErrorCode::BadRequest, "over the largest frame").await;
+    expect_error(&mut c, BadRequest, "over the largest frame").await;
     let mut c = connect(&r).await;
     hello(&mut c).await;
     c.1.send(&Message::Credit { job: 5, samples: 1 }, &[])
@@ -99,12 +89,7 @@ async fn bad_frames_close_one_connection_and_the_server_goes_on() {
     )
     .await
     .unwrap();
-    expect_error(
-        &mut c,
-        ErrorCode::BadRequest,
-        "a client does not send Welcome",
-    )
-    .await;
+    expect_error(&mut c, BadRequest, "a client does not send Welcome").await;
 
     // After all that, a well-behaved client is served.
     let mut c = connect(&r).await;

@@ -647,14 +647,7 @@ mod tests {
     }
 
     fn shape() -> SampleShape {
-        SampleShape {
-            frames: 1,
-            height: 1,
-            width: 2,
-            channels: 1,
-            elem_bytes: 1,
-            chw: false,
-        }
+        SampleShape::image_u8(1, 2, 1)
     }
 
     #[test]

@@ -5,31 +5,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use sluice_storage::StorageConfig;
-
-fn boto3_python() -> Option<PathBuf> {
-    let candidates = std::env::var_os("SLUICE_TEST_PYTHON")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python")]);
-    for py in candidates {
-        if Command::new(&py)
-            .args(["-c", "import boto3"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            return Some(py);
-        }
-    }
-    assert!(
-        std::env::var_os("SLUICE_REQUIRE_PYTHON").is_none(),
-        "SLUICE_REQUIRE_PYTHON is set but no Python with boto3 was found"
-    );
-    None
-}
 
 const CLIENT: &str = r#"
 import hashlib, json, sys, boto3
@@ -67,8 +45,7 @@ print(json.dumps(out))
 
 #[test]
 fn boto3_lists_gets_ranges_and_heads() {
-    let Some(python) = boto3_python() else {
-        eprintln!("skipping: no Python with boto3 (set SLUICE_TEST_PYTHON, or make .venv as .ci/run does)");
+    let Some(python) = common::python_with("boto3") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -4,7 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 mod common;
@@ -12,6 +12,22 @@ mod common;
 use common::start;
 use sluice_shard::{ShardWriter, WriterConfig};
 use sluice_storage::{StorageConfig, CHECKSUM_HEADER};
+
+/// A node serving [`data`] in a temporary directory, with `config`'s settings changed by
+/// `tune`; and the data root.
+fn serving(tune: impl FnOnce(&mut StorageConfig)) -> (tempfile::TempDir, PathBuf, common::Node) {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, _) = data(dir.path());
+    let node = start_tuned(&root, tune);
+    (dir, root, node)
+}
+
+/// A node on `root` with `config`'s settings, changed by `tune`.
+fn start_tuned(root: &Path, tune: impl FnOnce(&mut StorageConfig)) -> common::Node {
+    let mut cfg = config(root);
+    tune(&mut cfg);
+    start(cfg)
+}
 
 fn config(root: &Path) -> StorageConfig {
     StorageConfig {
@@ -40,6 +56,11 @@ fn data(dir: &Path) -> (std::path::PathBuf, sluice_shard::WrittenShard) {
     std::fs::write(dir.join("secret.txt"), b"do not serve").unwrap();
     std::os::unix::fs::symlink(dir.join("secret.txt"), root.join("b/escape.bin")).unwrap();
     (root, shard)
+}
+
+/// The body of `GET url`.
+fn text(http: &reqwest::blocking::Client, url: &str) -> String {
+    http.get(url).send().unwrap().text().unwrap()
 }
 
 fn client() -> reqwest::blocking::Client {
@@ -121,29 +142,14 @@ fn serves_objects_ranges_heads_and_listings() {
         bytes.len().to_string().as_str()
     );
 
-    let list: serde_json::Value = serde_json::from_str(
-        &http
-            .get(node.url("/v1/b?prefix=train"))
-            .send()
-            .unwrap()
-            .text()
-            .unwrap(),
-    )
-    .unwrap();
-    let keys: Vec<&str> = list["objects"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o["key"].as_str().unwrap())
-        .collect();
-    assert_eq!(keys, ["train-000000.tar", "train-000000.tar.idx"]);
-    let all: serde_json::Value =
-        serde_json::from_str(&http.get(node.url("/v1/b")).send().unwrap().text().unwrap()).unwrap();
-    assert!(all["objects"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|o| o["key"] == "nested/x.bin"));
+    let keys = |url: &str| -> Vec<String> {
+        let list: serde_json::Value = serde_json::from_str(&text(&http, url)).unwrap();
+        let objects = list["objects"].as_array().unwrap().iter();
+        objects.map(|o| o["key"].as_str().unwrap().into()).collect()
+    };
+    let train = keys(&node.url("/v1/b?prefix=train"));
+    assert_eq!(train, ["train-000000.tar", "train-000000.tar.idx"]);
+    assert!(keys(&node.url("/v1/b")).contains(&"nested/x.bin".into()));
 
     let r = http.get(node.url("/v1/b/nested/x.bin")).send().unwrap();
     assert_eq!(r.text().unwrap(), "nested object");
@@ -162,20 +168,11 @@ fn serves_objects_ranges_heads_and_listings() {
     assert_eq!(r.status(), 404);
     assert!(r.text().unwrap().contains("<Code>NoSuchBucket</Code>"));
     assert_eq!(
-        http.get(node.url("/healthz"))
-            .send()
-            .unwrap()
-            .text()
-            .unwrap(),
+        text(&http, &node.url("/healthz")),
         "{\"status\":\"ok\"}\n",
         "the same health answer as the admin listener's and the CPU tier's"
     );
-    let metrics = http
-        .get(node.url("/metrics"))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let metrics = text(&http, &node.url("/metrics"));
     assert!(
         metrics.contains("sluice_storage_requests_total"),
         "{metrics}"
@@ -185,9 +182,7 @@ fn serves_objects_ranges_heads_and_listings() {
 
 #[test]
 fn hostile_paths_never_leave_the_data_root() {
-    let dir = tempfile::tempdir().unwrap();
-    let (root, _) = data(dir.path());
-    let node = start(config(&root));
+    let (_dir, _, node) = serving(|_| {});
     for path in [
         "/v1/b/../../secret.txt",
         "/v1/b/%2e%2e/%2e%2e/secret.txt",
@@ -211,9 +206,7 @@ fn hostile_paths_never_leave_the_data_root() {
 
 #[test]
 fn uploads_need_a_token_and_land_whole() {
-    let dir = tempfile::tempdir().unwrap();
-    let (root, _) = data(dir.path());
-    let node = start(config(&root));
+    let (_dir, root, node) = serving(|_| {});
     let http = client();
     let url = node.url("/v1/up/dir/new.tar");
     assert_eq!(http.put(&url).body("x").send().unwrap().status(), 401);
@@ -253,12 +246,10 @@ fn uploads_need_a_token_and_land_whole() {
 
 #[test]
 fn slow_and_oversized_request_heads_are_cut_off() {
-    let dir = tempfile::tempdir().unwrap();
-    let (root, _) = data(dir.path());
-    let mut cfg = config(&root);
-    cfg.timeouts.header_read_secs = 1.0;
-    cfg.limits.max_header_bytes = 8192;
-    let node = start(cfg);
+    let (_dir, _, node) = serving(|cfg| {
+        cfg.timeouts.header_read_secs = 1.0;
+        cfg.limits.max_header_bytes = 8192;
+    });
     // Slowloris: half a request head, then silence.
     let mut s = TcpStream::connect(node.addr).unwrap();
     s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
@@ -287,11 +278,7 @@ fn slow_and_oversized_request_heads_are_cut_off() {
 
 #[test]
 fn connections_beyond_the_limit_wait_for_a_slot() {
-    let dir = tempfile::tempdir().unwrap();
-    let (root, _) = data(dir.path());
-    let mut cfg = config(&root);
-    cfg.limits.max_connections = 1;
-    let node = start(cfg);
+    let (_dir, _, node) = serving(|cfg| cfg.limits.max_connections = 1);
     let hold = TcpStream::connect(node.addr).unwrap(); // takes the only slot
     std::thread::sleep(Duration::from_millis(200));
     let mut waiting = TcpStream::connect(node.addr).unwrap();
@@ -336,9 +323,7 @@ fn body_start(response: &[u8]) -> usize {
 fn shutdown_lets_an_in_flight_stream_finish() {
     let dir = tempfile::tempdir().unwrap();
     let (root, big) = big_object(dir.path(), 24 << 20);
-    let mut cfg = config(&root);
-    cfg.limits.read_size = 1 << 20;
-    let node = start(cfg);
+    let node = start_tuned(&root, |cfg| cfg.limits.read_size = 1 << 20);
     let (mut s, mut rest) = stream_in_flight(
         node.addr,
         b"GET /v1/b/big.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
@@ -371,9 +356,7 @@ fn big_object(dir: &Path, len: u32) -> (std::path::PathBuf, Vec<u8>) {
 fn concurrent_streams_and_ranges_each_arrive_whole() {
     let dir = tempfile::tempdir().unwrap();
     let (root, big) = big_object(dir.path(), 6 << 20);
-    let mut cfg = config(&root);
-    cfg.limits.read_size = 1 << 20;
-    let node = start(cfg);
+    let node = start_tuned(&root, |cfg| cfg.limits.read_size = 1 << 20);
     let url = node.url("/v1/b/big.bin");
     // More concurrent streams than runtime workers, half of them ranges, on fresh connections.
     let clients: Vec<_> = (0..8)
@@ -402,10 +385,10 @@ fn concurrent_streams_and_ranges_each_arrive_whole() {
 fn run_returns_at_the_drain_deadline_with_a_stream_still_open() {
     let dir = tempfile::tempdir().unwrap();
     let (root, big) = big_object(dir.path(), 24 << 20);
-    let mut cfg = config(&root);
-    cfg.timeouts.drain_secs = 0.5;
-    cfg.timeouts.idle_secs = 3600.0;
-    let node = start(cfg);
+    let node = start_tuned(&root, |cfg| {
+        cfg.timeouts.drain_secs = 0.5;
+        cfg.timeouts.idle_secs = 3600.0;
+    });
     let (mut s, mut received) =
         stream_in_flight(node.addr, b"GET /v1/b/big.bin HTTP/1.1\r\nHost: x\r\n\r\n");
     // SIGTERM while the client reads nothing: the stream cannot finish, so `run` returns at
@@ -441,14 +424,13 @@ fn only_listed_buckets_are_served_and_metrics_can_have_their_own_address() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let mut cfg = config(&root);
-    cfg.buckets = vec!["b".into()];
-    cfg.metrics_listen = Some(metrics_port);
-    cfg.limits.max_list_keys = 1;
-    let node = start(cfg);
+    let node = start_tuned(&root, |cfg| {
+        cfg.buckets = vec!["b".into()];
+        cfg.metrics_listen = Some(metrics_port);
+        cfg.limits.max_list_keys = 1;
+    });
     let http = client();
-    let page: serde_json::Value =
-        serde_json::from_str(&http.get(node.url("/v1/b")).send().unwrap().text().unwrap()).unwrap();
+    let page: serde_json::Value = serde_json::from_str(&text(&http, &node.url("/v1/b"))).unwrap();
     assert_eq!(page["objects"].as_array().unwrap().len(), 1);
     assert_eq!(page["objects"][0]["key"], "nested/x.bin");
     assert_eq!(page["truncated"], true);
@@ -578,12 +560,7 @@ fn a_mountpath_that_changes_under_the_node_is_reported_and_answered_503() {
             "a listing without its objects would be wrong"
         );
         assert_eq!(put(), 503);
-        let metrics = http
-            .get(node.url("/metrics"))
-            .send()
-            .unwrap()
-            .text()
-            .unwrap();
+        let metrics = text(&http, &node.url("/metrics"));
         assert!(
             metrics
                 .lines()

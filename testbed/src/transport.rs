@@ -60,14 +60,7 @@ impl Synthetic {
 
     /// A worker of side×side×3 uint8 tensors (what `center_crop side` makes), and the shape.
     pub fn rgb(side: u32) -> (Arc<Self>, SampleShape) {
-        let shape = SampleShape {
-            frames: 1,
-            height: side,
-            width: side,
-            channels: 3,
-            elem_bytes: 1,
-            chw: false,
-        };
+        let shape = SampleShape::image_u8(side, side, 3);
         let tensor = Arc::new(vec![0x5au8; shape.bytes() as usize]);
         (Arc::new(Synthetic::new(shape, tensor)), shape)
     }

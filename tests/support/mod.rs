@@ -3,6 +3,10 @@
 
 #![allow(dead_code)]
 
+mod run;
+#[allow(unused_imports)] // each test file uses some
+pub use run::{python_with, succeed};
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -16,14 +20,14 @@ pub fn sluice(args: &[&str]) -> Output {
 
 /// Runs `sluice` and insists on success; returns stdout.
 pub fn sluice_ok(args: &[&str]) -> String {
-    let out = sluice(args);
-    assert!(
-        out.status.success(),
-        "sluice {args:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = succeed(Command::new(env!("CARGO_BIN_EXE_sluice")).args(args));
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Writes `text` to `path` (a config file, a token); returns the path.
+pub fn write_file(path: &Path, text: &str) -> PathBuf {
+    std::fs::write(path, text).unwrap();
+    path.to_path_buf()
 }
 
 /// `../shared/data/<name>` when it exists.
@@ -38,29 +42,6 @@ pub fn shared_data(name: &str) -> Option<PathBuf> {
 /// `.venv`. `None` (the caller skips) unless `SLUICE_REQUIRE_PYTHON` is set, as CI sets it.
 pub fn webdataset_python() -> Option<PathBuf> {
     python_with("webdataset")
-}
-
-/// A Python interpreter that imports `module`: `$SLUICE_TEST_PYTHON`, else the repo's
-/// `.venv`. `None` (the caller skips) unless `SLUICE_REQUIRE_PYTHON` is set, as CI sets it.
-pub fn python_with(module: &str) -> Option<PathBuf> {
-    let candidates = std::env::var_os("SLUICE_TEST_PYTHON")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python")]);
-    for py in candidates {
-        let ok = Command::new(&py)
-            .args(["-c", &format!("import {module}")])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if ok {
-            return Some(py);
-        }
-    }
-    assert!(
-        std::env::var_os("SLUICE_REQUIRE_PYTHON").is_none(),
-        "SLUICE_REQUIRE_PYTHON is set but no Python with {module} was found"
-    );
-    None
 }
 
 /// Retries `f` for up to `secs` seconds, a fifth of a second apart; whether it held.
@@ -233,4 +214,30 @@ pub fn mixing(report: &str) -> (f64, f64) {
         .filter_map(|w| w.parse().ok())
         .collect();
     (nums[0], nums[1])
+}
+
+/// The arguments of `sluice shard` from `input` to shards named by `pattern`, then `rest`.
+pub fn shard_job<'a>(input: &'a Path, pattern: &'a Path, rest: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "shard",
+        "--input",
+        path_str(input),
+        "--output",
+        path_str(pattern),
+    ];
+    args.extend_from_slice(rest);
+    args
+}
+
+/// The arguments of `sluice loadgen` on `manifest` with in-process workers, then `rest`.
+pub fn local_job<'a>(manifest: &'a Path, rest: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "loadgen",
+        "--dataset",
+        path_str(manifest),
+        "--workers",
+        "local",
+    ];
+    args.extend_from_slice(rest);
+    args
 }

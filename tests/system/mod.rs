@@ -78,8 +78,14 @@ fn field(line: &str, key: &str) -> Option<String> {
 /// directory (so its own self-signed certificate), serving QUIC only.
 /// A worker's Prometheus text, from its `/metrics`.
 pub fn metrics_text(worker: &Worker) -> String {
+    scrape(&worker.metrics)
+}
+
+/// `GET /metrics` from `addr`: the whole response.
+pub fn scrape(addr: &str) -> String {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(&worker.metrics).unwrap();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     write!(
         s,
         "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -154,6 +160,14 @@ pub fn start_worker_with(dir: &Path, name: &str, extra: &[&str]) -> Worker {
     }
 }
 
+/// A pipeline and batch size for jobs whose tensors do not matter: small and quick.
+pub const SMALL_BATCHES: [&str; 4] = [
+    "--pipeline",
+    "decode | random_resized_crop 32",
+    "--batch-size",
+    "8",
+];
+
 /// `sluice loadgen` on the dataset `manifest`, its workers given by `pool` (`--workers ADDR`,
 /// `--workers-file FILE`, ...), over QUIC with `token_file` and the certificates in `trust`:
 /// what every test's job shares. Add the pipeline, batch size, epochs and the rest.
@@ -166,7 +180,6 @@ pub fn loadgen(manifest: &Path, pool: &[&str], token_file: &Path, trust: &Path) 
     c
 }
 
-/// A PEM file pinning every given worker's certificate.
 /// Runs `sluice` with `args` and, once `victim` got its job and about `after` has passed,
 /// kills it (SIGKILL) mid-run; fails the test, with `name` and the stderr, unless the run
 /// succeeds. Returns its stdout.
@@ -200,6 +213,7 @@ pub fn run_killing(
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A PEM file pinning every given worker's certificate.
 pub fn trust_file(dir: &Path, workers: &[&Worker]) -> PathBuf {
     let mut pem = String::new();
     for w in workers {
@@ -363,4 +377,18 @@ pub fn assert_exactly_once(
         repeated.len(),
         &repeated[..repeated.len().min(5)]
     );
+}
+
+/// What most cluster tests start from: a temporary directory, a [`dataset`] of `per_shard`
+/// samples a shard, a worker for each of `names` (started in that order) and a trust file
+/// pinning their certificates.
+pub fn bed<const N: usize>(
+    per_shard: u32,
+    names: [&str; N],
+) -> (tempfile::TempDir, Dataset, [Worker; N], PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), per_shard);
+    let workers = names.map(|name| start_worker(dir.path(), name));
+    let trust = trust_file(dir.path(), &workers.iter().collect::<Vec<_>>());
+    (dir, data, workers, trust)
 }

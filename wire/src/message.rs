@@ -165,6 +165,19 @@ pub struct SampleShape {
 }
 
 impl SampleShape {
+    /// An image of bytes (uint8), H×W×C: what a pipeline with no `to_float` or `to_chw`
+    /// gives.
+    pub const fn image_u8(height: u32, width: u32, channels: u32) -> SampleShape {
+        SampleShape {
+            frames: 1,
+            height,
+            width,
+            channels,
+            elem_bytes: 1,
+            chw: false,
+        }
+    }
+
     pub fn bytes(&self) -> u64 {
         u64::from(self.frames.max(1))
             * u64::from(self.height)

@@ -248,14 +248,7 @@ mod tests {
 
     impl JobRunner for Counting {
         fn shape(&self) -> SampleShape {
-            SampleShape {
-                frames: 1,
-                height: 1,
-                width: 1,
-                channels: 1,
-                elem_bytes: 1,
-                chw: false,
-            }
+            SampleShape::image_u8(1, 1, 1)
         }
 
         fn run(

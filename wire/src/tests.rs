@@ -238,14 +238,7 @@ fn lengths_are_bounded_before_allocation() {
 
 #[test]
 fn version_and_magic_are_checked() {
-    let mut buf = Vec::new();
-    encode_frame(
-        &Message::Heartbeat { seq: 1 },
-        &[],
-        &Limits::default(),
-        &mut buf,
-    )
-    .unwrap();
+    let buf = heartbeat_frame();
     let mut v = buf.clone();
     v[3] = 9;
     assert_eq!(
@@ -287,14 +280,7 @@ fn payload_must_match_the_header() {
         Err(WireError::PayloadMismatch { .. })
     ));
     // A heartbeat with a payload is malformed too.
-    let mut hb = Vec::new();
-    encode_frame(
-        &Message::Heartbeat { seq: 1 },
-        &[],
-        &Limits::default(),
-        &mut hb,
-    )
-    .unwrap();
+    let mut hb = heartbeat_frame();
     hb[8..12].copy_from_slice(&4u32.to_le_bytes());
     hb.extend_from_slice(&[1, 2, 3, 4]);
     assert!(matches!(
@@ -353,4 +339,12 @@ fn write_fuzz_seeds_when_asked() {
         .unwrap();
         std::fs::write(std::path::Path::new(&dir).join(format!("seed-{i:02}")), buf).unwrap();
     }
+}
+
+/// A heartbeat (`seq` 1) as a whole frame, to be spoiled byte by byte.
+fn heartbeat_frame() -> Vec<u8> {
+    let mut frame = Vec::new();
+    let heartbeat = Message::Heartbeat { seq: 1 };
+    encode_frame(&heartbeat, &[], &Limits::default(), &mut frame).unwrap();
+    frame
 }

@@ -2,8 +2,12 @@
 
 #![allow(dead_code)]
 
+#[path = "../../../tests/support/run.rs"]
+mod run;
+#[allow(unused_imports)] // each test file uses some
+pub use run::{python_with, succeed};
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use sluice_shard::{Field, Sample};
 
@@ -17,30 +21,6 @@ pub fn corpus() -> Option<Vec<PathBuf>> {
         .collect();
     files.sort();
     (!files.is_empty()).then_some(files)
-}
-
-/// A Python that can `import {modules}`: `$SLUICE_TEST_PYTHON`, else the repository's `.venv`.
-/// `None` (the caller skips) unless `SLUICE_REQUIRE_PYTHON` is set (CI), when its absence fails.
-pub fn python_with(modules: &str) -> Option<PathBuf> {
-    let candidates = std::env::var_os("SLUICE_TEST_PYTHON")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python")]);
-    for py in candidates {
-        let import = format!("import {modules}");
-        if Command::new(&py)
-            .args(["-c", &import])
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            return Some(py);
-        }
-    }
-    assert!(
-        std::env::var_os("SLUICE_REQUIRE_PYTHON").is_none(),
-        "SLUICE_REQUIRE_PYTHON is set but no Python with {modules} was found"
-    );
-    None
 }
 
 /// A JPEG of a smooth test pattern, `w`×`h`, seeded.

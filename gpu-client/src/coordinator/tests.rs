@@ -6,14 +6,7 @@ use crate::batch::{HeapAllocator, LastBatch};
 use crate::config::LoaderConfig;
 use crate::ledger::Ledger;
 
-const SHAPE: SampleShape = SampleShape {
-    frames: 1,
-    height: 1,
-    width: 1,
-    channels: 3,
-    elem_bytes: 1,
-    chw: false,
-};
+const SHAPE: SampleShape = SampleShape::image_u8(1, 1, 3);
 
 fn sample(link: usize, unit: u64, attempt: u32, index: u64) -> Event {
     Event::Sample {

@@ -133,14 +133,7 @@ mod tests {
 
     impl sluice_wire::JobRunner for Ramp {
         fn shape(&self) -> sluice_wire::SampleShape {
-            sluice_wire::SampleShape {
-                frames: 1,
-                height: 4,
-                width: 4,
-                channels: 3,
-                elem_bytes: 1,
-                chw: false,
-            }
+            sluice_wire::SampleShape::image_u8(4, 4, 3)
         }
         fn run(
             &self,

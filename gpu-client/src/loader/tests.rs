@@ -26,14 +26,7 @@ struct TinyJob {
     runs: Arc<Mutex<Vec<u64>>>,
 }
 
-const TINY: sluice_wire::SampleShape = sluice_wire::SampleShape {
-    frames: 1,
-    height: 1,
-    width: 1,
-    channels: 1,
-    elem_bytes: 1,
-    chw: false,
-};
+const TINY: sluice_wire::SampleShape = sluice_wire::SampleShape::image_u8(1, 1, 1);
 
 impl UnitRunner for Tiny {
     fn open_job(

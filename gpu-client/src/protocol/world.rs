@@ -15,14 +15,7 @@ use crate::config::{EpochSettings, LoaderConfig};
 use crate::ledger::Ledger;
 use crate::reorder::Reorder;
 
-pub(crate) const SHAPE: SampleShape = SampleShape {
-    frames: 1,
-    height: 1,
-    width: 1,
-    channels: 4,
-    elem_bytes: 1,
-    chw: false,
-};
+pub(crate) const SHAPE: SampleShape = SampleShape::image_u8(1, 1, 4);
 
 /// The decoder rejects these samples, whichever worker decodes them.
 pub(crate) fn bad(shard: u32, index: u64) -> bool {

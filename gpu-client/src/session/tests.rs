@@ -10,14 +10,7 @@ use sluice_wire::{
 
 use super::*;
 
-const SHAPE: SampleShape = SampleShape {
-    frames: 1,
-    height: 2,
-    width: 2,
-    channels: 3,
-    elem_bytes: 1,
-    chw: false,
-};
+const SHAPE: SampleShape = SampleShape::image_u8(2, 2, 3);
 
 fn settings(transport: Transport) -> Settings {
     Settings {

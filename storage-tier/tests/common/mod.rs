@@ -2,6 +2,11 @@
 
 #![allow(dead_code)]
 
+#[path = "../../../tests/support/run.rs"]
+mod run;
+#[allow(unused_imports)] // each test file uses some
+pub use run::python_with;
+
 use std::net::SocketAddr;
 
 use sluice_storage::StorageConfig;

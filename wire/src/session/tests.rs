@@ -49,14 +49,7 @@ fn assign(job: u64, unit: u64) -> Assign {
     }
 }
 
-const SHAPE: SampleShape = SampleShape {
-    frames: 1,
-    height: 1,
-    width: 1,
-    channels: 1,
-    elem_bytes: 1,
-    chw: false,
-};
+const SHAPE: SampleShape = SampleShape::image_u8(1, 1, 1);
 
 /// The launch handle the tests register units with: the unit's number.
 type W = Worker<u64>;
