@@ -239,7 +239,7 @@ pub fn server_config(
     identity: &Identity,
     transport: quinn::TransportConfig,
 ) -> Result<quinn::ServerConfig, TlsError> {
-    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let provider = sluice_tls::provider().map_err(|e| TlsError::Setup(e.to_string()))?;
     let bad = |e: rustls::Error| TlsError::Setup(format!("{}: {e}", identity.cert_path.display()));
     let key = rustls::sign::CertifiedKey::from_der(
         identity.certs.clone(),

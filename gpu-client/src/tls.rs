@@ -95,7 +95,10 @@ pub(crate) fn client_config(
     if pinned.is_empty() {
         return Err(bad("no certificate in the file".into()));
     }
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let provider = sluice_tls::provider().map_err(|e| ClientError::Config {
+        key: "SLUICE_AES_GCM",
+        detail: e.to_string(),
+    })?;
     let mut roots = rustls::RootCertStore::empty();
     roots.add_parsable_certificates(pinned.iter().cloned());
     let ca = if roots.is_empty() {

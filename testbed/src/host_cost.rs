@@ -13,8 +13,9 @@
 //! epoch takes), the loader's shutdown is not.
 //!
 //! The floors, per sample of the same bytes on one thread: over QUIC, AES-256-GCM over the
-//! tensor in datagram-sized packets (the suite two rustls peers on aws-lc agree on; sealing
-//! stands in for opening, which costs the same) plus one copy into a batch; over same-host,
+//! tensor in datagram-sized packets, by the implementation this process's QUIC packet
+//! protection chose ([`sluice_tls::chosen`]; sealing stands in for opening, which costs the
+//! same) plus one copy into a batch; over same-host,
 //! the copy alone (the client copies each tensor once, from its slot into the batch). The
 //! copy is the cheaper, on this machine, of a plain one and the client's own streaming one
 //! (`sluice_wire::copy`).
@@ -22,7 +23,6 @@
 use std::path::Path;
 use std::time::Instant;
 
-use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use sluice_wire::copy::Streaming;
 
 use crate::error::{Result, TestbedError};
@@ -101,8 +101,9 @@ pub fn client_cost(
 /// What a sample's bytes need at least, in µs of one thread.
 #[derive(Clone, Copy, Debug)]
 pub struct Floor {
-    /// AES-256-GCM over the tensor in `packet`-byte packets.
+    /// AES-256-GCM over the tensor in `packet`-byte packets, by `aes_gcm`.
     pub decrypt_us: f64,
+    pub aes_gcm: sluice_tls::AesGcm,
     /// One copy of the tensor into a batch buffer: the cheaper of a plain copy and the
     /// client's streaming one ([`sluice_wire::copy`]).
     pub copy_us: f64,
@@ -112,22 +113,22 @@ pub struct Floor {
 /// The floors for `samples` tensors of `bytes`, copied from a pool of `pool` tensors (as
 /// many as the client's credits) so that they come from memory, not cache.
 pub fn floor(bytes: usize, samples: u64, pool: usize) -> Result<Floor> {
-    let packet = usize::from(sluice_wire::quic::MAX_UDP_PAYLOAD) - 64;
-    let key = UnboundKey::new(&AES_256_GCM, &[7u8; 32])
-        .map_err(|e| TestbedError::Setup(format!("AES-256-GCM key: {e}")))?;
-    let key = LessSafeKey::new(key);
+    let packet = sluice_tls::packet_bytes();
+    let aes_gcm = sluice_tls::chosen()
+        .map_err(|e| TestbedError::Setup(e.to_string()))?
+        .aes_gcm;
+    let key = aes_gcm.probe_key();
     let pool = pool.max(1);
     let mut tensors = vec![0x5au8; bytes * pool];
+    let header = [0x40u8, 0, 0, 0, 1];
     let started = Instant::now();
-    let mut nonce = 0u64;
+    let mut packet_number = 0u64;
     for i in 0..samples as usize {
         let tensor = &mut tensors[(i % pool) * bytes..][..bytes];
         for chunk in tensor.chunks_mut(packet) {
-            nonce += 1;
-            let mut n = [0u8; 12];
-            n[4..].copy_from_slice(&nonce.to_be_bytes());
+            packet_number += 1;
             let tag = key
-                .seal_in_place_separate_tag(Nonce::assume_unique_for_key(n), Aad::empty(), chunk)
+                .encrypt_in_place(packet_number, &header, chunk)
                 .map_err(|e| TestbedError::Setup(format!("AES-256-GCM: {e}")))?;
             let _ = std::hint::black_box(tag);
         }
@@ -154,6 +155,7 @@ pub fn floor(bytes: usize, samples: u64, pool: usize) -> Result<Floor> {
     std::hint::black_box(&batch);
     Ok(Floor {
         decrypt_us,
+        aes_gcm,
         copy_us,
         packet,
     })

@@ -78,6 +78,12 @@ pub fn run(args: HostCostArgs) -> Result<()> {
             bail!("--only {o:?}: quic or same-host");
         }
     }
+    let choice = sluice_tls::chosen()?;
+    println!(
+        "QUIC packet protection: {} AES-GCM ({})",
+        choice.aes_gcm.name(),
+        choice.why
+    );
     let rows = measure(&probe, args.repeat, args.epochs, only)?;
     for row in &rows {
         print_row(row, args.rate, args.gpus);
@@ -111,8 +117,11 @@ pub fn measure(
             false => (
                 floor.decrypt_us + floor.copy_us,
                 format!(
-                    "AES-256-GCM in {}-byte packets {:.1} + copy {:.1}",
-                    floor.packet, floor.decrypt_us, floor.copy_us
+                    "{} AES-256-GCM in {}-byte packets {:.1} + copy {:.1}",
+                    floor.aes_gcm.name(),
+                    floor.packet,
+                    floor.decrypt_us,
+                    floor.copy_us
                 ),
             ),
             true => (floor.copy_us, format!("copy {:.1}", floor.copy_us)),
