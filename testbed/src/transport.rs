@@ -40,13 +40,15 @@ pub struct TransportProbe {
     pub io_threads: usize,
 }
 
-/// A worker that sends a copy of one prepared tensor for every sample, written into a
-/// buffer from its pool as the engine writes its output (the copy comes from cache, so it
-/// costs little), and takes the buffer back when the transport is done with it.
+/// A worker that sends a copy of one prepared tensor for every sample, written where the
+/// engine writes its output: straight into the sample's place in the client's batch when
+/// the client shares its batches and gave the sample one (as the engine resizes into it),
+/// else into a buffer from its pool, taken back when the transport is done with it.
 pub struct Synthetic {
     shape: SampleShape,
     pub tensor: Arc<Vec<u8>>,
     outputs: Arc<sluice_wire::BufferPool>,
+    places: std::sync::OnceLock<Arc<dyn sluice_wire::Places>>,
 }
 
 impl Synthetic {
@@ -55,6 +57,7 @@ impl Synthetic {
             shape,
             tensor,
             outputs: Arc::new(sluice_wire::BufferPool::new(512)),
+            places: std::sync::OnceLock::new(),
         }
     }
 
@@ -76,6 +79,10 @@ impl UnitRunner for Synthetic {
 }
 
 impl JobRunner for Synthetic {
+    fn share_places(&self, places: Arc<dyn sluice_wire::Places>) {
+        let _ = self.places.set(places);
+    }
+
     fn shape(&self) -> SampleShape {
         self.shape
     }
@@ -97,9 +104,22 @@ impl JobRunner for Synthetic {
                 fields: Vec::new(),
                 geometry: Default::default(),
             };
-            let mut payload = self.outputs.take(self.tensor.len());
-            payload.copy_from_slice(&self.tensor);
-            if !emit(Output::Sample(header, payload)) {
+            let claim = self
+                .places
+                .get()
+                .and_then(|p| p.claim(a.unit, a.attempt, index, self.tensor.len()));
+            let output = match claim {
+                Some(mut claim) => {
+                    claim.memory().copy_from_slice(&self.tensor);
+                    Output::Placed(header, claim.place(), Vec::new())
+                }
+                None => {
+                    let mut payload = self.outputs.take(self.tensor.len());
+                    payload.copy_from_slice(&self.tensor);
+                    Output::Sample(header, payload)
+                }
+            };
+            if !emit(output) {
                 return Err(RunnerError::Cancelled);
             }
         }
@@ -265,17 +285,48 @@ pub fn consume_epochs(
     Ok(total)
 }
 
-/// Bytes/s through the real server and `Loader`, over QUIC or the same-host socket.
-pub fn loader_once(args: &TransportProbe, runner: Arc<Synthetic>, same_host: bool) -> Result<f64> {
+/// Bytes/s through the real server and `Loader`, over QUIC or the same-host socket, over
+/// `epochs` epochs of one loader, one after the other. With more than one, the first warms up
+/// what a loader keeps across epochs (its tensor buffers, its same-host segments, whose pages
+/// are made as they are first touched) and the rest are timed, from the first epoch's last
+/// batch to the last one's, as a training run's steady state; with one, the epoch is timed
+/// from the worker's start, as a job's first minutes.
+pub fn loader_once(
+    args: &TransportProbe,
+    runner: Arc<Synthetic>,
+    same_host: bool,
+    epochs: u64,
+) -> Result<f64> {
     let dir = tempfile::tempdir().map_err(TestbedError::io("making a temporary folder"))?;
+    let epochs = epochs.max(1);
+    let warmup = u64::from(epochs > 1);
+    let mut start = Instant::now();
     let worker = SyntheticWorker::start(runner, dir.path(), same_host, args.connections)?;
-    let started = Instant::now();
-    let n = consume(args, worker.addr, dir.path(), same_host, |_| {})?;
-    let secs = started.elapsed().as_secs_f64();
-    // The client goes first (it is gone when `consume` returns), so the server's shutdown is
-    // not reported as a lost worker.
+    let mut end = start;
+    let mut delivered = vec![0u64; epochs as usize];
+    consume_epochs(
+        args,
+        worker.addr,
+        dir.path(),
+        same_host,
+        epochs,
+        |epoch, n| {
+            let now = Instant::now();
+            if epoch < warmup {
+                start = now;
+            }
+            if let Some(d) = delivered.get_mut(epoch as usize) {
+                *d = n;
+            }
+            end = now;
+        },
+    )?;
+    // The client goes first (it is gone when `consume_epochs` returns), so the server's
+    // shutdown is not reported as a lost worker.
     drop(worker);
-    Ok(n as f64 * args.side as f64 * args.side as f64 * 3.0 / secs)
+    let samples: u64 = delivered[warmup as usize..].iter().sum();
+    let secs = (end - start).as_secs_f64().max(1e-9);
+    Ok(samples as f64 * args.side as f64 * args.side as f64 * 3.0 / secs)
 }
 
 pub fn tcp_once(args: &TransportProbe, tensor: Arc<Vec<u8>>) -> Result<f64> {
@@ -361,7 +412,7 @@ pub fn quic_probe(samples: u64, side: u32) -> Result<f64> {
         io_threads: 2,
     };
     let (runner, _) = Synthetic::rgb(side);
-    loader_once(&args, runner, false)
+    loader_once(&args, runner, false, 1)
 }
 
 /// One connection's tensor throughput on each path, bytes/s, the best of some runs.
@@ -396,10 +447,12 @@ impl std::str::FromStr for TransportPath {
 }
 
 /// QUIC, same-host, TCP and memcpy side by side (or `only` one of them, for a profiler),
-/// each the best of `repeat` runs; a path not run reads 0.
+/// each the best of `repeat` runs, the loader's over `epochs` epochs ([`loader_once`]); a
+/// path not run reads 0.
 pub fn compare(
     probe: &TransportProbe,
     repeat: u32,
+    epochs: u64,
     only: Option<TransportPath>,
 ) -> Result<TransportFigures> {
     let (runner, _) = Synthetic::rgb(probe.side);
@@ -408,10 +461,14 @@ pub fn compare(
     let mut f = TransportFigures::default();
     for _ in 0..repeat.max(1) {
         if run(TransportPath::Quic) {
-            f.quic = f.quic.max(loader_once(probe, runner.clone(), false)?);
+            f.quic = f
+                .quic
+                .max(loader_once(probe, runner.clone(), false, epochs)?);
         }
         if run(TransportPath::SameHost) {
-            f.same_host = f.same_host.max(loader_once(probe, runner.clone(), true)?);
+            f.same_host = f
+                .same_host
+                .max(loader_once(probe, runner.clone(), true, epochs)?);
         }
         if run(TransportPath::Tcp) {
             f.tcp = f.tcp.max(tcp_once(probe, tensor.clone())?);

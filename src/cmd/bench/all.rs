@@ -1,7 +1,7 @@
 //! `sluice bench all`: the performance table of issue 18 in one run. Each figure is a ratio
 //! measured in this run beside its reference: the CPU engine per core against DALI (CPU, ROI
 //! decode) and a bare libjpeg-turbo decode from the anchor benchmarks (on the corpus as it is,
-//! and again with restart markers, as `sluice shard --restart-markers` writes it), QUIC against TCP and
+//! and again with restart markers, as `sluice shard` writes it by default), QUIC against TCP and
 //! same-host against memcpy on one connection, the client's CPU per sample on each against
 //! the floor its bytes need (`bench host-cost`), and the whole chain (each transport) against
 //! the CPU tier alone on the same cores.
@@ -99,7 +99,7 @@ pub fn run(args: AllArgs) -> Result<()> {
     let (samples, what) = sizing::bench_images(corpus.is_dir().then_some(corpus.as_path()))?;
     eprintln!("[bench] the CPU engine on {what}…");
     let spec: PipelineSpec = PIPELINE.parse()?;
-    // The same JPEGs with restart markers (`sluice shard --restart-markers`), alternating.
+    // The same JPEGs with restart markers (as `sluice shard` writes them), alternating.
     let mut marked = samples.clone();
     sizing::add_restart_markers(&mut marked)?;
     let (mut per_core, mut per_core_marked) = (BTreeMap::new(), BTreeMap::new());
@@ -123,7 +123,7 @@ pub fn run(args: AllArgs) -> Result<()> {
         connections: 1,
         io_threads: 2,
     };
-    let t = transport::compare(&probe, 3, None)?;
+    let t = transport::compare(&probe, 3, 3, None)?;
 
     // What the client costs the host per sample on each, beside the floor (the worker in a
     // child process).

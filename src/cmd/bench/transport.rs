@@ -52,6 +52,11 @@ pub struct TransportArgs {
     /// Repeat each measurement this many times and keep the best.
     #[arg(long, default_value_t = 3)]
     repeat: u32,
+    /// Epochs of one loader per measurement, one after the other: the first warms up what a
+    /// loader keeps across epochs (tensor buffers, same-host segments) and the rest are
+    /// timed, as a training run's steady state; 1 times one epoch from the worker's start.
+    #[arg(long, default_value_t = 3)]
+    epochs: u64,
     /// Measure this path alone, to profile it: quic, same-host, tcp or memcpy (the ratios
     /// need all four).
     #[arg(long)]
@@ -61,13 +66,18 @@ pub struct TransportArgs {
 pub fn run(args: TransportArgs) -> Result<()> {
     let probe = args.probe.probe();
     println!(
-        "sluice bench transport: {} samples of {} bytes, {} QUIC connection(s), loopback, best of {}",
+        "sluice bench transport: {} samples of {} bytes an epoch, {}, {} QUIC connection(s), \
+         loopback, best of {}",
         probe.samples,
         u64::from(probe.side) * u64::from(probe.side) * 3,
+        match args.epochs {
+            0 | 1 => "one epoch from the worker's start".to_string(),
+            n => format!("epochs 2..{n} of one loader (the first warms it up)"),
+        },
         probe.connections,
         args.repeat
     );
-    let f = compare(&probe, args.repeat, args.only)?;
+    let f = compare(&probe, args.repeat, args.epochs, args.only)?;
     let line = |what: &str, v: f64| {
         if v > 0.0 {
             println!("transport\t{what}\t{:.2} GB/s", v / 1e9)
