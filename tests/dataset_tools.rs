@@ -56,8 +56,10 @@ fn image_folder_to_shards_index_and_inspect() {
             "{}",
             s.key
         );
-        let original = std::fs::read(images.join(format!("{}.jpg", s.key))).unwrap();
-        assert_eq!(s.field("jpg"), Some(original.as_slice()), "{}", s.key);
+        // Each JPEG was given restart markers (the default); `--no-restart-markers` keeps
+        // the bytes (the ImageNet test below).
+        let jpg = s.field("jpg").unwrap();
+        assert!(sluice_cpu::restart::layout(jpg).is_some(), "{}", s.key);
     }
     let with_json = samples
         .iter()
@@ -120,14 +122,13 @@ fn sharding_is_deterministic() {
             .map(|p| std::fs::read(p).unwrap())
             .collect::<Vec<_>>()
     };
-    let (a, b) = (run("a", &[]), run("b", &[]));
+    let unmarked = ["--no-restart-markers"];
+    let (a, b) = (run("a", &unmarked), run("b", &unmarked));
     assert!(a.len() > 1, "--max-size splits the shards");
     assert_eq!(a, b);
-    // Restart markers are added on every core, and the shards still come out the same.
-    let (c, d) = (
-        run("c", &["--restart-markers"]),
-        run("d", &["--restart-markers"]),
-    );
+    // Restart markers (the default) are added on every core, and the shards still come out
+    // the same.
+    let (c, d) = (run("c", &[]), run("d", &[]));
     assert_eq!(c, d);
     assert_ne!(a, c);
 }
@@ -236,8 +237,14 @@ fn reshards_a_tar_stream_from_stdin() {
         "{keys:?}"
     );
 
-    // The stream again with restart markers: every JPEG gets them.
-    let samples = shard_stdin("marked", &["--restart-markers"]);
+    // Every JPEG of the stream got restart markers (the default); with
+    // `--no-restart-markers`, none did.
+    let plain = shard_stdin("plain", &["--no-restart-markers"]);
+    for s in &plain {
+        let jpg = s.fields.iter().find(|f| f.name == "jpg").unwrap();
+        assert!(sluice_cpu::restart::layout(&jpg.data).is_none(), "{}", s.key);
+    }
+    let samples = shard_stdin("marked", &[]);
     assert_eq!(samples.len(), 8);
     for s in &samples {
         let jpg = s.fields.iter().find(|f| f.name == "jpg").unwrap();
@@ -389,6 +396,7 @@ fn shards_the_real_imagenet_sample_with_its_labels() {
         "20000000",
         "--manifest",
         path_str(&manifest),
+        "--no-restart-markers",
     ]);
     let samples = read_samples(&shard_files(out.path()));
     assert_eq!(samples.len(), 804);
@@ -442,9 +450,9 @@ fn indexes_shards_over_http() {
     assert!(err.contains("missing.tar") && err.contains("404"), "{err}");
 }
 
-/// `--restart-markers`: every JPEG in the shards can be entered at any MCU row and decodes to
-/// the same pixels as the file it came from; a damaged JPEG and other fields are written as
-/// they were, and the damaged one is named.
+/// Restart markers, which `sluice shard` adds by default: every JPEG in the shards can be
+/// entered at any MCU row and decodes to the same pixels as the file it came from; a damaged
+/// JPEG and other fields are written as they were, and the damaged one is named.
 #[test]
 fn restart_markers_change_no_pixel_and_keep_what_they_cannot_mark() {
     use sluice_cpu::jpeg::{DecodeLimits, JpegDecoder, Rect};
@@ -462,7 +470,6 @@ fn restart_markers_change_no_pixel_and_keep_what_they_cannot_mark() {
         path_str(&images),
         "--output",
         &pattern,
-        "--restart-markers",
     ]);
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);

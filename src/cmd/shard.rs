@@ -17,12 +17,13 @@
 //! memory). The same input and seed give byte-identical shards; `--no-shuffle` keeps the
 //! input order.
 //!
-//! `--restart-markers` gives each JPEG a restart marker at every MCU row, losslessly (the
-//! same coefficients and pixels, about 0.1% more bytes): the CPU tier can then start decoding
-//! at the crop window's rows instead of Huffman-decoding every row above it
-//! (`sluice_cpu::restart`). A JPEG that cannot be transformed is written as it is and named.
-//! The transform runs on every core (about 300 ImageNet JPEGs/s each); the shards are the
-//! same bytes whatever the core count.
+//! Each JPEG gets a restart marker at every MCU row, losslessly (the same coefficients and
+//! pixels, about 0.1% more bytes): the CPU tier can then start decoding at the crop window's
+//! rows instead of Huffman-decoding every row above it (`sluice_cpu::restart`), which is what
+//! lets it outrun a decoder that reads the whole image. A JPEG that cannot be transformed is
+//! written as it is and named; `--no-restart-markers` keeps every JPEG's bytes. The transform
+//! runs on every core (about 300 ImageNet JPEGs/s each); the shards are the same bytes
+//! whatever the core count.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -67,9 +68,13 @@ pub struct Args {
     /// whole samples, e.g. about 1.1 GB for 10,000 ImageNet JPEGs).
     #[arg(long, default_value_t = 10_000)]
     shuffle_buffer: usize,
-    /// Give JPEGs a restart marker at every MCU row (lossless), so workers decode only the
-    /// rows a random crop needs: about 6% more images/s per core on ImageNet.
+    /// Keep every JPEG's bytes as they are. By default each gets a restart marker at every
+    /// MCU row (lossless: the same pixels), so workers decode only the rows a random crop
+    /// needs (about 6–12% more images/s per core on ImageNet).
     #[arg(long)]
+    no_restart_markers: bool,
+    /// The default since restart markers became it; kept for scripts that pass it.
+    #[arg(long, hide = true, conflicts_with = "no_restart_markers")]
     restart_markers: bool,
 }
 
@@ -105,7 +110,8 @@ pub fn run(args: Args) -> Result<()> {
             }
         }
     };
-    let rewrite: Option<write::Rewrite> = args.restart_markers.then_some(&add_markers);
+    let markers = !args.no_restart_markers;
+    let rewrite: Option<write::Rewrite> = markers.then_some(&add_markers);
     let written = if let Some(dir) = &args.clips {
         let mut progress = Progress::new(None, "shard");
         let labels = args.labels.as_deref();
@@ -143,7 +149,7 @@ pub fn run(args: Args) -> Result<()> {
         written.bytes as f64 / secs.max(1e-9) / 1e6,
         args.output
     );
-    if args.restart_markers {
+    if markers {
         println!(
             "restart markers: {} JPEGs given them, {} kept as they were (unreadable; named above)",
             marked.load(Ordering::Relaxed),

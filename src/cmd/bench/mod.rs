@@ -63,10 +63,11 @@ pub struct CpuArgs {
     /// Decode the whole image, not only the crop window.
     #[arg(long)]
     no_roi: bool,
-    /// Give every JPEG restart markers first, as `sluice shard --restart-markers` does (the
-    /// pixels do not change; the decoder can then start at the crop window's rows).
+    /// The JPEGs as they are. By default each gets restart markers first, as `sluice shard`
+    /// writes them (the pixels do not change; the decoder can then start at the crop
+    /// window's rows).
     #[arg(long)]
-    restart_markers: bool,
+    no_restart_markers: bool,
     /// Clips: make clips of this many frames from the images (a window moving across each)
     /// and run a clip pipeline on them (`--pipeline` must take `clip N`), beside, in the same
     /// run, the same clips decoding all their frames and the frames as images of their own.
@@ -107,7 +108,8 @@ fn cpu(args: CpuArgs) -> Result<()> {
     if args.clip_frames > 0 || spec.clip.is_some() {
         return clips(&args, spec, &samples, &what);
     }
-    if args.restart_markers {
+    let restart_markers = !args.no_restart_markers;
+    if restart_markers {
         let (before, after) = sizing::add_restart_markers(&mut samples)?;
         println!(
             "restart markers: {before} → {after} bytes ({:+.1}%)",
@@ -116,7 +118,7 @@ fn cpu(args: CpuArgs) -> Result<()> {
     }
     println!(
         "sluice bench cpu: {what}; pipeline: {spec}; dct_scaling={} roi_decode={} restart_markers={}",
-        !args.no_dct, !args.no_roi, args.restart_markers
+        !args.no_dct, !args.no_roi, restart_markers
     );
     let mut results = Vec::new();
     for &threads in &args.threads {
