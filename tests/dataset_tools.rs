@@ -242,7 +242,11 @@ fn reshards_a_tar_stream_from_stdin() {
     let plain = shard_stdin("plain", &["--no-restart-markers"]);
     for s in &plain {
         let jpg = s.fields.iter().find(|f| f.name == "jpg").unwrap();
-        assert!(sluice_cpu::restart::layout(&jpg.data).is_none(), "{}", s.key);
+        assert!(
+            sluice_cpu::restart::layout(&jpg.data).is_none(),
+            "{}",
+            s.key
+        );
     }
     let samples = shard_stdin("marked", &[]);
     assert_eq!(samples.len(), 8);
@@ -464,13 +468,7 @@ fn restart_markers_change_no_pixel_and_keep_what_they_cannot_mark() {
     std::fs::write(&note, br#"{"note": 1}"#).unwrap();
     let out = dir.path().join("out");
     let pattern = format!("{}/s-%03d.tar", out.display());
-    let run = sluice(&[
-        "shard",
-        "--input",
-        path_str(&images),
-        "--output",
-        &pattern,
-    ]);
+    let run = sluice(&["shard", "--input", path_str(&images), "--output", &pattern]);
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stdout}{stderr}");

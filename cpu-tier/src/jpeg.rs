@@ -246,36 +246,44 @@ impl JpegDecoder {
             }
             None => full,
         };
-        // Rows above the window are entropy-decoded unless restart markers let the decoder
-        // start lower: then it decodes a JPEG of the rows from the last marker at least
-        // `context` rows above the window. Fancy chroma upsampling replicates an image's first
-        // row group (two output rows) where it would read the row above; those rows are left
-        // above the window, so its pixels are those of a full decode.
+        // What lies outside the window is entropy-decoded unless restart markers let the
+        // decoder skip it: then it decodes a JPEG of the intervals that cover the window and
+        // `context` pixels around it. Fancy chroma upsampling replicates an image's edge rows
+        // and columns where it would read past them; those are left outside the window, so
+        // its pixels are those of a full decode.
         let context = 16 / scale_num;
         let mut sub = std::mem::take(&mut self.sub);
-        let top = match crate::restart::layout(data) {
-            Some(l) if want.y >= l.interval_rows + context && rect != full => {
-                let first = (want.y - context) / l.interval_rows * l.interval_rows;
-                crate::restart::sub_image(data, &l, first, &mut sub).map_or(0, |()| first)
+        let origin = match crate::restart::layout(data) {
+            Some(l) if rect != full => {
+                let around = (
+                    want.x.saturating_sub(context),
+                    want.y.saturating_sub(context),
+                    (want.x + want.w + context).min(l.width),
+                    (want.y + want.h + context).min(l.height),
+                );
+                crate::restart::sub_image(data, &l, around, &mut sub)
             }
-            _ => 0,
+            _ => None,
         };
-        let result = self.decode_from(
-            if top > 0 { &sub } else { data },
-            header,
-            factor,
-            rect,
-            full,
-            top * scale_num / 8,
-            out,
-        );
+        let result = match origin {
+            Some((left, top)) => self.decode_from(
+                &sub,
+                header,
+                factor,
+                rect,
+                full,
+                (left * scale_num / 8, top * scale_num / 8),
+                out,
+            ),
+            None => self.decode_from(data, header, factor, rect, full, (0, 0), out),
+        };
         self.sub = sub;
         result.map(|()| Decoded { rect, scale_num })
     }
 
-    /// Decodes `rect` (scaled coordinates of the whole image) of `src`, whose first row is
-    /// the image's scaled row `top`: the image itself (`top` 0) or a [`crate::restart`] sub
-    /// image of it.
+    /// Decodes `rect` (scaled coordinates of the whole image) of `src`, whose top left pixel
+    /// is the image's scaled pixel `(left, top)`: the image itself (`(0, 0)`) or a
+    /// [`crate::restart`] sub image of it.
     #[allow(clippy::too_many_arguments)]
     fn decode_from(
         &mut self,
@@ -284,11 +292,11 @@ impl JpegDecoder {
         factor: tj::tjscalingfactor,
         rect: Rect,
         full: Rect,
-        top: u32,
+        (left, top): (u32, u32),
         out: &mut Vec<u8>,
     ) -> Result<(), DecodeError> {
         // SAFETY: the buffer pointer and length come from a live slice.
-        if top > 0
+        if (left, top) != (0, 0)
             && unsafe { tj::tj3DecompressHeader(self.handle, src.as_ptr(), src.len() as _) } != 0
         {
             return Err(self.fail());
@@ -306,7 +314,7 @@ impl JpegDecoder {
             }
         } else {
             tj::tjregion {
-                x: rect.x as i32,
+                x: (rect.x - left) as i32,
                 y: (rect.y - top) as i32,
                 w: rect.w as i32,
                 h: rect.h as i32,
@@ -317,7 +325,8 @@ impl JpegDecoder {
             return Err(self.fail());
         }
         let (w, h) = (rect.w as usize, rect.h as usize);
-        out.clear();
+        // The decoder writes every byte of the region: a reused buffer keeps its old bytes
+        // rather than being zeroed first.
         out.resize(w * h * 3, 0);
         if header.cmyk {
             self.cmyk_scratch.clear();
@@ -421,10 +430,19 @@ fn tiff_orientation(tiff: &[u8]) -> Option<u8> {
     None
 }
 
-/// `data` with a restart marker at every MCU row, transformed losslessly (the same DCT
-/// coefficients, so every decode gives the same pixels), for [`crate::restart`]'s seek
-/// index. `Ok(None)` for JPEGs that it does not help: progressive, arithmetic-coded or
-/// lossless ones, and those that already have markers at row boundaries. Extra markers
+/// The restart interval, in MCUs, for a row of `mcus_per_row` MCUs: the smallest divisor of
+/// it that leaves at most 8 intervals a row (so a window's columns can be decoded alone, for
+/// a few bytes a marker), or `None` (a marker every row) when only 1 and the row divide it.
+pub fn restart_interval(mcus_per_row: u32) -> Option<u32> {
+    let least = mcus_per_row.div_ceil(8).max(2);
+    (least..mcus_per_row).find(|d| mcus_per_row % d == 0)
+}
+
+/// `data` with restart markers a few times a row ([`restart_interval`]; every MCU row when
+/// its width allows no more), transformed losslessly (the same DCT coefficients, so every
+/// decode gives the same pixels), for [`crate::restart`]'s seek index. `Ok(None)` for JPEGs
+/// that it does not help: progressive, arithmetic-coded or lossless ones, and those that
+/// already have a seek index. Extra markers
 /// (EXIF, ICC) are kept; Huffman tables are optimized, so files barely grow.
 pub fn with_restart_markers(
     data: &[u8],
@@ -474,7 +492,13 @@ pub fn with_restart_markers(
     {
         return Ok(None);
     }
-    set(tj::TJPARAM_TJPARAM_RESTARTROWS, 1)?;
+    let subsamp = usize::try_from(get(tj::TJPARAM_TJPARAM_SUBSAMP)).ok();
+    let mcu_w = subsamp.and_then(|s| MCU_WIDTH.get(s)).copied();
+    let width = u32::try_from(get(tj::TJPARAM_TJPARAM_JPEGWIDTH)).unwrap_or(0);
+    match mcu_w.map(|w| restart_interval(width.div_ceil(w))) {
+        Some(Some(mcus)) => set(tj::TJPARAM_TJPARAM_RESTARTBLOCKS, mcus as i32)?,
+        _ => set(tj::TJPARAM_TJPARAM_RESTARTROWS, 1)?,
+    }
     set(tj::TJPARAM_TJPARAM_OPTIMIZE, 1)?;
     let transform = whole_image(0);
     let mut dst: *mut u8 = std::ptr::null_mut();

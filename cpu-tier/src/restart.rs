@@ -1,31 +1,39 @@
 //! Restart markers as a seek index into a JPEG's entropy-coded data.
 //!
-//! Without restart markers, reaching a row of a JPEG means Huffman-decoding every row above
-//! it: libjpeg-turbo's `jpeg_skip_scanlines` skips the inverse DCT and colour conversion of
-//! those rows, not their entropy decoding, which is two thirds of the engine's time. A JPEG
-//! with a restart marker at every MCU row can be entered at any row: the DC predictors reset
-//! at each marker, so the data after one is a complete scan for the rows below it.
-//! [`sub_image`] writes that as a JPEG of its own (the same headers, a smaller height, the
-//! entropy data from one interval on, markers renumbered from RST0), which libjpeg-turbo then
-//! decodes as usual.
+//! Without restart markers, reaching a pixel of a JPEG means Huffman-decoding every MCU
+//! before it: libjpeg-turbo's `jpeg_skip_scanlines` and `jpeg_crop_scanline` skip the
+//! inverse DCT and colour conversion of what lies outside a window, not its entropy
+//! decoding, which is two thirds of the engine's time. The DC predictors reset at each
+//! restart marker, so the data between two markers (an *interval*) decodes on its own. When
+//! the intervals tile the image (each a whole number of MCU rows, or an equal share of one
+//! MCU row), [`sub_image`] writes the intervals a window touches as a JPEG of their own (the
+//! same headers with a smaller width and height, the intervals' data back to back, markers
+//! renumbered from RST0), which libjpeg-turbo then decodes as usual: the rows above and
+//! below the window, and the columns beside it, are never entropy-decoded.
 //!
-//! `sluice shard --restart-markers` adds the markers losslessly at shard time (libjpeg-turbo's
-//! transform, the same coefficients: the pixels do not change). Files without them, or that
-//! are progressive, arithmetic-coded or non-interleaved, are decoded as before.
+//! `sluice shard` adds such markers losslessly at shard time (libjpeg-turbo's transform, the
+//! same coefficients: the pixels do not change), a few intervals per MCU row. Files without
+//! them, or that are progressive, arithmetic-coded or non-interleaved, are decoded as before.
 //!
 //! Everything here reads untrusted bytes: every offset is checked, and anything unexpected
 //! means "no seek index" (the caller decodes the whole file and reports its errors).
 
-/// Where a baseline JPEG's rows are, as far as restart markers tell.
+/// How a baseline JPEG's restart intervals tile it: a grid of `cols` × `rows` cells of
+/// `cell_w` × `cell_h` pixels (the last column and row cut by the image's edge).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
-    /// Offset of the frame header's 16-bit height.
+    /// Offset of the frame header's 16-bit height (its width follows).
     height_at: usize,
+    pub width: u32,
     pub height: u32,
     /// Offset of the first entropy-coded byte (after the scan header).
     scan_start: usize,
-    /// Pixel rows between two restart markers (whole MCU rows).
-    pub interval_rows: u32,
+    /// Pixels of one interval: whole MCUs across, whole MCU rows down.
+    pub cell_w: u32,
+    pub cell_h: u32,
+    /// Intervals across a row of them, and rows of them.
+    pub cols: u32,
+    pub rows: u32,
 }
 
 fn be16(data: &[u8], at: usize) -> Option<u32> {
@@ -33,8 +41,8 @@ fn be16(data: &[u8], at: usize) -> Option<u32> {
     Some(u32::from(b[0]) << 8 | u32::from(b[1]))
 }
 
-/// The layout of `data` when it is a single-scan Huffman JPEG whose restart interval is a
-/// whole number of MCU rows; `None` otherwise.
+/// The layout of `data` when it is a single-scan Huffman JPEG whose restart intervals tile
+/// it (an interval is a whole number of MCU rows, or divides one evenly); `None` otherwise.
 pub fn layout(data: &[u8]) -> Option<Layout> {
     if data.get(..2)? != [0xFF, 0xD8] {
         return None;
@@ -85,15 +93,26 @@ pub fn layout(data: &[u8]) -> Option<Layout> {
                 if usize::from(*data.get(body)?) != n || interval == 0 {
                     return None;
                 }
-                let mcus_per_row = width.div_ceil(8 * h);
-                if interval % mcus_per_row != 0 {
+                let (mcu_w, mcu_h) = (8 * h, 8 * v);
+                let mcus_per_row = width.div_ceil(mcu_w);
+                let mcu_rows = height.div_ceil(mcu_h);
+                let (cell_w, cell_h, cols) = if interval % mcus_per_row == 0 {
+                    let k = interval / mcus_per_row;
+                    (mcus_per_row * mcu_w, k * mcu_h, 1)
+                } else if mcus_per_row % interval == 0 {
+                    (interval * mcu_w, mcu_h, mcus_per_row / interval)
+                } else {
                     return None;
-                }
+                };
                 return Some(Layout {
                     height_at,
+                    width,
                     height,
                     scan_start: at + 2 + len,
-                    interval_rows: interval / mcus_per_row * 8 * v,
+                    cell_w,
+                    cell_h,
+                    cols,
+                    rows: (mcu_rows * mcu_h).div_ceil(cell_h),
                 });
             }
             0xD8 | 0xD9 | 0xD0..=0xD7 | 0x01 => return None,
@@ -103,62 +122,72 @@ pub fn layout(data: &[u8]) -> Option<Layout> {
     }
 }
 
-/// The offset just after the `k`-th restart marker (k ≥ 1) of the scan at `from`, or `None`
-/// when the data ends or another marker comes first.
-fn after_marker(data: &[u8], from: usize, k: u32) -> Option<usize> {
-    let mut seen = 0;
+/// The end of the interval whose data starts at `from`: the offset of the restart marker
+/// after it (`true`) or of the image's EOI (`false`); `None` when the data ends first or
+/// another marker comes.
+fn interval_end(data: &[u8], from: usize) -> Option<(usize, bool)> {
     let mut at = from;
     loop {
         at += memchr::memchr(0xFF, data.get(at..)?)?;
         match *data.get(at + 1)? {
             0x00 => at += 2,
             0xFF => at += 1,
-            0xD0..=0xD7 => {
-                seen += 1;
-                at += 2;
-                if seen == k {
-                    return Some(at);
-                }
-            }
+            0xD0..=0xD7 => return Some((at, true)),
+            0xD9 => return Some((at, false)),
             _ => return None,
         }
     }
 }
 
-/// A JPEG of the rows from `first_row` down (which must be a multiple of the layout's
-/// interval) written into `out`: the headers of `data` with the height lowered, then the
-/// entropy data from that interval on with its restart markers renumbered from RST0. `None`
-/// when the data does not have the markers its layout promises.
-pub fn sub_image(data: &[u8], layout: &Layout, first_row: u32, out: &mut Vec<u8>) -> Option<()> {
-    if first_row == 0 || first_row % layout.interval_rows != 0 || first_row >= layout.height {
+/// A JPEG of the intervals that cover the pixels `x0..x1` × `y0..y1` of `data`, written into
+/// `out`: its headers with the width and height of those intervals, then their entropy data
+/// in order, markers renumbered from RST0. Returns where the sub image starts in the image
+/// (pixels); `None` when the window needs the whole image, or the data does not have the
+/// markers its layout promises.
+pub fn sub_image(
+    data: &[u8],
+    layout: &Layout,
+    (x0, y0, x1, y1): (u32, u32, u32, u32),
+    out: &mut Vec<u8>,
+) -> Option<(u32, u32)> {
+    let l = layout;
+    if x0 >= l.width || y0 >= l.height {
         return None;
     }
-    let k = first_row / layout.interval_rows;
-    let start = after_marker(data, layout.scan_start, k)?;
+    let (c0, c1) = (x0 / l.cell_w, x1.div_ceil(l.cell_w).min(l.cols));
+    let (r0, r1) = (y0 / l.cell_h, y1.div_ceil(l.cell_h).min(l.rows));
+    if c0 >= c1 || r0 >= r1 || (c0, r0, c1, r1) == (0, 0, l.cols, l.rows) {
+        return None;
+    }
+    let (left, top) = (c0 * l.cell_w, r0 * l.cell_h);
+    let width = (c1 * l.cell_w).min(l.width) - left;
+    let height = (r1 * l.cell_h).min(l.height) - top;
     out.clear();
-    out.extend_from_slice(data.get(..layout.scan_start)?);
-    let height = (layout.height - first_row) as u16;
-    out[layout.height_at..layout.height_at + 2].copy_from_slice(&height.to_be_bytes());
-    let body = out.len();
-    out.extend_from_slice(data.get(start..)?);
-    // The decoder expects RST0, RST1, … from the scan's start: shift every number by k.
-    let shift = (k % 8) as u8;
-    if shift != 0 {
-        let mut at = body;
-        while let Some(i) = memchr::memchr(0xFF, &out[at..]) {
-            at += i;
-            match out.get(at + 1).copied() {
-                Some(m @ 0xD0..=0xD7) => {
-                    out[at + 1] = 0xD0 + (m - 0xD0 + 8 - shift) % 8;
-                    at += 2;
-                }
-                Some(0xFF) => at += 1,
-                Some(_) => at += 2,
-                None => break,
+    out.extend_from_slice(data.get(..l.scan_start)?);
+    out[l.height_at..l.height_at + 2].copy_from_slice(&(height as u16).to_be_bytes());
+    out[l.height_at + 2..l.height_at + 4].copy_from_slice(&(width as u16).to_be_bytes());
+    let last = (r1 - 1) * l.cols + c1 - 1;
+    let (mut at, mut written) = (l.scan_start, 0u32);
+    for index in 0..=last {
+        let (end, marker) = interval_end(data, at)?;
+        let (row, col) = (index / l.cols, index % l.cols);
+        if row >= r0 && (c0..c1).contains(&col) {
+            if written > 0 {
+                // The decoder expects RST0, RST1, … from the scan's start.
+                out.extend_from_slice(&[0xFF, 0xD0 + (written - 1) as u8 % 8]);
             }
+            out.extend_from_slice(data.get(at..end)?);
+            written += 1;
+        }
+        if index < last {
+            if !marker {
+                return None; // the image ended before the window's last interval
+            }
+            at = end + 2;
         }
     }
-    Some(())
+    out.extend_from_slice(&[0xFF, 0xD9]);
+    Some((left, top))
 }
 
 #[cfg(test)]

@@ -43,13 +43,14 @@ fn windows_decode_to_the_same_bytes_with_and_without_restart_markers() {
         seed ^= seed << 5;
         seed % n.max(1)
     };
-    let (mut entered, mut files) = (0, 0);
+    let (mut entered, mut files, mut tiled) = (0, 0, 0);
     for (name, original) in inputs() {
         let Some(marked) = with_restart_markers(&original, DecodeLimits::default()).unwrap() else {
             continue; // progressive: left as it is
         };
         files += 1;
         let layout = restart::layout(&marked).unwrap_or_else(|| panic!("{name}: no layout"));
+        tiled += usize::from(layout.cols > 1);
         assert!(restart::layout(&original).is_none());
         let header = dec.header(&original).unwrap();
         assert_eq!(dec.header(&marked).unwrap(), header, "{name}");
@@ -57,17 +58,13 @@ fn windows_decode_to_the_same_bytes_with_and_without_restart_markers() {
             let w = 1 + next(header.width);
             let h = 1 + next(header.height);
             let mut y = next(header.height - h + 1);
+            let mut x = next(header.width - w + 1);
             if i % 2 == 0 {
-                // Just below a marker, where the upsampling context matters most.
-                y = (y / layout.interval_rows * layout.interval_rows + next(20))
-                    .min(header.height - h);
+                // Just inside an interval's edge, where the upsampling context matters most.
+                y = (y / layout.cell_h * layout.cell_h + next(20)).min(header.height - h);
+                x = (x / layout.cell_w * layout.cell_w + next(20)).min(header.width - w);
             }
-            let want = Rect {
-                x: next(header.width - w + 1),
-                y,
-                w,
-                h,
-            };
+            let want = Rect { x, y, w, h };
             for scale in [1, 2, 4, 8] {
                 let da = dec
                     .header(&original)
@@ -78,15 +75,16 @@ fn windows_decode_to_the_same_bytes_with_and_without_restart_markers() {
                 assert_eq!(da.unwrap(), db.unwrap(), "{name} {want:?} at {scale}/8");
                 assert!(a == b, "{name}: {want:?} at {scale}/8 differs");
             }
-            if want.y >= layout.interval_rows + 16
-                && (want.w, want.h) != (header.width, header.height)
-            {
+            let around = (want.x, want.y, want.x + want.w, want.y + want.h);
+            let mut sub = Vec::new();
+            if restart::sub_image(&marked, &layout, around, &mut sub).is_some() {
                 entered += 1;
             }
         }
     }
     assert!(files > 0);
-    assert!(entered > 0, "no window started below a marker");
+    assert!(entered > 0, "no window was decoded from a sub image");
+    assert!(tiled > 0, "no file was given intervals across its rows");
 }
 
 #[test]
@@ -95,17 +93,23 @@ fn sub_images_refuse_what_the_data_does_not_support() {
     let marked = with_restart_markers(&jpeg, DecodeLimits::default())
         .unwrap()
         .unwrap();
-    let layout = restart::layout(&marked).unwrap();
+    let l = restart::layout(&marked).unwrap();
     let mut out = Vec::new();
-    let i = layout.interval_rows;
-    assert!(restart::sub_image(&marked, &layout, 0, &mut out).is_none());
-    assert!(restart::sub_image(&marked, &layout, i + 1, &mut out).is_none());
-    assert!(restart::sub_image(&marked, &layout, layout.height + i, &mut out).is_none());
-    assert!(restart::sub_image(&marked, &layout, i, &mut out).is_some());
-    // Cut an eighth of the way in: the middle row's marker is not there to start at.
+    let (w, h) = (l.width, l.height);
+    // The whole image, or nothing of it: no sub image.
+    assert!(restart::sub_image(&marked, &l, (0, 0, w, h), &mut out).is_none());
+    assert!(restart::sub_image(&marked, &l, (w, h, w + 9, h + 9), &mut out).is_none());
+    // The last row of intervals alone.
+    let last = (h - 1) / l.cell_h * l.cell_h;
+    assert_eq!(
+        restart::sub_image(&marked, &l, (0, last, w, h), &mut out),
+        Some((0, last))
+    );
+    // Cut an eighth of the way in: the middle rows' intervals are not there.
     let cut = &marked[..marked.len() / 8];
     if let Some(l) = restart::layout(cut) {
-        assert!(restart::sub_image(cut, &l, l.height / i / 2 * i, &mut out).is_none());
+        let middle = l.height / 2;
+        assert!(restart::sub_image(cut, &l, (0, middle, w, middle + 1), &mut out).is_none());
     }
     // Marked twice is marked once.
     assert!(with_restart_markers(&marked, DecodeLimits::default())
@@ -149,16 +153,22 @@ fn damaged_marked_jpegs_fail_cleanly() {
             let Ok(header) = dec.header(&bad) else {
                 continue;
             };
+            let (x, y) = (next(header.width as usize) as u32, header.height / 2);
             let want = Rect {
-                x: 0,
-                y: header.height / 2,
-                w: header.width,
-                h: header.height - header.height / 2,
+                x,
+                y,
+                w: header.width - x,
+                h: header.height - y,
             };
             let _ = dec.decode_region(&bad, &header, want, [1, 2, 4, 8][next(4)], &mut out);
             let mut sub = Vec::new();
             if let Some(l) = restart::layout(&bad) {
-                let _ = restart::sub_image(&bad, &l, next(l.height as usize) as u32, &mut sub);
+                let (x0, y0) = (
+                    next(l.width as usize) as u32,
+                    next(l.height as usize) as u32,
+                );
+                let around = (x0, y0, x0 + 1 + next(64) as u32, y0 + 1 + next(64) as u32);
+                let _ = restart::sub_image(&bad, &l, around, &mut sub);
             }
         }
     }

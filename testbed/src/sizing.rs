@@ -374,7 +374,7 @@ pub fn timeline(
 
 /// JPEGs for `sluice bench cpu`, as in-memory samples: every `.jpg`/`.jpeg` under `dir`
 /// (recursively, sorted), or 300 generated images without one. Also says what they are.
-/// Gives each sample's JPEG restart markers at every MCU row (those it helps; the rest stay
+/// Gives each sample's JPEG restart markers as `sluice shard` does (those it helps; the rest stay
 /// as they are); returns the total JPEG bytes before and after.
 pub fn add_restart_markers(samples: &mut [Sample]) -> Result<(u64, u64)> {
     let (mut before, mut after) = (0u64, 0u64);

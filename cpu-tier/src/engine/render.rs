@@ -358,13 +358,7 @@ impl Engine {
         }
         if g.flip {
             for row in out.chunks_exact_mut(ow as usize * 3) {
-                let n = row.len() / 3;
-                for i in 0..n / 2 {
-                    let (a, b) = (i * 3, (n - 1 - i) * 3);
-                    for c in 0..3 {
-                        row.swap(a + c, b + c);
-                    }
-                }
+                mirror_rgb(row);
             }
         }
         Ok(())
@@ -416,6 +410,20 @@ impl Engine {
             data,
             placed: None,
         }
+    }
+}
+
+/// Mirrors a row of RGB pixels in place, a pixel (three bytes) at a time.
+fn mirror_rgb(row: &mut [u8]) {
+    let n = row.len() / 3;
+    let (left, right) = row.split_at_mut(n / 2 * 3);
+    let right_pixels = right.len() / 3;
+    for (i, a) in left.chunks_exact_mut(3).enumerate() {
+        let b = &mut right[(right_pixels - 1 - i) * 3..][..3];
+        let mut t = [0u8; 3];
+        t.copy_from_slice(a);
+        a.copy_from_slice(b);
+        b.copy_from_slice(&t);
     }
 }
 
@@ -472,4 +480,18 @@ fn orient(src: &[u8], w: u32, h: u32, o: u8, out: &mut Vec<u8>) -> (u32, u32) {
         }
     }
     (nw as u32, nh as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn mirroring_reverses_the_pixels_and_keeps_their_bytes() {
+        for n in 0..6u8 {
+            let row: Vec<u8> = (0..n * 3).collect();
+            let mut m = row.clone();
+            super::mirror_rgb(&mut m);
+            let want: Vec<u8> = row.chunks(3).rev().flatten().copied().collect();
+            assert_eq!(m, want, "{n} pixels");
+        }
+    }
 }
