@@ -239,24 +239,17 @@ fn reshards_a_tar_stream_from_stdin() {
 
     // Every JPEG of the stream got restart markers (the default); with
     // `--no-restart-markers`, none did.
-    let plain = shard_stdin("plain", &["--no-restart-markers"]);
-    for s in &plain {
-        let jpg = s.fields.iter().find(|f| f.name == "jpg").unwrap();
-        assert!(
-            sluice_cpu::restart::layout(&jpg.data).is_none(),
-            "{}",
-            s.key
-        );
-    }
-    let samples = shard_stdin("marked", &[]);
-    assert_eq!(samples.len(), 8);
-    for s in &samples {
-        let jpg = s.fields.iter().find(|f| f.name == "jpg").unwrap();
-        assert!(
-            sluice_cpu::restart::layout(&jpg.data).is_some(),
-            "{}",
-            s.key
-        );
+    for (name, extra, marked) in [
+        ("plain", &["--no-restart-markers"][..], false),
+        ("marked", &[], true),
+    ] {
+        let samples = shard_stdin(name, extra);
+        assert_eq!(samples.len(), 8);
+        for s in &samples {
+            let jpg = s.fields.iter().find(|f| f.name == "jpg").unwrap();
+            let layout = sluice_cpu::restart::layout(&jpg.data);
+            assert_eq!(layout.is_some(), marked, "{name}: {}", s.key);
+        }
     }
 }
 
