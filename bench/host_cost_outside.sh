@@ -7,12 +7,18 @@
 # wake-up of its own. The figure includes loadgen's start (about 85 ms here): give it epochs.
 #
 #   bash bench/host_cost_outside.sh [EPOCHS] [ROUNDS]      # defaults: 80 epochs, 2 rounds
+#   LOAD=quiet|busy|both (default both): busy keeps the other core spinning (`yes`, pinned to
+#   the last CPU), as a training process's own threads would, while loadgen runs.
+#
+# These VMs differ about 2x in absolute speed, so each figure is also given as a ratio to the
+# floors `sluice bench host-cost` measures in the same run, under the same load, just before
+# it: the copy of a 224x224x3 tensor (same-host) and AES-256-GCM over it plus the copy (QUIC).
 #
 # Data: the first 196 JPEGs of ../shared/data/imagenet-sample with their labels (4 shards of
 # 50), or, without ../shared, 196 generated ones (says so). The binary is target/release/sluice
 # (built if missing) or $SLUICE_BIN; $SLUICE_BIN_B, if set, is measured alternately beside it
 # (an A/B of two builds on one machine). Prints one line per run:
-#   outside <transport> <binary> <µs per sample> <samples/s>
+#   outside <load> <transport> <binary> <µs per sample> <x the floor> <samples/s>
 set -euo pipefail
 cd "$(dirname "$0")/.."
 epochs=${1:-80}
@@ -24,10 +30,15 @@ fi
 bins=("$SLUICE_BIN")
 [ -n "${SLUICE_BIN_B:-}" ] && bins+=("$SLUICE_BIN_B")
 
+load=${LOAD:-both}
+case "$load" in quiet) loads=(quiet) ;; busy) loads=(busy) ;; both) loads=(quiet busy) ;;
+    *) echo "LOAD=$load: quiet, busy or both" >&2; exit 2 ;; esac
 work=$(mktemp -d)
 worker_pid=
+busy_pid=
 cleanup() {
     [ -n "$worker_pid" ] && kill "$worker_pid" 2>/dev/null || true
+    [ -n "$busy_pid" ] && kill "$busy_pid" 2>/dev/null || true
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -51,9 +62,19 @@ fi
 echo "gpu-host-cost-token-0123456789" > "$work/token"
 samples=$(( 196 * epochs ))
 
+# The floors now, µs per sample: sets floor_quic and floor_copy, from `bench host-cost`'s
+# QUIC row ("floor T µs (<impl> AES-256-GCM in N-byte packets D + copy C)").
+floors() {
+    local row
+    row=$("$SLUICE_BIN" bench host-cost --only quic --samples 1024 --repeat 1 --epochs 1 \
+        | grep -m1 $'^host-cost\tquic') || { echo "bench host-cost printed no QUIC row" >&2; exit 1; }
+    floor_quic=$(sed -E 's/.*floor ([0-9.]+) µs.*/\1/' <<< "$row")
+    floor_copy=$(sed -E 's/.*\+ copy ([0-9.]+)\).*/\1/' <<< "$row")
+}
+
 # One run: a fresh worker, then loadgen timed by bash's `time` (its CPU alone).
 run() {
-    local bin=$1 transport=$2 state
+    local bin=$1 transport=$2 mode=$3 state
     state=$(mktemp -d -p "$work")
     local same=(--no-same-host) client=()
     if [ "$transport" = same-host ]; then
@@ -78,15 +99,38 @@ run() {
     worker_pid=
     grep -q "all ranks" "$state/loadgen.log" || { cat "$state/loadgen.log" >&2; exit 1; }
     read -r user sys wall <<< "$times"
-    awk -v u="$user" -v s="$sys" -v w="$wall" -v n="$samples" -v t="$transport" -v b="$(basename "$bin")" \
-        'BEGIN { printf "outside\t%s\t%s\t%.1f µs/sample\t%.0f samples/s\n", t, b, (u + s) * 1e6 / n, n / w }'
+    local floor=$floor_copy
+    [ "$transport" = quic ] && floor=$floor_quic
+    awk -v u="$user" -v s="$sys" -v w="$wall" -v n="$samples" -v t="$transport" -v m="$mode" \
+        -v b="$(basename "$bin")" -v f="$floor" \
+        'BEGIN { us = (u + s) * 1e6 / n;
+                 printf "outside\t%s\t%s\t%s\t%.1f µs/sample\t%.2fx the floor (%.1f µs)\t%.0f samples/s\n",
+                        m, t, b, us, us / f, f, n / w }'
+}
+
+# The other core busy: a spinner on the last CPU for as long as the mode lasts.
+busy_on() {
+    local last
+    last=$(( $(nproc) - 1 ))
+    taskset -c "$last" yes > /dev/null &
+    busy_pid=$!
+}
+busy_off() {
+    [ -n "$busy_pid" ] && kill "$busy_pid" 2>/dev/null && wait "$busy_pid" 2>/dev/null || true
+    busy_pid=
 }
 
 echo "host cost from outside: loadgen's CPU per sample, 1 rank, batch 32, $epochs epochs of 196 JPEGs, beside sluice cpu --threads 2"
 for _ in $(seq "$rounds"); do
-    for transport in same-host quic; do
-        for bin in "${bins[@]}"; do
-            run "$bin" "$transport"
+    for mode in "${loads[@]}"; do
+        [ "$mode" = busy ] && busy_on
+        floors
+        echo "floors ($mode): copy $floor_copy µs, QUIC $floor_quic µs per sample"
+        for transport in same-host quic; do
+            for bin in "${bins[@]}"; do
+                run "$bin" "$transport" "$mode"
+            done
         done
+        busy_off
     done
 done
