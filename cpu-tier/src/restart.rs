@@ -104,11 +104,17 @@ pub fn layout(data: &[u8]) -> Option<Layout> {
                 } else {
                     return None;
                 };
+                let scan_start = at + 2 + len;
+                // The frame header's height and width lie before the scan (a malformed
+                // header could make them overlap it).
+                if height_at + 4 > scan_start {
+                    return None;
+                }
                 return Some(Layout {
                     height_at,
                     width,
                     height,
-                    scan_start: at + 2 + len,
+                    scan_start,
                     cell_w,
                     cell_h,
                     cols,
@@ -204,6 +210,19 @@ mod tests {
             .encode_image(&image::RgbImage::new(64, 48))
             .unwrap();
         assert_eq!(layout(&jpeg), None, "no DRI segment, no index");
+    }
+
+    #[test]
+    fn a_frame_header_overlapping_the_scan_is_handled_without_panic() {
+        // SOI, DRI (interval 1), an SOF0 of length 3 whose height, width and components are
+        // the SOS segment after it.
+        let mut jpeg = vec![0xFF, 0xD8, 0xFF, 0xDD, 0x00, 0x04, 0x00, 0x01];
+        jpeg.extend_from_slice(&[0xFF, 0xC0, 0x00, 0x03, 0x08]);
+        jpeg.extend_from_slice(&[0xFF, 0xDA, 0x00, 0x02, 0x01, 0x00, 0x11, 0xFF, 0xD9]);
+        if let Some(l) = layout(&jpeg) {
+            let mut out = Vec::new();
+            let _ = sub_image(&jpeg, &l, (0, 0, 1, 1), &mut out);
+        }
     }
 
     #[test]
