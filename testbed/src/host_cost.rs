@@ -27,7 +27,7 @@ use sluice_wire::copy::Streaming;
 
 use crate::error::{Result, TestbedError};
 pub use crate::transport::SyntheticWorker;
-use crate::transport::{consume_epochs, TransportProbe};
+use crate::transport::{timed_epochs, TransportProbe};
 
 /// What the client spent on the samples of the epochs measured.
 #[derive(Clone, Copy, Debug)]
@@ -72,25 +72,8 @@ pub fn client_cost(
     same_host: bool,
     epochs: u64,
 ) -> Result<HostCost> {
-    let epochs = epochs.max(1);
-    let warmup = usize::from(epochs > 1);
-    let mut start = (process_cpu_secs(), Instant::now());
-    let mut end = start;
-    let mut delivered = vec![0u64; epochs as usize];
-    consume_epochs(args, addr, dir, same_host, epochs, |epoch, n| {
-        let now = (process_cpu_secs(), Instant::now());
-        if (epoch as usize) < warmup {
-            start = now;
-        }
-        if let Some(d) = delivered.get_mut(epoch as usize) {
-            *d = n;
-        }
-        end = now;
-    })?;
-    let samples: u64 = delivered[warmup..].iter().sum();
-    if samples == 0 {
-        return Err(TestbedError::Setup("the epochs delivered no batch".into()));
-    }
+    let now = || (process_cpu_secs(), Instant::now());
+    let (start, end, samples) = timed_epochs(args, addr, dir, same_host, epochs, now)?;
     Ok(HostCost {
         samples,
         cpu_secs: end.0 - start.0,

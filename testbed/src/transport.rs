@@ -285,12 +285,44 @@ pub fn consume_epochs(
     Ok(total)
 }
 
+/// [`consume_epochs`] for `epochs` epochs, timed by `now` (a clock, or a clock and the
+/// process's CPU time): with more than one, the first warms up what a loader keeps across
+/// epochs (its tensor buffers, its same-host segments, whose pages are made as they are first
+/// touched) and the rest are timed, from the first epoch's last batch to the last one's, as a
+/// training run's steady state; with one, the epoch is timed from the loader's start. Returns
+/// `now` at the start and at the end, and the samples delivered in between; an error if none.
+pub fn timed_epochs<T: Copy>(
+    args: &TransportProbe,
+    addr: std::net::SocketAddr,
+    dir: &std::path::Path,
+    same_host: bool,
+    epochs: u64,
+    now: impl Fn() -> T,
+) -> Result<(T, T, u64)> {
+    let epochs = epochs.max(1);
+    let warmup = usize::from(epochs > 1);
+    let mut start = now();
+    let mut end = start;
+    let mut delivered = vec![0u64; epochs as usize];
+    consume_epochs(args, addr, dir, same_host, epochs, |epoch, n| {
+        let at = now();
+        if (epoch as usize) < warmup {
+            start = at;
+        }
+        if let Some(d) = delivered.get_mut(epoch as usize) {
+            *d = n;
+        }
+        end = at;
+    })?;
+    let samples: u64 = delivered[warmup..].iter().sum();
+    if samples == 0 {
+        return Err(TestbedError::Setup("the epochs delivered no batch".into()));
+    }
+    Ok((start, end, samples))
+}
+
 /// Bytes/s through the real server and `Loader`, over QUIC or the same-host socket, over
-/// `epochs` epochs of one loader, one after the other. With more than one, the first warms up
-/// what a loader keeps across epochs (its tensor buffers, its same-host segments, whose pages
-/// are made as they are first touched) and the rest are timed, from the first epoch's last
-/// batch to the last one's, as a training run's steady state; with one, the epoch is timed
-/// from the worker's start, as a job's first minutes.
+/// `epochs` epochs of one loader, one after the other, timed as [`timed_epochs`] says.
 pub fn loader_once(
     args: &TransportProbe,
     runner: Arc<Synthetic>,
@@ -298,33 +330,19 @@ pub fn loader_once(
     epochs: u64,
 ) -> Result<f64> {
     let dir = tempfile::tempdir().map_err(TestbedError::io("making a temporary folder"))?;
-    let epochs = epochs.max(1);
-    let warmup = u64::from(epochs > 1);
-    let mut start = Instant::now();
     let worker = SyntheticWorker::start(runner, dir.path(), same_host, args.connections)?;
-    let mut end = start;
-    let mut delivered = vec![0u64; epochs as usize];
-    consume_epochs(
+    let timed = timed_epochs(
         args,
         worker.addr,
         dir.path(),
         same_host,
         epochs,
-        |epoch, n| {
-            let now = Instant::now();
-            if epoch < warmup {
-                start = now;
-            }
-            if let Some(d) = delivered.get_mut(epoch as usize) {
-                *d = n;
-            }
-            end = now;
-        },
-    )?;
-    // The client goes first (it is gone when `consume_epochs` returns), so the server's
+        Instant::now,
+    );
+    // The client goes first (it is gone when `timed_epochs` returns), so the server's
     // shutdown is not reported as a lost worker.
     drop(worker);
-    let samples: u64 = delivered[warmup as usize..].iter().sum();
+    let (start, end, samples) = timed?;
     let secs = (end - start).as_secs_f64().max(1e-9);
     Ok(samples as f64 * args.side as f64 * args.side as f64 * 3.0 / secs)
 }

@@ -54,7 +54,7 @@ pub struct TransportArgs {
     repeat: u32,
     /// Epochs of one loader per measurement, one after the other: the first warms up what a
     /// loader keeps across epochs (tensor buffers, same-host segments) and the rest are
-    /// timed, as a training run's steady state; 1 times one epoch from the worker's start.
+    /// timed, as a training run's steady state; 1 times one epoch from the loader's start.
     #[arg(long, default_value_t = 3)]
     epochs: u64,
     /// Measure this path alone, to profile it: quic, same-host, tcp or memcpy (the ratios
@@ -71,7 +71,7 @@ pub fn run(args: TransportArgs) -> Result<()> {
         probe.samples,
         u64::from(probe.side) * u64::from(probe.side) * 3,
         match args.epochs {
-            0 | 1 => "one epoch from the worker's start".to_string(),
+            0 | 1 => "one epoch from the loader's start".to_string(),
             n => format!("epochs 2..{n} of one loader (the first warms it up)"),
         },
         probe.connections,
