@@ -83,28 +83,37 @@ fn assert_passes(steps: &[Vec<Line>], sources: &[(&str, u64)]) {
     }
 }
 
-fn loadgen_mix(a: &Path, b: &Path, weights: &str, ranks: &str, dump: &Path, extra: &[&str]) {
-    let mut args = vec![
+/// `loadgen` on a mixture of `a` and `b` at `weights`.
+fn loadgen_of<'a>(a: &'a Path, b: &'a Path, weights: &'a str) -> Vec<&'a str> {
+    let (a, b) = (path_str(a), path_str(b));
+    vec![
         "loadgen",
         "--dataset",
-        path_str(a),
+        a,
         "--dataset",
-        path_str(b),
+        b,
         "--weights",
         weights,
+    ]
+}
+
+fn loadgen_mix(a: &Path, b: &Path, weights: &str, ranks: &str, dump: &Path, extra: &[&str]) {
+    let mut args = loadgen_of(a, b, weights);
+    args.extend([
         "--seed",
         "5",
         "--pipeline",
         "decode | resize 32 | center_crop 32",
-        "--workers",
-        "local",
         "--batch-size",
         "8",
         "--ranks",
         ranks,
         "--dump-ids",
         path_str(dump),
-    ];
+    ]);
+    if !extra.contains(&"--workers") {
+        args.extend(["--workers", "local"]);
+    }
     args.extend(extra);
     sluice_ok(&args);
 }
@@ -120,32 +129,26 @@ fn weights_hold_in_every_window_and_quic_with_a_worker_killed_matches_in_process
     let dump =
         |name: &str, workers: &str, trust: Option<&Path>, victim: Option<&mut system::Worker>| {
             let ids = dir.path().join(format!("{name}.tsv"));
-            let mut args: Vec<String> = [
-                "loadgen",
-                "--dataset",
-                path_str(&a),
-                "--dataset",
-                path_str(&b),
-                "--weights",
-                "3,1",
-                "--workers",
-                workers,
-                "--batch-size",
-                "64",
-                "--epochs",
-                "2",
-                "--seed",
-                "5",
-                "--step-ms",
-                "60",
-                "--pipeline",
-                "decode | random_resized_crop 48 | hflip 0.5",
-                "--dump-ids",
-                path_str(&ids),
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+            let mut args: Vec<String> = loadgen_of(&a, &b, "3,1")
+                .into_iter()
+                .chain([
+                    "--workers",
+                    workers,
+                    "--batch-size",
+                    "64",
+                    "--epochs",
+                    "2",
+                    "--seed",
+                    "5",
+                    "--step-ms",
+                    "60",
+                    "--pipeline",
+                    "decode | random_resized_crop 48 | hflip 0.5",
+                    "--dump-ids",
+                    path_str(&ids),
+                ])
+                .map(|s| s.to_string())
+                .collect();
             if let Some(t) = trust {
                 args.extend(["--trust-cert".into(), path_str(t).into()]);
                 args.extend([
@@ -248,4 +251,156 @@ fn a_mixture_checkpoint_resumes_at_three_ranks_and_with_new_weights() {
     }
     let sizes = [(a_name.as_str(), 240), (b_name.as_str(), 60)];
     assert_passes(&all, &sizes);
+}
+
+/// An epoch of 1,200 samples read in rounds of 5 batches a rank (30 rounds at 2 ranks): every
+/// pass whole, the weights in every window, and the same order over a QUIC worker; a
+/// checkpoint in the middle of a round and one at a round's end resume at 2 ranks with the
+/// uninterrupted order, and at 3 ranks with every pass still whole.
+#[test]
+fn an_epoch_read_in_rounds_keeps_its_order_across_rounds_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = source(dir.path(), "a", 8, 30, 30);
+    let b = source(dir.path(), "b", 4, 15, 20);
+    let (a_name, b_name) = (path_str(&a).to_string(), path_str(&b).to_string());
+    let sizes = [(a_name.as_str(), 240), (b_name.as_str(), 60)];
+    let d = |n: &str| dir.path().join(n);
+    let rounds = ["--epoch-samples", "1200", "--mixture-round-samples", "40"];
+    let with = |more: &[&str]| -> Vec<String> {
+        rounds
+            .iter()
+            .chain(more)
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+    };
+    let run = |ranks: &str, dump: &str, more: &[&str]| {
+        let args = with(more);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        loadgen_mix(&a, &b, "3,1", ranks, &d(dump), &args);
+        read_dump(&d(dump))
+    };
+    let whole = run("2", "whole.tsv", &[]);
+    assert_eq!(whole.len(), 1200);
+    let all = steps(&whole, 0, 8);
+    for w in all.chunks(8) {
+        let ids: Vec<&Line> = w.iter().flatten().collect();
+        let share = ids.iter().filter(|l| l.3 == a_name).count() as f64 / ids.len() as f64;
+        assert!((share - 0.75).abs() <= 0.1, "{share:.3} of A in 8 steps");
+    }
+    assert_passes(&all, &sizes);
+
+    let worker = start_worker(dir.path(), "w");
+    let trust = trust_file(dir.path(), &[&worker]);
+    let token = d("token");
+    let quic = [
+        "--workers",
+        worker.addr.as_str(),
+        "--trust-cert",
+        path_str(&trust),
+        "--token-file",
+        path_str(&token),
+    ];
+    let over_quic = run("2", "quic.tsv", &quic);
+    assert!(
+        over_quic == whole,
+        "rounds over QUIC differ from in process"
+    );
+
+    for (stop, name) in [("23", "mid"), ("25", "end")] {
+        let state = d(&format!("{name}.json"));
+        let state = path_str(&state);
+        let first = run(
+            "2",
+            &format!("{name}-before.tsv"),
+            &["--stop-after-batches", stop, "--save-state", state],
+        );
+        let rest = run("2", &format!("{name}-after.tsv"), &["--resume", state]);
+        let mut resumed = steps(&first, 0, 8);
+        resumed.extend(steps(&rest, 0, 8));
+        assert!(
+            resumed == all,
+            "resumed after {stop} batches, the order differs"
+        );
+        let three = run("3", &format!("{name}-three.tsv"), &["--resume", state]);
+        let mut resumed = steps(&first, 0, 8);
+        resumed.extend(steps(&three, 0, 8));
+        let delivered: usize = resumed.iter().map(Vec::len).sum();
+        assert!(1200 - delivered < 3, "{delivered} samples in the epoch");
+        assert_passes(&resumed, &sizes);
+    }
+}
+
+/// Peak resident memory (KiB) of a `sluice` run with `args`, read while it runs; and its
+/// report.
+fn peak_rss_kb(args: &[&str]) -> (u64, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let hwm = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                let line = s.lines().find(|l| l.starts_with("VmHWM:"))?.to_string();
+                line.split_whitespace().nth(1)?.parse::<u64>().ok()
+            })
+    };
+    let mut peak = 0;
+    while child.try_wait().unwrap().is_none() {
+        peak = peak.max(hwm(child.id()).unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = child.wait_with_output().unwrap();
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{args:?} failed: {report}");
+    (peak, report)
+}
+
+/// A mixture epoch of 10^9 samples (and one of 10^12) reaches its first batches in the
+/// memory an epoch of 10^5 takes: the plan holds one round, not the epoch.
+#[test]
+fn an_epoch_of_a_billion_samples_starts_in_the_memory_of_a_small_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = source(dir.path(), "a", 4, 30, 30);
+    let b = source(dir.path(), "b", 2, 15, 15);
+    let run = |samples: &str| {
+        let started = std::time::Instant::now();
+        let mut args = loadgen_of(&a, &b, "3,1");
+        args.extend([
+            "--epoch-samples",
+            samples,
+            "--workers",
+            "local",
+            "--batch-size",
+            "16",
+            "--stop-after-batches",
+            "20",
+            "--pipeline",
+            "decode | resize 32 | center_crop 32",
+        ]);
+        let (peak, report) = peak_rss_kb(&args);
+        assert!(report.contains("20 batches"), "{report}");
+        println!(
+            "epoch of {samples}: 20 batches in {:.1} s, peak RSS {} MiB",
+            started.elapsed().as_secs_f64(),
+            peak / 1024
+        );
+        peak
+    };
+    let small = run("100000");
+    for samples in ["1000000000", "1000000000000"] {
+        let huge = run(samples);
+        assert!(
+            huge < small + 64 * 1024,
+            "an epoch of {samples} samples peaked at {} MiB, one of 10^5 at {} MiB",
+            huge / 1024,
+            small / 1024
+        );
+    }
 }

@@ -426,7 +426,9 @@ impl Batch {
         self.epoch
     }
 
-    /// The batch's position in the epoch, from 0.
+    /// The batch's step in the epoch, from 0, as a training loop counts it: after a resume
+    /// at another world size (or in a mixture's later round), the batches each rank took
+    /// before plus its place in the rest.
     pub fn index(&self) -> u64 {
         self.index
     }

@@ -209,6 +209,11 @@ pub struct LoaderConfig {
     pub weight_schedule: Option<sluice_plan::ScheduleSpec>,
     /// Samples in an epoch of a mixture (`None`: all its sources' samples).
     pub epoch_samples: Option<u64>,
+    /// Samples each rank of a mixture plans at once (rounded down to whole batches): an
+    /// epoch of more is read a round at a time, so its plan's memory (about 40 bytes a
+    /// sample) and the time to its first batch do not grow with `epoch_samples` (see
+    /// `sluice_plan::mixture`). Part of the plan: a checkpoint resumes only under the same.
+    pub mixture_round_samples: u64,
     /// The training job's name on the workers: they share their decode slots among jobs by
     /// it and label its metrics with it. Every rank of a job should give the same (`None`:
     /// `dataset_name@client_name`, one job per host).
@@ -268,6 +273,7 @@ impl Default for LoaderConfig {
             weights: Vec::new(),
             weight_schedule: None,
             epoch_samples: None,
+            mixture_round_samples: sluice_plan::mixture::DEFAULT_ROUND_SAMPLES,
             job_name: None,
             job_weight: 1,
         }
@@ -382,6 +388,9 @@ impl LoaderConfig {
         if self.epoch_samples == Some(0) {
             return bad("epoch_samples", "must be at least 1");
         }
+        if self.mixture_round_samples == 0 {
+            return bad("mixture_round_samples", "must be at least 1");
+        }
         if !self.shuffle.shuffles() {
             // Manifest order: one unit at a time, no shuffle buffer, batches in plan order.
             if self.order == Order::Arrival {
@@ -443,6 +452,7 @@ impl LoaderConfig {
             max_unit_samples: self.max_unit_samples,
             last_batch: self.last_batch,
             mixing: self.mixing,
+            mixture_round_samples: self.mixture_round_samples,
         }
     }
 }
@@ -500,6 +510,13 @@ pub struct PlanSettings {
     pub max_unit_samples: u64,
     pub last_batch: LastBatch,
     pub mixing: Mixing,
+    /// Checkpoints before it recorded none: the default then.
+    #[serde(default = "default_round_samples")]
+    pub mixture_round_samples: u64,
+}
+
+fn default_round_samples() -> u64 {
+    sluice_plan::mixture::DEFAULT_ROUND_SAMPLES
 }
 
 impl PlanSettings {
@@ -522,6 +539,10 @@ impl PlanSettings {
             ("max_unit_samples", self.max_unit_samples.to_string()),
             ("last_batch", format!("{:?}", self.last_batch)),
             ("mixing", format!("{:?}", self.mixing)),
+            (
+                "mixture_round_samples",
+                self.mixture_round_samples.to_string(),
+            ),
         ]
     }
 }

@@ -30,8 +30,18 @@
 //! goes on where it was: nothing delivered in the pass comes again before the pass ends, and
 //! nothing is skipped. The epoch keeps its length; only its proportions change.
 //!
+//! **Rounds.** A segment of more than [`Mixture::round_samples`] samples a rank is drawn a
+//! round at a time: its first round (that many a rank, whole batches) is drawn as above,
+//! and once every rank has taken it the rest of the segment is the next segment, in the same
+//! world and by the same weights, with nothing handed back. So a plan holds one round,
+//! whatever `epoch_samples` is: memory and the time to a first batch do not grow with the
+//! epoch. A round's draw leaves each source where the next round's starts, so passes run on
+//! across rounds as across segments; a segment of one round is planned as it always was.
+//!
 //! Everything here is integer arithmetic on counts (weights are parts per billion), so every
 //! rank computes the same plan.
+
+mod walk;
 
 use serde::{Deserialize, Serialize};
 
@@ -94,7 +104,13 @@ pub struct Mixture {
     pub base: MixBase,
     /// Weights by step, in place of `weights` (see [`crate::schedule`]).
     pub schedule: Option<Schedule>,
+    /// Samples each rank draws at most at once (see "Rounds" above), before rounding down
+    /// to whole batches (at least one).
+    pub round_samples: u64,
 }
+
+/// The default of [`Mixture::round_samples`]: a round's plan takes about 40 MB a rank.
+pub const DEFAULT_ROUND_SAMPLES: u64 = 1 << 20;
 
 /// The weights a segment is drawn by: fixed (a checkpoint's, or a mixture without a
 /// schedule), or its schedule's, summed over the steps the segment spans from the epoch's
@@ -126,6 +142,39 @@ pub fn apportion(total: u64, weights: &[u64]) -> Vec<u64> {
         out[s] += 1;
     }
     out
+}
+
+/// What a source hands out of `n` samples: first from `front` (oldest pass first), then
+/// from its line at `cursor`. Returns what it drew of `front`, in pass order, and its state
+/// after (its line drawn up to the new `cursor`).
+fn take_front(mut front: Vec<Drawn>, cursor: u64, n: u64) -> (Vec<Drawn>, SourceState) {
+    front.sort_by_key(|d| d.pass);
+    let mut drawn = Vec::new();
+    let mut left = n;
+    let mut returned = Vec::new();
+    for d in front {
+        if left == 0 {
+            returned.push(d);
+        } else if d.len() <= left {
+            left -= d.len();
+            drawn.push(d);
+        } else {
+            let cut = d.start + left;
+            drawn.push(Drawn { end: cut, ..d });
+            returned.push(Drawn { start: cut, ..d });
+            left = 0;
+        }
+    }
+    let after = SourceState {
+        cursor: cursor + left,
+        returned,
+    };
+    (drawn, after)
+}
+
+/// The batches each rank took in the segments `resumed`.
+fn batches_of(resumed: &[Segment]) -> u64 {
+    resumed.iter().map(|s| s.batches).sum()
 }
 
 /// `left` brought to `total` samples: the difference taken from (or added to) the sources
@@ -309,37 +358,15 @@ impl Mixture {
     fn take(
         &self,
         s: usize,
-        mut front: Vec<Drawn>,
+        front: Vec<Drawn>,
         cursor: u64,
         n: u64,
         per_pass: u64,
         ctx: &Ctx,
     ) -> (Vec<Drawn>, SourceState) {
-        front.sort_by_key(|d| d.pass);
-        let mut drawn = Vec::new();
-        let mut left = n;
-        let mut returned = Vec::new();
-        for d in front {
-            if left == 0 {
-                returned.push(d);
-            } else if d.len() <= left {
-                left -= d.len();
-                drawn.push(d);
-            } else {
-                let cut = d.start + left;
-                drawn.push(Drawn { end: cut, ..d });
-                returned.push(Drawn { start: cut, ..d });
-                left = 0;
-            }
-        }
-        drawn.extend(self.line(s, cursor, cursor + left, per_pass, ctx));
-        (
-            drawn,
-            SourceState {
-                cursor: cursor + left,
-                returned,
-            },
-        )
+        let (mut drawn, after) = take_front(front, cursor, n);
+        drawn.extend(self.line(s, cursor, after.cursor, per_pass, ctx));
+        (drawn, after)
     }
 
     /// Draws `shares[s]` samples from each source, starting with `front[s]` (then its
@@ -395,13 +422,13 @@ impl Mixture {
     }
 
     /// The weights `weights` give a segment of `samples` samples in a world of `world` that
-    /// starts after the segments `resumed` of its epoch.
+    /// starts `before` batches into its epoch (its earlier segments').
     fn resolve(
         &self,
         weights: SegmentWeights<'_>,
         samples: u64,
         world: u32,
-        resumed: &[Segment],
+        before: u64,
         ctx: &Ctx,
     ) -> Vec<u64> {
         match (weights, &self.schedule) {
@@ -409,7 +436,7 @@ impl Mixture {
             (SegmentWeights::Scheduled { epoch_start }, Some(schedule)) => {
                 // Each step weighs as many samples as a rank takes in it (the last, short
                 // step fewer), as the merge places them.
-                let start = epoch_start + resumed.iter().map(|s| s.batches).sum::<u64>();
+                let start = epoch_start + before;
                 let per_rank = samples / u64::from(world.max(1));
                 let batch = ctx.batch_size.max(1);
                 let (full, rest) = (per_rank / batch, per_rank % batch);
@@ -437,13 +464,8 @@ impl Mixture {
         ctx: &Ctx,
     ) -> Vec<u64> {
         let weights = SegmentWeights::Scheduled { epoch_start };
-        self.resolve(
-            weights,
-            samples * u64::from(world.max(1)),
-            world,
-            resumed,
-            ctx,
-        )
+        let total = samples * u64::from(world.max(1));
+        self.resolve(weights, total, world, batches_of(resumed), ctx)
     }
 
     /// The sources' states and the training step at the start of `epoch`: the base's, carried
@@ -461,7 +483,7 @@ impl Mixture {
                 known: base.epoch,
             });
         }
-        let mut state = match base.state.len() == self.shards.len() {
+        let state = match base.state.len() == self.shards.len() {
             true => base.state.clone(),
             false => vec![SourceState::default(); self.shards.len()],
         };
@@ -472,88 +494,16 @@ impl Mixture {
         let ours = SegmentWeights::Scheduled {
             epoch_start: base.step,
         };
-        let draw = self.segment_draw(base.epoch, &state, &base.resumed, world, ours, ctx)?;
-        let last: u64 = draw.groups.iter().map(|g| assign::total(&g.pieces)).sum();
-        let mut step = base.step
-            + base.resumed.iter().map(|s| s.batches).sum::<u64>()
-            + Self::rank_batches(last, world, ctx);
-        state = draw.next;
-        let length = Self::rounded(self.epoch_length(ctx.counts), world, ctx);
-        let per_epoch = Self::rank_batches(length, world, ctx);
-        for _ in base.epoch + 1..epoch {
-            let empty = vec![Vec::new(); self.shards.len()];
+        let seg = self.walk(base.epoch, &state, &base.resumed, world, ours, ctx)?;
+        let step = base.step + batches_of(&base.resumed);
+        let resumed = base.resumed.clone();
+        let (mut state, mut step) = self.finish(base.epoch, seg, resumed, ours, step, ctx)?;
+        for e in base.epoch + 1..epoch {
             let weights = SegmentWeights::Scheduled { epoch_start: step };
-            let weights = self.resolve(weights, length, world, &[], ctx);
-            state = self
-                .draw(&state, empty, &apportion(length, &weights), ctx)
-                .next;
-            step += per_epoch;
+            let seg = self.opening(&state, world, weights, ctx);
+            (state, step) = self.finish(e, seg, Vec::new(), weights, step, ctx)?;
         }
         Ok((state, step))
-    }
-
-    /// The draw of the segment after `resumed` in an epoch that started at `start`, for a
-    /// world of `world` ranks drawing by `weights`.
-    fn segment_draw(
-        &self,
-        epoch: u64,
-        start: &[SourceState],
-        resumed: &[Segment],
-        world: u32,
-        weights: SegmentWeights<'_>,
-        ctx: &Ctx,
-    ) -> Result<Draw, PlanError> {
-        let Some((last, earlier)) = resumed.split_last() else {
-            let length = Self::rounded(self.epoch_length(ctx.counts), world, ctx);
-            let empty = vec![Vec::new(); self.shards.len()];
-            let weights = self.resolve(weights, length, world, resumed, ctx);
-            return Ok(self.draw(start, empty, &apportion(length, &weights), ctx));
-        };
-        // An old segment is drawn by the weights it recorded (older checkpoints recorded
-        // none: the mixture's then).
-        let old = match (last.weights.is_empty(), weights) {
-            (false, _) => last.weights.clone(),
-            (true, SegmentWeights::Fixed(w)) => w.to_vec(),
-            (true, SegmentWeights::Scheduled { .. }) => self.weights.clone(),
-        };
-        let old_weights = &old[..];
-        let prev = self.segment_draw(
-            epoch,
-            start,
-            earlier,
-            last.world_size,
-            SegmentWeights::Fixed(old_weights),
-            ctx,
-        )?;
-        let depth = earlier.len() as u32;
-        let mut front: Vec<Vec<Drawn>> = vec![Vec::new(); self.shards.len()];
-        for q in 0..last.world_size {
-            let units = self.rank_units(&prev, epoch, depth, last.world_size, q, ctx);
-            let sequence = self.sequence(&units, epoch, depth, q, ctx)?;
-            let done = (last.batches * ctx.batch_size).min(sequence.len());
-            for (group, piece) in crate::order::remaining_by_group(&units, &sequence, done) {
-                let g = &prev.groups[group as usize];
-                front[g.source].push(Drawn {
-                    pass: g.pass,
-                    shard: piece.shard,
-                    start: piece.start,
-                    end: piece.end,
-                });
-            }
-        }
-        let left: Vec<u64> = front
-            .iter()
-            .map(|f| f.iter().map(Drawn::len).sum())
-            .collect();
-        let total = Self::rounded(left.iter().sum(), world, ctx);
-        let weights = self.resolve(weights, total, world, resumed, ctx);
-        let shares = match weights == old_weights {
-            // The same weights: each source delivers what it had left, the rounding for the
-            // new world shared by weight.
-            true => settle(&left, total, &weights),
-            false => apportion(total, &weights),
-        };
-        Ok(self.draw(&prev.next, front, &shares, ctx))
     }
 
     /// Rank `rank`'s units of a draw in a world of `world` ranks: each group cut across the
@@ -596,7 +546,8 @@ impl Mixture {
     }
 
     /// Rank `rank`'s units for `epoch` after the segments `resumed`, in a world of `world`
-    /// ranks drawing by the mixture's current weights, and the samples each rank gets.
+    /// ranks drawing by the mixture's current weights (one round of them), and the samples
+    /// each rank gets.
     pub(crate) fn segment(
         &self,
         epoch: u64,
@@ -605,13 +556,39 @@ impl Mixture {
         rank: u32,
         ctx: &Ctx,
     ) -> Result<(Vec<WorkUnit>, u64), PlanError> {
-        let (start, epoch_start) = self.start_of(epoch, ctx)?;
-        let weights = SegmentWeights::Scheduled { epoch_start };
-        let draw = self.segment_draw(epoch, &start, resumed, world, weights, ctx)?;
-        let total: u64 = draw.groups.iter().map(|g| assign::total(&g.pieces)).sum();
+        let seg = self.current(epoch, resumed, world, ctx)?;
+        let draw = self.materialize(&seg, ctx);
         let depth = resumed.len() as u32;
         let units = self.rank_units(&draw, epoch, depth, world, rank, ctx);
-        Ok((units, total / u64::from(world.max(1))))
+        Ok((units, seg.drawn() / u64::from(world.max(1))))
+    }
+
+    /// The samples each rank takes of the segment after `resumed` (its round), and of the
+    /// rest of the epoch (that round and the rounds after it).
+    pub(crate) fn span(
+        &self,
+        epoch: u64,
+        resumed: &[Segment],
+        world: u32,
+        ctx: &Ctx,
+    ) -> Result<(u64, u64), PlanError> {
+        let seg = self.current(epoch, resumed, world, ctx)?;
+        let w = u64::from(world.max(1));
+        Ok((seg.drawn() / w, seg.total / w))
+    }
+
+    /// The segment after `resumed` of `epoch` in a world of `world`, drawn by the mixture's
+    /// current weights.
+    fn current(
+        &self,
+        epoch: u64,
+        resumed: &[Segment],
+        world: u32,
+        ctx: &Ctx,
+    ) -> Result<walk::Seg, PlanError> {
+        let (start, epoch_start) = self.start_of(epoch, ctx)?;
+        let weights = SegmentWeights::Scheduled { epoch_start };
+        self.walk(epoch, &start, resumed, world, weights, ctx)
     }
 
     /// The delivery order of a rank's mixture units (see the module documentation).
@@ -619,10 +596,11 @@ impl Mixture {
         &self,
         units: &[WorkUnit],
         epoch: u64,
-        depth: u32,
+        resumed: &[Segment],
         rank: u32,
         ctx: &Ctx,
     ) -> Result<Sequence, PlanError> {
+        let depth = resumed.len() as u32;
         let base = slots(units)?;
         let seed = crate::segment_seed(ctx.config.seed, depth);
         let total = base[units.len()];
@@ -659,16 +637,7 @@ impl Mixture {
         let order = match &self.schedule {
             None => merge(per_source),
             Some(schedule) => {
-                let before: u64 = match epoch == self.base.epoch {
-                    true => self
-                        .base
-                        .resumed
-                        .iter()
-                        .take(depth as usize)
-                        .map(|s| s.batches)
-                        .sum(),
-                    false => 0,
-                };
+                let before = batches_of(resumed);
                 let start = self.epoch_step(epoch, ctx)? + before;
                 merge_scheduled(per_source, start, ctx.batch_size, schedule)
             }

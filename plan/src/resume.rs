@@ -179,19 +179,76 @@ impl EpochPlanner {
         Ok((first_samples(units, batch_plan.samples), batch_plan))
     }
 
-    /// The delivery order of `units` (rank `rank`'s plan for `epoch`; `depth` earlier
-    /// segments when the epoch was resumed at another world size).
+    /// How each rank's rest of `epoch` after `resumed`, in a world of `world`, falls into
+    /// batches: its current segment and, for a mixture drawn in rounds, the rounds after it.
+    pub fn rest_plan(
+        &self,
+        epoch: u64,
+        resumed: &[Segment],
+        world: u32,
+    ) -> Result<BatchPlan, PlanError> {
+        let samples = match &self.mixture {
+            Some(m) => m.span(epoch, resumed, world, &self.ctx())?.1,
+            None => return Ok(self.segment(epoch, resumed, world, 0)?.1),
+        };
+        Ok(BatchPlan::new(samples, self.batch_size, self.last_batch))
+    }
+
+    /// Whether the segment after `resumed` of `epoch`, in a world of `world`, is a round of a
+    /// mixture with rounds after it (see [`crate::mixture`]): once every rank has taken it,
+    /// the epoch goes on with the segment after it.
+    pub fn rounds_after(
+        &self,
+        epoch: u64,
+        resumed: &[Segment],
+        world: u32,
+    ) -> Result<bool, PlanError> {
+        match &self.mixture {
+            Some(m) => {
+                let (round, rest) = m.span(epoch, resumed, world, &self.ctx())?;
+                Ok(round < rest)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// The segments after `resumed` once every rank of `world` has taken the round they lead
+    /// to whole (a mixture's, see [`Self::rounds_after`]): `resumed` and that round, with
+    /// the weights it was drawn by.
+    pub fn after_round(
+        &self,
+        epoch: u64,
+        resumed: &[Segment],
+        world: u32,
+    ) -> Result<Vec<Segment>, PlanError> {
+        let samples = match &self.mixture {
+            Some(m) => m.span(epoch, resumed, world, &self.ctx())?.0,
+            None => self.segment(epoch, resumed, world, 0)?.1.samples,
+        };
+        let plan = BatchPlan::new(samples, self.batch_size, self.last_batch);
+        let step = self.epoch_step(epoch)?;
+        let mut out = resumed.to_vec();
+        out.push(Segment {
+            world_size: world,
+            batches: plan.batches,
+            weights: self.segment_weights(step, resumed, world, samples),
+        });
+        Ok(out)
+    }
+
+    /// The delivery order of `units` (rank `rank`'s plan for `epoch` after the segments
+    /// `resumed`: earlier worlds, or a mixture's earlier rounds).
     pub fn sequence(
         &self,
         units: &[WorkUnit],
         epoch: u64,
-        depth: u32,
+        resumed: &[Segment],
         rank: u32,
     ) -> Result<Sequence, PlanError> {
         if let Some(m) = &self.mixture {
-            return m.sequence(units, epoch, depth, rank, &self.ctx());
+            return m.sequence(units, epoch, resumed, rank, &self.ctx());
         }
-        let seed = crate::segment_seed(self.config.seed, depth);
+        let seed = crate::segment_seed(self.config.seed, resumed.len() as u32);
         Sequence::new(units, self.mixing, seed, epoch, rank)
     }
 
@@ -209,11 +266,10 @@ impl EpochPlanner {
         earlier: &[Segment],
         last: &Segment,
     ) -> Result<Vec<Piece>, PlanError> {
-        let depth = earlier.len() as u32;
         let mut rest = Vec::new();
         for q in 0..last.world_size {
             let (units, _) = self.segment(epoch, earlier, last.world_size, q)?;
-            let sequence = self.sequence(&units, epoch, depth, q)?;
+            let sequence = self.sequence(&units, epoch, earlier, q)?;
             let done = self.delivered(&sequence, last.batches);
             rest.extend(remaining_pieces(&units, &sequence, done));
         }

@@ -123,6 +123,9 @@ class Loader:
             other weights: each source's pass goes on, nothing repeated or skipped within
             it (``docs/mixtures.md``).
         epoch_samples: samples per epoch of a mixture (default: all its sources').
+        mixture_round_samples: samples each rank of a mixture plans at once (default
+            1,048,576, whole batches): a longer epoch is read a round at a time, so
+            ``epoch_samples=10**9`` starts in seconds and in the memory of one round.
         weight_schedule: a mixture's weights by training step instead of fixed ones:
             ``[(step, [w0, w1, ...]), ...]``, steps increasing (a mixture file's
             ``[schedule]``). The step is the training loop's: epoch ``e``'s ``b``-th batch is
@@ -269,6 +272,7 @@ class Loader:
         max_decoded_bytes: Optional[int] = None,
         top_up: bool = False,
         epoch_samples: Optional[int] = None,
+        mixture_round_samples: Optional[int] = None,
         weight_schedule: Optional[Sequence[Tuple[int, Sequence[float]]]] = None,
         schedule_interpolate: str = "step",
         job_name: Optional[str] = None,
@@ -316,6 +320,7 @@ class Loader:
             "prefetch_next_epoch": prefetch_next_epoch,
             "epochs": epochs,
             "epoch_samples": epoch_samples,
+            "mixture_round_samples": mixture_round_samples,
             "weight_schedule": _schedule(weight_schedule, schedule_interpolate),
             "job_name": job_name,
             "job_weight": job_weight,

@@ -85,7 +85,7 @@ RESERVED_KEYS = ("image", "label", "__key__", "__source__", "padding", "geometry
 #: must agree on all of it (compared as ``sluice.Loader`` would take it, defaults filled in).
 _AGREED = ("world_size", "seed", "shuffle", "batch_size", "drop_last", "remainder", "order",
            "mix_units", "mix_buffer", "max_unit_samples", "label", "weight_schedule",
-           "schedule_interpolate")
+           "schedule_interpolate", "mixture_round_samples")
 
 #: ``sluice.Loader``'s defaults, from its signature (the one place they are written).
 _DEFAULTS = {k: p.default for k, p in inspect.signature(_Loader.__init__).parameters.items()}

@@ -233,3 +233,34 @@ def test_a_mixture_file_gives_a_schedule_and_mistakes_are_named(dataset, small, 
     with pytest.raises(ValueError, match="schedule_interpolate"):
         sluice.Loader([(dataset, 1), (small, 1)], pipeline=PIPELINE,
                       weight_schedule=SCHEDULE, schedule_interpolate="cubic")
+
+
+def test_an_epoch_in_rounds_keeps_its_schedule_length_and_checkpoints(dataset, small):
+    """The scheduled epoch above read in rounds of 2 batches (``mixture_round_samples=16``):
+    the same length, each batch at its step's share, and a state taken in the middle of a
+    round or at a round's end resumes the uninterrupted batches."""
+    mix = [(dataset, 1), (small, 1)]
+
+    def loader():
+        return sluice.Loader(mix, batch_size=8, seed=6, pipeline=PIPELINE,
+                             weight_schedule=SCHEDULE, schedule_interpolate="linear",
+                             mixture_round_samples=16)
+
+    whole = batches(loader(), 0)
+    assert len(whole) == len(loader()) == 15
+    for step, batch in enumerate(whole[:-1]):
+        got = sum(1 for s, _ in batch if s == 0)
+        assert abs(got - 8 * scheduled_share(step)) <= 1.01, (step, got)
+    for taken in (5, 6):
+        first = loader()
+        stream = first.epoch(0)
+        for _ in range(taken):
+            next(stream)
+        state = first.state_dict()
+        del stream
+        again = loader()
+        again.load_state_dict(state)
+        assert len(again) == 15
+        assert batches(again, 0) == whole[taken:], taken
+    with pytest.raises(ValueError, match="mixture_round_samples"):
+        sluice.Loader(mix, pipeline=PIPELINE, mixture_round_samples=0)

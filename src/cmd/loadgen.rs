@@ -34,6 +34,10 @@ pub struct Args {
     /// Samples per epoch of a mixture (default: all its sources' samples).
     #[arg(long)]
     epoch_samples: Option<u64>,
+    /// Samples each rank of a mixture plans at once: a longer epoch is read a round at a
+    /// time, in memory that does not grow with --epoch-samples.
+    #[arg(long, default_value_t = sluice_plan::mixture::DEFAULT_ROUND_SAMPLES)]
+    mixture_round_samples: u64,
     /// CPU workers, host:port, comma-separated; `local` decodes in this process. A DNS name
     /// stands for each of its records, re-resolved while epochs run (a headless Service).
     #[arg(long, value_delimiter = ',', required_unless_present = "workers_file")]
@@ -231,6 +235,7 @@ fn config(args: &Args) -> Result<ConsumerConfig> {
             .unwrap_or(base.loader.same_host_dir.clone()),
         same_host_uid: args.same_host_uid.or(base.loader.same_host_uid),
         prefetch_next_epoch: !args.no_prefetch_next_epoch,
+        mixture_round_samples: args.mixture_round_samples,
         job_name: args.job_name.clone().or(base.loader.job_name.clone()),
         job_weight: args.job_weight,
         workers_file: args.workers_file.clone(),

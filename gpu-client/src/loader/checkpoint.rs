@@ -377,8 +377,12 @@ impl Loader {
             let taken = self.segment(first.epoch, &first.resumed, first.world_size, first.rank)?;
             let same_weights = self.same_weights(&ours, first, taken.1.samples)?;
             let pending = self.check_and_place(first, checkpoints, &ranks, same_weights, &taken)?;
+            let rounds_after =
+                || theirs.rounds_after(first.epoch, &first.resumed, first.world_size);
             match first.batches == taken.1.batches {
                 false => Ok((Some(pending), None, taken.1)),
+                // A mixture's round taken whole: the epoch goes on with the next one.
+                true if rounds_after()? => Ok((Some(Self::after(first)), None, taken.1)),
                 true => Self::after_whole_epoch(&theirs, first).map(|b| (None, Some(b), taken.1)),
             }
         })();
@@ -620,7 +624,7 @@ impl Loader {
         let mut ledger = Ledger::new(units);
         ledger.apply(&c.ledger).map_err(ClientError::Checkpoint)?;
         if self.config.order == Order::Plan {
-            let at = (c.epoch, c.resumed.len() as u32, c.rank);
+            let at = (c.epoch, c.resumed.as_slice(), c.rank);
             self.check_plan_prefix(units, at, c.batches, &ledger)?;
         }
         Ok(ledger)
@@ -655,14 +659,13 @@ impl Loader {
                 c.rank
             )));
         }
-        let depth = theirs.resumed.len() as u32;
         let (their_units, _) =
             self.segment(theirs.epoch, &theirs.resumed, c.world_size, theirs.rank)?;
         self.checked_ledger(theirs, &their_units)?;
         let (units, _) = self.segment(theirs.epoch, &theirs.resumed, c.world_size, c.rank)?;
         let sequence = self
             .planner()
-            .sequence(&units, theirs.epoch, depth, c.rank)?;
+            .sequence(&units, theirs.epoch, &theirs.resumed, c.rank)?;
         let mut ledger = Ledger::new(&units);
         for (u, i) in
             (0..self.planner().delivered(&sequence, theirs.batches)).filter_map(|p| sequence.at(p))
@@ -699,6 +702,12 @@ impl Loader {
             )));
         }
         self.checked_ledger(first, units)?;
+        Ok(Self::after(first))
+    }
+
+    /// The rest of `first`'s epoch as a new segment after the one it was taken in, which
+    /// its world left after `first.batches` batches.
+    fn after(first: &Checkpoint) -> Pending {
         let mut resumed = first.resumed.clone();
         resumed.push(Segment {
             world_size: first.world_size,
@@ -709,12 +718,12 @@ impl Loader {
                 .map(|m| m.weights.clone())
                 .unwrap_or_default(),
         });
-        Ok(Pending {
+        Pending {
             epoch: first.epoch,
             resumed,
             batches: 0,
             ledger: None,
-        })
+        }
     }
 
     /// In plan order, the samples in the first `batches` batches are exactly the sequence's
@@ -723,11 +732,11 @@ impl Loader {
     fn check_plan_prefix(
         &self,
         units: &[WorkUnit],
-        (epoch, depth, rank): (u64, u32, u32),
+        (epoch, resumed, rank): (u64, &[Segment], u32),
         batches: u64,
         ledger: &Ledger,
     ) -> Result<(), ClientError> {
-        let sequence = self.planner().sequence(units, epoch, depth, rank)?;
+        let sequence = self.planner().sequence(units, epoch, resumed, rank)?;
         let prefix = self.planner().delivered(&sequence, batches);
         let in_prefix = (0..prefix).filter_map(|p| sequence.at(p)).all(|(u, i)| {
             units
@@ -746,32 +755,45 @@ impl Loader {
     }
 
     /// What this rank will deliver in `epoch` from now: the plan, or the rest of a loaded
-    /// checkpoint's epoch (this rank's share of it after a change of world size).
+    /// checkpoint's epoch (this rank's share of it after a change of world size). An epoch
+    /// read in rounds (a mixture's, see [`crate::LoaderConfig::mixture_round_samples`]) lists
+    /// every round's units, as many as the epoch has samples.
     pub fn pending(&self, epoch: u64) -> Result<Vec<WorkUnit>, ClientError> {
         let c = &self.config;
-        let resume = self.resume.lock().ok();
-        let Some(p) = resume
-            .as_ref()
-            .and_then(|r| r.as_ref())
-            .filter(|p| p.epoch == epoch)
-        else {
-            return self.plan(epoch);
+        let planner = self.planner();
+        let (mut resumed, record) = {
+            let resume = self.resume.lock().ok();
+            match resume
+                .as_ref()
+                .and_then(|r| r.as_ref())
+                .filter(|p| p.epoch == epoch)
+            {
+                Some(p) => (p.resumed.clone(), p.ledger.clone()),
+                None => (Vec::new(), None),
+            }
         };
-        let (units, _) = self.segment(epoch, &p.resumed, c.world_size, c.rank)?;
-        let Some(record) = &p.ledger else {
-            return Ok(units);
+        let (units, _) = self.segment(epoch, &resumed, c.world_size, c.rank)?;
+        let mut out = match record {
+            None => units,
+            Some(record) => {
+                let mut ledger = Ledger::new(&units);
+                ledger.apply(&record).map_err(ClientError::Checkpoint)?;
+                units
+                    .iter()
+                    .flat_map(|u| {
+                        ledger
+                            .missing(u64::from(u.id), u.start, u.end)
+                            .into_iter()
+                            .map(move |(start, end)| WorkUnit { start, end, ..*u })
+                    })
+                    .collect()
+            }
         };
-        let mut ledger = Ledger::new(&units);
-        ledger.apply(record).map_err(ClientError::Checkpoint)?;
-        Ok(units
-            .iter()
-            .flat_map(|u| {
-                ledger
-                    .missing(u64::from(u.id), u.start, u.end)
-                    .into_iter()
-                    .map(move |(start, end)| WorkUnit { start, end, ..*u })
-            })
-            .collect())
+        while planner.rounds_after(epoch, &resumed, c.world_size)? {
+            resumed = planner.after_round(epoch, &resumed, c.world_size)?;
+            out.extend(self.segment(epoch, &resumed, c.world_size, c.rank)?.0);
+        }
+        Ok(out)
     }
 }
 

@@ -47,6 +47,15 @@ pub struct Epoch {
     batches: u64,
     /// The index of the first batch it yields (a resumed epoch starts past 0).
     first_batch: u64,
+    /// The segments before the one being read (earlier worlds, a mixture's earlier rounds).
+    resumed: Vec<Segment>,
+    /// The batches of the segment being read (a mixture's round).
+    round_batches: u64,
+    /// Batches of the segments before the one being read (each rank's): added to a
+    /// segment's batch indexes, so a batch's index is its step in the epoch.
+    offset: u64,
+    /// Starts a mixture's next round when this one has run out (`None`: no round after it).
+    rounds: Option<super::start::Runner>,
     rx: mpsc::Receiver<Result<Batch, ClientError>>,
     pub(super) cancel: CancellationToken,
     pub(super) counters: Arc<EpochCounters>,
@@ -76,7 +85,12 @@ pub struct Epoch {
 pub(super) struct Parts {
     pub runtime: tokio::runtime::Handle,
     pub epoch: u64,
+    /// The segment's (a mixture's round's).
     pub batch_plan: sluice_plan::BatchPlan,
+    /// The rest of the epoch from the segment's start (its rounds after it included).
+    pub rest: sluice_plan::BatchPlan,
+    pub resumed: Vec<Segment>,
+    pub rounds: Option<super::start::Runner>,
     pub first_batch: u64,
     pub rx: mpsc::Receiver<Result<Batch, ClientError>>,
     pub cancel: CancellationToken,
@@ -90,12 +104,17 @@ pub(super) struct Parts {
 impl Epoch {
     pub(super) fn new(p: Parts) -> Epoch {
         let done = p.first_batch * p.batch_plan.batch_size;
+        let offset = p.resumed.iter().map(|s| s.batches).sum();
         Epoch {
             runtime: p.runtime,
             epoch: p.epoch,
-            planned: p.batch_plan.samples.saturating_sub(done),
-            batches: p.batch_plan.batches,
+            planned: p.rest.samples.saturating_sub(done),
+            batches: p.rest.batches,
             first_batch: p.first_batch,
+            resumed: p.resumed,
+            round_batches: p.batch_plan.batches,
+            offset,
+            rounds: p.rounds,
             rx: p.rx,
             cancel: p.cancel,
             counters: p.counters,
@@ -165,9 +184,36 @@ impl Epoch {
                 for &(unit, shard, index) in &batch.accounted {
                     p.ledger.record(unit, shard, index);
                 }
-                p.open = p.batches < self.batches;
+                p.open = p.batches < self.round_batches || self.rounds.is_some();
             }
         }
+    }
+
+    /// The round being read has run out: the mixture's next round takes its place (its
+    /// plan, links and coordinator), and becomes what a checkpoint records.
+    fn next_round(&mut self) -> Result<(), ClientError> {
+        let Some(runner) = self.rounds.take() else {
+            return Ok(());
+        };
+        let counters = self.counters.clone();
+        let mut next = runner.next_round(self.epoch, &self.resumed, counters)?;
+        let fresh = &mut next.epoch;
+        // `fresh` ends up with this round's queue and token, and cancels them when dropped.
+        std::mem::swap(&mut self.rx, &mut fresh.rx);
+        std::mem::swap(&mut self.cancel, &mut fresh.cancel);
+        self.offset += self.round_batches;
+        self.round_batches = fresh.round_batches;
+        self.resumed = std::mem::take(&mut fresh.resumed);
+        self.rounds = fresh.rounds.take();
+        if let Ok(mut p) = self.progress.lock() {
+            if p.as_ref().is_some_and(|p| p.pass == self.pass) {
+                *p = next.progress.take().map(|mut progress| {
+                    progress.pass = self.pass;
+                    progress
+                });
+            }
+        }
+        Ok(())
     }
 
     /// This pass hands out nothing more: another may become the recorded one.
@@ -235,7 +281,8 @@ impl Epoch {
     ) -> Option<Option<Result<Batch, ClientError>>> {
         let waited = waited + std::mem::take(&mut self.pending_wait);
         Some(match item {
-            Some(Ok(batch)) => {
+            Some(Ok(mut batch)) => {
+                batch.index += self.offset;
                 self.record(&batch, waited);
                 let real = batch.padding().iter().filter(|p| !**p).count() as u64;
                 self.seen.0 += real;
@@ -245,7 +292,6 @@ impl Epoch {
                 }
                 self.settings_only &= batch.skipped().iter().all(|(_, why)| a_setting(why));
                 if !batch.is_empty() {
-                    let mut batch = batch;
                     batch.sources = batch
                         .ids()
                         .iter()
@@ -282,7 +328,6 @@ impl Epoch {
                     batch.skipped().len(),
                     batch.skipped().first().map_or("", |(_, why)| why.as_str())
                 );
-                let mut batch = batch;
                 self.carried.append(&mut batch.skipped);
                 return None;
             }
@@ -290,6 +335,14 @@ impl Epoch {
                 self.close();
                 Some(Err(e))
             }
+            None if self.rounds.is_some() => match self.next_round() {
+                // Its first batch is waited for as any other.
+                Ok(()) => return None,
+                Err(e) => {
+                    self.close();
+                    Some(Err(e))
+                }
+            },
             None => {
                 self.close();
                 match &self.seen {

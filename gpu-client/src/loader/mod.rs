@@ -117,7 +117,8 @@ impl Loader {
 
     /// Batches of `epoch` as a training loop counts them. Usually [`Self::batches_per_epoch`];
     /// for an epoch resumed at another world size, the batches each rank was handed before
-    /// (in every earlier world) plus this world's share of the rest, so a loop that restored
+    /// (in every earlier world, and a mixture's earlier rounds) plus this world's share of
+    /// the rest, so a loop that restored
     /// its step count from the same checkpoint (Lightning's) runs exactly to the epoch's end.
     pub fn batches_in_epoch(&self, epoch: u64) -> u64 {
         let pending = self.resume.lock().ok().and_then(|r| {
@@ -138,9 +139,9 @@ impl Loader {
             return self.batch_plan.batches;
         }
         let before: u64 = resumed.iter().map(|seg| seg.batches).sum();
-        let (rank, world) = self.rank_and_world();
-        match self.segment(epoch, &resumed, world, rank) {
-            Ok((_, plan)) => before + plan.batches,
+        let (_, world) = self.rank_and_world();
+        match self.planner().rest_plan(epoch, &resumed, world) {
+            Ok(plan) => before + plan.batches,
             Err(_) => self.batch_plan.batches,
         }
     }
@@ -185,7 +186,8 @@ impl Loader {
     }
 
     /// This rank's work units for `epoch`, cut to the samples that make whole batches under
-    /// the last-batch policy.
+    /// the last-batch policy: of a mixture read in rounds, its first round's
+    /// ([`Loader::pending`] lists every round's).
     pub fn plan(&self, epoch: u64) -> Result<Vec<WorkUnit>, ClientError> {
         let (rank, world) = self.rank_and_world();
         Ok(self.segment(epoch, &[], world, rank)?.0)

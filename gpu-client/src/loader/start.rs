@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use sluice_plan::ShuffleBuffer;
+use sluice_plan::{Segment, ShuffleBuffer};
 use sluice_wire::JobSpec;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -28,7 +28,7 @@ use crate::stats::EpochCounters;
 pub(super) struct Started {
     pub(super) epoch: Epoch,
     /// What the consumer will have been handed once it takes the epoch.
-    progress: Option<Progress>,
+    pub(super) progress: Option<Progress>,
     links: Vec<String>,
     /// The gate of the epoch after this one, to start it early (`prefetch_next_epoch`).
     next: Option<Predecessor>,
@@ -61,6 +61,10 @@ impl Early {
 /// An epoch's plan for this rank, ready to run: where it starts and what it has delivered.
 struct Run {
     settings: EpochSettings,
+    /// The rest of the epoch from this segment on (its rounds after it included).
+    rest: sluice_plan::BatchPlan,
+    /// A mixture's round with rounds after it.
+    rounds_after: bool,
     ledger: Ledger,
     reorder: Reorder<crate::same_host::Payload>,
     progress: Progress,
@@ -73,7 +77,54 @@ struct Links {
     tasks: Vec<Task>,
 }
 
+/// What starting a run of an epoch (its plan, links and coordinator) takes, cloned from the
+/// loader when an epoch starts, so the epoch can start its next round itself (a mixture
+/// drawn in rounds, see `sluice_plan::mixture`) under the plan it started with.
+#[derive(Clone)]
+pub(super) struct Runner {
+    config: Arc<crate::config::LoaderConfig>,
+    manifest: Arc<sluice_shard::Manifest>,
+    fingerprint: u64,
+    source_bounds: Arc<[u32]>,
+    planner: Arc<sluice_plan::EpochPlanner>,
+    workers: Workers,
+    token: Option<String>,
+    quic: Option<(quinn::Endpoint, quinn::ClientConfig)>,
+    runtime: tokio::runtime::Handle,
+    allocator: Arc<dyn crate::batch::HostAllocator>,
+    buffers: Arc<sluice_wire::BufferPool>,
+    segments: Arc<crate::same_host::Segments>,
+    last_pool: Arc<crate::membership::LastGood>,
+    progress: Arc<std::sync::Mutex<Option<Progress>>>,
+    stats: Arc<crate::stats::Stats>,
+}
+
 impl Loader {
+    /// What starting a run of an epoch takes, with the plan as it is now.
+    fn runner(&self) -> Result<Runner, ClientError> {
+        let runtime = self
+            .runtime
+            .as_ref()
+            .ok_or_else(|| ClientError::Runtime("the loader is shutting down".into()))?;
+        Ok(Runner {
+            config: self.config.clone(),
+            manifest: self.manifest.clone(),
+            fingerprint: self.fingerprint,
+            source_bounds: self.source_bounds.clone(),
+            planner: self.planner(),
+            workers: self.workers.clone(),
+            token: self.token.clone(),
+            quic: self.quic.clone(),
+            runtime: runtime.handle().clone(),
+            allocator: self.allocator.clone(),
+            buffers: self.buffers.clone(),
+            segments: self.segments.clone(),
+            last_pool: self.last_pool.clone(),
+            progress: self.progress.clone(),
+            stats: self.stats.clone(),
+        })
+    }
+
     /// Starts epoch `epoch` (or resumes it from a loaded checkpoint) and returns its batches.
     ///
     /// With `prefetch_next_epoch` (the default), epoch `epoch + 1` is started behind it: its
@@ -97,7 +148,7 @@ impl Loader {
                 early.started
             }
             // Dropping an epoch started early cancels it.
-            _ => self.start(epoch, resume, None)?,
+            _ => self.runner()?.start(epoch, resume, None, None)?,
         };
         let pass = 1 + self.passes.fetch_add(1, Relaxed);
         started.epoch.pass = pass;
@@ -113,7 +164,10 @@ impl Loader {
         let in_order = previous.is_none_or(|p| epoch == p + 1);
         if let Some(after) = started.next.take().filter(|_| in_order) {
             let earlier = (started.epoch.cancel.clone(), after.ended_token());
-            match self.start(epoch + 1, None, Some(after)) {
+            match self
+                .runner()
+                .and_then(|r| r.start(epoch + 1, None, Some(after), None))
+            {
                 Ok(next) => {
                     if let Ok(mut n) = self.next.lock() {
                         *n = Some(Early {
@@ -147,24 +201,25 @@ impl Loader {
             });
         }
     }
+}
 
+impl Runner {
     /// Plans epoch `epoch` (or the rest of it, `resume`) and starts its links and coordinator;
-    /// `after`: started early, behind the epoch before (see `Coordinator::after`).
-    fn start(
+    /// `after`: started early, behind the epoch before (see `Coordinator::after`); `round`:
+    /// the next round of an epoch being read, counted in its counters.
+    pub(super) fn start(
         &self,
         epoch: u64,
         resume: Option<Pending>,
         after: Option<Predecessor>,
+        round: Option<Arc<EpochCounters>>,
     ) -> Result<Started, ClientError> {
-        let runtime = self
-            .runtime
-            .as_ref()
-            .ok_or_else(|| ClientError::Runtime("the loader is shutting down".into()))?;
+        let runtime = &self.runtime;
         let c = &self.config;
-        let run = self.plan_run(epoch, resume)?;
+        let run = self.plan_run(epoch, resume, round.is_some())?;
         let spec = self.job_spec(&run.settings);
         let cancel = CancellationToken::new();
-        let counters = Arc::new(EpochCounters::default());
+        let counters = round.unwrap_or_default();
         // Room for every credit of every link, so a reader waits only on a slow consumer.
         let links_max = match &self.workers {
             Workers::InProcess(_) => 1,
@@ -176,7 +231,9 @@ impl Loader {
         let Links { links, tasks } = self.links(&spec, &event_tx, &cancel)?;
         drop(event_tx);
         let names: Vec<String> = links.iter().map(|l| l.0.clone()).collect();
-        let early = c.prefetch_next_epoch && c.epochs.is_none_or(|n| epoch + 1 < n);
+        // An epoch with rounds after this one starts the next epoch from none of them.
+        let early =
+            c.prefetch_next_epoch && c.epochs.is_none_or(|n| epoch + 1 < n) && !run.rounds_after;
         let (before, next) = match early {
             true => {
                 let (successor, predecessor) = handoff();
@@ -185,6 +242,8 @@ impl Loader {
             false => (None, None),
         };
         let (batch_plan, first_batch) = (run.settings.batch_plan, run.settings.first_batch);
+        let (rest, rounds) = (run.rest, run.rounds_after.then(|| self.clone()));
+        let resumed = run.progress.resumed.clone();
         let mut coordinator = Coordinator::new(
             run.settings,
             self.manifest.clone(),
@@ -207,9 +266,12 @@ impl Loader {
         }
         runtime.spawn(coordinator.run(event_rx, out_tx, cancel.clone()));
         let handle = Epoch::new(Parts {
-            runtime: runtime.handle().clone(),
+            runtime: runtime.clone(),
             epoch,
             batch_plan,
+            rest,
+            resumed,
+            rounds,
             first_batch,
             rx: out_rx,
             cancel,
@@ -227,15 +289,44 @@ impl Loader {
         })
     }
 
+    /// The round after the one `epoch` is reading after the segments `resumed`, which every
+    /// rank took whole: the segments so far and that round are the earlier ones, and
+    /// nothing is handed back.
+    pub(super) fn next_round(
+        &self,
+        epoch: u64,
+        resumed: &[Segment],
+        counters: Arc<EpochCounters>,
+    ) -> Result<Started, ClientError> {
+        let resumed = self
+            .planner
+            .after_round(epoch, resumed, self.config.world_size)?;
+        let pending = Pending {
+            epoch,
+            resumed,
+            batches: 0,
+            ledger: None,
+        };
+        self.start(epoch, Some(pending), None, Some(counters))
+    }
+
     /// This rank's part of `epoch` (the rest of it after `resume`): its units, what of them
     /// was delivered, the order they fill batches in.
-    fn plan_run(&self, epoch: u64, resume: Option<Pending>) -> Result<Run, ClientError> {
+    fn plan_run(
+        &self,
+        epoch: u64,
+        resume: Option<Pending>,
+        round: bool,
+    ) -> Result<Run, ClientError> {
         let c = &self.config;
         let resumed = resume
             .as_ref()
             .map(|p| p.resumed.clone())
             .unwrap_or_default();
-        let (units, batch_plan) = self.segment(epoch, &resumed, c.world_size, c.rank)?;
+        let planner = &self.planner;
+        let (units, batch_plan) = planner.segment(epoch, &resumed, c.world_size, c.rank)?;
+        let rest = planner.rest_plan(epoch, &resumed, c.world_size)?;
+        let rounds_after = planner.rounds_after(epoch, &resumed, c.world_size)?;
         let mut ledger = Ledger::new(&units);
         let mut first_batch = 0;
         if let Some(p) = &resume {
@@ -243,18 +334,26 @@ impl Loader {
                 ledger.apply(record).map_err(ClientError::Checkpoint)?;
             }
             first_batch = p.batches;
-            tracing::info!(
-                epoch,
-                batches = p.batches,
-                samples = ledger.accounted(),
-                earlier_worlds = ?p.resumed,
-                "resuming"
-            );
+            if round {
+                tracing::info!(
+                    epoch,
+                    round = resumed.len(),
+                    samples = batch_plan.samples,
+                    "the epoch goes on with its next round"
+                );
+            } else {
+                tracing::info!(
+                    epoch,
+                    batches = p.batches,
+                    samples = ledger.accounted(),
+                    earlier_worlds = ?p.resumed,
+                    "resuming"
+                );
+            }
         }
-        let depth = resumed.len() as u32;
         let reorder = match c.order {
             Order::Plan => Reorder::plan(
-                Arc::new(self.planner().sequence(&units, epoch, depth, c.rank)?),
+                Arc::new(planner.sequence(&units, epoch, &resumed, c.rank)?),
                 first_batch * u64::from(c.batch_size),
             ),
             Order::Arrival => Reorder::arrival(ShuffleBuffer::new(
@@ -271,7 +370,7 @@ impl Loader {
             samples: batch_plan.samples,
             ledger: ledger.clone(),
             pass: 0,
-            open: first_batch < batch_plan.batches,
+            open: first_batch < batch_plan.batches || rounds_after,
         };
         let job = (epoch << 32) ^ (u64::from(c.rank) << 16) ^ (self.fingerprint & 0xffff);
         Ok(Run {
@@ -282,6 +381,8 @@ impl Loader {
                 batch_plan,
                 first_batch,
             },
+            rest,
+            rounds_after,
             ledger,
             reorder,
             progress,

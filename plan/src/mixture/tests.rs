@@ -24,6 +24,7 @@ fn planner(world: u32, weights: &[f64], policy: ShufflePolicy) -> EpochPlanner {
             epoch_samples: None,
             base: MixBase::default(),
             schedule: None,
+            round_samples: DEFAULT_ROUND_SAMPLES,
         }),
     }
 }
@@ -36,7 +37,7 @@ fn deliveries(p: &EpochPlanner, epoch: u64, resumed: &[Segment], world: u32) -> 
     (0..world)
         .map(|r| {
             let (units, _) = p.segment(epoch, resumed, world, r).unwrap();
-            let seq = p.sequence(&units, epoch, resumed.len() as u32, r).unwrap();
+            let seq = p.sequence(&units, epoch, resumed, r).unwrap();
             (0..seq.len())
                 .map(|pos| {
                     let (u, i) = seq.at(pos).unwrap();
@@ -336,4 +337,121 @@ fn a_schedule_sets_each_steps_proportions_and_a_resume_keeps_them() {
     let mut whole = steps(&before, 64, 0, 10);
     whole.extend(steps(&after, 64, 0, after[0].len().div_ceil(64)));
     assert_passes(&whole);
+}
+
+/// Each rank's samples of `epoch` read as a loader reads a mixture drawn in rounds: a round's
+/// segment, then the segment after it, until no round is left.
+fn rounds(p: &EpochPlanner, epoch: u64, mut resumed: Vec<Segment>, world: u32) -> Vec<Vec<Id>> {
+    let mut ranks = vec![Vec::new(); world as usize];
+    loop {
+        for (r, got) in deliveries(p, epoch, &resumed, world)
+            .into_iter()
+            .enumerate()
+        {
+            ranks[r].extend(got);
+        }
+        if !p.rounds_after(epoch, &resumed, world).unwrap() {
+            return ranks;
+        }
+        resumed = p.after_round(epoch, &resumed, world).unwrap();
+    }
+}
+
+/// A mixture whose rounds are 4 batches of 64 a rank, over an epoch of 20,000 samples (each
+/// source read about five times).
+fn in_rounds(world: u32) -> EpochPlanner {
+    let mut p = planner(world, &[3.0, 1.0], ShufflePolicy::Global);
+    let m = p.mixture.as_mut().unwrap();
+    m.round_samples = 256;
+    m.epoch_samples = Some(20_000);
+    p
+}
+
+#[test]
+fn an_epoch_in_rounds_keeps_every_pass_whole_and_the_weights_in_every_window() {
+    let p = in_rounds(2);
+    assert_eq!(
+        p.rest_plan(0, &[], 2).unwrap().batches,
+        10_000_u64.div_ceil(64)
+    );
+    let (units, plan) = p.segment(0, &[], 2, 0).unwrap();
+    assert_eq!(plan.samples, 256, "a segment is one round");
+    assert!(units.iter().map(|u| u.len()).sum::<u64>() == 256);
+    let ranks = rounds(&p, 0, Vec::new(), 2);
+    assert!(ranks.iter().all(|r| r.len() == 10_000));
+    let mut all = steps(&ranks, 64, 0, 10_000_usize.div_ceil(64));
+    for step in all.chunks(4) {
+        let ids: Vec<Id> = step.concat();
+        assert!((share_of_a(&ids) - 0.75).abs() <= 0.03);
+    }
+    // The same again: a pure function of the plan.
+    assert_eq!(rounds(&p, 0, Vec::new(), 2), ranks);
+    // The next epochs go on from where this one's last round left each source.
+    for epoch in 1..3 {
+        all.extend(steps(&rounds(&p, epoch, Vec::new(), 2), 64, 0, 157));
+    }
+    assert_passes(&all);
+}
+
+/// A checkpoint in the middle of a round at 2 ranks resumed at 3: the new world takes what
+/// the round had left and the rounds not drawn, each pass still whole.
+#[test]
+fn a_resume_in_the_middle_of_a_round_delivers_exactly_the_rest() {
+    let two = in_rounds(2);
+    let mut resumed = Vec::new();
+    let mut before = vec![Vec::new(); 2];
+    for _ in 0..3 {
+        let (_, plan) = two.segment(0, &resumed, 2, 0).unwrap();
+        for (r, got) in deliveries(&two, 0, &resumed, 2).into_iter().enumerate() {
+            before[r].extend(got);
+        }
+        let weights = two.mixture.as_ref().unwrap().weights.clone();
+        resumed.push(Segment {
+            world_size: 2,
+            batches: plan.batches,
+            weights,
+        });
+    }
+    // Two batches into the fourth round.
+    let fourth = deliveries(&two, 0, &resumed, 2);
+    for (r, got) in fourth.iter().enumerate() {
+        before[r].extend(got[..128].iter().copied());
+    }
+    resumed.push(Segment {
+        world_size: 2,
+        batches: 2,
+        weights: two.mixture.as_ref().unwrap().weights.clone(),
+    });
+    let mut three = in_rounds(3);
+    three.mixture.as_mut().unwrap().base.resumed = resumed.clone();
+    let left = three.rest_plan(0, &resumed, 3).unwrap().batches;
+    let after = rounds(&three, 0, resumed, 3);
+    let delivered = 2 * before[0].len() + 3 * after[0].len();
+    assert!(20_000 - delivered < 3, "{delivered} samples in the epoch");
+    assert_eq!(left, (after[0].len() as u64).div_ceil(64));
+    let mut all = steps(&before, 64, 0, before[0].len() / 64);
+    all.extend(steps(&after, 64, 0, after[0].len().div_ceil(64)));
+    assert_passes(&all);
+}
+
+/// An epoch of 10^9 samples (and of 10^12) plans one round at a time: the first round's plan
+/// is as large as a round, and the epoch after it starts where 954 rounds leave the sources.
+#[test]
+fn an_epoch_of_a_billion_samples_plans_one_round() {
+    let mut p = planner(1, &[3.0, 1.0], ShufflePolicy::Global);
+    for samples in [1_000_000_000, 1_000_000_000_000] {
+        p.mixture.as_mut().unwrap().epoch_samples = Some(samples);
+        let (units, plan) = p.segment(0, &[], 1, 0).unwrap();
+        assert_eq!(plan.samples, DEFAULT_ROUND_SAMPLES);
+        assert!(units.len() as u64 <= 2 * DEFAULT_ROUND_SAMPLES / 50);
+        assert_eq!(
+            p.rest_plan(0, &[], 1).unwrap().batches,
+            samples.div_ceil(64)
+        );
+    }
+    p.mixture.as_mut().unwrap().epoch_samples = Some(1_000_000_000);
+    let (state, step) = p.mixture_start(1).unwrap().unwrap();
+    assert_eq!(step, 1_000_000_000_u64.div_ceil(64));
+    let drawn: u64 = state.iter().map(|s| s.cursor).sum();
+    assert_eq!(drawn, 1_000_000_000);
 }

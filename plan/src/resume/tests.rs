@@ -23,9 +23,7 @@ fn handed_out(
     let mut out = Vec::new();
     for rank in 0..world {
         let (units, plan) = p.segment(epoch, earlier, world, rank).unwrap();
-        let sequence = p
-            .sequence(&units, epoch, earlier.len() as u32, rank)
-            .unwrap();
+        let sequence = p.sequence(&units, epoch, earlier, rank).unwrap();
         let done = p.delivered(&sequence, batches.unwrap_or(plan.batches));
         for pos in 0..done {
             let (u, i) = sequence.at(pos).unwrap();
