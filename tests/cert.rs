@@ -90,3 +90,62 @@ fn one_ca_trusts_a_pool_and_no_other_certificate() {
         "{said}"
     );
 }
+
+/// A worker given a key that is not its certificate's stops before it says it is serving
+/// (and before systemd hears READY=1), naming the certificate.
+#[test]
+fn a_key_that_is_not_the_certificate_s_stops_the_worker_before_it_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca");
+    sluice_ok(&["cert", "ca", "--out", path_str(&ca)]);
+    for name in ["a", "b"] {
+        let out = dir.path().join(name);
+        let args = [
+            "--name",
+            name,
+            "--san",
+            "127.0.0.1",
+            "--out",
+            path_str(&out),
+        ];
+        sluice_ok(&[&["cert", "issue", "--ca", path_str(&ca)], &args[..]].concat());
+    }
+    let token = support::write_file(
+        &dir.path().join("token"),
+        "a-cluster-token-of-32-characters\n",
+    );
+    let (cert, key) = (dir.path().join("a/cert.pem"), dir.path().join("b/key.pem"));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "cpu",
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            "1",
+            "--no-same-host",
+        ])
+        .args(["--state-dir", path_str(&dir.path().join("state"))])
+        .args(["--token-file", path_str(&token), "--cert", path_str(&cert)])
+        .args(["--key", path_str(&key)])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a mismatched key was served: {said}");
+    assert!(
+        !said.contains("serving"),
+        "it said it was serving first: {said}"
+    );
+    assert!(
+        said.contains(path_str(&cert)),
+        "the error names no certificate: {said}"
+    );
+}

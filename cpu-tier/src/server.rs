@@ -29,8 +29,6 @@ use crate::tls::{self, Identity, TlsError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error(transparent)]
-    Tls(#[from] TlsError),
     #[error("QUIC endpoint: {0}")]
     Endpoint(#[source] std::io::Error),
     #[error("metrics listener: {0}")]
@@ -56,6 +54,9 @@ pub enum SetupError {
 pub struct Setup {
     pub config: CpuConfig,
     pub identity: Identity,
+    /// Its QUIC server settings (TLS from `identity`), made here so that a certificate and
+    /// key that do not go together stop the daemon before it says it is serving.
+    server: quinn::ServerConfig,
     /// Who may connect: the cluster token, the tenants' tokens, or (`no_auth`) anyone.
     pub admission: session::Admission,
     pub runner: Arc<dyn UnitRunner>,
@@ -124,7 +125,9 @@ impl Setup {
                 }
             }
         };
+        let server = tls::server_config(&identity, transport(&config))?;
         Ok(Setup {
+            server,
             config,
             identity,
             admission: admission.into(),
@@ -179,14 +182,15 @@ pub async fn run(
 ) -> Result<(), ServerError> {
     let Setup {
         config,
-        identity,
+        identity: _,
+        server,
         admission,
         runner,
         same_host,
     } = setup;
     // The per-job series expire as the config says (the process's first worker decides).
     sluice_daemon::job_series(Some(config.timeouts.job_series()));
-    let endpoint = endpoint(socket, &identity, &config)?;
+    let endpoint = endpoint(socket, server)?;
     let active = match config.limits.max_active_units {
         0 => (runner.threads() as usize * 2).max(2),
         n => n,
@@ -272,10 +276,8 @@ pub async fn run(
 /// The worker's QUIC endpoint on `socket`.
 fn endpoint(
     socket: std::net::UdpSocket,
-    identity: &tls::Identity,
-    config: &CpuConfig,
+    server_config: quinn::ServerConfig,
 ) -> Result<quinn::Endpoint, ServerError> {
-    let server_config = tls::server_config(identity, transport(config))?;
     let mut endpoint_config = quinn::EndpointConfig::default();
     endpoint_config
         .max_udp_payload_size(sluice_wire::quic::MAX_UDP_PAYLOAD)
