@@ -29,6 +29,8 @@ pub(crate) struct State {
     pub(crate) connections: Arc<tokio::sync::Semaphore>,
     pub(crate) draining: tokio_util::sync::CancellationToken,
     pub(crate) limits: sluice_wire::Limits,
+    /// Same-host clients' segments, mapped once and kept a while (`crate::mappings`).
+    pub(crate) mappings: crate::mappings::Mappings,
 }
 
 /// The worker's rules, behind the one lock its connections and units share.

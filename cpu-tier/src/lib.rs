@@ -24,6 +24,7 @@ pub mod error;
 pub mod fields;
 pub mod geometry;
 pub mod jpeg;
+mod mappings;
 pub mod metrics;
 pub mod restart;
 pub mod same_host;

@@ -203,6 +203,8 @@ pub(crate) async fn serve(stream: UnixStream, state: Arc<State>) {
     ));
     let end = connection.run(reader, &mut out).await;
     drop(connection);
+    // A client that has exited takes its segments with it now, not after `KEEP_IDLE`.
+    (state.mappings).sweep(std::time::Instant::now(), crate::mappings::KEEP_IDLE);
     metrics::gauge!("sluice_cpu_connections").decrement(1.0);
     match end {
         Ended::ClientClosed => info!(client = %client, "same-host client left"),
@@ -284,12 +286,18 @@ async fn open(
     )?;
     let socket = reader.get_ref().as_ref();
     let fd = shm::recv_fd(socket).await.map_err(|e| bad(e.to_string()))?;
-    let segment = Segment::open(fd, &attach).map_err(|e| bad(e.to_string()))?;
+    let layout = (attach.slots, attach.slot_bytes);
+    let segment = (state.mappings)
+        .open(fd, layout, peer.pid, |fd| Segment::open(fd, &attach))
+        .map_err(|e| bad(e.to_string()))?;
     let arena = match attach.places {
         0 => None,
         _ => {
             let fd = shm::recv_fd(socket).await.map_err(|e| bad(e.to_string()))?;
-            let arena = Segment::open_arena(fd, &attach).map_err(|e| bad(e.to_string()))?;
+            let layout = (attach.places, attach.slot_bytes);
+            let arena = (state.mappings)
+                .open(fd, layout, peer.pid, |fd| Segment::open_arena(fd, &attach))
+                .map_err(|e| bad(e.to_string()))?;
             Some(arena)
         }
     };

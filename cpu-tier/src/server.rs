@@ -214,12 +214,16 @@ pub async fn run(
         rules: Mutex::new(Worker::new(rules(&config, admission, welcome), active)),
         connections: Arc::new(Semaphore::new(config.limits.max_connections)),
         draining: CancellationToken::new(),
+        mappings: crate::mappings::Mappings::default(),
         runner,
         config,
     });
     let mut tasks = JoinSet::new();
     let admin_stop = CancellationToken::new();
     let _stop_admin = admin_stop.clone().drop_guard();
+    if same_host.is_some() {
+        tasks.spawn(sweep_mappings(state.clone(), admin_stop.clone()));
+    }
     if let Some((listener, handle)) = metrics {
         // /healthz turns 503 when the drain starts and answers until the worker stops.
         tasks.spawn(sluice_daemon::serve_admin(
@@ -293,6 +297,21 @@ fn endpoint(
         Arc::new(quinn::TokioRuntime),
     )
     .map_err(ServerError::Endpoint)
+}
+
+/// Unmaps same-host clients' segments that no connection has used for
+/// [`crate::mappings::KEEP_IDLE`], until `stop`.
+async fn sweep_mappings(state: Arc<State>, stop: CancellationToken) {
+    let every = crate::mappings::KEEP_IDLE / 4;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        state
+            .mappings
+            .sweep(std::time::Instant::now(), crate::mappings::KEEP_IDLE);
+    }
 }
 
 /// The drain: new clients and assignments are refused from now; each connection closes once

@@ -2,7 +2,7 @@
 //! worker may write (those granted and not yet filled), and, with the client's batch arena,
 //! the places it gave for samples of the units running here, each written once.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use sluice_wire::shm::Segment;
 use sluice_wire::{Message, Place, PlaceClaim, Places, SampleHeader, SamplePayload};
@@ -10,11 +10,11 @@ use sluice_wire::{Message, Place, PlaceClaim, Places, SampleHeader, SamplePayloa
 /// A same-host job's segment and which of its slots the worker may write; with the client's
 /// batch arena, the places it gave for samples of the units running here.
 pub(crate) struct Slots {
-    segment: Segment,
+    segment: Arc<Segment>,
     /// Slots granted and not yet filled, in grant order; `held[i]` says whether `i` is one.
     state: Mutex<(std::collections::VecDeque<u32>, Vec<bool>)>,
     /// The client's batches, when it shares them.
-    arena: Option<Segment>,
+    arena: Option<Arc<Segment>>,
     places: Mutex<PlaceTable>,
     /// Set once the client cancelled the job: no write into the arena starts after, and
     /// setting it waits for those under way (they hold it shared).
@@ -30,7 +30,7 @@ struct PlaceTable {
 }
 
 impl Slots {
-    pub(crate) fn new(segment: Segment, arena: Option<Segment>) -> Self {
+    pub(crate) fn new(segment: Arc<Segment>, arena: Option<Arc<Segment>>) -> Self {
         let n = segment.slots() as usize;
         Slots {
             segment,
@@ -213,7 +213,10 @@ mod tests {
 
     #[test]
     fn slots_are_written_only_when_granted() {
-        let slots = Slots::new(Segment::create("sluice-test", 2, 4).unwrap(), None);
+        let slots = Slots::new(
+            Arc::new(Segment::create("sluice-test", 2, 4).unwrap()),
+            None,
+        );
         let header = |key: &str| SampleHeader {
             job: 1,
             unit: 0,
@@ -257,7 +260,10 @@ mod tests {
             },
         )
         .unwrap();
-        let slots = Slots::new(Segment::create("sluice-test", 2, 4).unwrap(), Some(view));
+        let slots = Slots::new(
+            Arc::new(Segment::create("sluice-test", 2, 4).unwrap()),
+            Some(Arc::new(view)),
+        );
         let header = |unit, index| SampleHeader {
             job: 1,
             unit,
@@ -339,7 +345,10 @@ mod tests {
         assert!(slots.place(header(9, 0), &[7; 5]).is_err());
         arena.read(0, &mut got).unwrap();
         assert_eq!(got, [0; 4]);
-        let no_arena = Slots::new(Segment::create("sluice-test", 1, 4).unwrap(), None);
+        let no_arena = Slots::new(
+            Arc::new(Segment::create("sluice-test", 1, 4).unwrap()),
+            None,
+        );
         assert!(no_arena.add_places(&[place(7, 0, 0)]).is_err());
     }
 }
