@@ -410,7 +410,7 @@ fn cpu_tier_modules_import_only_down_their_floors() {
         &[
             &[
                 "source", "geometry", "restart", "metrics", "tls", "tenants", "slots", "clip",
-                "error", "jpeg", "fields", "engine", "lib",
+                "error", "jpeg", "fields", "engine", "mappings", "lib",
             ],
             &["worker", "config"],
             &["connection", "same_host", "server"],
