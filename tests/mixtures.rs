@@ -339,17 +339,9 @@ fn peak_rss_kb(args: &[&str]) -> (u64, String) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let hwm = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                let line = s.lines().find(|l| l.starts_with("VmHWM:"))?.to_string();
-                line.split_whitespace().nth(1)?.parse::<u64>().ok()
-            })
-    };
     let mut peak = 0;
     while child.try_wait().unwrap().is_none() {
-        peak = peak.max(hwm(child.id()).unwrap_or(0));
+        peak = peak.max(support::status_kb(child.id(), "VmHWM:"));
         std::thread::sleep(Duration::from_millis(5));
     }
     let out = child.wait_with_output().unwrap();

@@ -547,7 +547,7 @@ impl Mixture {
 
     /// Rank `rank`'s units for `epoch` after the segments `resumed`, in a world of `world`
     /// ranks drawing by the mixture's current weights (one round of them), and the samples
-    /// each rank gets.
+    /// each rank gets of that round and of the rest of the epoch (see [`Self::span`]).
     pub(crate) fn segment(
         &self,
         epoch: u64,
@@ -555,12 +555,13 @@ impl Mixture {
         world: u32,
         rank: u32,
         ctx: &Ctx,
-    ) -> Result<(Vec<WorkUnit>, u64), PlanError> {
+    ) -> Result<(Vec<WorkUnit>, (u64, u64)), PlanError> {
         let seg = self.current(epoch, resumed, world, ctx)?;
         let draw = self.materialize(&seg, ctx);
         let depth = resumed.len() as u32;
         let units = self.rank_units(&draw, epoch, depth, world, rank, ctx);
-        Ok((units, seg.drawn() / u64::from(world.max(1))))
+        let w = u64::from(world.max(1));
+        Ok((units, (seg.drawn() / w, seg.total / w)))
     }
 
     /// The samples each rank takes of the segment after `resumed` (its round), and of the

@@ -148,14 +148,28 @@ impl EpochPlanner {
         world: u32,
         rank: u32,
     ) -> Result<(Vec<WorkUnit>, BatchPlan), PlanError> {
+        let (units, batch_plan, _) = self.segment_and_rest(epoch, resumed, world, rank)?;
+        Ok((units, batch_plan))
+    }
+
+    /// [`Self::segment`], and with it [`Self::rest_plan`], planned once: the segment has
+    /// rounds after it where the rest holds more samples than it does.
+    pub fn segment_and_rest(
+        &self,
+        epoch: u64,
+        resumed: &[Segment],
+        world: u32,
+        rank: u32,
+    ) -> Result<(Vec<WorkUnit>, BatchPlan, BatchPlan), PlanError> {
         let config = PlanConfig {
             world_size: world,
             ..self.config.clone()
         };
         if let Some(m) = &self.mixture {
-            let (units, samples) = m.segment(epoch, resumed, world, rank, &self.ctx())?;
-            let batch_plan = BatchPlan::new(samples, self.batch_size, self.last_batch);
-            return Ok((first_samples(units, batch_plan.samples), batch_plan));
+            let (units, (round, rest)) = m.segment(epoch, resumed, world, rank, &self.ctx())?;
+            let batch_plan = BatchPlan::new(round, self.batch_size, self.last_batch);
+            let rest = BatchPlan::new(rest, self.batch_size, self.last_batch);
+            return Ok((first_samples(units, batch_plan.samples), batch_plan, rest));
         }
         let (units, samples) = match resumed.split_last() {
             None => {
@@ -176,7 +190,11 @@ impl EpochPlanner {
             }
         };
         let batch_plan = BatchPlan::new(samples, self.batch_size, self.last_batch);
-        Ok((first_samples(units, batch_plan.samples), batch_plan))
+        Ok((
+            first_samples(units, batch_plan.samples),
+            batch_plan,
+            batch_plan,
+        ))
     }
 
     /// How each rank's rest of `epoch` after `resumed`, in a world of `world`, falls into
@@ -194,26 +212,9 @@ impl EpochPlanner {
         Ok(BatchPlan::new(samples, self.batch_size, self.last_batch))
     }
 
-    /// Whether the segment after `resumed` of `epoch`, in a world of `world`, is a round of a
-    /// mixture with rounds after it (see [`crate::mixture`]): once every rank has taken it,
-    /// the epoch goes on with the segment after it.
-    pub fn rounds_after(
-        &self,
-        epoch: u64,
-        resumed: &[Segment],
-        world: u32,
-    ) -> Result<bool, PlanError> {
-        match &self.mixture {
-            Some(m) => {
-                let (round, rest) = m.span(epoch, resumed, world, &self.ctx())?;
-                Ok(round < rest)
-            }
-            None => Ok(false),
-        }
-    }
-
     /// The segments after `resumed` once every rank of `world` has taken the round they lead
-    /// to whole (a mixture's, see [`Self::rounds_after`]): `resumed` and that round, with
+    /// to whole (a mixture's round, with rounds after it where [`Self::segment_and_rest`]'s
+    /// rest holds more samples than the segment): `resumed` and that round, with
     /// the weights it was drawn by.
     pub fn after_round(
         &self,

@@ -191,11 +191,17 @@ pub fn signal(pid: u32, sig: &str) {
 
 /// Resident memory of process `pid`, KiB (0 once it is gone).
 pub fn rss_kb(pid: u32) -> u64 {
+    status_kb(pid, "VmRSS:")
+}
+
+/// A KiB figure of `/proc/<pid>/status` (`field` with its colon: `VmHWM:`, the peak
+/// resident memory), 0 once the process is gone.
+pub fn status_kb(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse().ok())
         })

@@ -374,15 +374,21 @@ impl Loader {
         let ours = std::mem::replace(&mut *self.planner_mut(), theirs.clone());
         // The checkpoint's own segment, planned once for every check below.
         let checked = (|| {
-            let taken = self.segment(first.epoch, &first.resumed, first.world_size, first.rank)?;
+            let (units, plan, rest) = theirs.segment_and_rest(
+                first.epoch,
+                &first.resumed,
+                first.world_size,
+                first.rank,
+            )?;
+            let taken = (units, plan);
             let same_weights = self.same_weights(&ours, first, taken.1.samples)?;
             let pending = self.check_and_place(first, checkpoints, &ranks, same_weights, &taken)?;
-            let rounds_after =
-                || theirs.rounds_after(first.epoch, &first.resumed, first.world_size);
             match first.batches == taken.1.batches {
                 false => Ok((Some(pending), None, taken.1)),
                 // A mixture's round taken whole: the epoch goes on with the next one.
-                true if rounds_after()? => Ok((Some(Self::after(first)), None, taken.1)),
+                true if rest.samples > plan.samples => {
+                    Ok((Some(Self::after(first)), None, taken.1))
+                }
                 true => Self::after_whole_epoch(&theirs, first).map(|b| (None, Some(b), taken.1)),
             }
         })();
@@ -772,7 +778,8 @@ impl Loader {
                 None => (Vec::new(), None),
             }
         };
-        let (units, _) = self.segment(epoch, &resumed, c.world_size, c.rank)?;
+        let (units, mut plan, mut rest) =
+            planner.segment_and_rest(epoch, &resumed, c.world_size, c.rank)?;
         let mut out = match record {
             None => units,
             Some(record) => {
@@ -789,9 +796,13 @@ impl Loader {
                     .collect()
             }
         };
-        while planner.rounds_after(epoch, &resumed, c.world_size)? {
+        // Rounds after it: each the segment after the one before, taken whole.
+        while rest.samples > plan.samples {
             resumed = planner.after_round(epoch, &resumed, c.world_size)?;
-            out.extend(self.segment(epoch, &resumed, c.world_size, c.rank)?.0);
+            let units;
+            (units, plan, rest) =
+                planner.segment_and_rest(epoch, &resumed, c.world_size, c.rank)?;
+            out.extend(units);
         }
         Ok(out)
     }

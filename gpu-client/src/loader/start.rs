@@ -63,11 +63,16 @@ struct Run {
     settings: EpochSettings,
     /// The rest of the epoch from this segment on (its rounds after it included).
     rest: sluice_plan::BatchPlan,
-    /// A mixture's round with rounds after it.
-    rounds_after: bool,
     ledger: Ledger,
     reorder: Reorder<crate::same_host::Payload>,
     progress: Progress,
+}
+
+impl Run {
+    /// The segment is a mixture's round with rounds after it.
+    fn rounds_after(&self) -> bool {
+        self.rest.samples > self.settings.batch_plan.samples
+    }
 }
 
 /// The links of one epoch: each one's name and command queue, and the tasks that run them.
@@ -232,8 +237,9 @@ impl Runner {
         drop(event_tx);
         let names: Vec<String> = links.iter().map(|l| l.0.clone()).collect();
         // An epoch with rounds after this one starts the next epoch from none of them.
+        let rounds_after = run.rounds_after();
         let early =
-            c.prefetch_next_epoch && c.epochs.is_none_or(|n| epoch + 1 < n) && !run.rounds_after;
+            c.prefetch_next_epoch && c.epochs.is_none_or(|n| epoch + 1 < n) && !rounds_after;
         let (before, next) = match early {
             true => {
                 let (successor, predecessor) = handoff();
@@ -242,7 +248,7 @@ impl Runner {
             false => (None, None),
         };
         let (batch_plan, first_batch) = (run.settings.batch_plan, run.settings.first_batch);
-        let (rest, rounds) = (run.rest, run.rounds_after.then(|| self.clone()));
+        let (rest, rounds) = (run.rest, rounds_after.then(|| self.clone()));
         let resumed = run.progress.resumed.clone();
         let mut coordinator = Coordinator::new(
             run.settings,
@@ -324,9 +330,9 @@ impl Runner {
             .map(|p| p.resumed.clone())
             .unwrap_or_default();
         let planner = &self.planner;
-        let (units, batch_plan) = planner.segment(epoch, &resumed, c.world_size, c.rank)?;
-        let rest = planner.rest_plan(epoch, &resumed, c.world_size)?;
-        let rounds_after = planner.rounds_after(epoch, &resumed, c.world_size)?;
+        let (units, batch_plan, rest) =
+            planner.segment_and_rest(epoch, &resumed, c.world_size, c.rank)?;
+        let rounds_after = rest.samples > batch_plan.samples;
         let mut ledger = Ledger::new(&units);
         let mut first_batch = 0;
         if let Some(p) = &resume {
@@ -382,7 +388,6 @@ impl Runner {
                 first_batch,
             },
             rest,
-            rounds_after,
             ledger,
             reorder,
             progress,

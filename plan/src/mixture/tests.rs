@@ -350,7 +350,8 @@ fn rounds(p: &EpochPlanner, epoch: u64, mut resumed: Vec<Segment>, world: u32) -
         {
             ranks[r].extend(got);
         }
-        if !p.rounds_after(epoch, &resumed, world).unwrap() {
+        let (_, plan, rest) = p.segment_and_rest(epoch, &resumed, world, 0).unwrap();
+        if rest.samples <= plan.samples {
             return ranks;
         }
         resumed = p.after_round(epoch, &resumed, world).unwrap();
