@@ -390,6 +390,7 @@ fn client_modules_import_only_down_their_floors() {
                 "affinity",
                 "stats",
                 "tls",
+                "quic",
                 "metrics",
                 "nvrtc",
                 "testing",

@@ -51,6 +51,7 @@ pub mod metrics;
 #[cfg(feature = "cuda")]
 mod nvrtc;
 mod protocol;
+mod quic;
 mod reorder;
 pub mod same_host;
 mod session;

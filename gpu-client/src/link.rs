@@ -94,8 +94,8 @@ pub(crate) struct RemoteLink {
     pub link: usize,
     pub addr: SocketAddr,
     pub name: String,
-    pub endpoint: quinn::Endpoint,
-    pub client_config: quinn::ClientConfig,
+    pub endpoint: crate::quic::Endpoint,
+    pub client_config: quinn_proto::ClientConfig,
     /// The worker's same-host socket, when it is on this machine and serves one.
     pub same_host: Option<SameHostRoute>,
     pub token: String,
@@ -140,7 +140,7 @@ struct Wire<R, W> {
     reader: FrameReader<R>,
     writer: FrameWriter<W>,
     /// QUIC's close reason explains an ended stream; a Unix socket has none.
-    quic: Option<quinn::Connection>,
+    quic: Option<crate::quic::Connection>,
 }
 
 /// What a same-host connection shares with its worker: its slots, and the batch arena.
@@ -595,7 +595,7 @@ fn carry_out(
 
 /// A stream that broke because the worker closed the connection for shutdown is a drain;
 /// any other end stays what the session said.
-fn with_close_reason(worker: &str, ended: Ended, quic: Option<&quinn::Connection>) -> Ended {
+fn with_close_reason(worker: &str, ended: Ended, quic: Option<&crate::quic::Connection>) -> Ended {
     match (ended, quic.and_then(|c| c.close_reason())) {
         (Ended::Lost(lost), Some(e)) => match classify_connection_error(worker, e) {
             left @ Ended::Left(_) => left,
@@ -611,8 +611,8 @@ fn lock(session: &Mutex<Session>) -> MutexGuard<'_, Session> {
     session.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn classify_connection_error(worker: &str, e: quinn::ConnectionError) -> Ended {
-    use quinn::ConnectionError as C;
+fn classify_connection_error(worker: &str, e: quinn_proto::ConnectionError) -> Ended {
+    use quinn_proto::ConnectionError as C;
     match &e {
         // TLS alert 120, no_application_protocol: the worker speaks another protocol version.
         C::TransportError(_) | C::ConnectionClosed(_) if e.to_string().contains("error 120") => {

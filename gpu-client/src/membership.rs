@@ -263,7 +263,7 @@ pub(crate) fn pool(
 /// Makes the links of one epoch's job to a worker: everything a link needs but its address.
 pub(crate) struct Dialer {
     pub config: Arc<LoaderConfig>,
-    pub quic: Option<(quinn::Endpoint, quinn::ClientConfig)>,
+    pub quic: Option<(crate::quic::Endpoint, quinn_proto::ClientConfig)>,
     pub token: Option<String>,
     pub buffers: Arc<BufferPool>,
     pub segments: Arc<crate::same_host::Segments>,

@@ -82,8 +82,8 @@ impl ServerCertVerifier for Trust {
 /// A QUIC client configuration trusting the certificates in `trust_pem` (TLS 1.3, no 0-RTT).
 pub(crate) fn client_config(
     trust_pem: &Path,
-    transport: quinn::TransportConfig,
-) -> Result<quinn::ClientConfig, ClientError> {
+    transport: quinn_proto::TransportConfig,
+) -> Result<quinn_proto::ClientConfig, ClientError> {
     let bad = |detail: String| ClientError::Config {
         key: "trust_cert",
         detail: format!("{}: {detail}", trust_pem.display()),
@@ -124,9 +124,9 @@ pub(crate) fn client_config(
         .with_no_client_auth();
     tls.alpn_protocols = vec![sluice_wire::message::ALPN.to_vec()];
     tls.enable_early_data = false;
-    let crypto =
-        quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| bad(e.to_string()))?;
-    let mut config = quinn::ClientConfig::new(Arc::new(crypto));
+    let crypto = quinn_proto::crypto::rustls::QuicClientConfig::try_from(tls)
+        .map_err(|e| bad(e.to_string()))?;
+    let mut config = quinn_proto::ClientConfig::new(Arc::new(crypto));
     config.transport_config(Arc::new(transport));
     Ok(config)
 }

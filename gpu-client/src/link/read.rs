@@ -40,7 +40,7 @@ pub(super) trait TensorRead: AsyncRead + Unpin + Sized {
 
 /// QUIC: the stream's own chunks (its decrypted packets), not copied into a buffer first;
 /// the coordinator copies them once, into the batch.
-impl TensorRead for quinn::RecvStream {
+impl TensorRead for crate::quic::RecvStream {
     async fn tensor(
         reader: &mut FrameReader<Self>,
         len: usize,
@@ -50,13 +50,13 @@ impl TensorRead for quinn::RecvStream {
         let mut chunks = Vec::with_capacity(len / 1200 + 1);
         let mut left = len;
         while left > 0 {
-            match stream.read_chunk(left, true).await {
+            match stream.read_chunk(left).await {
                 Ok(Some(chunk)) => {
                     left -= chunk.bytes.len().min(left);
                     chunks.push(chunk.bytes);
                 }
                 Ok(None) => return Err(IoError::Truncated),
-                Err(e) => return Err(IoError::Io(e.into())),
+                Err(e) => return Err(IoError::Io(e)),
             }
         }
         Ok(Payload::Chunks(chunks))

@@ -414,15 +414,15 @@ fn quic_client(
     config: &LoaderConfig,
     trust: &std::path::Path,
     runtime: &tokio::runtime::Runtime,
-) -> Result<(quinn::Endpoint, quinn::ClientConfig), ClientError> {
-    let mut t = quinn::TransportConfig::default();
+) -> Result<(crate::quic::Endpoint, quinn_proto::ClientConfig), ClientError> {
+    let mut t = quinn_proto::TransportConfig::default();
     t.max_concurrent_bidi_streams(0u32.into());
     t.max_concurrent_uni_streams(0u32.into());
     let window = config.receive_window.min(u32::MAX as u64) as u32;
     t.stream_receive_window(window.into());
     t.receive_window(window.into());
     t.keep_alive_interval(Some(config.heartbeat));
-    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    let mut mtu = quinn_proto::MtuDiscoveryConfig::default();
     mtu.upper_bound(sluice_wire::quic::MAX_UDP_PAYLOAD);
     t.mtu_discovery_config(Some(mtu));
     t.max_idle_timeout(config.silence.try_into().ok());
@@ -434,7 +434,7 @@ fn quic_client(
 /// receive buffer that rides out a descheduled client thread (see
 /// [`sluice_wire::quic::SOCKET_BUFFER_BYTES`]). A smaller buffer than asked for only costs
 /// speed, so it is logged, not fatal.
-fn quic_endpoint(runtime: &tokio::runtime::Runtime) -> Result<quinn::Endpoint, ClientError> {
+fn quic_endpoint(runtime: &tokio::runtime::Runtime) -> Result<crate::quic::Endpoint, ClientError> {
     let failed = |what: &str, e: &dyn std::fmt::Display| {
         ClientError::Runtime(format!("QUIC endpoint: {what}: {e}"))
     };
@@ -448,17 +448,11 @@ fn quic_endpoint(runtime: &tokio::runtime::Runtime) -> Result<quinn::Endpoint, C
     if let Some(why) = sluice_wire::quic::grow_buffer(&socket, sluice_wire::quic::Buffer::Receive) {
         tracing::debug!("{why}");
     }
-    let mut config = quinn::EndpointConfig::default();
+    let mut config = quinn_proto::EndpointConfig::default();
     config
         .max_udp_payload_size(sluice_wire::quic::MAX_UDP_PAYLOAD)
         .map_err(|e| failed("datagram size", &e))?;
-    // quinn registers the socket with the runtime it is created on.
+    // The socket is registered with, and its driver runs on, the loader's runtime.
     let _entered = runtime.enter();
-    quinn::Endpoint::new(
-        config,
-        None,
-        socket,
-        std::sync::Arc::new(quinn::TokioRuntime),
-    )
-    .map_err(|e| failed("start", &e))
+    crate::quic::Endpoint::new(config, socket).map_err(|e| failed("start", &e))
 }

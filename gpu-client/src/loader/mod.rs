@@ -64,7 +64,7 @@ pub struct Loader {
     batch_plan: BatchPlan,
     workers: Workers,
     token: Option<String>,
-    quic: Option<(quinn::Endpoint, quinn::ClientConfig)>,
+    quic: Option<(crate::quic::Endpoint, quinn_proto::ClientConfig)>,
     /// Always `Some` until drop.
     runtime: Option<tokio::runtime::Runtime>,
     /// The settings' allocator, keeping finished epochs' ring buffers for the next ones.

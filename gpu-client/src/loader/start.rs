@@ -94,7 +94,7 @@ pub(super) struct Runner {
     planner: Arc<sluice_plan::EpochPlanner>,
     workers: Workers,
     token: Option<String>,
-    quic: Option<(quinn::Endpoint, quinn::ClientConfig)>,
+    quic: Option<(crate::quic::Endpoint, quinn_proto::ClientConfig)>,
     runtime: tokio::runtime::Handle,
     allocator: Arc<dyn crate::batch::HostAllocator>,
     buffers: Arc<sluice_wire::BufferPool>,
