@@ -50,8 +50,8 @@ pub unsafe fn copy_tensor_raw(dst: *mut u8, src: *const u8, len: usize) {
 /// bytes are visible before whatever the caller does next (a DMA, handing the batch to
 /// another thread).
 ///
-/// Not for QUIC packets: the thread that copies them has just decrypted them, so they are in
-/// its cache, and their ends fall mid-line; a plain copy measured 3–6% cheaper there.
+/// Not for QUIC packets: their ends fall mid-line, and a plain copy measured as cheap or
+/// cheaper there.
 pub struct Streaming(());
 
 impl Streaming {
