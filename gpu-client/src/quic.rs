@@ -432,11 +432,12 @@ fn receive(shared: &Shared, receiver: &mut receive::Receiver) {
         receiver.recv(&shared.udp, &shared.socket)
     });
     match received {
+        // The lock is taken per coalesced run (at most 64 KiB to decrypt), so that the tasks
+        // reading streams are not held up for a whole batch.
         Ok(_) => {
             let now = Instant::now();
-            let mut state = shared.lock();
             while let Some((meta, data)) = receiver.next() {
-                state.handle(shared, now, &meta, data);
+                shared.lock().handle(shared, now, &meta, data);
             }
         }
         // Nothing there after all, or an ICMP error a peer's packet caused (undefined in QUIC).
