@@ -12,6 +12,7 @@
 use std::collections::VecDeque;
 use std::io::{self, IoSliceMut};
 use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::BytesMut;
 use quinn_udp::{RecvMeta, UdpSocketState, BATCH_SIZE};
@@ -24,6 +25,9 @@ const GRO_SLOT: usize = 64 << 10;
 /// common), so the slots kept grow to what it held at its peak; past this bound a slot
 /// handed out is forgotten, its memory freed with its last packet.
 const KEPT_SLOTS: usize = 8192;
+
+/// Whether the warning that a run may have been cut short was given (once a process).
+static TRUNCATION_SAID: AtomicBool = AtomicBool::new(false);
 
 /// Where received datagrams land.
 pub(super) struct Receiver {
@@ -117,6 +121,16 @@ impl Receiver {
         let slot = &mut self.batch[self.taken];
         self.taken += 1;
         let len = meta.len.min(slot.capacity());
+        if len == self.slot
+            && self.slot == GRO_SLOT
+            && !TRUNCATION_SAID.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                "a coalesced run of QUIC datagrams filled a whole {GRO_SLOT}-byte receive slot: \
+                 this kernel may coalesce more (a raised gro_max_size), and what did not fit is \
+                 lost and sent again"
+            );
+        }
         // A run that fills little of a coalescing slot would hold it whole while its chunks
         // wait for their batch: it gets a buffer of its own size, and the slot stays free.
         if len * 4 < self.slot && self.slot == GRO_SLOT {
