@@ -201,5 +201,14 @@ fn loadgen_serves_the_clients_metrics_while_it_runs() {
         !text.contains("sluice_client_batches_total 0\n"),
         "no batch counted:\n{text}"
     );
+    // Over QUIC (`loadgen` turns same-host off), the receive slots show as memory.
+    let receive_bytes = text
+        .lines()
+        .find_map(|l| l.strip_prefix("sluice_client_quic_receive_bytes "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(
+        receive_bytes.is_some_and(|b| b > 0.0),
+        "no QUIC receive slots counted:\n{text}"
+    );
     assert!(child.wait().unwrap().success());
 }

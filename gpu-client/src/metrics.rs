@@ -19,6 +19,7 @@ pub const COUNTERS: &[&str] = &[
 /// Gauges without labels.
 pub const GAUGES: &[&str] = &[
     "sluice_client_pool_workers",
+    "sluice_client_quic_receive_bytes",
     "sluice_client_reorder_held_samples",
 ];
 

@@ -82,6 +82,7 @@ impl Receiver {
                 Some(s) => s,
                 None => self.reclaimed(&mut looks).unwrap_or_else(|| {
                     self.allocated += 1;
+                    metrics::gauge!("sluice_client_quic_receive_bytes").increment(self.slot as f64);
                     let mut s = BytesMut::zeroed(self.slot);
                     s.clear();
                     s
@@ -159,18 +160,35 @@ impl Receiver {
         None
     }
 
+    /// No longer keeps `slots` slots (their memory goes with their last packets).
+    fn forget(&self, slots: usize) {
+        metrics::gauge!("sluice_client_quic_receive_bytes").decrement((slots * self.slot) as f64);
+    }
+
     /// Files the slots taken from the last receive as handed out.
     fn file_taken(&mut self) {
+        let mut forgotten = 0;
         for s in self.batch.drain(..self.taken) {
             if s.capacity() == self.slot {
                 // Copied out: never handed out.
                 self.free.push(s);
             } else if self.out.len() + self.free.len() < KEPT_SLOTS {
                 self.out.push_back(s);
+            } else {
+                forgotten += 1;
             }
+        }
+        if forgotten > 0 {
+            self.forget(forgotten);
         }
         self.received -= self.taken;
         self.taken = 0;
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.forget(self.free.len() + self.out.len() + self.batch.len());
     }
 }
 
