@@ -32,6 +32,14 @@ fn two_workers(dir: &Path) -> (system::Dataset, Worker, Worker, std::path::PathB
     (data, a, b, trust)
 }
 
+/// The dataset and one same-host worker, `a`, with the certificate that pins it.
+fn one_worker(dir: &Path) -> (system::Dataset, Worker, std::path::PathBuf) {
+    let data = dataset(dir, 40);
+    let a = same_host_worker(dir, "a");
+    let trust = trust_file(dir, &[&a]);
+    (data, a, trust)
+}
+
 fn loader(data: &system::Dataset, dir: &Path, workers: &[&Worker], trust: &Path) -> Loader {
     builder(data, dir, trust)
         .workers(workers.iter().map(|w| w.addr.clone()).collect::<Vec<_>>())
@@ -243,6 +251,44 @@ fn epochs_left_early_give_their_batch_places_back() {
     );
 }
 
+/// An epoch binds its batches as far ahead as the epochs before it found samples arriving,
+/// from its start: the samples of its first units get their places with their assignment
+/// instead of waiting in slots (and being copied) while the epoch learns how far ahead they
+/// come.
+#[test]
+fn later_epochs_place_their_first_units_samples_straight_into_their_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, worker, trust) = one_worker(dir.path());
+    let l = builder(&data, dir.path(), &trust)
+        .workers(vec![worker.addr.clone()])
+        .prefetch_next_epoch(false)
+        .build()
+        .unwrap();
+    let sum = |name| counter(&worker, name);
+    let mut fractions = Vec::new();
+    for epoch in 0..3u64 {
+        let (placed, shared) = (
+            sum("sluice_cpu_placed_samples_total"),
+            sum("sluice_cpu_same_host_samples_total"),
+        );
+        let mut got = Arrived::default();
+        for batch in l.epoch(epoch).unwrap() {
+            got.take(&batch.unwrap());
+            // A consumer slower than the worker: samples arrive ahead of their batches.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        same_as_in_process(&data, epoch, got);
+        let placed = sum("sluice_cpu_placed_samples_total") - placed;
+        let shared = sum("sluice_cpu_same_host_samples_total") - shared;
+        fractions.push(placed / shared.max(1.0));
+    }
+    eprintln!("samples placed in their batches, by epoch: {fractions:?}");
+    assert!(
+        fractions[1..].iter().all(|f| *f >= 0.98),
+        "after the first epoch, more than 1 sample in 50 waited in a slot: {fractions:?}"
+    );
+}
+
 /// The inode of each memfd segment mapping of process `pid` (a worker of one test maps only
 /// that test's client's segments; this process holds every test's).
 fn segment_maps(pid: u32) -> Vec<u64> {
@@ -364,9 +410,7 @@ fn a_pool_that_grows_and_shrinks_mid_epoch_keeps_batches_over_shared_memory() {
 #[test]
 fn a_killed_client_leaves_no_segment_behind() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dataset(dir.path(), 40);
-    let w = same_host_worker(dir.path(), "a");
-    let trust = trust_file(dir.path(), &[&w]);
+    let (data, w, trust) = one_worker(dir.path());
     let token = dir.path().join("token");
     let mut client = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args([

@@ -43,6 +43,10 @@ pub(crate) struct Arena {
     sample_bytes: usize,
     state: Mutex<State>,
     writers: AtomicU64,
+    /// How far ahead of the batch being filled (in batches) samples have arrived in this
+    /// arena's epochs so far: an epoch binds that far from its start, so the samples of its
+    /// first units find their places instead of waiting in slots while it learns the reach.
+    reach: AtomicU64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,6 +142,7 @@ impl Arena {
                 writers: HashMap::new(),
             }),
             writers: AtomicU64::new(0),
+            reach: AtomicU64::new(0),
         })))
     }
 
@@ -165,6 +170,11 @@ impl Arena {
                 tracing::debug!("batch place {place}: {e}");
             }
         }
+    }
+
+    /// How far ahead samples have arrived in earlier epochs, with `now` (this epoch's) noted.
+    pub(crate) fn reach(&self, now: u64) -> u64 {
+        self.reach.fetch_max(now, Ordering::Relaxed).max(now)
     }
 
     pub(crate) fn segment(&self) -> &Segment {

@@ -457,6 +457,9 @@ impl Coordinator {
                     if self.earlier_ring.is_none() {
                         self.ring = Some(self.new_ring()?);
                     }
+                    // Batches bound before the first units are assigned give those units'
+                    // samples their places with the assignment.
+                    self.bind_ahead().await;
                 }
                 Action::Fill(Arrival::Sample {
                     id,
@@ -585,10 +588,13 @@ impl Coordinator {
     /// Binds free ring buffers to the batches [`Assembly::bind_next`] names, without
     /// waiting for one.
     async fn bind_ahead(&mut self) {
-        let Some(ring) = self.ring.clone().filter(|_| self.arena.is_some()) else {
+        let Some((ring, arena)) = self.ring.clone().zip(self.arena.clone()) else {
             return;
         };
-        let (assembly, reached) = (self.assembly(), self.protocol.batches_reached());
+        let (assembly, reached) = (
+            self.assembly(),
+            arena.reach(self.protocol.batches_reached()),
+        );
         loop {
             let filling = self.filling.is_some();
             let next = assembly.bind_next(self.next_batch, filling, self.ahead.len(), reached);
