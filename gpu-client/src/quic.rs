@@ -90,11 +90,9 @@ struct Conn {
     timer: Option<Instant>,
 }
 
+/// What quinn-proto made to send, and its bytes.
 struct Unsent {
-    destination: SocketAddr,
-    ecn: Option<proto::EcnCodepoint>,
-    segment_size: Option<usize>,
-    src_ip: Option<std::net::IpAddr>,
+    transmit: proto::Transmit,
     contents: Vec<u8>,
 }
 
@@ -177,20 +175,7 @@ impl Shared {
     }
 
     /// Sends a datagram (or a GSO run of them); `WouldBlock` when the socket is full.
-    fn send(&self, t: &Unsent) -> io::Result<()> {
-        let transmit = quinn_udp::Transmit {
-            destination: t.destination,
-            ecn: t.ecn.map(udp_ecn),
-            contents: &t.contents,
-            segment_size: t.segment_size,
-            src_ip: t.src_ip,
-        };
-        self.socket.try_io(Interest::WRITABLE, || {
-            self.udp.send((&self.socket).into(), &transmit)
-        })
-    }
-
-    fn send_transmit(&self, t: &proto::Transmit, contents: &[u8]) -> io::Result<()> {
+    fn send(&self, t: &proto::Transmit, contents: &[u8]) -> io::Result<()> {
         let transmit = quinn_udp::Transmit {
             destination: t.destination,
             ecn: t.ecn.map(udp_ecn),
@@ -275,7 +260,7 @@ impl State {
             ..
         } = self;
         if let Some(u) = unsent.take() {
-            if shared.send(&u).is_err() {
+            if shared.send(&u.transmit, &u.contents).is_err() {
                 *unsent = Some(u);
             }
         }
@@ -300,13 +285,11 @@ impl State {
                     break;
                 };
                 transmits += 1;
-                if shared.send_transmit(&t, &send_buffer[..t.size]).is_err() {
+                if shared.send(&t, &send_buffer[..t.size]).is_err() {
+                    let contents = send_buffer[..t.size].to_vec();
                     *unsent = Some(Unsent {
-                        destination: t.destination,
-                        ecn: t.ecn,
-                        segment_size: t.segment_size,
-                        src_ip: t.src_ip,
-                        contents: send_buffer[..t.size].to_vec(),
+                        transmit: t,
+                        contents,
                     });
                 }
             }
@@ -350,7 +333,7 @@ impl State {
                 }
                 Some(DatagramEvent::Response(t)) => {
                     // Best effort, as any stateless answer.
-                    let _ = shared.send_transmit(&t, &self.response_buffer[..t.size]);
+                    let _ = shared.send(&t, &self.response_buffer[..t.size]);
                 }
                 // A client accepts no connections.
                 Some(DatagramEvent::NewConnection(incoming)) => self.endpoint.ignore(incoming),
