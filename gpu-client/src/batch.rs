@@ -268,6 +268,18 @@ impl Ring {
         }
     }
 
+    /// Returns once the ring has a free buffer, without taking it (its waiter then takes it
+    /// with [`Ring::try_acquire`]).
+    pub(crate) async fn until_free(&self) {
+        loop {
+            let notified = self.notify.notified();
+            if self.free.lock().is_ok_and(|f| !f.is_empty()) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     fn release(&self, buf: Box<dyn HostMemory>) {
         if let Ok(mut free) = self.free.lock() {
             free.push(buf);

@@ -4,8 +4,9 @@
 //! to the consumer. Every decision (assignment, credits, the ledger, the reorder area,
 //! reassignment, hedging) is the protocol's; see `crate::protocol`.
 //!
-//! It runs as one task; its only waits are for an event, a free batch buffer, room in the
-//! consumer's queue or a link's command queue, or the protocol's next deadline.
+//! It runs as one task; its only waits are for an event, a free batch buffer (to fill, or to
+//! bind ahead as soon as one is free), the earlier epoch's ring, room in the consumer's queue
+//! or a link's command queue, or the protocol's next deadline.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -323,6 +324,9 @@ impl Coordinator {
             }
             let deadline = self.protocol.poll_timeout();
             let earlier = self.earlier_dispatched.clone();
+            let room = self.room_wanted();
+            // The earlier epoch's ring, once the ring's shape is known.
+            let handover = self.earlier_ring.as_mut().filter(|_| self.shape.is_some());
             let event = tokio::select! {
                 e = events.recv() => e,
                 _ = sleep_until(deadline) => {
@@ -332,6 +336,19 @@ impl Coordinator {
                 _ = gate(earlier) => {
                     self.earlier_dispatched = None;
                     self.protocol.unhold(now());
+                    continue;
+                }
+                // Batches are bound (their places sent) as soon as there are buffers for
+                // them, not when the next sample or batch happens to come: a sample that
+                // arrives before its place goes through a slot and is copied.
+                ring = handed_over(handover) => {
+                    self.earlier_ring = None;
+                    self.adopt(ring.ok())?;
+                    self.bind_ahead().await;
+                    continue;
+                }
+                _ = free_buffer(room) => {
+                    self.bind_ahead().await;
                     continue;
                 }
             };
@@ -640,18 +657,41 @@ impl Coordinator {
     async fn ring(&mut self) -> Result<Arc<Ring>, ClientError> {
         let earlier = self.earlier_ring.take_if(|_| self.shape.is_some());
         if let Some(earlier) = earlier {
-            let ring = match earlier.await {
-                Ok(r) if r.fits(self.ring_buffers(), self.batch_bytes()) => {
-                    self.shared_ring = true;
-                    r
-                }
-                _ => self.new_ring()?,
-            };
-            self.ring = Some(ring);
+            self.adopt(earlier.await.ok())?;
         }
         self.ring
             .clone()
             .ok_or_else(|| ClientError::Runtime("a sample before any worker was ready".into()))
+    }
+
+    /// Takes the ring the earlier epoch handed over when its buffers fit this epoch's
+    /// batches, or makes one (`earlier` is `None` when that epoch ended without handing it
+    /// over).
+    fn adopt(&mut self, earlier: Option<Arc<Ring>>) -> Result<(), ClientError> {
+        let ring = match earlier {
+            Some(r) if r.fits(self.ring_buffers(), self.batch_bytes()) => {
+                self.shared_ring = true;
+                r
+            }
+            _ => self.new_ring()?,
+        };
+        self.ring = Some(ring);
+        Ok(())
+    }
+
+    /// The ring, when [`Self::bind_ahead`] would bind a batch to a buffer as soon as one is
+    /// free.
+    fn room_wanted(&self) -> Option<Arc<Ring>> {
+        let (ring, arena) = (self.ring.as_ref()?, self.arena.as_ref()?);
+        let reached = arena.reach(self.protocol.batches_reached());
+        self.assembly()
+            .bind_next(
+                self.next_batch,
+                self.filling.is_some(),
+                self.ahead.len(),
+                reached,
+            )
+            .map(|_| ring.clone())
     }
 
     /// The batch being filled, waiting for a free ring buffer if there is none.
@@ -791,6 +831,24 @@ async fn acquire_shared(
 
 /// Sends `command` down a link's queue, if it has one. A send fails only when the link task
 /// ended; its loss event requeues.
+/// The ring the earlier epoch hands over (`Err`: it ended without); never, without one.
+async fn handed_over(
+    earlier: Option<&mut tokio::sync::oneshot::Receiver<Arc<Ring>>>,
+) -> Result<Arc<Ring>, tokio::sync::oneshot::error::RecvError> {
+    match earlier {
+        Some(rx) => rx.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Returns once `ring` has a free buffer; never, without a ring.
+async fn free_buffer(ring: Option<Arc<Ring>>) {
+    match ring {
+        Some(r) => r.until_free().await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn send(link: Option<mpsc::Sender<Command>>, command: Command) {
     if let Some(tx) = link {
         let _ = tx.send(command).await;
