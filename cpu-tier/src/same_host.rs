@@ -139,8 +139,10 @@ fn check_dir(dir: &Path) -> std::io::Result<Result<(), SameHostError>> {
 }
 
 /// Frames over the Unix socket, buffered: they are small (the fields only), and the session
-/// flushes when no more are queued, so a burst of samples costs one write.
-struct UnixOut(FrameWriter<tokio::io::BufWriter<OwnedWriteHalf>>);
+/// flushes when no more are queued, so a burst of samples costs one write. The socket is
+/// registered for reading only ([`sluice_wire::unix`]): the client's reads of these frames
+/// do not wake this worker's reactor.
+struct UnixOut(FrameWriter<tokio::io::BufWriter<sluice_wire::unix::WriteHalf>>);
 
 impl Outbound for UnixOut {
     async fn frame(&mut self, message: &Message, payload: bytes::Bytes) -> Result<(), SendError> {
@@ -195,10 +197,23 @@ pub(crate) async fn serve(stream: UnixStream, state: Arc<State>) {
         return;
     }
     let client = connection.client().to_string();
+    // Between frames: the reader has buffered nothing.
+    let split = (reader.into_inner())
+        .reunite(writer.into_inner())
+        .map_err(|e| e.to_string())
+        .and_then(|s| sluice_wire::unix::split(s).map_err(|e| e.to_string()));
+    let (rd, wr) = match split {
+        Ok(halves) => halves,
+        Err(e) => {
+            warn!(client = %client, "same-host client: its socket: {e}");
+            return;
+        }
+    };
+    let reader = FrameReader::new(rd, state.limits);
     info!(client = %client, pid = peer.pid, uid = peer.uid, "same-host client connected");
     metrics::gauge!("sluice_cpu_connections").increment(1.0);
     let mut out = UnixOut(FrameWriter::new(
-        tokio::io::BufWriter::new(writer.into_inner()),
+        tokio::io::BufWriter::new(wr),
         state.limits,
     ));
     let end = connection.run(reader, &mut out).await;

@@ -369,6 +369,21 @@ impl RemoteLink {
             Ok(_) => return Ended::Lost("the handshake ended early".into()),
             Err(e) => return e,
         };
+        // From here the socket is read through a buffer and registered for reading only
+        // (`sluice_wire::unix`): the worker's reads of this side's frames wake nobody here.
+        let Wire { reader, writer, .. } = wire;
+        let split = (reader.into_inner())
+            .reunite(writer.into_inner())
+            .map_err(|e| e.to_string())
+            .and_then(|s| sluice_wire::unix::split(s).map_err(|e| e.to_string()));
+        let wire = match split {
+            Ok((rd, wr)) => Wire {
+                reader: FrameReader::new(rd, self.limits),
+                writer: FrameWriter::new(wr, self.limits),
+                quic: None,
+            },
+            Err(e) => return Ended::Lost(format!("same-host socket {socket}: {e}")),
+        };
         let writer = arena.map(|a| {
             let w = a.writer();
             (a, w)

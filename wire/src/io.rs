@@ -131,6 +131,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         &self.inner
     }
 
+    /// The stream, between frames (an unread payload stays unread); the reader buffers
+    /// nothing, so no byte read from the stream is lost.
+    pub fn into_inner(self) -> R {
+        self.inner
+    }
+
     /// Discards the current frame's payload.
     pub async fn skip_payload(&mut self) -> Result<(), IoError> {
         let n = std::mem::take(&mut self.pending_payload);

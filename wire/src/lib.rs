@@ -6,7 +6,8 @@
 //! datagram and socket-buffer sizes both ends use ([`quic`];
 //! behind `udp`, the call that grows a socket's buffer), and, behind the `io` feature, a
 //! thin async shell over any byte stream ([`io`]); behind `shm`, the same-host transport's
-//! shared-memory segments and descriptor passing ([`shm`]).
+//! shared-memory segments and descriptor passing ([`shm`]) and its socket once open, read
+//! through a buffer and registered for reading only ([`unix`]).
 //!
 //! Pure by design: no sockets, runtime, clock or metrics outside the optional features
 //! (`io`: tokio's IO traits only; `shm` and `udp`: system calls on descriptors the caller
@@ -30,6 +31,8 @@ pub mod session;
 pub mod shm;
 pub mod spec;
 pub mod token;
+#[cfg(feature = "shm")]
+pub mod unix;
 
 pub use buffers::BufferPool;
 pub use codec::{decode_frame, encode_frame, Frame, Limits, WireError, VERSION};

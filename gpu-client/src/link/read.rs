@@ -65,7 +65,7 @@ impl TensorRead for crate::quic::RecvStream {
 
 /// The same-host socket carries tensors in slots; one in a frame (a protocol error the
 /// session reports before asking) would be read into a reused buffer.
-impl TensorRead for tokio::net::unix::OwnedReadHalf {
+impl TensorRead for tokio::io::BufReader<sluice_wire::unix::ReadHalf> {
     async fn tensor(
         reader: &mut FrameReader<Self>,
         len: usize,
