@@ -223,12 +223,25 @@ fn run_epochs_via(
     assert!(status.success(), "{name}: loadgen failed: {stdout}{stderr}");
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
-    let mut skipped = 0;
+    let (mut skipped, mut samples) = (0, 0);
     for r in report["ranks"].as_array().unwrap() {
         let (planned, delivered) = (r["planned"].as_u64(), r["delivered"].as_u64());
         let s = r["skipped"].as_u64().unwrap_or(0);
         assert_eq!(planned, delivered.map(|d| d + s), "{name}: {r}");
         skipped += s;
+        samples += planned.unwrap_or(0);
+    }
+    // What the client process itself used, over every sample and after every rank's first
+    // epoch (what `bench/host_cost_outside.sh` reports).
+    let (whole, later) = (&report["process"], &report["process_after_first_epoch"]);
+    assert_eq!(whole["samples"].as_u64(), Some(samples), "{name}: {whole}");
+    let cpu =
+        |u: &serde_json::Value| u["user_secs"].as_f64().unwrap() + u["sys_secs"].as_f64().unwrap();
+    assert!(cpu(whole) > 0.0, "{name}: {whole}");
+    if epochs > 1 {
+        let n = later["samples"].as_u64().unwrap();
+        assert!(n > 0 && n < samples, "{name}: {later}");
+        assert!(cpu(later) < cpu(whole), "{name}: {later} within {whole}");
     }
     let mut ids = std::collections::HashSet::new();
     for l in std::fs::read_to_string(&dump).unwrap().lines() {

@@ -13,6 +13,7 @@ use sluice_client::{LastBatch, LoaderConfig, ShortBatch, ShufflePolicy};
 use sluice_dataset::mixture::LoadedMixture;
 use sluice_shard::Manifest;
 use sluice_testbed::consumers::{self, ConsumerConfig, Device, Mixing, RankResult};
+use sluice_testbed::host_cost::ProcessUsage;
 
 use crate::consumers::Bars;
 use crate::daemon;
@@ -352,7 +353,9 @@ pub fn run(args: Args) -> Result<()> {
     }
     cfg.validate(&manifest)?;
     let bars = Bars::new(cfg.ranks, cfg.step_ms);
-    let results = consumers::run_ranks_keeping_failures(&cfg, &manifest, &bars)?;
+    let measured = Measured::new(&bars, cfg.ranks);
+    let results = consumers::run_ranks_keeping_failures(&cfg, &manifest, &measured)?;
+    let usage = ProcessUsage::now();
     bars.finish();
     if let Some(path) = &args.dump_ids {
         consumers::write_dump(&results, path)?;
@@ -364,7 +367,7 @@ pub fn run(args: Args) -> Result<()> {
             path.display()
         );
     }
-    report(&args, &results, &cfg)?;
+    report(&args, &results, &cfg, measured.usage(usage, &results))?;
     let failed: Vec<&String> = results.iter().filter_map(|r| r.error.as_ref()).collect();
     fail_on(
         "failed",
@@ -380,7 +383,73 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-fn report(args: &Args, results: &[RankResult], cfg: &ConsumerConfig) -> Result<()> {
+/// The progress bars, and this process's usage once every rank has finished its first epoch:
+/// what came before is the loader's start (connections, the first pages of its buffers and
+/// segments), which a long training run pays once.
+struct Measured<'a> {
+    bars: &'a Bars,
+    /// Ranks done with their first epoch, and the samples of the epochs done so far.
+    first: std::sync::Mutex<(Vec<bool>, u64)>,
+    after_first: std::sync::OnceLock<(ProcessUsage, u64)>,
+}
+
+impl<'a> Measured<'a> {
+    fn new(bars: &'a Bars, ranks: u32) -> Self {
+        Measured {
+            bars,
+            first: std::sync::Mutex::new((vec![false; ranks as usize], 0)),
+            after_first: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The whole run's usage (`end`, read when the ranks were done) and, when there was more
+    /// than one epoch, the usage after every rank's first one, each with its samples.
+    fn usage(&self, end: ProcessUsage, results: &[RankResult]) -> Usage {
+        let samples: u64 = results.iter().map(|r| r.delivered + r.skipped).sum();
+        let later = self
+            .after_first
+            .get()
+            .filter(|(_, before)| *before < samples)
+            .map(|(at, before)| (end.since(at), samples - before));
+        Usage {
+            whole: (end, samples),
+            later,
+        }
+    }
+}
+
+/// What the process used: over the whole run, and after the first epoch.
+struct Usage {
+    whole: (ProcessUsage, u64),
+    later: Option<(ProcessUsage, u64)>,
+}
+
+impl consumers::Observer for Measured<'_> {
+    fn epoch_started(&self, rank: u32, epoch: u64, batches: u64) {
+        self.bars.epoch_started(rank, epoch, batches);
+    }
+
+    fn batch(&self, rank: u32, epoch: u64, stats: &sluice_client::StatsSnapshot) {
+        self.bars.batch(rank, epoch, stats);
+    }
+
+    fn epoch_done(&self, rank: u32, epoch: u64, r: &sluice_client::EpochReport, secs: f64) {
+        self.bars.epoch_done(rank, epoch, r, secs);
+        let Ok(mut first) = self.first.lock() else {
+            return;
+        };
+        let (done, samples) = &mut *first;
+        *samples += r.delivered + r.skipped;
+        if let Some(d) = done.get_mut(rank as usize) {
+            *d = true;
+        }
+        if done.iter().all(|d| *d) {
+            let _ = self.after_first.set((ProcessUsage::now(), *samples));
+        }
+    }
+}
+
+fn report(args: &Args, results: &[RankResult], cfg: &ConsumerConfig, usage: Usage) -> Result<()> {
     println!(
         "{:>4} {:>6} {:>8} {:>9} {:>9} {:>7} {:>6} {:>10} {:>9}",
         "rank",
@@ -436,6 +505,23 @@ fn report(args: &Args, results: &[RankResult], cfg: &ConsumerConfig) -> Result<(
         .filter_map(|r| r["samples_per_s"].as_f64())
         .sum();
     println!("all ranks: {total:.1} samples/s");
+    // The client's cost to its host (its decoding is the workers'), as `bench host-cost`
+    // measures it, from outside.
+    let (whole, samples) = usage.whole;
+    match &usage.later {
+        Some((later, n)) => println!(
+            "client process: {}; after the first epoch: {}",
+            whole.per_sample(samples),
+            later.per_sample(*n)
+        ),
+        None => println!("client process: {}", whole.per_sample(samples)),
+    }
+    let usage_json = |(u, n): (ProcessUsage, u64)| {
+        json!({
+            "samples": n, "user_secs": u.user_secs, "sys_secs": u.sys_secs,
+            "page_faults": u.minor_faults + u.major_faults, "context_switches": u.switches,
+        })
+    };
     let delivered: u64 = results.iter().map(|r| r.delivered).sum();
     let field_bytes: u64 = results.iter().map(|r| r.field_bytes).sum();
     let fields_per_sample = field_bytes as f64 / delivered.max(1) as f64;
@@ -523,6 +609,8 @@ fn report(args: &Args, results: &[RankResult], cfg: &ConsumerConfig) -> Result<(
             "mixing": mixing_json,
             "sources": sources_json,
             "worker_cache": cache_json,
+            "process": usage_json(usage.whole),
+            "process_after_first_epoch": usage.later.map(usage_json),
         });
         std::fs::write(path, serde_json::to_vec_pretty(&doc)?)
             .with_context(|| format!("writing {}", path.display()))?;
