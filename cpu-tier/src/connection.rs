@@ -74,11 +74,16 @@ pub(crate) enum SendError {
 /// Where a connection's frames go.
 pub(crate) trait Outbound: Send {
     /// Buffers one frame, taking its payload over, until [`Outbound::flush`] (the connection
-    /// flushes when no more are queued, or [`FLUSH_DELAY`] later for samples).
+    /// flushes when no more are queued, or [`Outbound::flush_delay`] later for samples).
     async fn frame(&mut self, message: &Message, payload: bytes::Bytes) -> Result<(), SendError>;
 
     /// Sends what `frame` buffered.
     async fn flush(&mut self) -> Result<(), SendError>;
+
+    /// How long a sample's frame may wait for the next ones once no more are queued.
+    fn flush_delay(&self) -> Duration {
+        FLUSH_DELAY
+    }
 }
 
 /// What a unit's thread sends to its connection. Nearly every one is a frame (a sample
@@ -391,7 +396,7 @@ impl Connection {
                             return send_failed(e);
                         }
                         if self.out_rx.is_empty() {
-                            held.sample(tokio::time::Instant::now());
+                            held.sample(tokio::time::Instant::now(), writer.flush_delay());
                         }
                         continue;
                     }
@@ -616,9 +621,9 @@ struct Held {
 
 impl Held {
     /// A sample's frame was buffered with none queued behind it: it goes out at the latest
-    /// [`FLUSH_DELAY`] after the first frame held, however many follow it.
-    fn sample(&mut self, now: tokio::time::Instant) {
-        self.due.get_or_insert(now + FLUSH_DELAY);
+    /// `delay` after the first frame held, however many follow it.
+    fn sample(&mut self, now: tokio::time::Instant, delay: Duration) {
+        self.due.get_or_insert(now + delay);
     }
 
     fn due(&self) -> Option<tokio::time::Instant> {
@@ -674,12 +679,12 @@ mod tests {
         let ms = FLUSH_DELAY;
         let mut held = Held::default();
         assert_eq!(held.due(), None);
-        held.sample(t0);
-        held.sample(t0 + ms / 2); // a steady stream
+        held.sample(t0, ms);
+        held.sample(t0 + ms / 2, ms); // a steady stream
         assert_eq!(held.due(), Some(t0 + ms), "does not put the write off");
         held.flushed();
         assert_eq!(held.due(), None);
-        held.sample(t0 + 3 * ms);
+        held.sample(t0 + 3 * ms, ms);
         assert_eq!(held.due(), Some(t0 + 4 * ms));
     }
 }
