@@ -431,17 +431,18 @@ fn tiff_orientation(tiff: &[u8]) -> Option<u8> {
 }
 
 /// The restart interval, in MCUs, for a row of `mcus_per_row` MCUs: the smallest divisor of
-/// it, of at least 2, that leaves at most 16 intervals a row (so a window's columns can be
-/// decoded alone, for a few bytes a marker), or `None` (a marker every row) when only 1 and
-/// the row divide it. 16 rather than 8 (an interval of 32 pixels on a 500-pixel ImageNet
-/// row, not 64): `bench cpu --threads 1`, three alternated runs, 1,187-1,199 -> 1,220-1,222
-/// images/s, the files 1.2% larger than without markers rather than 0.8%.
+/// it that leaves at most 32 intervals a row (every MCU on rows up to 512 pixels wide at
+/// 4:2:0, so a window's columns can be decoded alone, for a few bytes a marker), or `None`
+/// (a marker every row) when only 1 and the row divide it. On the ImageNet sample, `bench cpu
+/// --threads 1`, three alternated runs each: at most 8 a row, 1,187-1,199 images/s, the files
+/// 0.8% larger than without markers; 16, 1,220-1,222 and 1.2%; 32, 1,250-1,260 and 2.7%.
+/// Decoding is the costly tier; the bytes are a few percent of what storage serves.
 pub fn restart_interval(mcus_per_row: u32) -> Option<u32> {
-    let least = mcus_per_row.div_ceil(16).max(2);
+    let least = mcus_per_row.div_ceil(32).max(1);
     (least..mcus_per_row).find(|d| mcus_per_row % d == 0)
 }
 
-/// `data` with restart markers a few times a row ([`restart_interval`]; every MCU row when
+/// `data` with restart markers up to 32 times a row ([`restart_interval`]; every MCU row when
 /// its width allows no more), transformed losslessly (the same DCT coefficients, so every
 /// decode gives the same pixels), for [`crate::restart`]'s seek index. `Ok(None)` for JPEGs
 /// that it does not help: progressive, arithmetic-coded or lossless ones, and those that

@@ -12,7 +12,7 @@
 //! below the window, and the columns beside it, are never entropy-decoded.
 //!
 //! `sluice shard` adds such markers losslessly at shard time (libjpeg-turbo's transform, the
-//! same coefficients: the pixels do not change), a few intervals per MCU row. Files without
+//! same coefficients: the pixels do not change), up to 32 intervals per MCU row. Files without
 //! them, or that are progressive, arithmetic-coded or non-interleaved, are decoded as before.
 //!
 //! Everything here reads untrusted bytes: every offset is checked, and anything unexpected
