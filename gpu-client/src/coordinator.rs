@@ -829,8 +829,6 @@ async fn acquire_shared(
     }
 }
 
-/// Sends `command` down a link's queue, if it has one. A send fails only when the link task
-/// ended; its loss event requeues.
 /// The ring the earlier epoch hands over (`Err`: it ended without); never, without one.
 async fn handed_over(
     earlier: Option<&mut tokio::sync::oneshot::Receiver<Arc<Ring>>>,
@@ -849,6 +847,8 @@ async fn free_buffer(ring: Option<Arc<Ring>>) {
     }
 }
 
+/// Sends `command` down a link's queue, if it has one. A send fails only when the link task
+/// ended; its loss event requeues.
 async fn send(link: Option<mpsc::Sender<Command>>, command: Command) {
     if let Some(tx) = link {
         let _ = tx.send(command).await;

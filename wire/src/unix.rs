@@ -106,11 +106,16 @@ impl WriteHalf {
             };
             let mut guard = ready!(waiting.poll_write_ready(cx))?;
             let fd = &self.fd;
-            if let Ok(done) = guard.try_io(|_| write(fd.get_ref())) {
-                drop(guard);
-                // Through: stop listening for room (and the wake-ups it costs).
-                self.waiting = None;
-                return Poll::Ready(done);
+            match guard.try_io(|_| write(fd.get_ref())) {
+                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Ok(done) => {
+                    drop(guard);
+                    // Through: stop listening for room (and the wake-ups it costs).
+                    self.waiting = None;
+                    return Poll::Ready(done);
+                }
+                // Still full: readiness is cleared, wait for the next.
+                Err(_) => continue,
             }
         }
     }
