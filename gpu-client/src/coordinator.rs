@@ -605,23 +605,14 @@ impl Coordinator {
     /// Binds free ring buffers to the batches [`Assembly::bind_next`] names, without
     /// waiting for one.
     async fn bind_ahead(&mut self) {
-        let Some((ring, arena)) = self.ring.clone().zip(self.arena.clone()) else {
+        let Some(ring) = self.ring.clone() else {
             return;
         };
-        let (assembly, reached) = (
-            self.assembly(),
-            arena.reach(self.protocol.batches_reached()),
-        );
-        loop {
-            let filling = self.filling.is_some();
-            let next = assembly.bind_next(self.next_batch, filling, self.ahead.len(), reached);
-            let Some(index) = next else {
-                return;
-            };
+        while let Some(index) = self.next_to_bind() {
             let Some(buf) = ring.try_acquire() else {
                 return;
             };
-            if assembly.is_last(index) {
+            if self.assembly().is_last(index) {
                 if let Some(next) = &mut self.successor {
                     next.ring(&ring);
                 }
@@ -682,16 +673,19 @@ impl Coordinator {
     /// The ring, when [`Self::bind_ahead`] would bind a batch to a buffer as soon as one is
     /// free.
     fn room_wanted(&self) -> Option<Arc<Ring>> {
-        let (ring, arena) = (self.ring.as_ref()?, self.arena.as_ref()?);
-        let reached = arena.reach(self.protocol.batches_reached());
-        self.assembly()
-            .bind_next(
-                self.next_batch,
-                self.filling.is_some(),
-                self.ahead.len(),
-                reached,
-            )
-            .map(|_| ring.clone())
+        self.next_to_bind().and(self.ring.clone())
+    }
+
+    /// The batch to bind a free buffer to ahead of the one being filled, if one should be
+    /// ([`Assembly::bind_next`]; only in the batch arena).
+    fn next_to_bind(&self) -> Option<u64> {
+        let reached = self.arena.as_ref()?.reach(self.protocol.batches_reached());
+        self.assembly().bind_next(
+            self.next_batch,
+            self.filling.is_some(),
+            self.ahead.len(),
+            reached,
+        )
     }
 
     /// The batch being filled, waiting for a free ring buffer if there is none.

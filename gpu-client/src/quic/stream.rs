@@ -69,7 +69,7 @@ impl Connection {
             );
             conn.ended(ConnectionError::LocallyClosed, &mut wakers);
         }
-        self.shared.wake.notify_one();
+        self.wake_driver();
         wakers.into_iter().for_each(|w| w.wake());
     }
 
@@ -105,7 +105,7 @@ impl Drop for Connection {
             conn.error = Some(ConnectionError::LocallyClosed);
         }
         drop(state);
-        self.shared.wake.notify_one();
+        self.wake_driver();
     }
 }
 
