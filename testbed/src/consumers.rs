@@ -258,15 +258,22 @@ impl Mixing {
             *counts.entry(*l).or_default() += 1;
         }
         let total: u64 = counts.values().sum();
+        // The expectation depends on the batch's size alone: an epoch's batches but its last
+        // have one size, so it is worked out once per size (loadgen's CPU is the client's).
+        let mut uniform: HashMap<u64, f64> = HashMap::new();
+        let mut distinct = std::collections::HashSet::new();
         for b in batches {
-            let labels: Vec<i64> = b.iter().copied().filter(|l| *l >= 0).collect();
-            if labels.is_empty() {
+            distinct.clear();
+            distinct.extend(b.iter().copied().filter(|l| *l >= 0));
+            let n = b.iter().filter(|l| **l >= 0).count() as u64;
+            if n == 0 {
                 continue;
             }
-            let distinct: std::collections::HashSet<i64> = labels.iter().copied().collect();
             self.batches += 1;
             self.distinct += distinct.len() as f64;
-            self.uniform += expected_distinct(&counts, total, labels.len() as u64);
+            self.uniform += *uniform
+                .entry(n)
+                .or_insert_with(|| expected_distinct(&counts, total, n));
         }
     }
 
