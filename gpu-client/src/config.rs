@@ -169,6 +169,8 @@ pub struct LoaderConfig {
     /// receiving, decrypting and copying samples into batches. One costs about 10% less CPU
     /// per sample than two (fewer wake-ups across threads; `sluice bench host-cost`), and
     /// carries about 6,000 samples/s over QUIC on a 2-core VM; two let a fast rank read more.
+    /// 0 (the default): one when every worker listed is on this machine and serves a
+    /// same-host socket as the loader is built, else two ([`LoaderConfig::runtime_threads`]).
     pub io_threads: usize,
     /// Batch buffers in the ring (at least 2: one being filled, one being consumed).
     pub ring_batches: usize,
@@ -255,7 +257,7 @@ impl Default for LoaderConfig {
             receive_window: 64 << 20,
             units_per_worker: 2,
             connections_per_worker: 1,
-            io_threads: 2,
+            io_threads: 0,
             ring_batches: 4,
             worker_wait: Duration::from_secs(30),
             heartbeat: Duration::from_secs(1),
@@ -303,6 +305,37 @@ impl LoaderConfig {
             )
     }
 
+    /// The loader runtime's threads: `io_threads`, or when it is 0, one if every worker listed
+    /// (as an address or `localhost`, without a workers file) is on this machine and serves a same-host
+    /// socket in `same_host_dir` now, else two. A same-host link copies little and decrypts
+    /// nothing, so one thread carries it with room to spare, and a second only adds wake-ups
+    /// across threads (about 10% of the client's CPU a sample beside a real worker,
+    /// `bench/host_cost_outside.sh`); QUIC's decryption may need the second.
+    pub fn runtime_threads(&self) -> usize {
+        if self.io_threads > 0 {
+            return self.io_threads;
+        }
+        let all_same_host = self.same_host != SameHost::Off
+            && self.workers_file.is_none()
+            && !self.workers.is_empty()
+            && self.workers.iter().all(|w| {
+                // An address, or `localhost`: names are resolved later, not here.
+                let addr = match w.strip_prefix("localhost:") {
+                    Some(port) => port
+                        .parse::<u16>()
+                        .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)))
+                        .ok(),
+                    None => w.parse::<std::net::SocketAddr>().ok(),
+                };
+                addr.is_some_and(|a| crate::same_host::socket_for(&self.same_host_dir, a).is_ok())
+            });
+        if all_same_host {
+            1
+        } else {
+            2
+        }
+    }
+
     /// Workers are `sluice cpu` daemons (a list, a workers file or both), not this process.
     pub fn remote(&self) -> bool {
         !self.workers.is_empty() || self.workers_file.is_some()
@@ -348,8 +381,8 @@ impl LoaderConfig {
         if !(1..=16).contains(&self.connections_per_worker) {
             return bad("connections_per_worker", "must be 1 to 16");
         }
-        if !(1..=16).contains(&self.io_threads) {
-            return bad("io_threads", "must be 1 to 16");
+        if self.io_threads > 16 {
+            return bad("io_threads", "must be 1 to 16 (0: chosen by the loader)");
         }
         if self.credits_per_worker == 0 || self.units_per_worker == 0 {
             return bad(
@@ -639,6 +672,41 @@ mod label_text {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runtime_threads_follow_the_workers() {
+        let dir = tempfile::tempdir().unwrap();
+        // A worker on port 7345 serving a same-host socket in `dir`, one on 7346 not.
+        let path = sluice_wire::shm::socket_path(dir.path(), 7345);
+        let _socket = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let config = |workers: &[&str], same_host, io_threads| LoaderConfig {
+            workers: workers.iter().map(|w| w.to_string()).collect(),
+            same_host,
+            same_host_dir: dir.path().to_path_buf(),
+            io_threads,
+            ..LoaderConfig::default()
+        };
+        let threads = |workers: &[&str], same_host, io_threads| {
+            config(workers, same_host, io_threads).runtime_threads()
+        };
+        assert_eq!(threads(&["127.0.0.1:7345"], SameHost::Auto, 0), 1);
+        assert_eq!(threads(&["127.0.0.1:7345"], SameHost::Require, 0), 1);
+        // QUIC for any of them, or maybe (a name, a workers file): two.
+        assert_eq!(threads(&["127.0.0.1:7345"], SameHost::Off, 0), 2);
+        assert_eq!(
+            threads(&["127.0.0.1:7345", "127.0.0.1:7346"], SameHost::Auto, 0),
+            2
+        );
+        assert_eq!(threads(&["localhost:7345"], SameHost::Auto, 0), 1);
+        assert_eq!(threads(&["gpu-7.local:7345"], SameHost::Auto, 0), 2);
+        assert_eq!(threads(&["192.0.2.1:7345"], SameHost::Auto, 0), 2);
+        let mut from_file = config(&["127.0.0.1:7345"], SameHost::Auto, 0);
+        from_file.workers_file = Some(dir.path().join("workers"));
+        assert_eq!(from_file.runtime_threads(), 2);
+        // Given, it is what was given.
+        assert_eq!(threads(&["127.0.0.1:7345"], SameHost::Auto, 3), 3);
+        assert_eq!(threads(&["127.0.0.1:7346"], SameHost::Auto, 1), 1);
+    }
 
     #[test]
     fn a_default_job_name_fits_what_a_worker_accepts() {

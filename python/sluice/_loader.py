@@ -191,9 +191,10 @@ class Loader:
             ``/run/sluice``). A socket owned by, or served by a process of, any other user but
             root is refused before the token or any memory is sent, and QUIC is used instead.
         connections_per_worker: QUIC connections to each worker (1 to 16).
-        io_threads: threads that receive samples and fill batches (1 to 16; default 2).
-            One costs about 10% less CPU per sample and carries about 6,000 samples/s
-            over QUIC on a small VM; two let a fast rank read more.
+        io_threads: threads that receive samples and fill batches (1 to 16). One costs
+            about 10% less CPU per sample and carries about 6,000 samples/s over QUIC on a
+            small VM; two let a fast rank read more. Default (``None``): one when every
+            worker listed is on this machine and serves a same-host socket, else two.
         fail_on_bad_sample: fail the unit on a bad sample instead of skipping it.
         worker_wait: seconds to wait for any worker before the epoch fails.
         hedge_after: seconds the next sample may be late before its unit is also sent to
@@ -261,7 +262,7 @@ class Loader:
         same_host_dir: Union[None, str, PathLike] = None,
         same_host_uid: Optional[int] = None,
         connections_per_worker: int = 1,
-        io_threads: int = 2,
+        io_threads: Optional[int] = None,
         fail_on_bad_sample: bool = False,
         worker_wait: float = 30.0,
         hedge_after: float = 3.0,

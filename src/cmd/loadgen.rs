@@ -97,8 +97,9 @@ pub struct Args {
     /// connection carries).
     #[arg(long, default_value_t = 1)]
     connections_per_worker: u32,
-    /// Threads per rank that receive samples and fill batches (the loader's `io_threads`).
-    #[arg(long, default_value_t = 2)]
+    /// Threads per rank that receive samples and fill batches (the loader's `io_threads`; 0:
+    /// one when every worker is served same-host, else two).
+    #[arg(long, default_value_t = 0)]
     io_threads: usize,
     /// Decode threads for `--workers local` (0 = one per core).
     #[arg(long, default_value_t = 0)]

@@ -191,8 +191,10 @@ impl LoaderBuilder {
             (None, None) => None,
         };
         let (planner, batch_plan) = plan_world(&config, &manifest, mixture.clone())?;
+        let threads = config.runtime_threads();
+        tracing::debug!(threads, chosen = config.io_threads == 0, "loader runtime");
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(config.io_threads)
+            .worker_threads(threads)
             .thread_name("sluice-client")
             .enable_all()
             .build()
