@@ -87,11 +87,25 @@ struct Remembered {
     names: Option<Vec<String>>,
     members: Vec<Member>,
     failing: Option<String>,
+    /// The route last said for each worker (`Dialer::same_host_route`).
+    routes: std::collections::HashMap<String, String>,
 }
 
 impl LastGood {
     fn lock(&self) -> std::sync::MutexGuard<'_, Remembered> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `route` is news for `worker`: the first this loader takes to it, or another
+    /// than the last. Each epoch dials its workers again; a log line for every epoch's link
+    /// would say nothing new.
+    fn route_changed(&self, worker: &str, route: &str) -> bool {
+        let mut r = self.lock();
+        if r.routes.get(worker).is_some_and(|last| last == route) {
+            return false;
+        }
+        r.routes.insert(worker.to_string(), route.to_string());
+        true
     }
 
     /// The names `source` gives now (and `true`); when it cannot be read, or names no
@@ -273,6 +287,8 @@ pub(crate) struct Dialer {
     pub spec: JobSpec,
     pub events: mpsc::Sender<Event>,
     pub cancel: CancellationToken,
+    /// The loader's memory of its pool, where the routes it said are kept.
+    pub last: Arc<LastGood>,
 }
 
 /// A link, ready to run: its label, its command queue and its task.
@@ -362,13 +378,20 @@ impl Dialer {
                     });
                 }
                 Err(why) => {
-                    tracing::info!(worker = %name, "QUIC, not same-host: {why}");
+                    match self.last.route_changed(name, &why) {
+                        true => tracing::info!(worker = %name, "QUIC, not same-host: {why}"),
+                        false => tracing::debug!(worker = %name, "QUIC, not same-host: {why}"),
+                    }
                     None
                 }
             },
         };
         if let Some(r) = &route {
-            tracing::info!(worker = %name, socket = %r.socket.display(), "same-host transport");
+            let socket = r.socket.display();
+            match self.last.route_changed(name, &socket.to_string()) {
+                true => tracing::info!(worker = %name, %socket, "same-host transport"),
+                false => tracing::debug!(worker = %name, %socket, "same-host transport"),
+            }
         }
         Ok(route)
     }
@@ -612,5 +635,17 @@ mod tests {
         assert_eq!(addrs, ["127.0.0.1:7100", "10.0.0.9:7100"]);
         assert_eq!(errors.len(), 1);
         assert!(pool(&names, &before, false).is_err());
+    }
+
+    #[test]
+    fn a_route_is_said_when_it_is_news() {
+        let last = LastGood::default();
+        assert!(last.route_changed("cpu-0:7100", "/run/sluice/cpu-7100.sock"));
+        // The next epoch's link to it, the same way: nothing new.
+        assert!(!last.route_changed("cpu-0:7100", "/run/sluice/cpu-7100.sock"));
+        assert!(last.route_changed("cpu-1:7100", "/run/sluice/cpu-7100.sock"));
+        // Its socket went away: QUIC, said; and back, said again.
+        assert!(last.route_changed("cpu-0:7100", "it serves no socket"));
+        assert!(last.route_changed("cpu-0:7100", "/run/sluice/cpu-7100.sock"));
     }
 }

@@ -458,6 +458,7 @@ impl Runner {
             spec: spec.clone(),
             events: events.clone(),
             cancel: cancel.clone(),
+            last: self.last_pool.clone(),
         };
         let mut pool = Vec::new();
         for m in members {
