@@ -45,6 +45,9 @@ pub struct ChainArgs {
     /// Seconds to measure each tier alone.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+    /// In process, run the chain over this transport only (default: QUIC, then same-host).
+    #[arg(long, value_parser = ["quic", "same-host"])]
+    transport: Option<String>,
     #[arg(long, default_value = "sluice-bench.json")]
     json: PathBuf,
     #[arg(long, default_value = "sluice-bench.svg")]
@@ -104,7 +107,11 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
     // workers share this machine); against running daemons, as the client finds them.
     let base = args.consumers.config(&manifest_path, workers, token, trust);
     let transports = match &local {
-        Some(tiers) => tiers.over_each_transport(&base),
+        Some(tiers) => tiers
+            .over_each_transport(&base)
+            .into_iter()
+            .filter(|(name, _)| args.transport.as_deref().is_none_or(|t| t == *name))
+            .collect(),
         None => vec![("as configured", base.clone())],
     };
     let mut runs = Vec::new();
