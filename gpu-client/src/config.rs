@@ -306,11 +306,11 @@ impl LoaderConfig {
     }
 
     /// The loader runtime's threads: `io_threads`, or when it is 0, one if every worker listed
-    /// (as an address or `localhost`, without a workers file) is on this machine and serves a same-host
-    /// socket in `same_host_dir` now, else two. A same-host link copies little and decrypts
-    /// nothing, so one thread carries it with room to spare, and a second only adds wake-ups
-    /// across threads (about 10% of the client's CPU a sample beside a real worker,
-    /// `bench/host_cost_outside.sh`); QUIC's decryption may need the second.
+    /// (as an address or `localhost`, without a workers file) is on this machine and serves
+    /// a same-host socket in `same_host_dir` now, else two. A same-host link copies little
+    /// and decrypts nothing, so one thread carries it with room to spare, and a second only
+    /// adds wake-ups across threads (about 10% of the client's CPU a sample beside a real
+    /// worker, `bench/host_cost_outside.sh`); QUIC's decryption may need the second.
     pub fn runtime_threads(&self) -> usize {
         if self.io_threads > 0 {
             return self.io_threads;
