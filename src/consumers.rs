@@ -27,6 +27,10 @@ pub struct Consumers {
     /// Start each epoch only when the consumer asks for it, not while the one before drains.
     #[arg(long)]
     pub no_prefetch_next_epoch: bool,
+    /// Threads per rank that receive samples and fill batches (the loader's `io_threads`; 0:
+    /// one when every worker is served same-host, else two).
+    #[arg(long, default_value_t = 0)]
+    pub io_threads: usize,
 }
 
 impl Consumers {
@@ -44,6 +48,7 @@ impl Consumers {
                 batch_size: self.batch_size,
                 pipeline: self.pipeline.clone(),
                 prefetch_next_epoch: !self.no_prefetch_next_epoch,
+                io_threads: self.io_threads,
                 trust_cert,
                 ..base.loader
             },
