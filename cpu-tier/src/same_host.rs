@@ -212,11 +212,7 @@ pub(crate) async fn serve(stream: UnixStream, state: Arc<State>) {
     }
     let client = connection.client().to_string();
     // Between frames: the reader has buffered nothing.
-    let split = (reader.into_inner())
-        .reunite(writer.into_inner())
-        .map_err(|e| e.to_string())
-        .and_then(|s| sluice_wire::unix::split(s).map_err(|e| e.to_string()));
-    let (rd, wr) = match split {
+    let (rd, wr) = match sluice_wire::unix::split_halves(reader.into_inner(), writer.into_inner()) {
         Ok(halves) => halves,
         Err(e) => {
             warn!(client = %client, "same-host client: its socket: {e}");

@@ -372,11 +372,7 @@ impl RemoteLink {
         // From here the socket is read through a buffer and registered for reading only
         // (`sluice_wire::unix`): the worker's reads of this side's frames wake nobody here.
         let Wire { reader, writer, .. } = wire;
-        let split = (reader.into_inner())
-            .reunite(writer.into_inner())
-            .map_err(|e| e.to_string())
-            .and_then(|s| sluice_wire::unix::split(s).map_err(|e| e.to_string()));
-        let wire = match split {
+        let wire = match sluice_wire::unix::split_halves(reader.into_inner(), writer.into_inner()) {
             Ok((rd, wr)) => Wire {
                 reader: FrameReader::new(rd, self.limits),
                 writer: FrameWriter::new(wr, self.limits),

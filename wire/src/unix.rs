@@ -40,6 +40,15 @@ pub fn split(stream: tokio::net::UnixStream) -> io::Result<(BufReader<ReadHalf>,
     ))
 }
 
+/// [`split`] for a stream whose handshake ran on tokio's owned halves (the frame reader and
+/// writer each took one): they are put back together first.
+pub fn split_halves(
+    read: tokio::net::unix::OwnedReadHalf,
+    write: tokio::net::unix::OwnedWriteHalf,
+) -> io::Result<(BufReader<ReadHalf>, WriteHalf)> {
+    split(read.reunite(write).map_err(io::Error::other)?)
+}
+
 /// The reading half of [`split`].
 pub struct ReadHalf(Arc<AsyncFd<StdStream>>);
 
