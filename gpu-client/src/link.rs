@@ -409,13 +409,17 @@ impl RemoteLink {
         let room = (SPARE_SEGMENT_BYTES / shape.bytes().max(1)).saturating_sub(u64::from(slots));
         let spare = self.spare_slots.min(room.min(u64::from(u32::MAX)) as u32);
         let segments = self.segments.clone();
+        let arena = self.segments.arena(shape.bytes());
+        let bound = match arena {
+            Some(_) => crate::same_host::ARENA_SLOTS_GRANTED,
+            None => slots,
+        };
         let pool = SlotPool::create(slots, spare, shape.bytes(), self.buffers.clone(), segments)
-            .map(Arc::new)
+            .map(|p| Arc::new(p.granting_at_most(bound)))
             .map_err(|e| Ended::Fatal(crate::error::ClientError::Allocate(e.to_string())))?;
         if let Some(watch) = watch {
             pool.watch(watch);
         }
-        let arena = self.segments.arena(shape.bytes());
         let attach = pool
             .segment()
             .attach(self.job.job, arena.as_ref().map(|a| a.segment()));

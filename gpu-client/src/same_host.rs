@@ -353,6 +353,12 @@ struct PoolState {
     running: std::collections::HashMap<(u64, u32), u64>,
 }
 
+/// Slots granted and not yet filled at once on a connection sharing the batch arena
+/// ([`SlotPool::granting_at_most`]). There a sample takes a slot only when it arrives before
+/// its batch is bound: loadgen's first epoch (no reach learned yet) filled 24 at most, the
+/// epochs after about 8.
+pub(crate) const ARENA_SLOTS_GRANTED: u32 = 32;
+
 /// A connection's segment and who holds which slot.
 pub(crate) struct SlotPool {
     /// Taken out only in `Drop`, to go home.
@@ -363,6 +369,9 @@ pub(crate) struct SlotPool {
     buffers: Arc<BufferPool>,
     /// The connection's credit window: slots free or granted never drop below it.
     window: u32,
+    /// Most slots granted and not yet filled at once: the window, or fewer on a connection
+    /// sharing the batch arena ([`SlotPool::granting_at_most`]).
+    grant_bound: u32,
     /// Where the segment goes when the connection and its samples are done.
     home: Arc<Segments>,
     /// The worker's process.
@@ -385,6 +394,7 @@ impl SlotPool {
             segment: std::mem::ManuallyDrop::new(segment),
             buffers,
             window,
+            grant_bound: window,
             home,
             watch: Mutex::new(None),
             state: Mutex::new(PoolState {
@@ -399,6 +409,19 @@ impl SlotPool {
             }),
             released: Notify::new(),
         })
+    }
+
+    /// Grants at most `bound` slots not yet filled at a time (never more than the window),
+    /// the rest of the credits owed until the worker fills some; for a connection sharing the
+    /// batch arena, where a sample takes a slot only when it arrives before its place. Every
+    /// slot granted first gets its pages from this process (2.3 µs a page on this project's
+    /// VMs, 37 pages for a 224² tensor), and a grant of the whole window gave a connection
+    /// 128 slots of pages while it filled 24 (loadgen, 196 samples, its first epoch; about 8
+    /// an epoch after). The worker writes no slower for it: it is granted more as it fills
+    /// them ([`SlotPool::filled`]), half the bound before it could run out.
+    pub(crate) fn granting_at_most(mut self, bound: u32) -> Self {
+        self.grant_bound = bound.clamp(1, self.window.max(1));
+        self
     }
 
     pub(crate) fn segment(&self) -> &Segment {
@@ -442,13 +465,14 @@ impl SlotPool {
         }
     }
 
-    /// Adds `credits` to what is owed and grants as many free slots as it can, once at
-    /// least `at_least` (or all that is owed) can go in one frame: the slots to send, or
-    /// `None` for now.
+    /// Adds `credits` to what is owed and grants as many free slots as it can (up to the
+    /// bound of slots granted at once), once at least `at_least` (or all that is owed) can go
+    /// in one frame: the slots to send, or `None` for now.
     pub(crate) fn grant(&self, credits: u32, at_least: u32) -> Option<Vec<u32>> {
         let mut s = self.state.lock().ok()?;
         s.owed = s.owed.saturating_add(credits);
-        let n = (s.owed as usize).min(s.free.len());
+        let room = (self.grant_bound as usize).saturating_sub(s.granted_count);
+        let n = (s.owed as usize).min(s.free.len()).min(room);
         if n == 0 || n < (at_least.min(s.owed)) as usize {
             return None;
         }
@@ -478,13 +502,19 @@ impl SlotPool {
     }
 
     /// The worker says `slot` holds a sample: it becomes the client's until the returned
-    /// reference is dropped. A slot that was not granted is a protocol error.
+    /// reference is dropped. A slot that was not granted is a protocol error. Under a bound
+    /// of slots granted at once, the worker is granted more (through [`SlotPool::released`]
+    /// and [`SlotPool::regrant`]) once half of it is filled and credits are owed.
     pub(crate) fn filled(self: &Arc<Self>, slot: u32) -> Result<SlotRef, String> {
         let mut s = self.state.lock().map_err(|_| "slot state poisoned")?;
         match s.granted.get_mut(slot as usize) {
             Some(g @ true) => {
                 *g = false;
                 s.granted_count -= 1;
+                let low = s.granted_count <= (self.grant_bound / 2) as usize;
+                if self.grant_bound < self.window && low && s.owed > 0 {
+                    self.released.notify_one();
+                }
             }
             Some(false) => return Err(format!("sample in slot {slot}, which was not granted")),
             None => {
@@ -509,13 +539,15 @@ impl SlotPool {
             .is_ok_and(|s| s.free.len() + s.granted_count >= self.window as usize)
     }
 
-    /// Grants slots freed by the consumer once an eighth of the window (or all that is
-    /// owed) can go in one frame, rather than a frame per slot.
+    /// Grants slots freed by the consumer (or owed under the bound of slots granted at once)
+    /// once an eighth of that bound (or all that is owed) can go in one frame, rather than a
+    /// frame per slot.
     pub(crate) fn regrant(&self) -> Option<Vec<u32>> {
-        self.grant(0, (self.window / 8).max(1))
+        self.grant(0, (self.grant_bound / 8).max(1))
     }
 
-    /// Waits until a slot is freed.
+    /// Waits until a slot is freed, or the worker filled half the slots it may be granted at
+    /// once while credits are owed.
     pub(crate) async fn released(&self) {
         self.released.notified().await;
     }
@@ -625,203 +657,4 @@ impl Payload {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pool(window: u32, spare: u32, bytes: u64, buffers: &Arc<BufferPool>) -> Arc<SlotPool> {
-        let home = Arc::new(Segments::new(2, None));
-        Arc::new(SlotPool::create(window, spare, bytes, buffers.clone(), home).unwrap())
-    }
-
-    #[test]
-    fn slots_move_between_client_and_worker() {
-        let pool = pool(3, 0, 8, &Arc::new(BufferPool::new(4)));
-        let mut granted = pool.grant(2, 1).unwrap();
-        assert_eq!(granted.len(), 2);
-        assert!(
-            pool.grant(5, 2).is_none(),
-            "one slot free, two wanted in a frame"
-        );
-        assert_eq!(pool.grant(0, 1).unwrap().len(), 1, "only one slot left");
-        assert!(
-            pool.grant(0, 1).is_none(),
-            "four credits owed, no free slot"
-        );
-        granted.sort();
-        let a = pool.filled(granted[0]).unwrap();
-        assert!(pool.filled(granted[0]).is_err(), "filled twice");
-        assert!(pool.filled(9).is_err(), "outside the segment");
-        let mut dst = [1u8; 8];
-        Payload::Slot(a).copy_tensor(&mut dst);
-        assert_eq!(dst, [0; 8]);
-        // Dropping the payload freed its slot: it carries one owed credit.
-        assert_eq!(pool.grant(0, 1), Some(vec![granted[0]]));
-    }
-
-    #[test]
-    fn a_waiting_sample_is_copied_out_and_frees_its_slot() {
-        let buffers = Arc::new(BufferPool::new(4));
-        let pool = pool(1, 0, 4, &buffers);
-        let slot = pool.grant(1, 1).unwrap()[0];
-        pool.segment.write(slot, &[1, 2, 3, 4]).unwrap();
-        let waiting = Payload::Slot(pool.filled(slot).unwrap()).detach(4);
-        let Payload::Bytes(b) = &waiting else {
-            panic!("still in its slot")
-        };
-        assert_eq!(&b[..], [1, 2, 3, 4]);
-        assert_eq!(pool.grant(1, 1), Some(vec![slot]), "the slot is free again");
-        drop(waiting);
-        assert_eq!(
-            buffers.spares(4),
-            1,
-            "the copy's buffer goes back to the loader"
-        );
-    }
-
-    #[test]
-    fn waiting_samples_keep_spare_slots_and_never_the_window() {
-        let pool = pool(2, 1, 4, &Arc::new(BufferPool::new(4)));
-        let slot = |p: &Payload| match p {
-            Payload::Slot(s) => Some(s.slot),
-            _ => None,
-        };
-        let mut granted = pool.grant(2, 1).unwrap();
-        // The worker fills both; both samples wait for their turn.
-        let a = Payload::Slot(pool.filled(granted.pop().unwrap()).unwrap()).detach(4);
-        assert!(
-            slot(&a).is_some(),
-            "one spare slot: the first keeps its slot"
-        );
-        assert_eq!(
-            pool.grant(1, 1).unwrap().len(),
-            1,
-            "its credit finds a slot"
-        );
-        let b = Payload::Slot(pool.filled(granted.pop().unwrap()).unwrap()).detach(4);
-        assert_eq!(slot(&b), None, "no spare left: copied out, the slot freed");
-        assert_eq!(
-            pool.grant(1, 1).unwrap().len(),
-            1,
-            "the window is whole again"
-        );
-        drop(a);
-        assert_eq!(pool.grant(0, 1), None, "nothing owed");
-    }
-
-    /// A connection's segment after its end: `running` units not reported, its worker
-    /// watched or not.
-    fn end(home: &Arc<Segments>, running: bool, watch: Option<ProcessWatch>) {
-        let buffers = Arc::new(BufferPool::new(1));
-        let pool = SlotPool::create(2, 2, 4, buffers, home.clone()).unwrap();
-        let granted = pool.grant(2, 1).unwrap();
-        pool.segment.write(granted[0], &[1, 2, 3, 4]).unwrap();
-        pool.assigned(7, 0, 3);
-        pool.assigned(8, 1, 2);
-        pool.assigned(9, 0, 2);
-        pool.unit_ended(7, 0);
-        // A unit whose every sample arrived has ended, reported or not.
-        pool.answered(9, 0);
-        pool.answered(9, 0);
-        pool.answered(8, 1);
-        if !running {
-            pool.answered(8, 1);
-        }
-        if let Some(w) = watch {
-            pool.watch(w);
-        }
-    }
-
-    #[test]
-    fn a_segment_is_used_again_only_when_no_worker_can_write_it() {
-        let home = Arc::new(Segments::new(2, None));
-        // Every unit reported its end: the next connection gets the same segment, its pages
-        // already made.
-        end(&home, false, None);
-        assert_eq!(home.counts(), (1, 0, 1));
-        let again = home.take(4, 4).unwrap();
-        assert_eq!(home.counts(), (0, 0, 1), "kept, not made");
-        assert!(
-            again.populated[..2].iter().all(|p| *p),
-            "granted slots have their pages"
-        );
-        assert_eq!(
-            home.take(5, 4).unwrap().segment.slots(),
-            5,
-            "another size is made"
-        );
-        assert_eq!(home.counts().2, 2);
-
-        // A unit still out and no way to tell when its worker is gone: dropped.
-        end(&home, true, None);
-        assert_eq!(home.counts(), (0, 0, 3));
-
-        // A unit still out, its worker alive: quarantined until the process exits.
-        let mut worker = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let watch = ProcessWatch::of_pid(worker.id() as i32).unwrap();
-        end(&home, true, Some(watch));
-        assert_eq!(home.counts(), (0, 1, 4));
-        let fresh = home.take(4, 4).unwrap();
-        assert_eq!(
-            home.counts(),
-            (0, 1, 5),
-            "a live writer's segment is never handed out"
-        );
-        drop(fresh);
-        worker.kill().unwrap();
-        worker.wait().unwrap();
-        home.take(4, 4).unwrap();
-        assert_eq!(
-            home.counts(),
-            (0, 0, 5),
-            "its process exited: the segment is kept"
-        );
-
-        // A worker that exited before the connection's end: kept at once.
-        let mut gone = std::process::Command::new("true").spawn().unwrap();
-        let watch = ProcessWatch::of_pid(gone.id() as i32).unwrap();
-        gone.wait().unwrap();
-        end(&home, true, Some(watch));
-        assert_eq!(home.counts(), (1, 0, 6));
-    }
-
-    #[test]
-    fn a_tensor_in_a_streams_chunks_is_copied_whole_and_waits_as_it_is() {
-        let chunks = vec![
-            bytes::Bytes::from_static(&[1, 2, 3]),
-            bytes::Bytes::from_static(&[4]),
-            bytes::Bytes::from_static(&[5, 6]),
-        ];
-        let waiting = Payload::Chunks(chunks).detach(6);
-        assert!(
-            matches!(&waiting, Payload::Chunks(c) if c.len() == 3),
-            "not copied"
-        );
-        let mut dst = [0u8; 6];
-        waiting.copy_tensor(&mut dst);
-        assert_eq!(dst, [1, 2, 3, 4, 5, 6]);
-    }
-
-    #[test]
-    fn only_local_addresses_with_a_socket_are_same_host() {
-        let dir = std::env::temp_dir().join(format!("sluice-sh-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let addr: SocketAddr = "127.0.0.1:7345".parse().unwrap();
-        let why = socket_for(&dir, addr).unwrap_err();
-        assert!(
-            why.contains("cpu-7345.sock") && why.contains("same_host_dir="),
-            "no socket file: {why}"
-        );
-        std::fs::write(dir.join("cpu-7345.sock"), b"").unwrap();
-        assert_eq!(socket_for(&dir, addr), Ok(dir.join("cpu-7345.sock")));
-        let remote: SocketAddr = "192.0.2.1:7345".parse().unwrap();
-        assert_eq!(
-            socket_for(&dir, remote),
-            Err("it runs on another machine".into()),
-            "TEST-NET is not this machine"
-        );
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
+mod tests;
