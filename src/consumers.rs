@@ -146,3 +146,63 @@ impl Observer for Bars {
         }
     }
 }
+
+/// When every rank has finished its first epoch, and the samples of the epochs done by then:
+/// what follows is a long run's steady pace, without the loader's start (connections, the
+/// first pages of its buffers and segments, a plan-ordered epoch's first batches).
+pub struct FirstEpochs {
+    /// Ranks done with their first epoch, and the samples of the epochs done so far.
+    state: std::sync::Mutex<(Vec<bool>, u64)>,
+    at: std::sync::OnceLock<(std::time::Instant, u64)>,
+}
+
+impl FirstEpochs {
+    pub fn new(ranks: u32) -> Self {
+        FirstEpochs {
+            state: std::sync::Mutex::new((vec![false; ranks as usize], 0)),
+            at: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Rank `rank` finished an epoch of `samples` (delivered and skipped): the samples done so
+    /// far, the moment every rank has finished one (once), else `None`.
+    pub fn epoch_done(&self, rank: u32, samples: u64) -> Option<u64> {
+        let mut state = self.state.lock().ok()?;
+        let (done, so_far) = &mut *state;
+        *so_far += samples;
+        if let Some(d) = done.get_mut(rank as usize) {
+            *d = true;
+        }
+        let all = done.iter().all(|d| *d);
+        (all && self.at.set((std::time::Instant::now(), *so_far)).is_ok()).then_some(*so_far)
+    }
+
+    /// Samples a second from then to `end`, when `total` (the run's samples) holds more than
+    /// the first epochs did.
+    pub fn rate_after(&self, end: std::time::Instant, total: u64) -> Option<f64> {
+        let (at, before) = *self.at.get()?;
+        let secs = end.saturating_duration_since(at).as_secs_f64();
+        (total > before && secs > 0.0).then(|| (total - before) as f64 / secs)
+    }
+}
+
+/// [`Bars`] that also note when every rank has finished its first epoch.
+pub struct Paced<'a> {
+    pub bars: &'a Bars,
+    pub first: FirstEpochs,
+}
+
+impl Observer for Paced<'_> {
+    fn epoch_started(&self, rank: u32, epoch: u64, batches: u64) {
+        self.bars.epoch_started(rank, epoch, batches);
+    }
+
+    fn batch(&self, rank: u32, epoch: u64, stats: &StatsSnapshot) {
+        self.bars.batch(rank, epoch, stats);
+    }
+
+    fn epoch_done(&self, rank: u32, epoch: u64, r: &EpochReport, secs: f64) {
+        self.bars.epoch_done(rank, epoch, r, secs);
+        self.first.epoch_done(rank, r.delivered + r.skipped);
+    }
+}

@@ -66,7 +66,7 @@ fn bench_chain_writes_a_report_and_a_picture() {
         "--samples",
         "100",
         "--epochs",
-        "1",
+        "2",
         "--seconds",
         "0.3",
         "--pipeline",
@@ -90,6 +90,9 @@ fn bench_chain_writes_a_report_and_a_picture() {
     for c in chains {
         assert!(c["samples_per_s"].as_f64().unwrap() > 0.0, "{c}");
         assert!(c["vs_cpu_alone"].as_f64().unwrap() > 0.0, "{c}");
+        // The second epoch's pace, without the loader's start.
+        let later = c["samples_per_s_after_first_epoch"].as_f64();
+        assert!(later.is_some_and(|s| s > 0.0), "{c}");
     }
     let picture = std::fs::read_to_string(&svg).unwrap();
     assert!(picture.starts_with("<svg") && picture.contains("throughput by tier"));

@@ -15,7 +15,7 @@ use sluice_shard::Manifest;
 use sluice_testbed::consumers::{self, ConsumerConfig, Device, Mixing, RankResult};
 use sluice_testbed::host_cost::ProcessUsage;
 
-use crate::consumers::Bars;
+use crate::consumers::{Bars, FirstEpochs};
 use crate::daemon;
 
 #[derive(clap::Args, Clone)]
@@ -389,8 +389,7 @@ pub fn run(args: Args) -> Result<()> {
 /// segments), which a long training run pays once.
 struct Measured<'a> {
     bars: &'a Bars,
-    /// Ranks done with their first epoch, and the samples of the epochs done so far.
-    first: std::sync::Mutex<(Vec<bool>, u64)>,
+    first: FirstEpochs,
     after_first: std::sync::OnceLock<(ProcessUsage, u64)>,
 }
 
@@ -398,7 +397,7 @@ impl<'a> Measured<'a> {
     fn new(bars: &'a Bars, ranks: u32) -> Self {
         Measured {
             bars,
-            first: std::sync::Mutex::new((vec![false; ranks as usize], 0)),
+            first: FirstEpochs::new(ranks),
             after_first: std::sync::OnceLock::new(),
         }
     }
@@ -436,16 +435,8 @@ impl consumers::Observer for Measured<'_> {
 
     fn epoch_done(&self, rank: u32, epoch: u64, r: &sluice_client::EpochReport, secs: f64) {
         self.bars.epoch_done(rank, epoch, r, secs);
-        let Ok(mut first) = self.first.lock() else {
-            return;
-        };
-        let (done, samples) = &mut *first;
-        *samples += r.delivered + r.skipped;
-        if let Some(d) = done.get_mut(rank as usize) {
-            *d = true;
-        }
-        if done.iter().all(|d| *d) {
-            let _ = self.after_first.set((ProcessUsage::now(), *samples));
+        if let Some(samples) = self.first.epoch_done(rank, r.delivered + r.skipped) {
+            let _ = self.after_first.set((ProcessUsage::now(), samples));
         }
     }
 }
