@@ -346,6 +346,9 @@ struct PoolState {
     populated: Vec<bool>,
     /// Credits the coordinator returned that no free slot has carried yet.
     owed: u32,
+    /// Most slots granted and not yet filled at once: the window, or fewer on a connection
+    /// sharing the batch arena ([`SlotPool::granting_at_most`]).
+    bound: u32,
     /// Units assigned on this connection that have not ended, with the samples each still
     /// owes: while any has not, the worker may still write a slot. A unit ends with its
     /// report (done or failed) or with its last sample or skip, whichever comes first (at an
@@ -369,9 +372,6 @@ pub(crate) struct SlotPool {
     buffers: Arc<BufferPool>,
     /// The connection's credit window: slots free or granted never drop below it.
     window: u32,
-    /// Most slots granted and not yet filled at once: the window, or fewer on a connection
-    /// sharing the batch arena ([`SlotPool::granting_at_most`]).
-    grant_bound: u32,
     /// Where the segment goes when the connection and its samples are done.
     home: Arc<Segments>,
     /// The worker's process.
@@ -394,7 +394,6 @@ impl SlotPool {
             segment: std::mem::ManuallyDrop::new(segment),
             buffers,
             window,
-            grant_bound: window,
             home,
             watch: Mutex::new(None),
             state: Mutex::new(PoolState {
@@ -405,22 +404,27 @@ impl SlotPool {
                 granted_count: 0,
                 populated,
                 owed: 0,
+                bound: window,
                 running: Default::default(),
             }),
             released: Notify::new(),
         })
     }
 
-    /// Grants at most `bound` slots not yet filled at a time (never more than the window),
-    /// the rest of the credits owed until the worker fills some; for a connection sharing the
-    /// batch arena, where a sample takes a slot only when it arrives before its place. Every
-    /// slot granted first gets its pages from this process (2.3 µs a page on this project's
-    /// VMs, 37 pages for a 224² tensor), and a grant of the whole window gave a connection
-    /// 128 slots of pages while it filled 24 (loadgen, 196 samples, its first epoch; about 8
-    /// an epoch after). The worker writes no slower for it: it is granted more as it fills
-    /// them ([`SlotPool::filled`]), half the bound before it could run out.
-    pub(crate) fn granting_at_most(mut self, bound: u32) -> Self {
-        self.grant_bound = bound.clamp(1, self.window.max(1));
+    /// Grants at first at most `bound` slots not yet filled at a time (never more than the
+    /// window), the rest of the credits owed until the worker fills some; for a connection
+    /// sharing the batch arena, where a sample takes a slot only when it arrives before its
+    /// place. Every slot granted first gets its pages from this process (2.3 µs a page on
+    /// this project's VMs, 37 pages for a 224² tensor), and a grant of the whole window gave
+    /// a connection 128 slots of pages while it filled 24 (loadgen, 196 samples, its first
+    /// epoch; about 8 an epoch after). The worker is granted more as it fills them, once half
+    /// the bound is filled ([`SlotPool::filled`]); one that fills every slot it has before
+    /// more come (its samples mostly arrive before their places) doubles the bound, up to
+    /// the window, so a worker that needs the slots is not held to the few.
+    pub(crate) fn granting_at_most(self, bound: u32) -> Self {
+        if let Ok(mut s) = self.state.lock() {
+            s.bound = bound.clamp(1, self.window.max(1));
+        }
         self
     }
 
@@ -471,7 +475,7 @@ impl SlotPool {
     pub(crate) fn grant(&self, credits: u32, at_least: u32) -> Option<Vec<u32>> {
         let mut s = self.state.lock().ok()?;
         s.owed = s.owed.saturating_add(credits);
-        let room = (self.grant_bound as usize).saturating_sub(s.granted_count);
+        let room = (s.bound as usize).saturating_sub(s.granted_count);
         let n = (s.owed as usize).min(s.free.len()).min(room);
         if n == 0 || n < (at_least.min(s.owed)) as usize {
             return None;
@@ -504,16 +508,21 @@ impl SlotPool {
     /// The worker says `slot` holds a sample: it becomes the client's until the returned
     /// reference is dropped. A slot that was not granted is a protocol error. Under a bound
     /// of slots granted at once, the worker is granted more (through [`SlotPool::released`]
-    /// and [`SlotPool::regrant`]) once half of it is filled and credits are owed.
+    /// and [`SlotPool::regrant`]) once half of it is filled and credits are owed; the bound
+    /// doubles (up to the window) when every slot granted was filled before more came.
     pub(crate) fn filled(self: &Arc<Self>, slot: u32) -> Result<SlotRef, String> {
         let mut s = self.state.lock().map_err(|_| "slot state poisoned")?;
         match s.granted.get_mut(slot as usize) {
             Some(g @ true) => {
                 *g = false;
                 s.granted_count -= 1;
-                let low = s.granted_count <= (self.grant_bound / 2) as usize;
-                if self.grant_bound < self.window && low && s.owed > 0 {
-                    self.released.notify_one();
+                if s.bound < self.window && s.owed > 0 {
+                    if s.granted_count == 0 {
+                        s.bound = s.bound.saturating_mul(2).min(self.window);
+                    }
+                    if s.granted_count <= (s.bound / 2) as usize {
+                        self.released.notify_one();
+                    }
                 }
             }
             Some(false) => return Err(format!("sample in slot {slot}, which was not granted")),
@@ -543,7 +552,8 @@ impl SlotPool {
     /// once an eighth of that bound (or all that is owed) can go in one frame, rather than a
     /// frame per slot.
     pub(crate) fn regrant(&self) -> Option<Vec<u32>> {
-        self.grant(0, (self.grant_bound / 8).max(1))
+        let bound = self.state.lock().map_or(self.window, |s| s.bound);
+        self.grant(0, (bound / 8).max(1))
     }
 
     /// Waits until a slot is freed, or the worker filled half the slots it may be granted at

@@ -76,6 +76,32 @@ async fn a_bound_grants_a_few_slots_at_a_time_and_more_as_they_fill() {
     assert_eq!(pool.grant(0, 1), None, "nothing owed");
 }
 
+#[tokio::test]
+async fn a_worker_that_fills_every_slot_before_more_come_gets_a_larger_bound() {
+    let buffers = Arc::new(BufferPool::new(4));
+    let home = Arc::new(Segments::new(2, None));
+    let pool = Arc::new(
+        SlotPool::create(16, 0, 4, buffers, home)
+            .unwrap()
+            .granting_at_most(4),
+    );
+    let soon = std::time::Duration::from_millis(50);
+    let first = pool.grant(16, 1).unwrap();
+    assert_eq!(first.len(), 4);
+    // Its samples arrive before their places: all four filled (and held) before more came.
+    let mut held: Vec<SlotRef> = first.iter().map(|s| pool.filled(*s).unwrap()).collect();
+    assert!(tokio::time::timeout(soon, pool.released()).await.is_ok());
+    let second = pool.regrant().unwrap();
+    assert_eq!(second.len(), 8, "the bound doubled");
+    held.extend(second.iter().map(|s| pool.filled(*s).unwrap()));
+    assert!(tokio::time::timeout(soon, pool.released()).await.is_ok());
+    assert_eq!(
+        pool.regrant().map(|g| g.len()),
+        Some(4),
+        "the window's last four credits, the bound now the window"
+    );
+}
+
 #[test]
 fn a_waiting_sample_is_copied_out_and_frees_its_slot() {
     let buffers = Arc::new(BufferPool::new(4));
