@@ -5,6 +5,14 @@ fn pool(window: u32, spare: u32, bytes: u64, buffers: &Arc<BufferPool>) -> Arc<S
     Arc::new(SlotPool::create(window, spare, bytes, buffers.clone(), home).unwrap())
 }
 
+/// A pool of `window` slots of 4 bytes, granting at most `bound` at once.
+fn bounded(window: u32, bound: u32) -> Arc<SlotPool> {
+    let home = Arc::new(Segments::new(2, None));
+    let buffers = Arc::new(BufferPool::new(4));
+    let pool = SlotPool::create(window, 0, 4, buffers, home).unwrap();
+    Arc::new(pool.granting_at_most(bound))
+}
+
 #[test]
 fn slots_move_between_client_and_worker() {
     let pool = pool(3, 0, 8, &Arc::new(BufferPool::new(4)));
@@ -32,13 +40,7 @@ fn slots_move_between_client_and_worker() {
 
 #[tokio::test]
 async fn a_bound_grants_a_few_slots_at_a_time_and_more_as_they_fill() {
-    let buffers = Arc::new(BufferPool::new(4));
-    let home = Arc::new(Segments::new(2, None));
-    let pool = Arc::new(
-        SlotPool::create(8, 0, 4, buffers, home)
-            .unwrap()
-            .granting_at_most(4),
-    );
+    let pool = bounded(8, 4);
     let first = pool.grant(8, 1).unwrap();
     assert_eq!(first.len(), 4, "the bound, not the window");
     assert_eq!(pool.grant(0, 1), None, "the other four credits stay owed");
@@ -78,13 +80,7 @@ async fn a_bound_grants_a_few_slots_at_a_time_and_more_as_they_fill() {
 
 #[tokio::test]
 async fn a_worker_that_fills_every_slot_before_more_come_gets_a_larger_bound() {
-    let buffers = Arc::new(BufferPool::new(4));
-    let home = Arc::new(Segments::new(2, None));
-    let pool = Arc::new(
-        SlotPool::create(16, 0, 4, buffers, home)
-            .unwrap()
-            .granting_at_most(4),
-    );
+    let pool = bounded(16, 4);
     let soon = std::time::Duration::from_millis(50);
     let first = pool.grant(16, 1).unwrap();
     assert_eq!(first.len(), 4);
