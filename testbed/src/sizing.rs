@@ -328,7 +328,9 @@ impl Reading {
         Reading {
             t: started.elapsed().as_secs_f64(),
             storage_bytes: counter_in(&text, "sluice_storage_bytes_sent_total"),
-            worker_samples: counter_in(&text, "sluice_cpu_samples_sent_total"),
+            // Over QUIC and over same-host memory: the workers count each apart.
+            worker_samples: counter_in(&text, "sluice_cpu_samples_sent_total")
+                + counter_in(&text, "sluice_cpu_same_host_samples_total"),
             client_samples: counter_in(&text, "sluice_client_samples_total"),
             client_wait: counter_in(&text, "sluice_client_wait_seconds_sum"),
         }
