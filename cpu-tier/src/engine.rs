@@ -16,8 +16,7 @@
 
 use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::sync_channel;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,6 +33,7 @@ use crate::jpeg::{DecodeLimits, JpegDecoder};
 use sluice_wire::spec::{DType, PipelineSpec};
 
 mod render;
+mod unit;
 
 use render::reported;
 
@@ -186,52 +186,8 @@ pub struct Engine {
 /// decoders and the transport (queues, credits, QUIC's send buffer).
 const SPARE_OUTPUTS: usize = 512;
 
-/// How often a unit's feeder, waiting for its turn or for room, looks whether the unit was
-/// cancelled.
+/// How often a unit waiting for its turn looks again (its turn's resume wakes it sooner).
 const TURN_POLL: Duration = Duration::from_millis(50);
-
-/// A unit's samples handed to the pool and not yet taken by its sink: at most `most`.
-struct InFlight {
-    count: std::sync::Mutex<usize>,
-    freed: std::sync::Condvar,
-    most: usize,
-}
-
-impl InFlight {
-    fn new(most: usize) -> Self {
-        InFlight {
-            count: std::sync::Mutex::new(0),
-            freed: std::sync::Condvar::new(),
-            most: most.max(1),
-        }
-    }
-
-    /// Room for one more, waiting for it; `false` once `cancel` is set.
-    fn acquire(&self, cancel: &AtomicBool) -> bool {
-        let mut n = self.count.lock().unwrap_or_else(|e| e.into_inner());
-        while *n >= self.most {
-            if cancel.load(Ordering::Relaxed) {
-                return false;
-            }
-            n = self
-                .freed
-                .wait_timeout(n, TURN_POLL)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        if cancel.load(Ordering::Relaxed) {
-            return false;
-        }
-        *n += 1;
-        true
-    }
-
-    fn release(&self) {
-        let mut n = self.count.lock().unwrap_or_else(|e| e.into_inner());
-        *n = n.saturating_sub(1);
-        self.freed.notify_one();
-    }
-}
 
 impl Engine {
     /// An engine with its own pool of `config.threads` threads.
@@ -389,123 +345,27 @@ impl Engine {
     /// batch when `target` has one for it (an [`Outcome::Done`] whose tensor says `placed`),
     /// and, given the unit's `turn`, samples decoded only on its turn.
     ///
-    /// Samples are parsed up to `readahead` ahead on a thread of their own; a feeder thread
-    /// hands each to the pool as a task of its own, at most `readahead` (with a `turn`, a
-    /// pool's worth) decoded or decoding and not yet taken by `sink`. So the pool's threads
-    /// never wait, for input or to hand an outcome over, and several units share the pool
-    /// sample by sample. With a `turn`, the feeder waits while the unit waits for its decode
-    /// slot: the slots are shared among jobs by weight, and a unit that decoded ahead while
-    /// it waited took the pool from the jobs whose turn it was (weights 3:1 gave 0.64 : 0.36
-    /// of one thread's samples, `bench/fair_share.sh`).
+    /// Samples are parsed up to `readahead` ahead on a thread of their own; the calling
+    /// thread hands each to the pool as a task of its own, at most `readahead` (with a
+    /// `turn`, a pool's worth) decoded or decoding and not yet taken by `sink`, and hands the
+    /// outcomes to `sink` as they come ([`unit`]). So the pool's threads never wait, for
+    /// input or to hand an outcome over, and several units share the pool sample by sample.
+    /// With a `turn`, nothing is fed while the unit waits for its decode slot: the slots are
+    /// shared among jobs by weight, and a unit that decoded ahead while it waited took the
+    /// pool from the jobs whose turn it was (weights 3:1 gave 0.64 : 0.36 of one thread's
+    /// samples, `bench/fair_share.sh`).
     pub fn run_unit_to<I>(
         &self,
         samples: I,
         ctx: SampleContext,
         target: Option<PlaceTarget>,
         turn: Option<&sluice_wire::Turn>,
-        mut sink: impl FnMut(Outcome) -> bool,
+        sink: impl FnMut(Outcome) -> bool,
     ) -> Result<UnitStats, EngineError>
     where
         I: Iterator<Item = Result<Sample, ShardError>> + Send,
     {
-        let target = target.as_ref();
-        let bound = self.config.readahead.max(1);
-        let most = match turn {
-            Some(_) => self.pool.current_num_threads().max(1).min(bound),
-            None => bound,
-        };
-        let cancel = AtomicBool::new(false);
-        let in_flight = InFlight::new(most);
-        // A sample to process, or one the source found damaged (reported as a skip).
-        let (parsed_tx, parsed_rx) = sync_channel::<Result<Sample, SampleError>>(bound);
-        // Room for every sample in flight: a task never waits to hand its outcome over.
-        let (out_tx, out_rx) = sync_channel::<Outcome>(most);
-        let mut stats = UnitStats::default();
-        let mut failure: Option<EngineError> = None;
-        let read_error = std::thread::scope(|scope| {
-            let cancel = &cancel;
-            let times = &self.times;
-            let reader = scope.spawn(move || -> Option<ShardError> {
-                let mut samples = samples;
-                loop {
-                    let t = Instant::now();
-                    let next = samples.next();
-                    times
-                        .fetch_parse_ns
-                        .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                    let input = match next {
-                        None => return None,
-                        Some(Ok(s)) => Ok(s),
-                        Some(Err(ShardError::DamagedSample {
-                            shard,
-                            offset,
-                            index,
-                            key,
-                            detail,
-                        })) => Err(SampleError {
-                            shard,
-                            key,
-                            index,
-                            reason: DecodeError::Damaged(format!("{detail} (at byte {offset})")),
-                        }),
-                        Some(Err(e)) => return Some(e),
-                    };
-                    if cancel.load(Ordering::Relaxed) || parsed_tx.send(input).is_err() {
-                        return None;
-                    }
-                }
-            });
-            let (ctx, in_flight) = (&ctx, &in_flight);
-            scope.spawn(move || {
-                self.pool.in_place_scope(|tasks| {
-                    for input in parsed_rx {
-                        if let Some(turn) = turn {
-                            turn.wait(TURN_POLL, || cancel.load(Ordering::Relaxed));
-                        }
-                        if !in_flight.acquire(cancel) {
-                            return;
-                        }
-                        let tx = out_tx.clone();
-                        tasks.spawn(move |_| {
-                            let outcome = match input {
-                                Ok(sample) => self.process_to(&sample, ctx, target),
-                                Err(damaged) => self.skipped(damaged),
-                            };
-                            let _ = tx.send(outcome);
-                        });
-                    }
-                    drop(out_tx);
-                });
-            });
-            for outcome in out_rx {
-                in_flight.release();
-                if failure.is_some() {
-                    continue; // drain so the workers finish
-                }
-                match &outcome {
-                    Outcome::Done(_) => stats.done += 1,
-                    Outcome::Skipped(e) => {
-                        stats.skipped += 1;
-                        if self.config.policy == BadSamplePolicy::Fail {
-                            failure = Some(EngineError::BadSample(e.clone()));
-                            cancel.store(true, Ordering::Relaxed);
-                            continue;
-                        }
-                    }
-                }
-                if !sink(outcome) {
-                    cancel.store(true, Ordering::Relaxed);
-                }
-            }
-            reader.join().unwrap_or(None)
-        });
-        if let Some(f) = failure {
-            return Err(f);
-        }
-        if let Some(e) = read_error {
-            return Err(EngineError::Shard(e));
-        }
-        Ok(stats)
+        self.run_unit_on_hub(samples, &ctx, target.as_ref(), turn, sink)
     }
 
     fn render(

@@ -333,3 +333,63 @@ fn a_broken_stream_fails_the_unit_after_delivering_what_came_before() {
     assert_eq!(delivered, 5);
     assert!(err.to_string().contains("byte 9000"), "{err}");
 }
+
+#[test]
+fn a_unit_feeds_the_pool_only_on_its_turn_and_delivers_every_sample_once() {
+    let samples: Vec<_> = (0..24)
+        .map(|i| Ok(sample(i, vec![("jpg", jpeg(120, 90, i as u32))])))
+        .collect();
+    let turn = sluice_wire::Turn::default();
+    turn.pause();
+    let resumed = std::sync::atomic::AtomicBool::new(false);
+    let e = engine(RRC, 2);
+    let mut seen = Vec::new();
+    let stats = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            resumed.store(true, std::sync::atomic::Ordering::SeqCst);
+            turn.resume();
+        });
+        e.run_unit_to(samples.into_iter(), CTX, None, Some(&turn), |o| {
+            assert!(
+                resumed.load(std::sync::atomic::Ordering::SeqCst),
+                "a sample was decoded before the unit's turn"
+            );
+            match o {
+                Outcome::Done(p) => seen.push(p.index),
+                Outcome::Skipped(e) => panic!("unexpected skip: {e}"),
+            }
+            true
+        })
+        .unwrap()
+    });
+    seen.sort_unstable();
+    assert_eq!(seen, (0..24).collect::<Vec<_>>());
+    assert_eq!((stats.done, stats.skipped), (24, 0));
+}
+
+#[test]
+fn a_sink_that_stops_ends_the_unit_without_reading_the_rest() {
+    // An endless stream: the unit ends only if stopping reaches the reader.
+    let read = std::sync::atomic::AtomicU64::new(0);
+    let endless = (0u64..).map(|i| {
+        read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(sample(i, vec![("jpg", jpeg(64, 48, i as u32))]))
+    });
+    let mut taken = 0;
+    let stats = engine(RRC, 2)
+        .run_unit(endless, CTX, |_| {
+            taken += 1;
+            taken < 10
+        })
+        .unwrap();
+    let read = read.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(stats.done >= 10, "{stats:?}");
+    // What was read: at most the pool's tasks and the reader's queue (readahead) beyond.
+    let readahead = EngineConfig::default().readahead as u64;
+    assert!(
+        read <= stats.done + 2 * readahead + 2,
+        "read {read} samples for {} done",
+        stats.done
+    );
+}

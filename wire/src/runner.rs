@@ -130,6 +130,11 @@ impl Turn {
         *self.paused.lock().unwrap_or_else(|e| e.into_inner()) = true;
     }
 
+    /// Whether the unit waits for its turn now.
+    pub fn paused(&self) -> bool {
+        *self.paused.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub fn resume(&self) {
         *self.paused.lock().unwrap_or_else(|e| e.into_inner()) = false;
         self.signal.notify_all();
