@@ -110,6 +110,61 @@ impl Hub {
         s.inputs.clear();
         self.room.notify_one();
     }
+
+    /// The unit's thread waits until it has something to do: outcomes (all that are there),
+    /// up to `room` inputs to feed (none while `turn` is paused), or the end (nothing in
+    /// flight, and nothing more to feed).
+    fn turn(&self, room: usize, in_flight: usize, turn: Option<&Turn>) -> Turned {
+        let mut s = self.lock();
+        loop {
+            let waiting_input = room > 0 && !s.inputs.is_empty();
+            let paused = waiting_input && turn.is_some_and(Turn::paused);
+            let finished = in_flight == 0
+                && s.outcomes.is_empty()
+                && (room == 0 && s.stopped || s.read_ended && s.inputs.is_empty());
+            if finished || !s.outcomes.is_empty() || (waiting_input && !paused) {
+                let outcomes = std::mem::take(&mut s.outcomes);
+                let feed = match waiting_input && !paused {
+                    true => {
+                        let n = room.min(s.inputs.len());
+                        s.inputs.drain(..n).collect()
+                    }
+                    false => Vec::new(),
+                };
+                // The reader goes on once half its queue is gone, not at every sample.
+                if s.reader_waits && s.inputs.len() <= self.bound / 2 {
+                    s.reader_waits = false;
+                    self.room.notify_one();
+                }
+                return Turned {
+                    outcomes,
+                    feed,
+                    finished,
+                };
+            }
+            if paused && in_flight == 0 {
+                // Nothing will come but the unit's turn, which wakes its own waiters.
+                drop(s);
+                if let Some(t) = turn {
+                    t.wait(TURN_POLL, || false);
+                }
+                s = self.lock();
+                continue;
+            }
+            s.unit_waits = true;
+            s = match paused {
+                // Outcomes are due; the turn may come back before them.
+                true => {
+                    self.ready
+                        .wait_timeout(s, TURN_POLL)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                false => self.ready.wait(s).unwrap_or_else(|e| e.into_inner()),
+            };
+            s.unit_waits = false;
+        }
+    }
 }
 
 /// Ends the reader's side when its thread leaves, however it leaves.
@@ -241,62 +296,5 @@ impl Engine {
             return Err(EngineError::Shard(e));
         }
         Ok(stats)
-    }
-}
-
-impl Hub {
-    /// The unit's thread waits until it has something to do: outcomes (all that are there),
-    /// up to `room` inputs to feed (none while `turn` is paused), or the end (nothing in
-    /// flight, and nothing more to feed).
-    fn turn(&self, room: usize, in_flight: usize, turn: Option<&Turn>) -> Turned {
-        let mut s = self.lock();
-        loop {
-            let waiting_input = room > 0 && !s.inputs.is_empty();
-            let paused = waiting_input && turn.is_some_and(Turn::paused);
-            let finished = in_flight == 0
-                && s.outcomes.is_empty()
-                && (room == 0 && s.stopped || s.read_ended && s.inputs.is_empty());
-            if finished || !s.outcomes.is_empty() || (waiting_input && !paused) {
-                let outcomes = std::mem::take(&mut s.outcomes);
-                let feed = match waiting_input && !paused {
-                    true => {
-                        let n = room.min(s.inputs.len());
-                        s.inputs.drain(..n).collect()
-                    }
-                    false => Vec::new(),
-                };
-                // The reader goes on once half its queue is gone, not at every sample.
-                if s.reader_waits && s.inputs.len() <= self.bound / 2 {
-                    s.reader_waits = false;
-                    self.room.notify_one();
-                }
-                return Turned {
-                    outcomes,
-                    feed,
-                    finished,
-                };
-            }
-            if paused && in_flight == 0 {
-                // Nothing will come but the unit's turn, which wakes its own waiters.
-                drop(s);
-                if let Some(t) = turn {
-                    t.wait(TURN_POLL, || false);
-                }
-                s = self.lock();
-                continue;
-            }
-            s.unit_waits = true;
-            s = match paused {
-                // Outcomes are due; the turn may come back before them.
-                true => {
-                    self.ready
-                        .wait_timeout(s, TURN_POLL)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
-                }
-                false => self.ready.wait(s).unwrap_or_else(|e| e.into_inner()),
-            };
-            s.unit_waits = false;
-        }
     }
 }
