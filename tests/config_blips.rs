@@ -7,11 +7,9 @@
 mod support;
 mod system;
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
 
 use support::{path_str, succeed};
 use system::bed;
@@ -30,13 +28,22 @@ fn job(dir: &Path, manifest: &Path, pool: &[&str], dump: &Path, trust: &Path) ->
         "--seed",
         "9",
         "--epochs",
-        "8",
+        "9",
         "--worker-wait",
         "10",
     ])
     .args(["--dump-ids", path_str(dump)])
     .env("RUST_LOG", "warn");
     c
+}
+
+/// The bad spells, by the epochs whose end begins and ends each (the job runs epochs 0 to 8).
+const SPELLS: [(u64, u64); 3] = [(0, 2), (3, 5), (6, 8)];
+
+/// The epoch a line of loadgen's stderr says rank 0 finished (`rank 0 epoch 3: ...`).
+fn epoch_done(line: &str) -> Option<u64> {
+    let rest = line.strip_prefix("rank 0 epoch ")?;
+    rest.split(':').next()?.parse().ok()
 }
 
 #[test]
@@ -62,45 +69,41 @@ fn a_workers_file_that_goes_bad_for_moments_across_epochs_changes_nothing() {
         "--workers-refresh",
         "0.1",
     ];
-    let job = job(dir.path(), manifest, &pool, &dump, &trust)
-        .stdout(Stdio::piped())
+    let mut job = job(dir.path(), manifest, &pool, &dump, &trust)
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Each bad spell outlasts an epoch (about a second here), so epochs start inside them.
-    let done = Arc::new(AtomicBool::new(false));
-    let flipper = {
-        let (done, file) = (done.clone(), file.clone());
-        std::thread::spawn(move || {
-            let spells: [&dyn Fn(&Path); 3] = [
-                &|f| std::fs::write(f, b"\xff\xfe\x00 not text \xc3\x28").unwrap(),
-                &|f| std::fs::write(f, "cpu-7 7100\n").unwrap(),
-                &|f| std::fs::remove_file(f).unwrap(),
-            ];
-            let mut spells_done = 0;
-            'outer: loop {
-                for spell in spells {
-                    std::thread::sleep(Duration::from_millis(400));
-                    spell(&file);
-                    for _ in 0..25 {
-                        if done.load(Ordering::Relaxed) {
-                            break 'outer;
-                        }
-                        std::thread::sleep(Duration::from_millis(100));
+    // The spells follow the job's epochs, not the clock: each begins when the job says an
+    // epoch ended and lasts until two more have, so the epoch after them starts inside it
+    // (started early, it begins while the one before drains) on a machine of any speed.
+    let stderr = job.stderr.take().unwrap();
+    let flipper = std::thread::spawn(move || {
+        let spells: [&dyn Fn(&Path); 3] = [
+            &|f| std::fs::write(f, b"\xff\xfe\x00 not text \xc3\x28").unwrap(),
+            &|f| std::fs::write(f, "cpu-7 7100\n").unwrap(),
+            &|f| std::fs::remove_file(f).unwrap(),
+        ];
+        let (mut spells_done, mut lines) = (0, Vec::new());
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(epoch) = epoch_done(&line) {
+                match SPELLS.iter().position(|&(from, _)| from == epoch) {
+                    Some(i) => spells[i](&file),
+                    None if SPELLS.iter().any(|&(_, to)| to == epoch) => {
+                        std::fs::write(&file, &good).unwrap();
+                        spells_done += 1;
                     }
-                    std::fs::write(&file, &good).unwrap();
-                    spells_done += 1;
+                    None => {}
                 }
             }
-            spells_done
-        })
-    };
-    let out = job.wait_with_output().unwrap();
-    done.store(true, Ordering::Relaxed);
-    let spells = flipper.join().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+            lines.push(line);
+        }
+        (spells_done, lines.join("\n"))
+    });
+    let status = job.wait().unwrap();
+    let (spells, stderr) = flipper.join().unwrap();
     assert!(
-        out.status.success(),
+        status.success(),
         "the job failed for a workers file blip:\n{stderr}"
     );
     assert!(
