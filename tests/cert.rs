@@ -5,7 +5,7 @@
 mod support;
 mod system;
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use support::{path_str, sluice, sluice_ok, succeed};
@@ -148,4 +148,174 @@ fn a_key_that_is_not_the_certificate_s_stops_the_worker_before_it_serves() {
         said.contains(path_str(&cert)),
         "the error names no certificate: {said}"
     );
+}
+
+/// Runs `args` as the unprivileged user 65534 (`setpriv`), as another user on the host would.
+fn as_nobody(args: &[&str]) -> std::process::Output {
+    std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Whether this test can act as another user: root, with `setpriv`.
+fn can_switch_users() -> bool {
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+    let setpriv = std::process::Command::new("setpriv")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !(root && setpriv) {
+        eprintln!("skipped: needs root and setpriv to act as another user");
+    }
+    root && setpriv
+}
+
+/// The hostile tester's attack: another user plants links where `sluice cert` writes keys, in
+/// an `--out` folder they can write. No key reaches them: the folder is refused by name, and
+/// nothing is written through a link. In a folder only its owner writes, a link left at a
+/// temporary name is refused too, never followed.
+#[test]
+fn keys_never_go_through_a_link_another_user_planted() {
+    if !can_switch_users() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let stolen = shared.join("stolen");
+    for name in [
+        "ca.tmp",
+        ".ca.key.tmp",
+        "ca.key",
+        "key.tmp",
+        ".key.pem.tmp",
+        "key.pem",
+    ] {
+        let out = as_nobody(&["ln", "-s", path_str(&stolen), path_str(&shared.join(name))]);
+        assert!(out.status.success(), "{out:?}");
+    }
+    let out = sluice(&["cert", "ca", "--out", path_str(&shared)]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a CA was made in a folder others write"
+    );
+    assert!(
+        said.contains(path_str(&shared)) && said.contains("other users"),
+        "{said}"
+    );
+    // A CA made properly, then a worker certificate issued into the shared folder.
+    let ca = dir.path().join("ca");
+    sluice_ok(&["cert", "ca", "--out", path_str(&ca)]);
+    let args = [
+        "cert",
+        "issue",
+        "--ca",
+        path_str(&ca),
+        "--name",
+        "w",
+        "--san",
+        "localhost",
+    ];
+    let out = sluice(&[&args[..], &["--out", path_str(&shared)]].concat());
+    assert!(
+        !out.status.success(),
+        "a key was issued into a folder others write"
+    );
+    assert!(
+        !stolen.exists(),
+        "a private key went through the planted link"
+    );
+
+    // A folder of root's own with a link left at a temporary name: refused, not followed.
+    let own = dir.path().join("own");
+    std::fs::create_dir(&own).unwrap();
+    std::os::unix::fs::symlink(&stolen, own.join(".key.pem.tmp")).unwrap();
+    let out = sluice(&[&args[..], &["--out", path_str(&own)]].concat());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains(".key.pem.tmp"),
+        "{said}"
+    );
+    assert!(!stolen.exists(), "a private key went through a link");
+    assert!(!own.join("key.pem").exists());
+}
+
+/// A CA key others can read (or reached through a link) is refused by name: whoever read it
+/// can issue certificates the pool trusts.
+#[test]
+fn a_ca_key_others_can_read_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca");
+    sluice_ok(&["cert", "ca", "--out", path_str(&ca)]);
+    let key = ca.join("ca.key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let issue = |ca: &Path, out: &str| {
+        sluice(&[
+            "cert",
+            "issue",
+            "--ca",
+            path_str(ca),
+            "--name",
+            "w",
+            "--san",
+            "localhost",
+            "--out",
+            path_str(&dir.path().join(out)),
+        ])
+    };
+    let out = issue(&ca, "w1");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a world-readable CA key was used");
+    assert!(said.contains("ca.key") && said.contains("0644"), "{said}");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let linked = dir.path().join("linked");
+    std::fs::create_dir(&linked).unwrap();
+    std::os::unix::fs::symlink(&key, linked.join("ca.key")).unwrap();
+    let out = issue(&linked, "w2");
+    assert!(!out.status.success(), "a CA key behind a link was used");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("link"));
+    let out = issue(&ca, "w3");
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// Names a certificate cannot hold are refused by name, before anything is written.
+#[test]
+fn junk_names_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca");
+    sluice_ok(&["cert", "ca", "--out", path_str(&ca)]);
+    for san in [
+        "",
+        "a,,b",
+        "foo bar",
+        "300.1.1.1",
+        "-x.example",
+        "a_b.example",
+    ] {
+        let out_dir = dir.path().join("w");
+        let out = sluice(&[
+            "cert",
+            "issue",
+            "--ca",
+            path_str(&ca),
+            "--name",
+            "w",
+            "--san",
+            san,
+            "--out",
+            path_str(&out_dir),
+        ]);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--san {san:?} was accepted");
+        assert!(said.contains("--san"), "{san:?}: {said}");
+        assert!(
+            !out_dir.join("key.pem").exists(),
+            "{san:?}: a key was written"
+        );
+    }
 }

@@ -14,7 +14,7 @@
 //! - [`same_host`]: its Unix-socket transport for clients on the same machine (tensors
 //!   written into the client's shared memory).
 //! - [`config`], [`tls`], [`tenants`]: its configuration, TLS identity and the teams it
-//!   admits.
+//!   admits; `key_files`: private keys written and read never through a link.
 
 pub mod clip;
 pub mod config;
@@ -24,6 +24,7 @@ pub mod error;
 pub mod fields;
 pub mod geometry;
 pub mod jpeg;
+mod key_files;
 mod mappings;
 pub mod metrics;
 pub mod restart;

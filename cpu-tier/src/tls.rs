@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use rustls::pki_types::pem::PemObject;
+
+use crate::key_files::{read_private, KeyDir};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 #[derive(Debug, thiserror::Error)]
@@ -14,6 +16,8 @@ pub enum TlsError {
     Generate(String),
     #[error("TLS setup: {0}")]
     Setup(String),
+    #[error("--san {name:?}: {why}")]
+    Name { name: String, why: String },
     #[error("the state directory holds {present} but not {missing}: refusing to make a new identity, which would replace the certificate clients pin; restore {missing}, or remove {present} to start a new identity")]
     HalfIdentity { present: String, missing: String },
 }
@@ -79,11 +83,11 @@ pub fn self_signed(state_dir: &Path, names: &[String]) -> Result<Identity, TlsEr
             });
         }
     }
-    std::fs::create_dir_all(state_dir).map_err(|e| file_error(state_dir, e))?;
+    let dir = KeyDir::open(state_dir)?;
     let made = rcgen::generate_simple_self_signed(names.to_vec())
         .map_err(|e| TlsError::Generate(e.to_string()))?;
-    write_private(&key, made.key_pair.serialize_pem().as_bytes())?;
-    std::fs::write(&cert, made.cert.pem()).map_err(|e| file_error(&cert, e))?;
+    dir.write_new("key.pem", made.key_pair.serialize_pem().as_bytes(), 0o600)?;
+    dir.write_new("cert.pem", made.cert.pem().as_bytes(), 0o644)?;
     load(&cert, &key)
 }
 
@@ -95,19 +99,6 @@ pub const CA_NAME: &str = "Sluice CA";
 /// The files `make_ca` writes in its folder: the certificate clients trust and its key.
 pub const CA_CERT: &str = "ca.pem";
 pub const CA_KEY: &str = "ca.key";
-
-/// Refuses to replace `path`: a CA or a key others already trust is not made again by
-/// accident.
-fn refuse_existing(path: &Path) -> Result<(), TlsError> {
-    match path.symlink_metadata() {
-        Ok(_) => Err(file_error(
-            path,
-            "exists already; remove it to make a new one (whoever trusts the old one will \
-             not trust the new)",
-        )),
-        Err(_) => Ok(()),
-    }
-}
 
 /// The CA's certificate parameters: the same for making it and for signing with it.
 fn ca_params() -> rcgen::CertificateParams {
@@ -127,17 +118,16 @@ fn ca_params() -> rcgen::CertificateParams {
 /// `sluice cert ca`: a certificate authority for a pool of workers in `out` (`ca.pem`, which
 /// clients trust, and `ca.key`, owner-only). Returns the certificate's path.
 pub fn make_ca(out: &Path) -> Result<PathBuf, TlsError> {
-    let (cert, key) = (out.join(CA_CERT), out.join(CA_KEY));
-    refuse_existing(&cert)?;
-    refuse_existing(&key)?;
-    std::fs::create_dir_all(out).map_err(|e| file_error(out, e))?;
+    let dir = KeyDir::open(out)?;
+    dir.refuse_existing(CA_CERT)?;
+    dir.refuse_existing(CA_KEY)?;
     let key_pair = rcgen::KeyPair::generate().map_err(|e| TlsError::Generate(e.to_string()))?;
     let made = ca_params()
         .self_signed(&key_pair)
         .map_err(|e| TlsError::Generate(e.to_string()))?;
-    write_private(&key, key_pair.serialize_pem().as_bytes())?;
-    std::fs::write(&cert, made.pem()).map_err(|e| file_error(&cert, e))?;
-    Ok(cert)
+    dir.write_new(CA_KEY, key_pair.serialize_pem().as_bytes(), 0o600)?;
+    dir.write_new(CA_CERT, made.pem().as_bytes(), 0o644)?;
+    Ok(dir.path_of(CA_CERT))
 }
 
 /// `sluice cert issue`: a worker certificate for `names` (host names and IP addresses the
@@ -149,22 +139,16 @@ pub fn issue(
     names: &[String],
     out: &Path,
 ) -> Result<PathBuf, TlsError> {
-    if names.is_empty() {
-        return Err(TlsError::Generate(
-            "a worker certificate needs at least one name (--san): the host names or IP \
-             addresses clients dial"
-                .into(),
-        ));
-    }
+    check_names(names)?;
     let ca_key_path = ca_dir.join(CA_KEY);
-    let ca_pem = std::fs::read_to_string(&ca_key_path).map_err(|e| file_error(&ca_key_path, e))?;
+    let ca_pem = read_private(&ca_key_path)?;
     let ca_key = rcgen::KeyPair::from_pem(&ca_pem).map_err(|e| file_error(&ca_key_path, e))?;
     let ca = ca_params()
         .self_signed(&ca_key)
         .map_err(|e| TlsError::Generate(e.to_string()))?;
-    let (cert, key) = (out.join("cert.pem"), out.join("key.pem"));
-    refuse_existing(&cert)?;
-    refuse_existing(&key)?;
+    let dir = KeyDir::open(out)?;
+    dir.refuse_existing("cert.pem")?;
+    dir.refuse_existing("key.pem")?;
     let mut params = rcgen::CertificateParams::new(names.to_vec())
         .map_err(|e| TlsError::Generate(format!("--san {}: {e}", names.join(","))))?;
     params
@@ -176,26 +160,68 @@ pub fn issue(
     let made = params
         .signed_by(&key_pair, &ca, &ca_key)
         .map_err(|e| TlsError::Generate(e.to_string()))?;
-    std::fs::create_dir_all(out).map_err(|e| file_error(out, e))?;
-    write_private(&key, key_pair.serialize_pem().as_bytes())?;
-    std::fs::write(&cert, made.pem()).map_err(|e| file_error(&cert, e))?;
-    Ok(cert)
+    dir.write_new("key.pem", key_pair.serialize_pem().as_bytes(), 0o600)?;
+    dir.write_new("cert.pem", made.pem().as_bytes(), 0o644)?;
+    Ok(dir.path_of("cert.pem"))
 }
 
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), TlsError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| file_error(&tmp, e))?;
-    f.write_all(bytes).map_err(|e| file_error(&tmp, e))?;
-    f.sync_all().map_err(|e| file_error(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| file_error(path, e))
+/// Checks a certificate's names (`--san`): each an IP address, or a DNS name of RFC 1123
+/// labels (1 to 63 of letters, digits and '-', not starting or ending with '-'; 253 at most
+/// in all; a leading `*.` for a wildcard), whose last label is not all digits (that is an IP
+/// address written wrong, such as `300.1.1.1`). Each refusal names the value.
+pub fn check_names(names: &[String]) -> Result<(), TlsError> {
+    let bad = |name: &str, why: &str| TlsError::Name {
+        name: name.to_string(),
+        why: why.to_string(),
+    };
+    if names.is_empty() {
+        return Err(bad(
+            "",
+            "a worker certificate needs at least one name: the host names or IP addresses \
+             clients dial",
+        ));
+    }
+    for name in names {
+        if name.parse::<std::net::IpAddr>().is_ok() {
+            continue;
+        }
+        if name.is_empty() {
+            return Err(bad(
+                name,
+                "an empty name (two commas in a row, or one at an end?)",
+            ));
+        }
+        if name.len() > 253 {
+            return Err(bad(name, "longer than 253 characters"));
+        }
+        let host = name.strip_prefix("*.").unwrap_or(name);
+        let labels: Vec<&str> = host.split('.').collect();
+        for label in &labels {
+            let ok = (1..=63).contains(&label.len())
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-');
+            if !ok {
+                return Err(bad(
+                    name,
+                    "neither an IP address nor a DNS name (labels of 1 to 63 letters, digits \
+                     and '-', not at a label's ends, joined by '.')",
+                ));
+            }
+        }
+        if labels
+            .last()
+            .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err(bad(
+                name,
+                "not an IP address, and a DNS name cannot end in a label of digits",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What a worker says of a client whose offered protocol versions (TLS ALPN) do not include
@@ -274,6 +300,33 @@ mod tests {
         );
         assert_eq!(alpn_mismatch([sluice_wire::message::ALPN]), None);
         assert_eq!(alpn_mismatch(Vec::<&[u8]>::new()), None);
+    }
+
+    #[test]
+    fn names_are_ip_addresses_or_dns_names() {
+        let ok = |n: &[&str]| check_names(&n.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        ok(&[
+            "127.0.0.1",
+            "::1",
+            "localhost",
+            "cpu-0.sluice-cpu.svc",
+            "*.pool.example",
+        ])
+        .unwrap();
+        for junk in [
+            "",
+            "foo bar",
+            "300.1.1.1",
+            "-a.b",
+            "a..b",
+            "a_b.c",
+            "é.example",
+        ] {
+            let e = ok(&["localhost", junk]).unwrap_err().to_string();
+            assert!(e.contains(&format!("{junk:?}")), "{junk}: {e}");
+        }
+        assert!(ok(&[]).is_err());
+        assert!(ok(&[&"a".repeat(64)]).is_err());
     }
 
     #[test]
