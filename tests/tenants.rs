@@ -210,3 +210,119 @@ fn a_bad_tenants_file_stops_the_worker_by_name() {
         assert!(stderr.contains(says), "{says}: {stderr}");
     }
 }
+
+/// Each named job's samples sent so far (0 for a job not seen yet).
+fn sent(worker: &Worker, jobs: &[String]) -> Vec<f64> {
+    let text = metrics_text(worker);
+    jobs.iter()
+        .map(|j| {
+            let series = format!("sluice_cpu_job_samples_total{{job=\"{j}\"}}");
+            text.lines()
+                .find(|l| l.split_whitespace().next() == Some(series.as_str()))
+                .and_then(|l| l.split_whitespace().last()?.parse().ok())
+                .unwrap_or(0.0)
+        })
+        .collect()
+}
+
+/// Each job's share of the next `samples` samples the worker sends them, once every one of
+/// them has been sent some: a count, not a time, so a slow machine only takes longer.
+fn shares(worker: &Worker, jobs: &[String], samples: f64) -> Vec<f64> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while sent(worker, jobs).contains(&0.0) {
+        assert!(Instant::now() < deadline, "{jobs:?} never all ran");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let before = sent(worker, jobs);
+    loop {
+        let got: Vec<f64> = sent(worker, jobs)
+            .iter()
+            .zip(&before)
+            .map(|(a, b)| a - b)
+            .collect();
+        let total: f64 = got.iter().sum();
+        if total >= samples {
+            return got.iter().map(|g| g / total).collect();
+        }
+        assert!(Instant::now() < deadline, "too few samples sent: {got:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A team's share of a worker is one share, however many jobs it opens: alpha (max_weight 8)
+/// with one greedy job against beta (max_weight 2) with four keeps 8/10 of a busy one-thread
+/// worker, not the 8/16 per-job queuing gave; a third team joining takes its share from both.
+#[test]
+fn a_team_that_opens_more_jobs_gets_no_larger_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 40);
+    let mut text = String::new();
+    for (team, weight) in [("alpha", 8), ("beta", 2), ("gamma", 10)] {
+        let path = dir.path().join(format!("{team}.token"));
+        std::fs::write(&path, format!("{team}-token-of-this-test\n")).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        text += &format!(
+            "[[tenant]]\nname = \"{team}\"\ntoken_file = \"{team}.token\"\nmax_weight = \
+             {weight}\n\n"
+        );
+    }
+    let file = dir.path().join("tenants.toml");
+    std::fs::write(&file, text).unwrap();
+    let worker = start_worker_with(
+        dir.path(),
+        "w",
+        &["--no-same-host", "--tenants", path_str(&file)],
+    );
+    let trust = trust_file(dir.path(), &[&worker]);
+    let run = |team: &str, name: &str, weight: u32| {
+        let token = dir.path().join(format!("{team}.token"));
+        loadgen(
+            &data.manifest_path,
+            &["--workers", &worker.addr],
+            &token,
+            &trust,
+        )
+        .args([
+            "--pipeline",
+            PIPELINE,
+            "--batch-size",
+            "8",
+            "--credits",
+            "512",
+        ])
+        .args(["--epochs", "10000", "--worker-wait", "5"])
+        .args(["--job-name", name, "--job-weight", &weight.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+    };
+    let mut jobs = vec![run("alpha", "train", 8)];
+    let mut names = vec!["alpha/train".to_string()];
+    for j in 0..4 {
+        jobs.push(run("beta", &format!("sweep-{j}"), 2));
+        names.push(format!("beta/sweep-{j}"));
+    }
+    let s = shares(&worker, &names, 1500.0);
+    let alpha = s[0];
+    eprintln!("alpha (8, one job) and beta (2, four jobs): {s:.3?}");
+    assert!(
+        alpha >= 0.72,
+        "alpha's share {alpha:.3} against beta's four jobs: {s:?}"
+    );
+    // A third team at weight 10 takes half; alpha and beta keep 4:1 between them.
+    jobs.push(run("gamma", "eval", 1));
+    names.push("gamma/eval".to_string());
+    let s = shares(&worker, &names, 2000.0);
+    let beta: f64 = s[1..5].iter().sum();
+    eprintln!("with gamma (10, one job of weight 1): {s:.3?}");
+    for c in jobs {
+        stop(c);
+    }
+    assert!((0.4..=0.6).contains(&s[5]), "gamma's share: {s:?}");
+    assert!(
+        s[0] / (s[0] + beta) >= 0.72,
+        "alpha against beta with gamma there: {s:?}"
+    );
+}

@@ -19,7 +19,8 @@ use sluice_wire::session::{Admission, Tenant};
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
-    /// Prefixes the names of its jobs and their metrics: 1 to 63 of `a-z 0-9 . _ -`.
+    /// Prefixes the names of its jobs and their metrics: a DNS label (1 to 63 of `a-z 0-9 -`,
+    /// a letter or digit at each end).
     pub name: String,
     /// The file whose first line is its token (relative: to the file that names it).
     pub token_file: PathBuf,
@@ -42,7 +43,10 @@ struct TenantsFile {
 pub enum TenantError {
     #[error("the tenants file: {0}")]
     File(#[from] sluice_daemon::ConfigError),
-    #[error("tenant {name:?}: the name must be 1 to 63 of a-z, 0-9, '.', '_' and '-'")]
+    #[error(
+        "tenant {name:?}: the name must be a DNS label: 1 to 63 of a-z, 0-9 and '-', a letter \
+         or digit at each end"
+    )]
     Name { name: String },
     #[error("tenant {name:?} is named twice")]
     DuplicateName { name: String },
@@ -188,8 +192,25 @@ mod tests {
         let d = dir();
         let e = |ts: &[TenantConfig]| admission(ts, 16, 4096).unwrap_err().to_string();
         assert!(e(&[]).contains("none is listed"));
-        let bad = tenant(d.path(), "Team/A", "x");
-        assert!(e(&[bad]).contains("\"Team/A\""));
+        for name in [
+            "Team/A",
+            ".",
+            "..",
+            "a.b",
+            "-a",
+            "a-",
+            "a_b",
+            "a\u{202e}b",
+            "a\tb",
+            "",
+        ] {
+            let bad = tenant(d.path(), name, "x");
+            let err = e(&[bad]);
+            assert!(
+                err.contains(&format!("{name:?}")) && err.contains("DNS label"),
+                "{err}"
+            );
+        }
         let (a, a2) = (tenant(d.path(), "a", "x"), tenant(d.path(), "a", "y"));
         assert!(e(&[a, a2]).contains("named twice"));
         let (a, b) = (tenant(d.path(), "a", "same"), tenant(d.path(), "b", "same"));

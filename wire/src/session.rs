@@ -89,13 +89,18 @@ impl std::fmt::Debug for Tenant {
 }
 
 impl Tenant {
-    /// Whether `name` can name a tenant: it prefixes job names and metric labels, so it
-    /// holds no `/` and nothing a label or a log would need to quote.
+    /// Whether `name` can name a tenant: a DNS label (RFC 1123: 1 to 63 of `a-z 0-9 -`,
+    /// starting and ending with a letter or digit), as a Kubernetes namespace is. It prefixes
+    /// job names, metric labels and paths, so it holds no `/`, no `.` or `..`, nothing a label
+    /// or a log would need to quote, and no control or bidirectional-override characters.
     pub fn valid_name(name: &str) -> bool {
+        let edge = |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
         (1..=63).contains(&name.len())
+            && edge(name.as_bytes().first())
+            && edge(name.as_bytes().last())
             && name
                 .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
     }
 
     /// The name a job of this tenant runs under: `asked`, prefixed with the tenant's name
@@ -564,7 +569,12 @@ impl<L: Clone> Worker<L> {
         };
         let weight = spec.weight.min(cap).max(1);
         let name: Arc<str> = spec.name.as_str().into();
-        self.fair.open(&name, weight);
+        // A tenant's jobs share one share, its largest weight's, however many it opens; a
+        // job's own weight orders it among its team's jobs only.
+        match &s.tenant {
+            Some(t) => self.fair.open_in(&t.name, cap.max(1), &name, weight),
+            None => self.fair.open(&name, weight),
+        }
         s.jobs.insert(
             spec.job,
             Job {

@@ -1,14 +1,20 @@
-//! Fair sharing of a worker's decode slots among the training jobs it serves.
+//! Fair sharing of a worker's decode slots among the teams and training jobs it serves.
 //!
 //! A worker decodes a few units at once (`limits.max_active_units`). Several jobs share it,
 //! and one that asks for many units must not starve one that asks for few. [`FairQueue`] is
-//! the rule, with no IO and no clock: stride scheduling over jobs, by the name their clients
-//! give (every rank and epoch of a training job says the same). Each sample decoded charges
-//! its job `STRIDE / weight`; a freed slot goes to the waiting job charged least, so busy
-//! jobs get slots in proportion to their weights, and a job that waits for nothing takes
-//! none: its share goes to the others. A job that starts asking again is charged at least
-//! what the least-charged job still running or waiting was, so time spent idle earns no
-//! burst later.
+//! the rule, with no IO and no clock: stride scheduling in two levels. Jobs belong to a
+//! group: their tenant (team), or, without tenants, each job its own group. Each sample
+//! decoded charges its group `STRIDE / group weight` and its job `STRIDE / job weight`; a
+//! freed slot goes to the waiting group charged least, and within it to the waiting job
+//! charged least. So busy groups get slots in proportion to their weights however many jobs
+//! each opens (a team cannot multiply its share by opening more jobs), a group's share is
+//! split among its busy jobs by their weights, and one that waits for nothing takes none:
+//! its share goes to the others. A group or job that starts asking again is charged at least
+//! what the least-charged one still running or waiting was (among groups, or among its
+//! group's jobs), so time spent idle earns no burst later.
+//!
+//! Jobs are known by the name their clients give (every rank and epoch of a training job says
+//! the same).
 //!
 //! [`super::Worker`] drives the rule for the worker's units: a unit holds a slot while it
 //! decodes, gives it back while it waits for credit, and yields it after a sample whenever
@@ -24,13 +30,24 @@ const STRIDE: u128 = 1 << 32;
 #[derive(Debug)]
 pub struct FairQueue<W> {
     free: usize,
+    groups: HashMap<String, Group>,
     jobs: HashMap<String, Tenant<W>>,
     /// Orders waiters: of jobs charged alike, the one waiting longest goes first.
     asked: u64,
 }
 
+/// A group of jobs (a tenant, or one job alone) and what its samples have been charged.
+#[derive(Debug)]
+struct Group {
+    weight: u32,
+    pass: u128,
+    /// Its jobs known to the queue.
+    jobs: usize,
+}
+
 #[derive(Debug)]
 struct Tenant<W> {
+    group: String,
     weight: u32,
     /// What its samples have been charged (stride scheduling's "pass").
     pass: u128,
@@ -42,16 +59,6 @@ struct Tenant<W> {
 }
 
 impl<W> Tenant<W> {
-    fn new(weight: u32) -> Self {
-        Tenant {
-            weight: weight.max(1),
-            pass: 0,
-            waiting: VecDeque::new(),
-            running: 0,
-            open: 0,
-        }
-    }
-
     fn active(&self) -> bool {
         self.running > 0 || !self.waiting.is_empty()
     }
@@ -61,14 +68,23 @@ impl<W> FairQueue<W> {
     pub fn new(slots: usize) -> Self {
         FairQueue {
             free: slots,
+            groups: HashMap::new(),
             jobs: HashMap::new(),
             asked: 0,
         }
     }
 
-    /// A connection opened a job of `name`; `weight` (already capped) is its share from now.
+    /// A connection opened a job of `name`, a group of its own; `weight` (already capped) is
+    /// its share from now.
     pub fn open(&mut self, name: &str, weight: u32) {
-        let t = self.tenant(name);
+        self.open_in(name, weight, name, weight);
+    }
+
+    /// A connection opened a job of `name` in `group` (its tenant): `group_weight` is the
+    /// group's share against other groups, `weight` the job's within its group.
+    pub fn open_in(&mut self, group: &str, group_weight: u32, name: &str, weight: u32) {
+        self.group(group).weight = group_weight.max(1);
+        let t = self.tenant(name, group);
         t.weight = weight.max(1);
         t.open += 1;
     }
@@ -90,17 +106,7 @@ impl<W> FairQueue<W> {
             self.grant(name);
             return Some(waiter);
         }
-        let floor = self.floor();
-        self.asked += 1;
-        let asked = self.asked;
-        let t = self.tenant(name);
-        if !t.active() {
-            // Back from idle: no credit for the time it asked for nothing.
-            if let Some(floor) = floor {
-                t.pass = t.pass.max(floor);
-            }
-        }
-        t.waiting.push_back((asked, waiter));
+        self.wait(name, waiter);
         None
     }
 
@@ -136,7 +142,7 @@ impl<W> FairQueue<W> {
     pub fn requeue(&mut self, name: &str, waiter: W, alive: impl Fn(&W) -> bool) -> Option<W> {
         self.asked += 1;
         let asked = self.asked;
-        let t = self.tenant(name);
+        let t = self.tenant(name, name);
         t.waiting.push_back((asked, waiter));
         t.running = t.running.saturating_sub(1);
         self.hand_on(alive)
@@ -168,15 +174,32 @@ impl<W> FairQueue<W> {
             .map(|(n, t)| (n.as_str(), t.weight))
     }
 
+    /// Queues `waiter` of `name`, charging a job or group back from idle at least the least
+    /// charge of those that run or wait beside it.
+    fn wait(&mut self, name: &str, waiter: W) {
+        self.asked += 1;
+        let asked = self.asked;
+        let group = self.jobs.get(name).map_or(name, |t| t.group.as_str());
+        let group = group.to_string();
+        if !self.group_active(&group) {
+            if let Some(floor) = self.group_floor() {
+                let g = self.group(&group);
+                g.pass = g.pass.max(floor);
+            }
+        }
+        let floor = self.job_floor(&group);
+        let t = self.tenant(name, &group);
+        if !t.active() {
+            if let Some(floor) = floor {
+                t.pass = t.pass.max(floor);
+            }
+        }
+        t.waiting.push_back((asked, waiter));
+    }
+
     fn hand_on(&mut self, alive: impl Fn(&W) -> bool) -> Option<W> {
         loop {
-            let Some(name) = self
-                .jobs
-                .iter()
-                .filter_map(|(n, t)| Some(((t.pass, t.waiting.front()?.0), n)))
-                .min()
-                .map(|(_, n)| n.clone())
-            else {
+            let Some(name) = self.next_waiter() else {
                 self.free += 1;
                 return None;
             };
@@ -192,41 +215,115 @@ impl<W> FairQueue<W> {
         }
     }
 
-    fn tenant(&mut self, name: &str) -> &mut Tenant<W> {
+    /// The job whose waiter goes next: of the groups with waiters, the one charged least
+    /// (then the one waiting longest); of its jobs with waiters, likewise.
+    fn next_waiter(&self) -> Option<String> {
+        let mut best: HashMap<&str, (u64, &str)> = HashMap::new();
+        for (n, t) in &self.jobs {
+            let Some(&(asked, _)) = t.waiting.front() else {
+                continue;
+            };
+            let e = best.entry(t.group.as_str()).or_insert((asked, n));
+            e.0 = e.0.min(asked);
+        }
+        let group = best
+            .iter()
+            .map(|(g, (asked, _))| {
+                let pass = self.groups.get(*g).map_or(0, |g| g.pass);
+                ((pass, *asked), *g)
+            })
+            .min()?
+            .1;
         self.jobs
-            .entry(name.to_string())
-            .or_insert_with(|| Tenant::new(1))
+            .iter()
+            .filter(|(_, t)| t.group == group)
+            .filter_map(|(n, t)| Some(((t.pass, t.waiting.front()?.0), n)))
+            .min()
+            .map(|(_, n)| n.clone())
+    }
+
+    fn group(&mut self, group: &str) -> &mut Group {
+        new_group(&mut self.groups, group)
+    }
+
+    /// Job `name`, known in `group` when it is new.
+    fn tenant(&mut self, name: &str, group: &str) -> &mut Tenant<W> {
+        let groups = &mut self.groups;
+        self.jobs.entry(name.to_string()).or_insert_with(|| {
+            new_group(groups, group).jobs += 1;
+            Tenant {
+                group: group.to_string(),
+                weight: 1,
+                pass: 0,
+                waiting: VecDeque::new(),
+                running: 0,
+                open: 0,
+            }
+        })
     }
 
     fn grant(&mut self, name: &str) {
-        self.tenant(name).running += 1;
+        self.tenant(name, name).running += 1;
         self.charge(name);
     }
 
     fn charge(&mut self, name: &str) {
-        if let Some(t) = self.jobs.get_mut(name) {
-            t.pass += STRIDE / u128::from(t.weight);
+        let Some(t) = self.jobs.get_mut(name) else {
+            return;
+        };
+        t.pass += STRIDE / u128::from(t.weight);
+        if let Some(g) = self.groups.get_mut(&t.group) {
+            g.pass += STRIDE / u128::from(g.weight);
         }
     }
 
     fn forget_if_done(&mut self, name: &str) {
-        if self
-            .jobs
-            .get(name)
-            .is_some_and(|t| t.open == 0 && !t.active())
-        {
-            self.jobs.remove(name);
+        let Some(t) = self.jobs.get(name) else {
+            return;
+        };
+        if t.open > 0 || t.active() {
+            return;
+        }
+        let group = t.group.clone();
+        self.jobs.remove(name);
+        if let Some(g) = self.groups.get_mut(&group) {
+            g.jobs = g.jobs.saturating_sub(1);
+            if g.jobs == 0 {
+                self.groups.remove(&group);
+            }
         }
     }
 
-    /// The least charge among the jobs that run or wait.
-    fn floor(&self) -> Option<u128> {
+    fn group_active(&self, group: &str) -> bool {
+        self.jobs.values().any(|t| t.group == group && t.active())
+    }
+
+    /// The least charge among the groups that run or wait.
+    fn group_floor(&self) -> Option<u128> {
+        self.groups
+            .iter()
+            .filter(|(g, _)| self.group_active(g))
+            .map(|(_, g)| g.pass)
+            .min()
+    }
+
+    /// The least charge among `group`'s jobs that run or wait.
+    fn job_floor(&self, group: &str) -> Option<u128> {
         self.jobs
             .values()
-            .filter(|t| t.active())
+            .filter(|t| t.group == group && t.active())
             .map(|t| t.pass)
             .min()
     }
+}
+
+/// `group` of `groups`, made (weight 1, nothing charged) when it is new.
+fn new_group<'a>(groups: &'a mut HashMap<String, Group>, group: &str) -> &'a mut Group {
+    groups.entry(group.to_string()).or_insert(Group {
+        weight: 1,
+        pass: 0,
+        jobs: 0,
+    })
 }
 
 #[cfg(test)]

@@ -21,6 +21,16 @@ impl Sim {
     /// `units` units of job `name` ask for slots.
     fn start(&mut self, name: &str, weight: u32, units: u32) {
         self.queue.open(name, weight);
+        self.ask(name, units);
+    }
+
+    /// `units` units of job `name` of tenant `group` (weight `group_weight`) ask for slots.
+    fn start_in(&mut self, group: &str, group_weight: u32, name: &str, weight: u32, units: u32) {
+        self.queue.open_in(group, group_weight, name, weight);
+        self.ask(name, units);
+    }
+
+    fn ask(&mut self, name: &str, units: u32) {
         for u in 0..units {
             if let Some(w) = self.queue.request(name, (name.to_string(), u)) {
                 self.running.push_back(w);
@@ -126,4 +136,62 @@ fn a_job_that_stops_asking_leaves_its_share_to_the_others() {
     queue.close("a");
     queue.close("b");
     assert!(queue.jobs.is_empty(), "closed jobs are forgotten");
+    assert!(queue.groups.is_empty(), "and their groups");
+}
+
+/// The sum of the shares of every job whose name starts with `prefix`.
+fn share_of(got: &HashMap<String, u64>, prefix: &str) -> f64 {
+    got.keys()
+        .filter(|n| n.starts_with(prefix))
+        .map(|n| share(got, n))
+        .sum()
+}
+
+#[test]
+fn a_tenant_gets_its_share_however_many_jobs_it_opens() {
+    // alpha (weight 8) with one job, beta (weight 2) with four: 0.8 / 0.2, as with one each.
+    let mut sim = Sim::new(1);
+    sim.start_in("alpha", 8, "alpha/a", 8, 4);
+    for j in 0..4 {
+        sim.start_in("beta", 2, &format!("beta/{j}"), 2, 4);
+    }
+    let got = sim.run(20_000);
+    let alpha = share_of(&got, "alpha/");
+    assert!((0.79..=0.81).contains(&alpha), "alpha's share {alpha}");
+    // Beta's share is split among its jobs by their weights (here alike).
+    for j in 0..4 {
+        let s = share(&got, &format!("beta/{j}"));
+        assert!((0.045..=0.055).contains(&s), "beta/{j}: {s}");
+    }
+    // A third tenant joining at weight 10 takes half; the others keep their ratio.
+    sim.start_in("gamma", 10, "gamma/x", 1, 4);
+    let got = sim.run(20_000);
+    let (alpha, beta, gamma) = (
+        share_of(&got, "alpha/"),
+        share_of(&got, "beta/"),
+        share_of(&got, "gamma/"),
+    );
+    assert!((0.49..=0.51).contains(&gamma), "gamma {gamma}");
+    assert!((0.39..=0.41).contains(&alpha), "alpha {alpha}");
+    assert!((0.09..=0.11).contains(&beta), "beta {beta}");
+}
+
+#[test]
+fn a_job_s_weight_orders_it_only_among_its_tenant_s_jobs() {
+    let mut sim = Sim::new(2);
+    sim.start_in("t", 4, "t/heavy", 3, 4);
+    sim.start_in("t", 4, "t/light", 1, 4);
+    sim.start_in("u", 4, "u/one", 1, 4);
+    let got = sim.run(20_000);
+    let (heavy, light, one) = (
+        share(&got, "t/heavy"),
+        share(&got, "t/light"),
+        share(&got, "u/one"),
+    );
+    assert!(
+        (0.49..=0.51).contains(&one),
+        "u's one job keeps its tenant's half: {one}"
+    );
+    assert!((0.37..=0.38).contains(&heavy), "3 of t's 4: {heavy}");
+    assert!((0.12..=0.13).contains(&light), "1 of t's 4: {light}");
 }
