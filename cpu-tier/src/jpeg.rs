@@ -99,6 +99,44 @@ pub fn has_eoi(data: &[u8]) -> bool {
     tail.windows(2).any(|w| w == [0xFF, 0xD9])
 }
 
+/// Whether `data` has a frame header (SOF0–SOF15, not DHT, JPG or DAC) before its first scan
+/// (SOS) or its end (EOI), walking the marker segments by their lengths. Anything it cannot
+/// walk (no SOI, a stray byte, a segment past the end) counts as having one: TurboJPEG then
+/// reads the stream and names what is wrong itself.
+pub fn has_frame_header(data: &[u8]) -> bool {
+    if !data.starts_with(&[0xFF, 0xD8]) {
+        return true;
+    }
+    let mut i = 2;
+    loop {
+        if data.get(i) != Some(&0xFF) {
+            return true;
+        }
+        while data.get(i + 1) == Some(&0xFF) {
+            i += 1;
+        }
+        let Some(&code) = data.get(i + 1) else {
+            return true;
+        };
+        match code {
+            0xC0..=0xCF if !matches!(code, 0xC4 | 0xC8 | 0xCC) => return true,
+            0xDA | 0xD9 => return false,
+            // Markers without a length.
+            0x01 | 0xD0..=0xD7 => i += 2,
+            _ => {
+                let Some(len) = data.get(i + 2..i + 4) else {
+                    return true;
+                };
+                let len = usize::from(u16::from_be_bytes([len[0], len[1]]));
+                if len < 2 {
+                    return true;
+                }
+                i += 2 + len;
+            }
+        }
+    }
+}
+
 impl JpegDecoder {
     pub fn new(limits: DecodeLimits) -> Result<Self, DecodeError> {
         let mut dec = JpegDecoder {
@@ -162,8 +200,18 @@ impl JpegDecoder {
         err
     }
 
-    /// Reads the header; checks the pixel limit before anything is allocated.
+    /// Reads the header; checks the pixel limit before anything is allocated. Everything it
+    /// returns is this image's own: a stream with no frame header is refused before
+    /// TurboJPEG reads it, since TurboJPEG reports success on one (a tables-only stream)
+    /// and leaves the size, subsampling and colour space of the image before in place.
     pub fn header(&mut self, data: &[u8]) -> Result<JpegHeader, DecodeError> {
+        if !has_frame_header(data) {
+            return Err(DecodeError::Corrupt(
+                "no frame header (SOF marker) before the first scan or the end: a tables-only \
+                 stream or a damaged image"
+                    .into(),
+            ));
+        }
         // SAFETY: the buffer pointer and length come from a live slice.
         if unsafe { tj::tj3DecompressHeader(self.handle, data.as_ptr(), data.len() as _) } != 0 {
             return Err(self.fail());

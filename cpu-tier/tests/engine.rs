@@ -153,6 +153,65 @@ fn lying_header(w: u16, h: u16) -> Vec<u8> {
     j
 }
 
+/// `jpeg` without its frame header: its segments up to the first scan but SOF0, then either
+/// the scan (`keep_scan`) or EOI at once (a tables-only stream).
+fn without_sof(jpeg: &[u8], keep_scan: bool) -> Vec<u8> {
+    let mut out = jpeg[..2].to_vec();
+    let mut i = 2;
+    loop {
+        let code = jpeg[i + 1];
+        if code == 0xDA {
+            match keep_scan {
+                true => out.extend_from_slice(&jpeg[i..]),
+                false => out.extend_from_slice(&[0xFF, 0xD9]),
+            }
+            return out;
+        }
+        let len = usize::from(u16::from_be_bytes([jpeg[i + 2], jpeg[i + 3]]));
+        if code != 0xC0 {
+            out.extend_from_slice(&jpeg[i..i + 2 + len]);
+        }
+        i += 2 + len;
+    }
+}
+
+/// Header state never leaks from one sample to the next: after a huge image, a stream with
+/// no frame header is skipped for that (not with the huge image's size), and a normal image
+/// after both decodes by its own header. One thread, so one decoder sees all three.
+#[test]
+fn each_image_is_judged_by_its_own_header() {
+    let e = engine("decode | resize 40 | center_crop 32", 1);
+    let normal = jpeg(120, 90, 5);
+    for keep_scan in [false, true] {
+        let huge = sample(1, vec![("jpg", lying_header(30000, 30000))]);
+        assert!(matches!(
+            skip_reason(&e, &huge),
+            DecodeError::TooLarge { width: 30000, .. }
+        ));
+        let no_sof = sample(2, vec![("jpg", without_sof(&normal, keep_scan))]);
+        let why = skip_reason(&e, &no_sof).to_string();
+        assert!(
+            !why.contains("30000") && !why.contains("-1x-1"),
+            "a frame without SOF was judged by another header: {why}"
+        );
+        if !keep_scan {
+            assert!(why.contains("SOF"), "{why}");
+        }
+        match e.process(&sample(3, vec![("jpg", normal.clone())]), &CTX) {
+            Outcome::Done(p) => assert_eq!(p.geometry.source, (90, 120)),
+            Outcome::Skipped(err) => panic!("the normal image after them was skipped: {err:?}"),
+        }
+    }
+    // A clip: the same three as frames of three clips, through a clip pipeline.
+    let e = engine("decode | clip 1 | resize 40 | center_crop 32", 1);
+    let clip = |frame: Vec<u8>| sample(4, vec![("mjpeg", frame)]);
+    let why = skip_reason(&e, &clip(lying_header(30000, 30000))).to_string();
+    assert!(why.contains("30000"), "{why}");
+    let why = skip_reason(&e, &clip(without_sof(&normal, false))).to_string();
+    assert!(why.contains("SOF") && !why.contains("30000"), "{why}");
+    assert!(matches!(e.process(&clip(normal), &CTX), Outcome::Done(_)));
+}
+
 #[test]
 fn bad_images_are_skipped_with_a_reason() {
     let e = engine(RRC, 1);
