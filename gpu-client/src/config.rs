@@ -424,6 +424,7 @@ impl LoaderConfig {
         if self.mixture_round_samples == 0 {
             return bad("mixture_round_samples", "must be at least 1");
         }
+        self.check_sizes()?;
         if !self.shuffle.shuffles() {
             // Manifest order: one unit at a time, no shuffle buffer, batches in plan order.
             if self.order == Order::Arrival {
@@ -463,6 +464,62 @@ impl LoaderConfig {
                 "lookahead",
                 "must be at least batch_size, or workers could not fill one batch ahead",
             );
+        }
+        Ok(())
+    }
+
+    /// Refuses, by name and with the limit, a size-like setting larger than the memory it
+    /// would make the process allocate could be: each bound lies far above any useful value
+    /// and below what aborts a process (an allocation failure, which Python cannot catch).
+    fn check_sizes(&self) -> Result<(), ClientError> {
+        let sizes: [(&'static str, u64, u64, &str); 10] = [
+            ("batch_size", self.batch_size.into(), 1 << 20, "samples"),
+            // A round's plan takes about 40 bytes a sample: 640 MiB a rank at the bound.
+            (
+                "mixture_round_samples",
+                self.mixture_round_samples,
+                1 << 24,
+                "samples",
+            ),
+            ("lookahead", self.lookahead, 1 << 24, "samples"),
+            (
+                "mixing.buffer_samples",
+                self.mixing.buffer_samples.into(),
+                1 << 24,
+                "samples",
+            ),
+            (
+                "mixing.window_units",
+                self.mixing.window_units.into(),
+                1 << 16,
+                "units",
+            ),
+            (
+                "credits_per_worker",
+                self.credits_per_worker.into(),
+                1 << 20,
+                "samples",
+            ),
+            (
+                "units_per_worker",
+                self.units_per_worker as u64,
+                1 << 16,
+                "units",
+            ),
+            ("ring_batches", self.ring_batches as u64, 1 << 12, "batches"),
+            ("receive_window", self.receive_window, 1 << 34, "bytes"),
+            ("max_field_bytes", self.max_field_bytes, 1 << 32, "bytes"),
+        ];
+        for (key, value, limit, unit) in sizes {
+            if value > limit {
+                return Err(ClientError::Config {
+                    key,
+                    detail: format!(
+                        "{value} is more than this process should allocate for it: at most \
+                         {limit} {unit}"
+                    ),
+                });
+            }
         }
         Ok(())
     }
@@ -779,5 +836,33 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_size_past_what_a_process_may_allocate_is_refused_by_name_with_its_limit() {
+        let mut c = LoaderConfig {
+            mixture_round_samples: 1 << 40,
+            epoch_samples: Some(1_000_000_000_000),
+            ..LoaderConfig::default()
+        };
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("mixture_round_samples") && err.contains("16777216"),
+            "{err}"
+        );
+        let mut c = LoaderConfig {
+            ring_batches: 1 << 20,
+            ..LoaderConfig::default()
+        };
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("ring_batches"));
+        let mut c = LoaderConfig {
+            mixture_round_samples: 1 << 24,
+            ..LoaderConfig::default()
+        };
+        c.validate().unwrap();
     }
 }

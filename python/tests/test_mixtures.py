@@ -264,3 +264,8 @@ def test_an_epoch_in_rounds_keeps_its_schedule_length_and_checkpoints(dataset, s
         assert batches(again, 0) == whole[taken:], taken
     with pytest.raises(ValueError, match="mixture_round_samples"):
         sluice.Loader(mix, pipeline=PIPELINE, mixture_round_samples=0)
+    # Past what the process may allocate: a ValueError with the limit, not an abort that
+    # takes the interpreter down.
+    with pytest.raises(ValueError, match="mixture_round_samples.*16777216"):
+        sluice.Loader(mix, pipeline=PIPELINE, mixture_round_samples=2**40,
+                      epoch_samples=10**12)
