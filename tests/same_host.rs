@@ -683,6 +683,94 @@ fn a_same_host_impostor_of_another_user_gets_nothing_and_the_client_uses_quic() 
     let _ = std::fs::remove_dir_all(&sockets);
 }
 
+/// Root only: another user who makes the agreed socket directory first, under a folder every
+/// user can write (`/tmp`), owns it (0755) and listens in it. The client does not trust that
+/// directory's owner: it refuses by name and sends nothing (with same-host required, the
+/// epoch fails saying so), and a worker told to serve there makes no socket in it: it serves
+/// QUIC only, naming the directory and its owner.
+#[test]
+fn whoever_makes_a_shared_socket_directory_first_is_not_trusted() {
+    if effective_uid() != 0 {
+        eprintln!("skipped: needs root to act as another user");
+        return;
+    }
+    let python = Path::new("/usr/bin/python3");
+    if !python.exists() {
+        eprintln!("skipped: no /usr/bin/python3 to play the other user");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 40);
+    let w = system::start_worker(dir.path(), "a");
+    let trust = trust_file(dir.path(), &[&w]);
+    let sockets = std::env::temp_dir().join(format!("sluice-first-{}", std::process::id()));
+    let port = w.addr.rsplit(':').next().unwrap();
+    let socket = sockets.join(format!("cpu-{port}.sock"));
+    // As nobody: make the directory (0755, theirs), listen in it, report what arrives.
+    let script = "import os, socket, sys\n\
+                  os.mkdir(os.path.dirname(sys.argv[1]), 0o755)\n\
+                  s = socket.socket(socket.AF_UNIX)\n\
+                  s.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o777); s.listen(16)\n\
+                  print('listening', flush=True)\n\
+                  while True:\n    c, _ = s.accept()\n    print('accepted', flush=True)\n    \
+                  while True:\n        d = c.recv(65536)\n        if not d: break\n        \
+                  print('got', len(d), flush=True)\n";
+    let mut other = std::process::Command::new(python)
+        .current_dir("/")
+        .args(["-c", script, path_str(&socket)])
+        .uid(65534)
+        .gid(65534)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(other.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "listening");
+
+    let required = builder(&data, dir.path(), &trust)
+        .same_host_dir(sockets.clone())
+        .workers([w.addr.clone()])
+        .build()
+        .unwrap();
+    let err = match required.epoch(0).map(|mut e| e.find_map(Result::err)) {
+        Ok(Some(e)) | Err(e) => e.to_string(),
+        Ok(None) => panic!("same-host was required, yet the directory's maker was trusted"),
+    };
+    assert!(err.contains("made it first"), "{err}");
+    drop(required);
+
+    let config = support::write_file(
+        &dir.path().join("cpu.toml"),
+        &format!("[same_host]\nsocket_dir = \"{}\"\n", sockets.display()),
+    );
+    // The worker serves QUIC only, saying why: the directory is another user's.
+    let b = start_worker_with(dir.path(), "b", &["--config", path_str(&config)]);
+    let off = "same-host transport off";
+    assert!(
+        b.log_shows(off, Duration::from_secs(10)),
+        "no word of the directory"
+    );
+    let said = b.log.lock().unwrap().join("\n");
+    assert!(
+        said.contains(path_str(&sockets)) && said.contains("uid 65534"),
+        "{said}"
+    );
+    let b_port = b.addr.rsplit(':').next().unwrap();
+    assert!(!sockets.join(format!("cpu-{b_port}.sock")).exists());
+    drop(b);
+
+    let _ = other.kill();
+    let _ = other.wait();
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut out, &mut said).unwrap();
+    assert!(
+        !said.contains("got"),
+        "the other user was sent bytes:\n{said}"
+    );
+    let _ = std::fs::remove_dir_all(&sockets);
+}
+
 /// A loop that keeps every batch (a list that only grows) meets the ring's bound over shared
 /// memory as it does in process and over QUIC: the documented error once it holds
 /// `ring_batches`, not memory that grows with every batch (the batch arena's buffers bound

@@ -56,6 +56,8 @@ pub enum SameHostError {
              sticky: anyone could replace the socket; make it 0755 (or 1777)"
     )]
     UnsafeDir { dir: String, mode: u32 },
+    #[error("same-host directory {dir}: {why}")]
+    UnsafePlace { dir: String, why: String },
 }
 
 /// The bound socket; its file is removed when this is dropped.
@@ -98,8 +100,20 @@ pub fn bind(config: &SameHost, port: u16) -> Result<Listener, SameHostError> {
         path: shown.clone(),
         source,
     };
-    std::fs::create_dir_all(&config.socket_dir).map_err(err)?;
-    check_dir(&config.socket_dir).map_err(err)??;
+    let dir = &config.socket_dir;
+    // Never make the directory under a folder others can write without the sticky bit:
+    // they could replace it, and the socket with it.
+    if let Some(existing) = dir.ancestors().find(|a| a.exists()) {
+        if let shm::SocketDir::Unsafe { mode } = shm::socket_dir(existing).map_err(err)? {
+            return Err(SameHostError::UnsafeDir {
+                dir: existing.display().to_string(),
+                mode,
+            });
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(err)?;
+    check_dir(dir).map_err(err)??;
+    check_place(dir)?;
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(&path).is_ok() {
             return Err(SameHostError::InUse { path: shown });
@@ -136,6 +150,31 @@ fn check_dir(dir: &Path) -> std::io::Result<Result<(), SameHostError>> {
         _ => {}
     }
     Ok(Ok(()))
+}
+
+/// Whether the directory is this worker's to serve from: no folder above it lets another
+/// user replace it, and, in a folder every user can make folders in (`/tmp`), this worker's
+/// user (or root) made it, not someone who got there first.
+fn check_place(dir: &Path) -> Result<(), SameHostError> {
+    use std::os::unix::fs::MetadataExt;
+    let unsafe_place = |why: String| SameHostError::UnsafePlace {
+        dir: dir.display().to_string(),
+        why,
+    };
+    let own = shm::current_user().0;
+    let shared = shm::check_parents(dir, &[own]).map_err(unsafe_place)?;
+    let owner = std::fs::metadata(dir)
+        .map_err(|e| unsafe_place(e.to_string()))?
+        .uid();
+    match shared {
+        Some(parent) if owner != own && owner != 0 => Err(unsafe_place(format!(
+            "it is owned by uid {owner}, not this worker's user, and lies in {}, where every \
+             user can make folders: someone else made it first; remove it, or use a directory \
+             only root makes, such as /run/sluice",
+            parent.display()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Frames over the Unix socket, buffered: they are small (the fields only), and the session

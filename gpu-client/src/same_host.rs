@@ -84,21 +84,27 @@ pub(crate) fn socket_for(dir: &Path, addr: SocketAddr) -> Result<PathBuf, String
 /// Checks, before anything is sent, that the process behind `stream` (connected through
 /// `socket`) is the worker this client means to trust with its token and memory: its socket
 /// file is a socket, not a link, owned by a trusted user, in a directory others cannot
-/// replace it in, and the kernel says (`SO_PEERCRED`) the listening process runs as a trusted
-/// user. Trusted: `worker_uid` (the loader's `same_host_uid`) when given; else this process's
-/// own user, and the owner of a directory only its owner can write (`/run/sluice`, 0755, the
-/// worker's: nobody else could have put a socket there); and root, which could read this
-/// process's memory anyway. Else why not, naming the file and the users, for a log line.
+/// replace it in (nor any folder above it), and the kernel says (`SO_PEERCRED`) the listening
+/// process runs as a trusted user. Trusted: `worker_uid` (the loader's `same_host_uid`) when
+/// given; else this process's own user, and the owner of a directory only its owner can
+/// write (`/run/sluice`, 0755, the worker's: nobody else could have put a socket there) when
+/// it lies in a folder only root (or a trusted user) can make folders in: under a folder
+/// every user can write (`/tmp`), whoever made the directory first owns it, so its owner
+/// vouches for nothing; and root, which could read this process's memory anyway. Else why
+/// not, naming the file and the users, for a log line.
 pub(crate) fn check_worker(
     socket: &Path,
     stream: &tokio::net::UnixStream,
     worker_uid: Option<u32>,
 ) -> Result<(), String> {
-    use sluice_wire::shm::{socket_dir, SocketDir};
+    use sluice_wire::shm::{check_parents, socket_dir, SocketDir};
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let own = sluice_wire::shm::current_user().0;
     let mut owner_of_private_dir = None;
     if let Some(dir) = socket.parent() {
+        let vouched: Vec<u32> = std::iter::once(own).chain(worker_uid).collect();
+        let shared = check_parents(dir, &vouched)
+            .map_err(|e| format!("the socket directory {}: {e}", dir.display()))?;
         match socket_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))? {
             SocketDir::Unsafe { mode } => {
                 return Err(format!(
@@ -107,7 +113,20 @@ pub(crate) fn check_worker(
                     dir.display(),
                 ))
             }
-            SocketDir::Private { owner } => owner_of_private_dir = Some(owner),
+            SocketDir::Private { owner } => match shared {
+                None => owner_of_private_dir = Some(owner),
+                Some(parent) if owner != 0 && owner != own && Some(owner) != worker_uid => {
+                    return Err(format!(
+                        "the directory {} is owned by uid {owner} and lies in {}, where every \
+                         user can make folders: whoever made it first owns it; give \
+                         same_host_uid (the workers' user), or use a directory only root \
+                         makes, such as /run/sluice",
+                        dir.display(),
+                        parent.display()
+                    ));
+                }
+                Some(_) => {}
+            },
             SocketDir::Sticky { .. } => {}
         }
     }

@@ -457,6 +457,40 @@ pub fn socket_dir(dir: &Path) -> std::io::Result<SocketDir> {
     })
 }
 
+/// Checks the folders above the socket directory `dir` (its real path): each must be owned by
+/// root or one of `trusted`, and not writable by other users unless sticky, or whoever could
+/// write it could replace `dir` and every socket in it. Returns `dir`'s parent when other
+/// users can make folders in it (sticky and writable by others, like `/tmp`): then whoever
+/// made `dir` first owns it, and its owner vouches for nothing. Else why not, in words.
+pub fn check_parents(dir: &Path, trusted: &[u32]) -> Result<Option<PathBuf>, String> {
+    use std::os::unix::fs::MetadataExt;
+    let real = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut shared = None;
+    for (i, folder) in real.ancestors().skip(1).enumerate() {
+        let meta = std::fs::metadata(folder).map_err(|e| format!("{}: {e}", folder.display()))?;
+        let mode = meta.mode() & 0o7777;
+        let writable = mode & 0o022 != 0;
+        if writable && mode & 0o1000 == 0 {
+            return Err(format!(
+                "{} above it is writable by other users (mode {mode:o}) and not sticky: \
+                 anyone could replace what lies below it",
+                folder.display()
+            ));
+        }
+        if meta.uid() != 0 && !trusted.contains(&meta.uid()) {
+            return Err(format!(
+                "{} above it is owned by uid {}, who could replace what lies below it",
+                folder.display(),
+                meta.uid()
+            ));
+        }
+        if i == 0 && writable {
+            shared = Some(folder.to_path_buf());
+        }
+    }
+    Ok(shared)
+}
+
 /// This process's effective user and group.
 pub fn current_user() -> (u32, u32) {
     (
