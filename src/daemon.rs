@@ -28,6 +28,10 @@ pub fn shutdown_on_signals() -> Result<CancellationToken> {
     let token = CancellationToken::new();
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    // SIGHUP never ends a daemon (its default would): a worker reads its tenants and token
+    // files again on it, through a stream of its own.
+    let mut hangup = signal(SignalKind::hangup())?;
+    tokio::spawn(async move { while hangup.recv().await.is_some() {} });
     let t = token.clone();
     tokio::spawn(async move {
         tokio::select! {

@@ -326,3 +326,123 @@ fn a_team_that_opens_more_jobs_gets_no_larger_share() {
         "alpha against beta with gamma there: {s:?}"
     );
 }
+
+/// Tenants rotated while a job runs, as an operator does on Kubernetes (a changed Secret, a
+/// changed ConfigMap) and nothing restarted: the worker reads the tenants file again. A team
+/// added is admitted, a removed team's new handshake is refused, and team A's job, admitted
+/// before, runs every epoch to its end, each sample exactly once; a junk tenants file keeps
+/// the last good set (said once, and shown on /metrics).
+#[test]
+fn tenants_rotated_while_a_job_runs_take_effect_without_a_restart() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 40);
+    for team in ["a", "b", "c"] {
+        std::fs::write(
+            dir.path().join(format!("team-{team}.token")),
+            format!("team-{team}-token-rotation\n"),
+        )
+        .unwrap();
+    }
+    let table = |team: &str| {
+        format!("[[tenant]]\nname = \"team-{team}\"\ntoken_file = \"team-{team}.token\"\n\n")
+    };
+    let file = dir.path().join("tenants.toml");
+    std::fs::write(&file, table("a") + &table("b")).unwrap();
+    let worker = start_worker_with(
+        dir.path(),
+        "w",
+        &["--no-same-host", "--tenants", path_str(&file)],
+    );
+    let trust = trust_file(dir.path(), &[&worker]);
+
+    // Team A's job, epoch after epoch until the rotation is done, then two more.
+    let rotated = Arc::new(AtomicBool::new(false));
+    let running = {
+        let (manifest, rotated) = (data.manifest.clone(), rotated.clone());
+        let (addr, trust) = (worker.addr.clone(), trust.clone());
+        std::thread::spawn(move || {
+            let l = sluice_client::Loader::builder()
+                .dataset(manifest.clone())
+                .token("team-a-token-rotation")
+                .trust_cert(&trust)
+                .same_host(sluice_client::SameHost::Off)
+                .workers(vec![addr])
+                .pipeline(PIPELINE.into())
+                .batch_size(8)
+                .seed(3)
+                .job_name("long")
+                .build()
+                .unwrap();
+            let mut epoch = 0;
+            let mut after = 0;
+            while after < 2 {
+                if rotated.load(Ordering::SeqCst) {
+                    after += 1;
+                }
+                let mut got = Vec::new();
+                for batch in l.epoch(epoch).unwrap() {
+                    let batch = batch.unwrap_or_else(|e| panic!("epoch {epoch}: {e}"));
+                    got.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
+                }
+                system::assert_exactly_once(
+                    &format!("team A's epoch {epoch}"),
+                    system::planned(&manifest, 3, 1, 0, epoch),
+                    got,
+                );
+                epoch += 1;
+            }
+            epoch
+        })
+    };
+    wait_for(&worker, "sluice_cpu_job_samples_total{job=\"team-a/long\"}");
+
+    let one_epoch = |team: &str| {
+        job(
+            &data.manifest_path,
+            &worker,
+            &trust,
+            &dir.path().join(format!("team-{team}.token")),
+            ("short", 1),
+            1,
+        )
+        .output()
+        .unwrap()
+    };
+    // Team C in, team B out.
+    std::fs::write(&file, table("a") + &table("c")).unwrap();
+    assert!(
+        worker.log_shows("tenants team-a, team-c", Duration::from_secs(30)),
+        "the worker never read the new tenants file"
+    );
+    let c = one_epoch("c");
+    assert!(c.status.success(), "team C was not admitted: {c:?}");
+    let b = one_epoch("b");
+    assert!(!b.status.success(), "team B's removed token was admitted");
+    assert!(String::from_utf8_lossy(&b.stderr).contains("wrong tenant token"));
+
+    // A junk tenants file: the set in force stays, said once and shown.
+    std::fs::write(&file, "[[tenant]\nname = ").unwrap();
+    assert!(
+        worker.log_shows("keeping the tenants", Duration::from_secs(30)),
+        "a broken tenants file went unsaid"
+    );
+    assert_eq!(
+        value(&worker, "sluice_cpu_admission_config_broken"),
+        Some(1.0)
+    );
+    let c = one_epoch("c");
+    assert!(c.status.success(), "the last good set was dropped: {c:?}");
+    rotated.store(true, Ordering::SeqCst);
+    let epochs = running.join().expect("team A's job failed");
+    assert!(epochs >= 2, "team A's job ran {epochs} epochs");
+    let warnings = worker
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("keeping the tenants"))
+        .count();
+    assert_eq!(warnings, 1, "a file that stays broken is said once");
+}

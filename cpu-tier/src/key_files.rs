@@ -15,10 +15,16 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags, RenameFlags};
 
-use crate::tls::TlsError;
+/// What is wrong with a key's folder or file, naming it.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {detail}")]
+pub struct KeyFileError {
+    pub path: String,
+    pub detail: String,
+}
 
-fn file_error(path: &Path, detail: impl std::fmt::Display) -> TlsError {
-    TlsError::File {
+fn file_error(path: &Path, detail: impl std::fmt::Display) -> KeyFileError {
+    KeyFileError {
         path: path.display().to_string(),
         detail: detail.to_string(),
     }
@@ -39,7 +45,7 @@ pub struct KeyDir {
 impl KeyDir {
     /// Opens `path` (made owner-only, with any missing parents, when absent) and checks that
     /// no other user can write it.
-    pub fn open(path: &Path) -> Result<KeyDir, TlsError> {
+    pub fn open(path: &Path) -> Result<KeyDir, KeyFileError> {
         use std::os::unix::fs::DirBuilderExt;
         if path.symlink_metadata().is_err() {
             std::fs::DirBuilder::new()
@@ -95,7 +101,7 @@ impl KeyDir {
 
     /// Refuses to go on when `name` exists (as anything, a link included): a CA or a key
     /// others already trust is not made again by accident.
-    pub fn refuse_existing(&self, name: &str) -> Result<(), TlsError> {
+    pub fn refuse_existing(&self, name: &str) -> Result<(), KeyFileError> {
         match rustix::fs::statat(&self.fd, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
             Ok(_) => Err(file_error(
                 &self.path_of(name),
@@ -108,7 +114,7 @@ impl KeyDir {
 
     /// Writes `bytes` as `name` with `mode` (0600 for a key): into a new temporary file, then
     /// renamed into place, neither ever through a link nor over an existing file.
-    pub fn write_new(&self, name: &str, bytes: &[u8], mode: u32) -> Result<(), TlsError> {
+    pub fn write_new(&self, name: &str, bytes: &[u8], mode: u32) -> Result<(), KeyFileError> {
         let tmp = format!(".{name}.tmp");
         let tmp_path = self.path_of(&tmp);
         let fd = rustix::fs::openat(
@@ -146,7 +152,7 @@ impl KeyDir {
 
 /// Reads the private key at `path`: a regular file, not a link, owned by this user or root
 /// and readable by nobody else (a key others can read is a key others hold).
-pub fn read_private(path: &Path) -> Result<String, TlsError> {
+pub fn read_private(path: &Path) -> Result<String, KeyFileError> {
     use std::io::Read;
     let fd = rustix::fs::open(
         path,

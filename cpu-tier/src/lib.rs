@@ -14,8 +14,9 @@
 //! - [`same_host`]: its Unix-socket transport for clients on the same machine (tensors
 //!   written into the client's shared memory).
 //! - [`config`], [`tls`], [`tenants`]: its configuration, TLS identity and the teams it
-//!   admits; `key_files`: private keys written and read never through a link.
+//!   admits ([`admission`]: read again while it runs); `key_files`: private keys written and read never through a link.
 
+pub mod admission;
 pub mod clip;
 pub mod config;
 mod connection;

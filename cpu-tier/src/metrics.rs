@@ -4,6 +4,8 @@
 
 /// Counters without labels.
 pub const COUNTERS: &[&str] = &[
+    "sluice_cpu_admission_reload_failures_total",
+    "sluice_cpu_admission_reloads_total",
     "sluice_cpu_auth_failures_total",
     "sluice_cpu_bytes_sent_total",
     "sluice_cpu_cache_damaged_total",
@@ -34,6 +36,7 @@ pub const COUNTERS: &[&str] = &[
 
 /// Gauges without labels.
 pub const GAUGES: &[&str] = &[
+    "sluice_cpu_admission_config_broken",
     "sluice_cpu_cache_bytes",
     "sluice_cpu_connections",
     "sluice_cpu_unit_slots",

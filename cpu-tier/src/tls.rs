@@ -16,6 +16,8 @@ pub enum TlsError {
     Generate(String),
     #[error("TLS setup: {0}")]
     Setup(String),
+    #[error(transparent)]
+    KeyFile(#[from] crate::key_files::KeyFileError),
     #[error("--san {name:?}: {why}")]
     Name { name: String, why: String },
     #[error("the state directory holds {present} but not {missing}: refusing to make a new identity, which would replace the certificate clients pin; restore {missing}, or remove {present} to start a new identity")]

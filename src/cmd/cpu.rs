@@ -7,10 +7,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use sluice_cpu::admission::{describe, AdmissionSource};
 use sluice_cpu::config::CpuConfig;
 use sluice_cpu::server::{self, Setup};
 use sluice_daemon::DaemonConfig;
-use sluice_wire::session::Admission;
 
 use crate::daemon;
 
@@ -133,7 +133,11 @@ pub fn run(args: Args) -> Result<()> {
         bail!("--no-auth contradicts SLUICE_TOKEN; unset one");
     }
     config.validate()?;
-    let admission = admission(&config, env_token)?;
+    if config.has_tenants() && env_token.is_some() {
+        tracing::warn!("SLUICE_TOKEN is ignored: with tenants only their tokens are accepted");
+    }
+    let source = AdmissionSource::from_config(&config, env_token);
+    let admission = source.read()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(2)
@@ -145,7 +149,9 @@ pub fn run(args: Args) -> Result<()> {
     let metrics_listen = config.metrics_listen;
     // This process's recorder: the tiers record into it, /metrics renders it.
     let recorder = sluice_daemon::metrics_handle();
-    let setup = Setup::from_config(config, admission, listen.port(), runtime.handle())?;
+    let mut setup = Setup::from_config(config, admission, listen.port(), runtime.handle())?;
+    // Tenants and tokens are read again while the worker serves (`sluice_cpu::admission`).
+    setup.reload = Some(source);
     runtime.block_on(async move {
         let metrics = match metrics_listen {
             Some(addr) => Some((
@@ -158,7 +164,7 @@ pub fn run(args: Args) -> Result<()> {
         };
         let metrics_addr = metrics.as_ref().and_then(|(m, _)| m.local_addr().ok());
         tracing::info!(%listen, metrics = ?metrics_addr, threads = setup.runner.threads(),
-            admission = admitting(&setup.admission), "sluice cpu serving");
+            admission = describe(&setup.admission), "sluice cpu serving");
         let shutdown = daemon::shutdown_on_signals()?;
         daemon::notify_ready(&shutdown);
         let result = server::run(socket, metrics, setup, shutdown).await;
@@ -167,46 +173,4 @@ pub fn run(args: Args) -> Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
-}
-
-/// Who the worker admits: its tenants (each by its token), else the cluster token from the
-/// config's file or `SLUICE_TOKEN`, else (`no_auth`) anyone.
-fn admission(config: &CpuConfig, env_token: Option<String>) -> Result<Admission> {
-    if config.has_tenants() {
-        if env_token.is_some() {
-            tracing::warn!("SLUICE_TOKEN is ignored: with tenants only their tokens are accepted");
-        }
-        let tenants = match &config.tenants_file {
-            Some(path) => sluice_cpu::tenants::read_file(path)?,
-            None => config.tenant.clone(),
-        };
-        let l = &config.limits;
-        return Ok(sluice_cpu::tenants::admission(
-            &tenants,
-            l.max_job_weight,
-            l.max_credits,
-        )?);
-    }
-    Ok(match (&config.token_file, env_token) {
-        (Some(path), _) => Admission::Token(sluice_wire::token::read(path)?),
-        (None, Some(t)) => Admission::Token(t.trim().to_string()),
-        (None, None) if config.no_auth => Admission::Open,
-        (None, None) => bail!(
-            "no cluster token: give --token-file FILE (or token_file in the config) or set \
-             SLUICE_TOKEN, or give teams their own tokens with --tenants FILE; --no-auth runs \
-             without one, on loopback only"
-        ),
-    })
-}
-
-/// The admission rule in a word, for the start-up line.
-fn admitting(admission: &Admission) -> String {
-    match admission {
-        Admission::Open => "anyone (no_auth)".into(),
-        Admission::Token(_) => "the cluster token".into(),
-        Admission::Tenants(ts) => {
-            let names: Vec<&str> = ts.iter().map(|t| t.name.as_str()).collect();
-            format!("tenants {}", names.join(", "))
-        }
-    }
 }

@@ -349,6 +349,13 @@ impl<L: Clone> Worker<L> {
         &self.rules
     }
 
+    /// Admits clients as `admission` says from now on (a tenants or token file re-read): new
+    /// handshakes use it at once; connections already admitted keep their tenant, and their
+    /// jobs run on (a removed token ends only new handshakes).
+    pub fn set_admission(&mut self, admission: Admission) {
+        self.rules.admission = admission;
+    }
+
     /// The unit slots, and the units waiting for one over every job (what a pool scales on).
     pub fn slots(&self) -> (usize, usize) {
         (self.slots, self.fair.waiting())
