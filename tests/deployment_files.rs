@@ -251,8 +251,8 @@ fn kubernetes_manifests_parse_and_agree_on_ports() {
             "sluice-cpu" => {
                 let c = sluice_cpu::config::CpuConfig::from_toml(text, "configmap").unwrap();
                 assert!(
-                    c.token_file.is_some() && c.cert.is_some(),
-                    "workers need a token and TLS"
+                    (c.token_file.is_some() || c.tenants_file.is_some()) && c.cert.is_some(),
+                    "workers need tokens and TLS"
                 );
             }
             _ => {
@@ -336,7 +336,12 @@ fn kubernetes_manifests_validate_against_the_api_schemas() {
     let Some(python) = support::python_with("kubernetes_validate") else {
         return;
     };
-    let files = files(&configs().join("kubernetes"), "yaml");
+    // kustomization.yaml is kubectl's, not an API object: kubernetes_manifests_apply_as_one
+    // checks it.
+    let files: Vec<PathBuf> = files(&configs().join("kubernetes"), "yaml")
+        .into_iter()
+        .filter(|p| !p.ends_with("kustomization.yaml"))
+        .collect();
     let out = std::process::Command::new(python)
         .args(["-m", "kubernetes_validate", "--strict", "--quiet"])
         .args(&files)
@@ -472,11 +477,10 @@ fn kubernetes_manifests_survive_real_use() {
         cpu_config.cache.size_bytes < bytes,
         "the cache may outgrow its volume ({limit})"
     );
-    // The autoscaler's metric reaches the custom metrics API through prometheus-adapter.
-    let adapter = kind("ConfigMap")
-        .find(|c| c["metadata"]["name"] == "sluice-prometheus-adapter")
-        .expect("a prometheus-adapter rule");
-    let rules = adapter["data"]["config.yaml"].as_str().unwrap();
+    // The autoscaler's metric reaches the custom metrics API through prometheus-adapter, whose
+    // chart takes the rule as values.
+    let values = &docs(&configs().join("kubernetes/helm/prometheus-adapter-values.yaml"))[0];
+    let rules = serde_yaml::to_string(&values["rules"]["custom"]).unwrap();
     for hpa in kind("HorizontalPodAutoscaler") {
         let metric = hpa["spec"]["metrics"][0]["pods"]["metric"]["name"]
             .as_str()
@@ -493,4 +497,171 @@ fn kubernetes_manifests_survive_real_use() {
         .iter()
         .any(|v| v["secret"]["secretName"] == cert["spec"]["secretName"]);
     assert!(mounted, "the workers do not mount the certificate's Secret");
+}
+
+/// The manifests as a cluster meets them: one `kubectl apply -k` of every object, the image
+/// set in one place, pods the `restricted` Pod Security Standard admits in a namespace that
+/// enforces it, the teams' tokens mounted where the tenants file says, training namespaces
+/// let in to read manifests from storage, and the ServiceMonitors' selector label set once.
+#[test]
+fn kubernetes_manifests_apply_as_one_under_the_restricted_standard() {
+    let dir = configs().join("kubernetes");
+    let kustomization = &docs(&dir.join("kustomization.yaml"))[0];
+    let listed: Vec<&str> = kustomization["resources"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    for file in files(&dir, "yaml") {
+        let name = file.file_name().unwrap().to_str().unwrap();
+        assert!(
+            name == "kustomization.yaml" || listed.contains(&name),
+            "kustomization.yaml does not list {name}"
+        );
+    }
+    let all: Vec<Value> = listed.iter().flat_map(|f| docs(&dir.join(f))).collect();
+    let kind = |k: &'static str| all.iter().filter(move |d| d["kind"] == k);
+    let ns = kind("Namespace").next().expect("the namespace");
+    assert_eq!(
+        ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "restricted"
+    );
+    let images: Vec<&str> = kustomization["images"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap())
+        .collect();
+    for w in kind("Deployment").chain(kind("StatefulSet")) {
+        let name = w["metadata"]["name"].as_str().unwrap();
+        let pod = &w["spec"]["template"]["spec"];
+        assert_eq!(pod["automountServiceAccountToken"], false, "{name}");
+        let sc = &pod["securityContext"];
+        assert_eq!(sc["runAsNonRoot"], true, "{name}");
+        assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{name}");
+        for volume in pod["volumes"].as_sequence().unwrap() {
+            assert!(volume["hostPath"].is_null(), "{name}: hostPath");
+        }
+        for c in pod["containers"].as_sequence().unwrap() {
+            let image = c["image"].as_str().unwrap();
+            assert!(!image.starts_with("localhost/"), "{name}: {image}");
+            let repo = image.split(':').next().unwrap();
+            assert!(
+                images.contains(&repo),
+                "{name}: kustomization sets no {repo}"
+            );
+            let csc = &c["securityContext"];
+            assert_eq!(csc["allowPrivilegeEscalation"], false, "{name}");
+            assert_eq!(csc["capabilities"]["drop"][0], "ALL", "{name}");
+            assert!(
+                c["resources"]["limits"]["memory"].is_string(),
+                "{name}: no memory limit"
+            );
+            assert!(
+                c["volumeMounts"]
+                    .as_sequence()
+                    .unwrap()
+                    .iter()
+                    .all(|m| m["subPath"].is_null() || name != "sluice-cpu"),
+                "{name}: a subPath mount never sees a changed ConfigMap"
+            );
+        }
+    }
+    // The tenants file names tokens in the mounted tenants Secret, one key a team.
+    let cm = kind("ConfigMap")
+        .find(|c| c["metadata"]["name"] == "sluice-cpu")
+        .unwrap();
+    let cpu_toml = cm["data"]["cpu.toml"].as_str().unwrap();
+    let cpu_config = sluice_cpu::config::CpuConfig::from_toml(cpu_toml, "configmap").unwrap();
+    let tenants_file = cpu_config.tenants_file.expect("a tenants file");
+    let cpu = kind("Deployment").next().unwrap();
+    let pod = &cpu["spec"]["template"]["spec"];
+    let mount_of = |volume: &str| -> String {
+        pod["containers"][0]["volumeMounts"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == volume)
+            .unwrap_or_else(|| panic!("no mount of {volume}"))["mountPath"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        tenants_file,
+        Path::new(&mount_of("config")).join("tenants.toml")
+    );
+    let tenants: toml::Value =
+        toml::from_str(cm["data"]["tenants.toml"].as_str().unwrap()).unwrap();
+    let secret_volume = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["secret"]["secretName"] == "sluice-tenants")
+        .expect("the tenants Secret as a volume");
+    let at = mount_of(secret_volume["name"].as_str().unwrap());
+    let teams = tenants["tenant"].as_array().unwrap();
+    assert!(
+        teams.len() >= 2,
+        "two teams at least, as the walk-through makes"
+    );
+    for t in teams {
+        let token = t["token_file"].as_str().unwrap();
+        let team = t["name"].as_str().unwrap();
+        assert_eq!(
+            Path::new(token),
+            Path::new(&at).join(team),
+            "{team}'s token"
+        );
+    }
+    // Training namespaces may read manifests (and shards) from storage.
+    let storage_policy = kind("NetworkPolicy")
+        .find(|p| p["metadata"]["name"] == "sluice-storage")
+        .unwrap();
+    let training = storage_policy["spec"]["ingress"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|rule| {
+            rule["from"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .any(|f| f["namespaceSelector"]["matchLabels"]["sluice.io/training"] == "true")
+                && rule["ports"][0]["port"].as_u64() == Some(7000)
+        });
+    assert!(
+        training,
+        "training pods cannot read a manifest from storage"
+    );
+    // The ServiceMonitors' selector label: added by one patch, named on none of them.
+    for m in kind("ServiceMonitor") {
+        assert!(m["metadata"]["labels"].is_null(), "a label set twice");
+    }
+    let patch = &kustomization["patches"][0];
+    assert_eq!(patch["target"]["kind"], "ServiceMonitor");
+    assert!(patch["patch"].as_str().unwrap().contains("release:"));
+}
+
+/// checkov, as a platform team runs it on manifests before a cluster sees them: every check
+/// passes but the three skipped with their reasons beside them (image digest, pull policy,
+/// CPU limits). Skips with a message unless `SLUICE_CHECKOV` names a checkov (.ci/run makes
+/// one).
+#[test]
+fn checkov_passes_the_manifests() {
+    let Some(checkov) = std::env::var_os("SLUICE_CHECKOV").filter(|c| !c.is_empty()) else {
+        eprintln!("skipped: SLUICE_CHECKOV names no checkov");
+        return;
+    };
+    let out = std::process::Command::new(checkov)
+        .arg("-d")
+        .arg(configs().join("kubernetes"))
+        .args(["--framework", "kubernetes", "--compact", "--quiet"])
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "checkov:\n{said}");
+    assert!(said.contains("Failed checks: 0"), "{said}");
 }
