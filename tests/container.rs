@@ -112,7 +112,10 @@ fn storage_a_worker_and_loadgen_run_an_epoch_as_containers() {
     );
     let state = dir.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
-    std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    // The worker's user (10001 in the image) owns its state directory, as a StateDirectory or
+    // a volume's fsGroup gives it: it writes its key only where no other user can.
+    std::os::unix::fs::chown(&state, Some(10001), Some(10001)).unwrap();
+    std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     std::fs::write(
         dir.path().join("token"),
         "container-test-token-0123456789\n",
