@@ -410,8 +410,14 @@ fn tenants_rotated_while_a_job_runs_take_effect_without_a_restart() {
         .output()
         .unwrap()
     };
+    // Replaced whole, as Kubernetes swaps a mounted file (a re-read never sees half of it).
+    let replace = |text: &str| {
+        let tmp = dir.path().join("tenants.toml.new");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &file).unwrap();
+    };
     // Team C in, team B out.
-    std::fs::write(&file, table("a") + &table("c")).unwrap();
+    replace(&(table("a") + &table("c")));
     assert!(
         worker.log_shows("tenants team-a, team-c", Duration::from_secs(30)),
         "the worker never read the new tenants file"
@@ -423,7 +429,7 @@ fn tenants_rotated_while_a_job_runs_take_effect_without_a_restart() {
     assert!(String::from_utf8_lossy(&b.stderr).contains("wrong tenant token"));
 
     // A junk tenants file: the set in force stays, said once and shown.
-    std::fs::write(&file, "[[tenant]\nname = ").unwrap();
+    replace("[[tenant]\nname = ");
     assert!(
         worker.log_shows("keeping the tenants", Duration::from_secs(30)),
         "a broken tenants file went unsaid"
