@@ -319,3 +319,119 @@ fn junk_names_are_refused_by_name() {
         );
     }
 }
+
+/// The worker's certificate replaced while a job runs by one from another CA, its files
+/// swapped as cert-manager renews a mounted Secret, and nothing restarted: new clients that
+/// trust only the new CA connect, ones that trust only the old are refused, and the job that
+/// was running (trusting both, as during a CA migration) runs every epoch exactly once.
+#[test]
+fn a_certificate_replaced_while_a_job_runs_is_served_without_a_restart() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 20);
+    for (ca, tls) in [("ca1", "tls1"), ("ca2", "tls2")] {
+        let ca = dir.path().join(ca);
+        sluice_ok(&["cert", "ca", "--out", path_str(&ca)]);
+        let out = dir.path().join(tls);
+        let args = ["--name", "w", "--san", "127.0.0.1", "--out", path_str(&out)];
+        sluice_ok(&[&["cert", "issue", "--ca", path_str(&ca)], &args[..]].concat());
+    }
+    let serve = dir.path().join("serve");
+    std::fs::create_dir(&serve).unwrap();
+    let swap_in = |from: &str| {
+        for file in ["key.pem", "cert.pem"] {
+            let tmp = serve.join(format!("{file}.new"));
+            std::fs::copy(dir.path().join(from).join(file), &tmp).unwrap();
+            std::fs::rename(&tmp, serve.join(file)).unwrap();
+        }
+    };
+    swap_in("tls1");
+    let (cert, key) = (serve.join("cert.pem"), serve.join("key.pem"));
+    let worker = start_worker_with(
+        dir.path(),
+        "w",
+        &[
+            "--no-same-host",
+            "--cert",
+            path_str(&cert),
+            "--key",
+            path_str(&key),
+        ],
+    );
+    let ca_pem = |ca: &str| std::fs::read_to_string(dir.path().join(ca).join("ca.pem")).unwrap();
+    let both = dir.path().join("both.pem");
+    std::fs::write(&both, ca_pem("ca1") + &ca_pem("ca2")).unwrap();
+
+    let rotated = Arc::new(AtomicBool::new(false));
+    let running = {
+        let (manifest, rotated) = (data.manifest.clone(), rotated.clone());
+        let (addr, both) = (worker.addr.clone(), both.clone());
+        std::thread::spawn(move || {
+            let l = sluice_client::Loader::builder()
+                .dataset(manifest.clone())
+                .token(system::TOKEN)
+                .trust_cert(&both)
+                .same_host(sluice_client::SameHost::Off)
+                .workers(vec![addr])
+                .pipeline("decode | random_resized_crop 32".into())
+                .batch_size(8)
+                .seed(3)
+                .job_name("long")
+                .build()
+                .unwrap();
+            let (mut epoch, mut after) = (0, 0);
+            while after < 2 {
+                if rotated.load(Ordering::SeqCst) {
+                    after += 1;
+                }
+                let mut got = Vec::new();
+                for batch in l.epoch(epoch).unwrap() {
+                    let batch = batch.unwrap_or_else(|e| panic!("epoch {epoch}: {e}"));
+                    got.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
+                }
+                system::assert_exactly_once(
+                    &format!("the running job's epoch {epoch}"),
+                    system::planned(&manifest, 3, 1, 0, epoch),
+                    got,
+                );
+                epoch += 1;
+            }
+            epoch
+        })
+    };
+    assert!(worker.log_shows("job", std::time::Duration::from_secs(30)));
+
+    swap_in("tls2");
+    assert!(
+        worker.log_shows("certificate re-read", std::time::Duration::from_secs(30)),
+        "the worker never served the new certificate"
+    );
+    let token = dir.path().join("token");
+    let one_epoch = |ca: &str| {
+        let trust = dir.path().join(ca).join("ca.pem");
+        loadgen(
+            &data.manifest_path,
+            &["--workers", &worker.addr],
+            &token,
+            &trust,
+        )
+        .args(SMALL_BATCHES)
+        .args(["--epochs", "1", "--worker-wait", "3"])
+        .output()
+        .unwrap()
+    };
+    let new = one_epoch("ca2");
+    assert!(
+        new.status.success(),
+        "a client trusting the new CA: {new:?}"
+    );
+    let old = one_epoch("ca1");
+    assert!(
+        !old.status.success(),
+        "a client trusting only the old CA got in"
+    );
+    rotated.store(true, Ordering::SeqCst);
+    let epochs = running.join().expect("the running job failed");
+    assert!(epochs >= 2, "the running job ran {epochs} epochs");
+}

@@ -427,7 +427,7 @@ fn cpu_tier_modules_import_only_down_their_floors() {
                 "lib",
             ],
             &["worker", "config", "admission"],
-            &["connection", "same_host", "server"],
+            &["connection", "same_host", "reload", "server"],
         ],
     );
 }

@@ -28,6 +28,7 @@ pub mod jpeg;
 mod key_files;
 mod mappings;
 pub mod metrics;
+mod reload;
 pub mod restart;
 pub mod same_host;
 pub mod server;

@@ -14,6 +14,8 @@ pub const COUNTERS: &[&str] = &[
     "sluice_cpu_cache_foreign_files_total",
     "sluice_cpu_cache_hit_bytes_total",
     "sluice_cpu_cache_miss_bytes_total",
+    "sluice_cpu_certificate_reload_failures_total",
+    "sluice_cpu_certificate_reloads_total",
     "sluice_cpu_changed_shards_total",
     "sluice_cpu_connections_refused_total",
     "sluice_cpu_damaged_samples_total",
@@ -38,6 +40,7 @@ pub const COUNTERS: &[&str] = &[
 pub const GAUGES: &[&str] = &[
     "sluice_cpu_admission_config_broken",
     "sluice_cpu_cache_bytes",
+    "sluice_cpu_certificate_expiry_seconds",
     "sluice_cpu_connections",
     "sluice_cpu_unit_slots",
     "sluice_cpu_units_waiting",

@@ -62,15 +62,12 @@ pub struct Setup {
     pub runner: Arc<dyn UnitRunner>,
     /// The same-host transport's Unix socket, when it is on ([`crate::same_host::bind`]).
     pub same_host: Option<crate::same_host::Listener>,
-    /// Where `admission` was read from, to read again while serving (every
-    /// [`RELOAD_EVERY`] and on SIGHUP); `None` keeps it as given.
+    /// Where `admission` was read from, to read again while serving
+    /// ([`crate::reload::RELOAD_EVERY`] and on SIGHUP); `None` keeps it as given.
     pub reload: Option<crate::admission::AdmissionSource>,
+    /// The certificate served, replaced when its files change ([`crate::reload`]).
+    certificate: tls::LiveCertificate,
 }
-
-/// How often a worker reads its tenants and token files again: Kubernetes updates a mounted
-/// Secret within about a minute, by swapping a link; a read of a few small files every two
-/// seconds costs nothing measurable.
-pub const RELOAD_EVERY: Duration = Duration::from_secs(2);
 
 impl Setup {
     /// A worker as its (validated) config describes it, serving clients with `token`: its
@@ -133,7 +130,7 @@ impl Setup {
                 }
             }
         };
-        let server = tls::server_config(&identity, transport(&config))?;
+        let (server, certificate) = tls::server_config(&identity, transport(&config))?;
         Ok(Setup {
             server,
             config,
@@ -142,67 +139,8 @@ impl Setup {
             runner,
             same_host,
             reload: None,
+            certificate,
         })
-    }
-}
-
-/// Reads the admission files again every [`RELOAD_EVERY`] and on SIGHUP, and puts a set that
-/// differs in force (`crate::admission`); a broken one keeps the set in force, said once.
-async fn reread_admission(
-    source: crate::admission::AdmissionSource,
-    state: Arc<State>,
-    stop: CancellationToken,
-) {
-    use crate::admission::{describe, Reread, Rereader};
-    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    let mut rereader = Rereader::default();
-    metrics::gauge!("sluice_cpu_admission_config_broken").set(0.0);
-    loop {
-        let hup = async {
-            match hangup.as_mut() {
-                Some(h) => h.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(RELOAD_EVERY) => {}
-            _ = hup => info!("SIGHUP: reading the tenants and token files again"),
-        }
-        let source = source.clone();
-        let current = crate::connection::lock(&state.rules)
-            .rules()
-            .admission
-            .clone();
-        let (found, back) = match tokio::task::spawn_blocking(move || {
-            let found = rereader.reread(&source, &current);
-            (found, rereader)
-        })
-        .await
-        {
-            Ok(done) => done,
-            Err(_) => return,
-        };
-        rereader = back;
-        match found {
-            Reread::Same => {}
-            Reread::Changed(new) => {
-                info!(
-                    admission = describe(&new),
-                    "admission re-read: new handshakes use it; admitted clients keep theirs"
-                );
-                crate::connection::lock(&state.rules).set_admission(new);
-                metrics::counter!("sluice_cpu_admission_reloads_total").increment(1);
-                metrics::gauge!("sluice_cpu_admission_config_broken").set(0.0);
-            }
-            Reread::Broken { error, first } => {
-                if first {
-                    warn!("{error}: keeping the tenants and tokens in force until it is fixed");
-                }
-                metrics::counter!("sluice_cpu_admission_reload_failures_total").increment(1);
-                metrics::gauge!("sluice_cpu_admission_config_broken").set(1.0);
-            }
-        }
     }
 }
 
@@ -251,12 +189,13 @@ pub async fn run(
 ) -> Result<(), ServerError> {
     let Setup {
         config,
-        identity: _,
+        identity,
         server,
         admission,
         runner,
         same_host,
         reload,
+        certificate,
     } = setup;
     // The per-job series expire as the config says (the process's first worker decides).
     sluice_daemon::job_series(Some(config.timeouts.job_series()));
@@ -295,8 +234,21 @@ pub async fn run(
         tasks.spawn(sweep_mappings(state.clone(), admin_stop.clone()));
     }
     if let Some(source) = reload.filter(|s| s.has_files()) {
-        tasks.spawn(reread_admission(source, state.clone(), admin_stop.clone()));
+        tasks.spawn(crate::reload::reread_admission(
+            source,
+            state.clone(),
+            admin_stop.clone(),
+        ));
     }
+    // The certificate's expiry is watched whatever it is; a configured one is also read
+    // again when its files change (cert-manager's renewals).
+    let files = state.config.cert.clone().zip(state.config.key.clone());
+    tasks.spawn(crate::reload::watch_certificate(
+        identity,
+        files,
+        certificate,
+        admin_stop.clone(),
+    ));
     if let Some((listener, handle)) = metrics {
         // /healthz turns 503 when the drain starts and answers until the worker stops.
         tasks.spawn(sluice_daemon::serve_admin(

@@ -245,10 +245,37 @@ pub fn alpn_mismatch<'a>(offered: impl IntoIterator<Item = &'a [u8]>) -> Option<
     ))
 }
 
-/// The worker's one certificate, and a look at each ClientHello's protocol versions: a
+/// The certificate a worker serves, replaceable while it runs: each handshake takes the one
+/// in force ([`LiveCertificate::replace`] swaps it; handshakes under way keep theirs).
+#[derive(Clone, Debug)]
+pub struct LiveCertificate(
+    std::sync::Arc<std::sync::RwLock<std::sync::Arc<rustls::sign::CertifiedKey>>>,
+);
+
+impl LiveCertificate {
+    /// Serves `identity` from now on, once its key is checked against its certificate (a
+    /// mismatch, such as a certificate renewed before its key, keeps the one in force).
+    pub fn replace(&self, identity: &Identity) -> Result<(), TlsError> {
+        let key = certified_key(identity)?;
+        match self.0.write() {
+            Ok(mut held) => *held = std::sync::Arc::new(key),
+            Err(poisoned) => *poisoned.into_inner() = std::sync::Arc::new(key),
+        }
+        Ok(())
+    }
+
+    fn current(&self) -> std::sync::Arc<rustls::sign::CertifiedKey> {
+        match self.0.read() {
+            Ok(held) => held.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+}
+
+/// The worker's certificate, and a look at each ClientHello's protocol versions: a
 /// mismatch fails the handshake (alert 120), and the log says which versions met.
 #[derive(Debug)]
-struct WatchAlpn(std::sync::Arc<rustls::sign::CertifiedKey>);
+struct WatchAlpn(LiveCertificate);
 
 impl rustls::server::ResolvesServerCert for WatchAlpn {
     fn resolve(
@@ -258,35 +285,51 @@ impl rustls::server::ResolvesServerCert for WatchAlpn {
         if let Some(why) = hello.alpn().and_then(alpn_mismatch) {
             tracing::warn!("{why}");
         }
-        Some(self.0.clone())
+        Some(self.0.current())
     }
 }
 
-/// The QUIC server configuration for an identity (TLS 1.3 only, no 0-RTT).
-pub fn server_config(
-    identity: &Identity,
-    transport: quinn::TransportConfig,
-) -> Result<quinn::ServerConfig, TlsError> {
+/// `identity` as rustls serves it, its key checked against its certificate.
+fn certified_key(identity: &Identity) -> Result<rustls::sign::CertifiedKey, TlsError> {
     let provider = sluice_tls::provider().map_err(|e| TlsError::Setup(e.to_string()))?;
-    let bad = |e: rustls::Error| TlsError::Setup(format!("{}: {e}", identity.cert_path.display()));
-    let key = rustls::sign::CertifiedKey::from_der(
+    rustls::sign::CertifiedKey::from_der(
         identity.certs.clone(),
         identity.key.clone_key(),
         &provider,
     )
-    .map_err(bad)?;
+    .map_err(|e| TlsError::Setup(format!("{}: {e}", identity.cert_path.display())))
+}
+
+/// When the leaf certificate of `identity` stops being valid, in seconds since the Unix
+/// epoch; `None` when it cannot be read (the handshake check is rustls's, not this).
+pub fn not_after(identity: &Identity) -> Option<i64> {
+    let leaf = identity.certs.first()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+    Some(cert.validity().not_after.timestamp())
+}
+
+/// The QUIC server configuration for an identity (TLS 1.3 only, no 0-RTT), and the handle
+/// that replaces its certificate while it serves.
+pub fn server_config(
+    identity: &Identity,
+    transport: quinn::TransportConfig,
+) -> Result<(quinn::ServerConfig, LiveCertificate), TlsError> {
+    let provider = sluice_tls::provider().map_err(|e| TlsError::Setup(e.to_string()))?;
+    let live = LiveCertificate(std::sync::Arc::new(std::sync::RwLock::new(
+        std::sync::Arc::new(certified_key(identity)?),
+    )));
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| TlsError::Setup(e.to_string()))?
         .with_no_client_auth()
-        .with_cert_resolver(std::sync::Arc::new(WatchAlpn(std::sync::Arc::new(key))));
+        .with_cert_resolver(std::sync::Arc::new(WatchAlpn(live.clone())));
     tls.alpn_protocols = vec![sluice_wire::message::ALPN.to_vec()];
     tls.max_early_data_size = 0;
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
         .map_err(|e| TlsError::Setup(e.to_string()))?;
     let mut config = quinn::ServerConfig::with_crypto(std::sync::Arc::new(crypto));
     config.transport_config(std::sync::Arc::new(transport));
-    Ok(config)
+    Ok((config, live))
 }
 
 #[cfg(test)]
