@@ -14,6 +14,22 @@ use support::{path_str, signal, sluice, sluice_ok};
 struct Daemon {
     child: Child,
     addr: String,
+    /// Its stderr, line by line, as it comes.
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Daemon {
+    /// Whether the log shows `needle` within `wait`.
+    fn log_shows(&self, needle: &str, wait: Duration) -> bool {
+        let deadline = std::time::Instant::now() + wait;
+        while !self.log.lock().unwrap().iter().any(|l| l.contains(needle)) {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
 }
 
 impl Drop for Daemon {
@@ -51,9 +67,12 @@ fn start_with(config: &std::path::Path, extra: &[&str], token: Option<&str>) -> 
         .unwrap();
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let lines = log.clone();
     std::thread::spawn(move || {
         let mut tx = Some(tx);
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            lines.lock().unwrap().push(line.clone());
             if let Some(at) = line.find("listen=") {
                 let addr: String = line[at + 7..]
                     .chars()
@@ -68,7 +87,7 @@ fn start_with(config: &std::path::Path, extra: &[&str], token: Option<&str>) -> 
     let addr = rx
         .recv_timeout(Duration::from_secs(30))
         .expect("sluice storage did not log its address");
-    Daemon { child, addr }
+    Daemon { child, addr, log }
 }
 
 /// `dir/storage.toml`: a node on the mountpath `data`, with `rest` of the settings.
@@ -207,4 +226,50 @@ fn upload_tokens_come_from_files_and_the_environment() {
     assert!(!out.status.success());
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(said.contains("gone.token"), "{said}");
+}
+
+/// An upload token file rotated while the node runs (a Secret swapped, nothing restarted):
+/// the new token uploads and the old is refused once the node re-reads it; an empty file
+/// keeps the token in force, said once.
+#[test]
+fn an_upload_token_rotated_while_the_node_runs_takes_effect_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("train")).unwrap();
+    let file = dir.path().join("team.token");
+    let swap = |text: &str| {
+        let tmp = dir.path().join("team.token.new");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &file).unwrap();
+    };
+    let (old, new) = ("the-old-upload-token-0123", "the-new-upload-token-4567");
+    swap(&format!("{old}\n"));
+    let config = storage_toml(dir.path(), &data, "upload_token_files = [\"team.token\"]\n");
+    let node = start_with(&config, &[], None);
+    let images = support::synth_images(dir.path(), 1, 3);
+    let pattern = format!("{}/out/s-%02d.tar", dir.path().display());
+    support::shard_images(&images, &pattern, 3, None);
+    let shard = format!("{}/out/s-00.tar", dir.path().display());
+    let to = format!("http://{}/v1/train/", node.addr);
+    let put = |token: &str| {
+        let f = dir.path().join("put.token");
+        std::fs::write(&f, token).unwrap();
+        sluice(&["put", &shard, "--to", &to, "--token-file", path_str(&f)])
+            .status
+            .success()
+    };
+    assert!(put(old));
+    swap(&format!("{new}\n"));
+    assert!(
+        node.log_shows("upload tokens re-read", Duration::from_secs(30)),
+        "the node never read the new token"
+    );
+    assert!(put(new), "the new token was refused");
+    assert!(!put(old), "the old token still uploads");
+    swap("\n");
+    assert!(
+        node.log_shows("keeping the upload tokens", Duration::from_secs(30)),
+        "an empty token file went unsaid"
+    );
+    assert!(put(new), "an empty token file dropped the token in force");
 }

@@ -70,8 +70,10 @@ pub fn run(args: Args) -> Result<()> {
     })
 }
 
-/// Adds the upload tokens kept out of the config file: each `upload_token_files` entry
-/// (relative to the config's folder), each `--token-file`, and `$SLUICE_TOKEN`.
+/// Settles the upload tokens kept out of the config file: each `upload_token_files` entry
+/// (relative to the config's folder) and each `--token-file` become absolute paths the node
+/// reads at start and again while it serves, each checked readable now (a bad one stops the
+/// node by name); `$SLUICE_TOKEN` joins the config's own tokens.
 fn upload_tokens(config: &mut StorageConfig, args: &Args) -> Result<()> {
     let base = args
         .config
@@ -79,15 +81,14 @@ fn upload_tokens(config: &mut StorageConfig, args: &Args) -> Result<()> {
         .and_then(std::path::Path::parent)
         .map(std::path::Path::to_path_buf)
         .unwrap_or_default();
-    let files = std::mem::take(&mut config.upload_token_files);
-    for path in files
+    let files: Vec<std::path::PathBuf> = std::mem::take(&mut config.upload_token_files)
         .iter()
         .map(|p| base.join(p))
         .chain(args.token_file.iter().cloned())
-    {
-        let token = sluice_wire::token::read(&path)
+        .collect();
+    for path in &files {
+        sluice_wire::token::read(path)
             .with_context(|| format!("upload token file {}", path.display()))?;
-        config.upload_tokens.push(token);
     }
     if let Ok(text) = std::env::var("SLUICE_TOKEN") {
         config

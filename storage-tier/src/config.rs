@@ -29,8 +29,9 @@ pub struct StorageConfig {
     /// `upload_token_files` (or `--token-file`, `$SLUICE_TOKEN`): a config file is often a
     /// ConfigMap that anyone reading the deployment can read.
     pub upload_tokens: Vec<String>,
-    /// Files each holding one upload token (first line), read at start; relative paths are
-    /// the config file's. A Secret mounted as files, in Kubernetes.
+    /// Files each holding one upload token (first line), read at start and again every 2 s
+    /// and on SIGHUP (a rotated Secret needs no restart; a broken file keeps the tokens in
+    /// force); relative paths are the config file's. A Secret mounted as files, in Kubernetes.
     pub upload_token_files: Vec<PathBuf>,
     /// Every storage node's base URL (this one included); empty for a single node.
     pub peers: Vec<String>,

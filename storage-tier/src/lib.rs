@@ -22,6 +22,7 @@ pub mod placement;
 pub mod routing;
 pub mod s3;
 pub mod server;
+mod upload_tokens;
 
 pub use config::{ConfigError, StorageConfig};
 pub use objects::CHECKSUM_HEADER;

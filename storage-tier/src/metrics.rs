@@ -15,4 +15,5 @@ pub const LABELED: &[&str] = &[
     "sluice_storage_bytes_sent_total",
     "sluice_storage_mountpath_healthy",
     "sluice_storage_requests_total",
+    "sluice_storage_upload_token_reloads_total",
 ];

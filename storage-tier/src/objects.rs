@@ -381,15 +381,7 @@ pub(crate) fn token_ok(state: &State, req: &Request<()>) -> Result<(), HttpError
             "uploads need Authorization: Bearer <token>",
         ));
     };
-    // Compare every configured token in full, without an early exit on the first byte.
-    let ok = state.config.upload_tokens.iter().fold(false, |acc, t| {
-        let same = t.len() == given.len()
-            && t.bytes()
-                .zip(given.bytes())
-                .fold(0u8, |d, (a, b)| d | (a ^ b))
-                == 0;
-        acc | same
-    });
+    let ok = state.upload_tokens.admits(given);
     if ok {
         Ok(())
     } else {

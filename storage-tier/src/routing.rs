@@ -31,6 +31,8 @@ pub(crate) type Body = BoxBody<Bytes, io::Error>;
 
 pub(crate) struct State {
     pub(crate) config: StorageConfig,
+    /// The tokens that may upload now (`crate::upload_tokens`: the files read again).
+    pub(crate) upload_tokens: Arc<crate::upload_tokens::UploadTokens>,
     pub(crate) mountpaths: Vec<Mountpath>,
     pub(crate) labels: Vec<String>,
     /// Checksums of objects uploaded here, by (path, size, mtime).

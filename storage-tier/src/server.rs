@@ -38,6 +38,8 @@ pub enum StorageError {
     },
     #[error("accepting connections: {0}")]
     Accept(#[source] io::Error),
+    #[error("{0}")]
+    UploadTokens(String),
 }
 
 /// Serves until `shutdown` is cancelled, then lets in-flight requests finish for up to the
@@ -68,7 +70,20 @@ pub async fn run(
         metrics::gauge!("sluice_storage_mountpath_healthy", "mountpath" => m.label.clone())
             .set(1.0);
     }
+    // Tokens from the config and its token files; the files are read again while serving.
+    let tokens = crate::upload_tokens::read(&config.upload_tokens, &config.upload_token_files)
+        .map_err(StorageError::UploadTokens)?;
+    let upload_tokens = Arc::new(crate::upload_tokens::UploadTokens::new(tokens));
+    if !config.upload_token_files.is_empty() {
+        tokio::spawn(crate::upload_tokens::reread(
+            upload_tokens.clone(),
+            config.upload_tokens.clone(),
+            config.upload_token_files.clone(),
+            admin_stop.clone(),
+        ));
+    }
     let state = Arc::new(State {
+        upload_tokens,
         labels: mountpaths.iter().map(|m| m.label.clone()).collect(),
         mountpaths,
         uploaded: Mutex::new(HashMap::new()),
