@@ -296,10 +296,32 @@ impl Drop for Connection {
         let wakes = {
             let mut w = lock(&self.state.rules);
             w.disconnect(self.conn);
+            // Its jobs' demand now: 0 unless another connection runs the same job.
+            for job in self.jobs.values() {
+                publish_demand(&w, &job.name);
+            }
             w.take_wakes()
         };
         wake(&self.state, wakes);
     }
+}
+
+/// Job `name`'s units holding a slot, waiting for one and waiting for their client's credit,
+/// over every connection, as the worker's rules count them now: set at every heartbeat, and
+/// when a job ends (to 0, unless another connection runs it), so an ended job's gauges never
+/// freeze at what it last asked while they wait to expire.
+fn publish_demand(w: &Worker<Arc<Launch>>, name: &str) {
+    let series = sluice_daemon::job_series(None);
+    let d = w.demand(name);
+    series
+        .gauge("sluice_cpu_job_units_running", name)
+        .set(d.running as f64);
+    series
+        .gauge("sluice_cpu_job_units_waiting", name)
+        .set(d.waiting as f64);
+    series
+        .gauge("sluice_cpu_job_units_starved", name)
+        .set(d.starved as f64);
 }
 
 impl Connection {
@@ -513,7 +535,11 @@ impl Connection {
                     }
                     Effect::Cancelled(job) => {
                         // A client sharing its batches hears when no unit writes them any more.
-                        let shared = self.jobs.remove(&job).and_then(|j| j.slots.clone());
+                        let removed = self.jobs.remove(&job);
+                        if let Some(j) = &removed {
+                            publish_demand(&w, &j.name);
+                        }
+                        let shared = removed.and_then(|j| j.slots.clone());
                         if let Some(slots) = shared.filter(|s| s.has_arena()) {
                             slots.release();
                             send.push(Message::ShmReleased { job });
@@ -559,22 +585,13 @@ impl Connection {
         let series = sluice_daemon::job_series(None);
         for job in self.jobs.values() {
             let name = &*job.name;
-            let d = w.demand(name);
             series
                 .counter("sluice_cpu_job_samples_total", name)
                 .increment(0);
             series
                 .gauge("sluice_cpu_job_weight", name)
                 .set(f64::from(job.weight));
-            series
-                .gauge("sluice_cpu_job_units_running", name)
-                .set(d.running as f64);
-            series
-                .gauge("sluice_cpu_job_units_waiting", name)
-                .set(d.waiting as f64);
-            series
-                .gauge("sluice_cpu_job_units_starved", name)
-                .set(d.starved as f64);
+            publish_demand(w, name);
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Per-job series end with their jobs: a worker that served 2,000 short jobs shows the same
 //! series once theirs expire (`timeouts.job_series_secs`), while a job that still runs keeps
-//! its own however long it lasts. Its own test binary: the expiry is the process's.
+//! its own however long it lasts; an ended job's demand gauges go to 0 at once. Its own test
+//! binary: the expiry is the process's (both tests set the same).
 
 mod quic_client;
 
@@ -15,6 +16,8 @@ fn series() -> std::collections::BTreeSet<String> {
         .render()
         .lines()
         .filter(|l| l.starts_with("sluice_"))
+        // The other test here runs a job of its own, `held`, in the same process.
+        .filter(|l| !l.contains("job=\"held\""))
         .filter_map(|l| l.rsplit_once(' ').map(|(s, _)| s.to_string()))
         .collect()
 }
@@ -80,5 +83,67 @@ async fn two_thousand_short_jobs_leave_no_series_once_they_expire() {
         );
     };
     assert_eq!(after, before, "the worker's per-job series changed");
+    r.stop.cancel();
+}
+
+/// The value of job `name`'s series `metric`, if it is there.
+fn value(metric: &str, name: &str) -> Option<f64> {
+    let series = format!("{metric}{{job=\"{name}\"}}");
+    sluice_daemon::job_series(None)
+        .render()
+        .lines()
+        .find(|l| l.starts_with(&series))
+        .and_then(|l| l.rsplit_once(' ')?.1.parse().ok())
+}
+
+/// An ended job's demand gauges go to 0 when it ends, not when its series expire: a job
+/// cancelled with units waiting for credit showed them for minutes on an idle worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_job_s_gauges_go_to_zero_when_it_ends() {
+    let r = start_with(|c| {
+        c.timeouts.job_series_secs = 3.0;
+        c.timeouts.heartbeat_secs = 0.2;
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = connect(&r).await;
+    hello(&mut c).await;
+    c.1.send(&named(1, "held"), &[]).await.unwrap();
+    assert!(matches!(
+        next(&mut c).await,
+        Some(Message::JobOpened { job: 1, .. })
+    ));
+    // Two units and no credit: both wait for their client.
+    let mut assign = shard(dir.path(), 4, 1);
+    for unit in 0..2 {
+        assign.unit = unit;
+        c.1.send(&Message::Assign(assign.clone()), &[])
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while value("sluice_cpu_job_units_starved", "held") != Some(2.0) {
+        assert!(
+            Instant::now() < deadline,
+            "the units never waited for credit"
+        );
+        c.1.send(&Message::Heartbeat { seq: 1 }, &[]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.1.send(&Message::Cancel { job: 1 }, &[]).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let gauges = [
+            "sluice_cpu_job_units_starved",
+            "sluice_cpu_job_units_running",
+            "sluice_cpu_job_units_waiting",
+        ]
+        .map(|m| value(m, "held"));
+        if gauges == [Some(0.0); 3] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "after the job ended: {gauges:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     r.stop.cancel();
 }

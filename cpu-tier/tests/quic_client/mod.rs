@@ -174,3 +174,38 @@ pub fn job_n(job: u64, pipeline: &str) -> Message {
         weight: 1,
     })
 }
+
+/// A shard of `n` small JPEG samples, as an assignment of all of it.
+pub fn shard(dir: &std::path::Path, n: u64, job: u64) -> sluice_wire::Assign {
+    let mut w = sluice_shard::ShardWriter::new(sluice_shard::WriterConfig::new(format!(
+        "{}/s-%02d.tar",
+        dir.display()
+    )))
+    .unwrap();
+    for i in 0..n {
+        let mut jpeg = Vec::new();
+        let img = image::RgbImage::from_fn(40, 30, |x, y| {
+            image::Rgb([x as u8 * 6, y as u8 * 8, i as u8])
+        });
+        image::codecs::jpeg::JpegEncoder::new(&mut jpeg)
+            .encode_image(&img)
+            .unwrap();
+        w.write(&format!("k{i:03}"), &[("jpg", &jpeg)]).unwrap();
+    }
+    let s = w.finish().unwrap().remove(0);
+    sluice_wire::Assign {
+        job,
+        unit: 0,
+        attempt: 0,
+        shard: sluice_wire::ShardRef {
+            index: 0,
+            urls: vec![s.path.display().to_string()],
+            size: s.info.size,
+            samples: s.info.samples,
+            checksum: s.info.checksum.0,
+            gzip: false,
+        },
+        start: 0,
+        end: n,
+    }
+}
