@@ -280,6 +280,27 @@ impl Timeouts {
 }
 
 impl sluice_daemon::DaemonConfig for CpuConfig {
+    fn relative_to(&mut self, dir: &std::path::Path) {
+        use sluice_daemon::rebase;
+        rebase(dir, &mut self.state_dir);
+        rebase(dir, &mut self.same_host.socket_dir);
+        for p in [
+            &mut self.cert,
+            &mut self.key,
+            &mut self.token_file,
+            &mut self.tenants_file,
+            &mut self.cache.dir,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            rebase(dir, p);
+        }
+        for t in &mut self.tenant {
+            rebase(dir, &mut t.token_file);
+        }
+    }
+
     fn check(&self) -> Result<(), ConfigError> {
         self.validate()
     }
@@ -485,5 +506,26 @@ mod tests {
         assert!(e(&format!("token_file = \"/t\"\n{tenant}")).contains("token_file"));
         assert!(e(&format!("tenants_file = \"/t\"\n{tenant}")).contains("tenants_file"));
         assert!(e(&format!("{tenant}oops = 1\n")).contains("oops"));
+    }
+
+    #[test]
+    fn every_relative_path_in_a_config_file_is_the_file_s() {
+        use sluice_daemon::DaemonConfig;
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("cpu.toml");
+        std::fs::write(
+            &file,
+            "token_file = \"secrets/token\"\ncert = \"/abs/cert.pem\"\nkey = \"tls/key.pem\"\n\
+             state_dir = \"state\"\n[cache]\ndir = \"cache\"\n[same_host]\nsocket_dir = \"run\"\n",
+        )
+        .unwrap();
+        let c = CpuConfig::read(&file).unwrap();
+        let at = |p: &str| d.path().join(p);
+        assert_eq!(c.token_file, Some(at("secrets/token")));
+        assert_eq!(c.cert, Some(PathBuf::from("/abs/cert.pem")));
+        assert_eq!(c.key, Some(at("tls/key.pem")));
+        assert_eq!(c.state_dir, at("state"));
+        assert_eq!(c.cache.dir, Some(at("cache")));
+        assert_eq!(c.same_host.socket_dir, at("run"));
     }
 }

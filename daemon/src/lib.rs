@@ -69,10 +69,23 @@ pub trait DaemonConfig: serde::de::DeserializeOwned {
         Ok(config)
     }
 
+    /// Takes every relative path the config holds as relative to `dir`, the folder of the
+    /// file it came from (not the working directory, which a service manager chooses).
+    fn relative_to(&mut self, dir: &Path);
+
     /// Reads a config file without validating it, so command-line overrides can be applied
-    /// first (then [`DaemonConfig::check`]).
+    /// first (then [`DaemonConfig::check`]); its relative paths are the file's.
     fn read(path: &Path) -> Result<Self, ConfigError> {
-        read_config(path)
+        let mut config: Self = read_config(path)?;
+        config.relative_to(path.parent().unwrap_or(Path::new("")));
+        Ok(config)
+    }
+}
+
+/// `path` taken as relative to `dir` when it is relative (an absolute one stays).
+pub fn rebase(dir: &Path, path: &mut std::path::PathBuf) {
+    if path.is_relative() {
+        *path = dir.join(&*path);
     }
 }
 

@@ -98,11 +98,6 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(t) = args.tenants.clone() {
         config.tenants_file = Some(t);
     }
-    // [[tenant]] token paths are the config file's, as a tenants file's are its own.
-    if let Some(path) = &args.config {
-        let tenants = std::mem::take(&mut config.tenant);
-        config.tenant = sluice_cpu::tenants::relative_to(tenants, path);
-    }
     if let Some(d) = args.state_dir.clone() {
         config.state_dir = d;
     }

@@ -71,19 +71,12 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 /// Settles the upload tokens kept out of the config file: each `upload_token_files` entry
-/// (relative to the config's folder) and each `--token-file` become absolute paths the node
-/// reads at start and again while it serves, each checked readable now (a bad one stops the
+/// (already the config file's, `DaemonConfig::read`) and each `--token-file` are read at
+/// start and again while the node serves, each checked readable now (a bad one stops the
 /// node by name); `$SLUICE_TOKEN` joins the config's own tokens.
 fn upload_tokens(config: &mut StorageConfig, args: &Args) -> Result<()> {
-    let base = args
-        .config
-        .as_deref()
-        .and_then(std::path::Path::parent)
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_default();
     let files: Vec<std::path::PathBuf> = std::mem::take(&mut config.upload_token_files)
-        .iter()
-        .map(|p| base.join(p))
+        .into_iter()
         .chain(args.token_file.iter().cloned())
         .collect();
     for path in &files {

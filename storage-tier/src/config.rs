@@ -137,6 +137,16 @@ impl Timeouts {
 }
 
 impl sluice_daemon::DaemonConfig for StorageConfig {
+    fn relative_to(&mut self, dir: &std::path::Path) {
+        for p in self
+            .mountpaths
+            .iter_mut()
+            .chain(&mut self.upload_token_files)
+        {
+            sluice_daemon::rebase(dir, p);
+        }
+    }
+
     fn check(&self) -> Result<(), ConfigError> {
         self.validate()
     }
