@@ -157,3 +157,43 @@ fn a_job_that_never_had_a_list_fails_and_still_writes_its_table_and_dump() {
     assert!(dump.exists(), "no --dump-ids");
     assert!(json.exists(), "no --json");
 }
+
+/// A worker listed in the pool that never answers (nothing listens at its port) is said once,
+/// with its address, and counted; the job runs on the other worker with every batch the
+/// in-process engine's.
+#[test]
+fn a_listed_worker_that_never_answers_is_said_once_and_the_job_runs_on_the_others() {
+    let (dir, data, [w], trust) = bed(40, ["w"]);
+    let manifest = &data.manifest_path;
+    let reference = dir.path().join("reference.txt");
+    succeed(job(
+        dir.path(),
+        manifest,
+        &["--workers", "local"],
+        &reference,
+        &trust,
+    ));
+    // A port nothing listens on: bound for a moment, then let go.
+    let dead = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let pool = format!("{},{dead}", w.addr);
+    let dump = dir.path().join("dump.txt");
+    let out = job(dir.path(), manifest, &["--workers", &pool], &dump, &trust)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("never answered"))
+        .collect();
+    assert_eq!(said.len(), 1, "one warning in 9 epochs:\n{stderr}");
+    assert!(said[0].contains(&dead), "{}", said[0]);
+    assert!(
+        std::fs::read_to_string(&dump).unwrap() == std::fs::read_to_string(&reference).unwrap(),
+        "the batches changed beside a worker that never answered"
+    );
+}

@@ -117,6 +117,25 @@ pub(crate) struct RemoteLink {
     /// The connection shares the batch arena: when the epoch ends it releases its places
     /// before it goes.
     pub releasing: AtomicBool,
+    /// A connection of this link got through its handshake since the last loss.
+    pub answered: AtomicBool,
+    /// The workers this loader said never answered (its links of every epoch share it).
+    pub silences: Arc<Silences>,
+}
+
+/// The workers a loader said never answered: each epoch dials its workers again, and one
+/// warning a loader says it.
+#[derive(Debug, Default)]
+pub(crate) struct Silences(std::sync::Mutex<std::collections::HashSet<SocketAddr>>);
+
+impl Silences {
+    /// Whether `addr` never answering is news.
+    pub(crate) fn first(&self, addr: SocketAddr) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(addr)
+    }
 }
 
 /// The most bytes spare same-host slots make a segment (a quarter of what a worker maps by
@@ -161,6 +180,7 @@ impl RemoteLink {
         cancel: CancellationToken,
     ) {
         let mut redial = Redial::default();
+        let joined = std::time::Instant::now();
         loop {
             let generation = redial.dial();
             let ended = {
@@ -198,11 +218,22 @@ impl RemoteLink {
             if cancel.is_cancelled() || events.is_closed() || commands.is_closed() {
                 return;
             }
+            if self.answered.swap(false, Ordering::Relaxed) {
+                redial.answered();
+            }
             let Some(loss) = redial.ended(ended) else {
                 return;
             };
             let (worker, error) = (&self.name, &loss.error);
             match loss.tone {
+                Tone::NeverAnswered if self.silences.first(self.addr) => {
+                    metrics::counter!("sluice_client_workers_unanswered_total").increment(1);
+                    tracing::warn!(%worker, addr = %self.addr, since = ?joined.elapsed(),
+                        "a worker of the pool has never answered ({error}): the epoch runs on \
+                         the others, and this one is dialled again every 2 s (said once)")
+                }
+                Tone::NeverAnswered => tracing::debug!(%worker, generation,
+                    "a worker of the pool has still not answered: {error}"),
                 Tone::Left => tracing::info!(%worker, generation,
                     "worker left the pool ({error}): its units go to the other workers"),
                 Tone::NotBack => tracing::debug!(%worker, generation,
@@ -291,6 +322,7 @@ impl RemoteLink {
         let mut session = Session::new(self.settings(Transport::Frames), generation, now());
         let result = match handshake(&mut wire, &mut session).await {
             Ok(Received::Ready { shape, caches }) => {
+                self.answered.store(true, Ordering::Relaxed);
                 let outside = (commands, events, cancel);
                 self.talk(wire, session, (shape, caches), (None, None), outside)
                     .await
@@ -365,7 +397,10 @@ impl RemoteLink {
         };
         session.attach_sent(arena.is_some(), now());
         let caches = match handshake(&mut wire, &mut session).await {
-            Ok(Received::Ready { caches, .. }) => caches,
+            Ok(Received::Ready { caches, .. }) => {
+                self.answered.store(true, Ordering::Relaxed);
+                caches
+            }
             Ok(_) => return Ended::Lost("the handshake ended early".into()),
             Err(e) => return e,
         };

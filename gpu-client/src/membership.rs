@@ -80,6 +80,7 @@ impl Source {
 #[derive(Default)]
 pub(crate) struct LastGood {
     inner: std::sync::Mutex<Remembered>,
+    silences: Arc<crate::link::Silences>,
 }
 
 #[derive(Default)]
@@ -106,6 +107,11 @@ impl LastGood {
         }
         r.routes.insert(worker.to_string(), route.to_string());
         true
+    }
+
+    /// The workers said never to have answered, for the loader's links.
+    pub(crate) fn silences(&self) -> Arc<crate::link::Silences> {
+        self.silences.clone()
     }
 
     /// The names `source` gives now (and `true`); when it cannot be read, or names no
@@ -353,6 +359,8 @@ impl Dialer {
             segments: self.segments.clone(),
             spare_slots: self.spare_slots,
             releasing: Default::default(),
+            answered: Default::default(),
+            silences: self.last.silences(),
         })
     }
 

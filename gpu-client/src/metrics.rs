@@ -14,6 +14,7 @@ pub const COUNTERS: &[&str] = &[
     "sluice_client_skipped_total",
     "sluice_client_storage_bytes_total",
     "sluice_client_unplanned_dropped_total",
+    "sluice_client_workers_unanswered_total",
 ];
 
 /// Gauges without labels.

@@ -559,6 +559,10 @@ pub(crate) struct Redial {
     backoff: Duration,
     /// The worker drained: failing to reach it again is expected until it is back.
     left: bool,
+    /// A connection got through its handshake, once at least.
+    answered: bool,
+    /// That it never answered was said.
+    unanswered_said: bool,
 }
 
 /// How a link reports a connection's end (see [`Redial::ended`]).
@@ -580,6 +584,8 @@ pub(crate) enum Tone {
     NotBack,
     /// A worker lost (WARN).
     Lost,
+    /// A worker of the pool that has never answered (WARN, once: later attempts are DEBUG).
+    NeverAnswered,
 }
 
 impl Default for Redial {
@@ -588,6 +594,8 @@ impl Default for Redial {
             generation: 0,
             backoff: Duration::from_millis(100),
             left: false,
+            answered: false,
+            unanswered_said: false,
         }
     }
 }
@@ -597,6 +605,11 @@ impl Redial {
     pub(crate) fn dial(&mut self) -> u64 {
         self.generation += 1;
         self.generation
+    }
+
+    /// A connection got through its handshake: the worker answers.
+    pub(crate) fn answered(&mut self) {
+        self.answered = true;
     }
 
     /// Connection `generation` ended: what to report, or `None` when the epoch is over.
@@ -613,6 +626,12 @@ impl Redial {
             Tone::Left
         } else if self.left && reconnecting {
             Tone::NotBack
+        } else if !self.answered && reconnecting && fatal.is_none() {
+            // Listed but never reached: said once, not at every attempt.
+            match std::mem::replace(&mut self.unanswered_said, true) {
+                false => Tone::NeverAnswered,
+                true => Tone::NotBack,
+            }
         } else {
             self.left = false;
             Tone::Lost

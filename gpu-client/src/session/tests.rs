@@ -379,6 +379,21 @@ fn redialing_backs_off_to_two_seconds_and_stops_at_a_refusal() {
 }
 
 #[test]
+fn a_worker_that_never_answered_is_said_once_and_one_that_did_is_lost_each_time() {
+    let mut r = Redial::default();
+    let tone = |r: &mut Redial| {
+        r.ended(Ended::Lost("no answer in 5s".into()))
+            .map(|l| l.tone)
+    };
+    assert_eq!(tone(&mut r), Some(Tone::NeverAnswered));
+    assert_eq!(tone(&mut r), Some(Tone::NotBack));
+    assert_eq!(tone(&mut r), Some(Tone::NotBack));
+    r.answered();
+    assert_eq!(tone(&mut r), Some(Tone::Lost));
+    assert_eq!(tone(&mut r), Some(Tone::Lost));
+}
+
+#[test]
 fn credits_and_so_same_host_slots_follow_the_receive_window() {
     assert_eq!(credit_window(128, 64 << 20, 150_528), 128);
     assert_eq!(credit_window(128, 1 << 20, 150_528), 6);
