@@ -155,6 +155,32 @@ fn a_teams_token_decides_its_jobs_names_and_weights_and_no_team_is_refused() {
         stop(c);
     }
 
+    // A client is told the weight its job runs at when it is capped.
+    let token = dir.path().join("team-b.token");
+    let out = job(
+        &data.manifest_path,
+        &worker,
+        &trust,
+        &token,
+        ("told", 16),
+        1,
+    )
+    .env("RUST_LOG", "info")
+    .output()
+    .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    let told: Vec<&str> = said
+        .lines()
+        .filter(|l| l.contains("lower weight"))
+        .collect();
+    assert_eq!(told.len(), 1, "{said}");
+    assert!(
+        told[0].contains("asked=16") && told[0].contains("weight=2"),
+        "{}",
+        told[0]
+    );
+
     // The cluster token of a worker without tenants, and a made-up one: refused by name.
     let stranger = dir.path().join("stranger.token");
     for token in [TOKEN, "guess"] {

@@ -98,7 +98,7 @@ async fn bad_frames_close_one_connection_and_the_server_goes_on() {
         .await
         .unwrap();
     match next(&mut c).await {
-        Some(Message::JobOpened { job: 1, shape }) => assert_eq!(shape.bytes(), 8 * 8 * 3),
+        Some(Message::JobOpened { job: 1, shape, .. }) => assert_eq!(shape.bytes(), 8 * 8 * 3),
         other => panic!("expected JobOpened, got {other:?}"),
     }
     r.stop.cancel();
@@ -362,7 +362,7 @@ async fn a_client_of_another_protocol_version_is_named_with_both_versions() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert!(
-        text.contains("offered protocol version sluice/1") && text.contains("speaks sluice/6"),
+        text.contains("offered protocol version sluice/1") && text.contains("speaks sluice/7"),
         "{text}"
     );
     r.stop.cancel();

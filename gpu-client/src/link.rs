@@ -119,22 +119,35 @@ pub(crate) struct RemoteLink {
     pub releasing: AtomicBool,
     /// A connection of this link got through its handshake since the last loss.
     pub answered: AtomicBool,
-    /// The workers this loader said never answered (its links of every epoch share it).
-    pub silences: Arc<Silences>,
+    /// What this loader's links said of their workers, so each thing is said once a loader
+    /// (its links of every epoch share it).
+    pub said: Arc<Said>,
 }
 
-/// The workers a loader said never answered: each epoch dials its workers again, and one
-/// warning a loader says it.
+/// What a loader's links said once: each epoch dials its workers again, and one line a
+/// loader says a worker never answered, or that it capped the job's weight.
 #[derive(Debug, Default)]
-pub(crate) struct Silences(std::sync::Mutex<std::collections::HashSet<SocketAddr>>);
+pub(crate) struct Said(std::sync::Mutex<std::collections::HashSet<String>>);
 
-impl Silences {
-    /// Whether `addr` never answering is news.
-    pub(crate) fn first(&self, addr: SocketAddr) -> bool {
+impl Said {
+    /// Whether `what` is news.
+    pub(crate) fn first(&self, what: String) -> bool {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(addr)
+            .insert(what)
+    }
+}
+
+/// Says, once a loader and worker, that the worker runs the job at a lower weight than it
+/// asked for (its `limits.max_job_weight`, or the tenant's `max_weight`).
+fn say_capped(said: &Said, worker: &str, session: &Session) {
+    if let Some((asked, given)) = session.capped() {
+        if said.first(format!("capped {worker} {given}")) {
+            tracing::info!(%worker, asked, weight = given,
+                "the worker runs this job at a lower weight than asked: its cap, or the team's \
+                 max_weight");
+        }
     }
 }
 
@@ -226,7 +239,7 @@ impl RemoteLink {
             };
             let (worker, error) = (&self.name, &loss.error);
             match loss.tone {
-                Tone::NeverAnswered if self.silences.first(self.addr) => {
+                Tone::NeverAnswered if self.said.first(format!("unanswered {}", self.addr)) => {
                     metrics::counter!("sluice_client_workers_unanswered_total").increment(1);
                     tracing::warn!(%worker, addr = %self.addr, since = ?joined.elapsed(),
                         "a worker of the pool has never answered ({error}): the epoch runs on \
@@ -323,6 +336,7 @@ impl RemoteLink {
         let result = match handshake(&mut wire, &mut session).await {
             Ok(Received::Ready { shape, caches }) => {
                 self.answered.store(true, Ordering::Relaxed);
+                say_capped(&self.said, worker, &session);
                 let outside = (commands, events, cancel);
                 self.talk(wire, session, (shape, caches), (None, None), outside)
                     .await
@@ -399,6 +413,7 @@ impl RemoteLink {
         let caches = match handshake(&mut wire, &mut session).await {
             Ok(Received::Ready { caches, .. }) => {
                 self.answered.store(true, Ordering::Relaxed);
+                say_capped(&self.said, &self.name, &session);
                 caches
             }
             Ok(_) => return Ended::Lost("the handshake ended early".into()),

@@ -80,7 +80,7 @@ impl Source {
 #[derive(Default)]
 pub(crate) struct LastGood {
     inner: std::sync::Mutex<Remembered>,
-    silences: Arc<crate::link::Silences>,
+    said: Arc<crate::link::Said>,
 }
 
 #[derive(Default)]
@@ -109,9 +109,9 @@ impl LastGood {
         true
     }
 
-    /// The workers said never to have answered, for the loader's links.
-    pub(crate) fn silences(&self) -> Arc<crate::link::Silences> {
-        self.silences.clone()
+    /// What the loader's links said once, for its next epochs' links.
+    pub(crate) fn said(&self) -> Arc<crate::link::Said> {
+        self.said.clone()
     }
 
     /// The names `source` gives now (and `true`); when it cannot be read, or names no
@@ -360,7 +360,7 @@ impl Dialer {
             spare_slots: self.spare_slots,
             releasing: Default::default(),
             answered: Default::default(),
-            silences: self.last.silences(),
+            said: self.last.said(),
         })
     }
 

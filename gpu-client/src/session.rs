@@ -163,6 +163,8 @@ pub(crate) struct Session {
     phase: Phase,
     caches: bool,
     shape: Option<SampleShape>,
+    /// The weight the worker runs the job at (its caps applied), once it opened it.
+    weight: Option<u32>,
     /// Same-host: the batch arena is among the segments attached.
     arena: bool,
     /// The handshake's next answer, or the release, is due by then.
@@ -178,6 +180,13 @@ pub(crate) struct Session {
 }
 
 impl Session {
+    /// The weight the worker runs the job at, when it is lower than the one asked (its cap,
+    /// or its tenant's): `(asked, given)`.
+    pub(crate) fn capped(&self) -> Option<(u32, u32)> {
+        let asked = self.settings.job.weight;
+        self.weight.filter(|&w| w < asked).map(|w| (asked, w))
+    }
+
     /// Connection `generation`, just made: its first frame (`Hello`) is queued.
     pub(crate) fn new(settings: Settings, generation: u64, now: Instant) -> Self {
         let hello = Message::Hello(settings.hello.clone());
@@ -186,6 +195,7 @@ impl Session {
             phase: Phase::Welcome,
             caches: false,
             shape: None,
+            weight: None,
             arena: false,
             due: now + settings.handshake,
             heard: now,
@@ -286,10 +296,11 @@ impl Session {
                 self.expect(Phase::JobOpened, now);
                 Received::Nothing
             }
-            (Phase::JobOpened, Message::JobOpened { job, shape })
+            (Phase::JobOpened, Message::JobOpened { job, shape, weight })
                 if job == self.settings.job.job =>
             {
                 self.shape = Some(shape);
+                self.weight = Some(weight);
                 match self.settings.transport {
                     Transport::Frames => self.ready(now),
                     Transport::SameHost => {

@@ -20,7 +20,12 @@ pub enum Message {
     /// Client → worker: run a job's units with this pipeline.
     OpenJob(JobSpec),
     /// Worker → client: the job is open; every sample of it has this shape.
-    JobOpened { job: u64, shape: SampleShape },
+    /// `weight`: the weight the job runs at, after the worker's and its tenant's caps.
+    JobOpened {
+        job: u64,
+        shape: SampleShape,
+        weight: u32,
+    },
     /// Client → worker: process a sample range of a shard.
     Assign(Assign),
     /// Client → worker: room for this many more samples of a job.
@@ -321,8 +326,7 @@ impl std::fmt::Display for ErrorMessage {
     }
 }
 
-/// The TLS application protocol name of a Sluice QUIC connection (version 4 of the frames:
-/// a job names itself and its weight for the worker's fair sharing). Version 5 changed only
-/// same-host frames (the batch arena), so the name stays; every frame's version byte still
+/// The TLS application protocol name of a Sluice QUIC connection: the frames' version (7:
+/// `JobOpened` tells the client the weight its job runs at). Every frame's version byte also
 /// tells builds of different versions apart, with an error naming both.
-pub const ALPN: &[u8] = b"sluice/6";
+pub const ALPN: &[u8] = b"sluice/7";

@@ -594,6 +594,7 @@ impl<L: Clone> Worker<L> {
         let opened = Message::JobOpened {
             job: spec.job,
             shape,
+            weight,
         };
         s.effects.push_back(Effect::Send(opened));
         Some(weight)

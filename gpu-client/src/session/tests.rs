@@ -44,6 +44,7 @@ fn running(transport: Transport, t0: Instant) -> Session {
         Message::JobOpened {
             job: 7,
             shape: SHAPE,
+            weight: 1,
         },
         t0,
     );
@@ -103,6 +104,7 @@ fn the_handshake_goes_in_order_and_each_answer_has_its_time() {
         Message::JobOpened {
             job: 7,
             shape: SHAPE,
+            weight: 1,
         },
         t1,
     );
@@ -126,6 +128,7 @@ fn the_handshake_goes_in_order_and_each_answer_has_its_time() {
         Message::JobOpened {
             job: 7,
             shape: SHAPE,
+            weight: 1,
         },
         t0,
     );
@@ -398,4 +401,22 @@ fn credits_and_so_same_host_slots_follow_the_receive_window() {
     assert_eq!(credit_window(128, 64 << 20, 150_528), 128);
     assert_eq!(credit_window(128, 1 << 20, 150_528), 6);
     assert_eq!(credit_window(128, 10, 150_528), 1);
+}
+
+#[test]
+fn the_weight_a_job_runs_at_is_kept_and_a_cap_is_told() {
+    let t0 = Instant::now();
+    let mut asked = settings(Transport::Frames);
+    asked.job.weight = 16;
+    for (given, capped) in [(16, None), (2, Some((16, 2)))] {
+        let mut s = Session::new(asked.clone(), 1, t0);
+        s.handle(Message::Welcome(Welcome::default()), t0);
+        let opened = Message::JobOpened {
+            job: asked.job.job,
+            shape: SHAPE,
+            weight: given,
+        };
+        s.handle(opened, t0);
+        assert_eq!(s.capped(), capped);
+    }
 }
