@@ -364,42 +364,19 @@ fn a_certificate_replaced_while_a_job_runs_is_served_without_a_restart() {
     std::fs::write(&both, ca_pem("ca1") + &ca_pem("ca2")).unwrap();
 
     let rotated = Arc::new(AtomicBool::new(false));
-    let running = {
-        let (manifest, rotated) = (data.manifest.clone(), rotated.clone());
-        let (addr, both) = (worker.addr.clone(), both.clone());
-        std::thread::spawn(move || {
-            let l = sluice_client::Loader::builder()
-                .dataset(manifest.clone())
-                .token(system::TOKEN)
-                .trust_cert(&both)
-                .same_host(sluice_client::SameHost::Off)
-                .workers(vec![addr])
-                .pipeline("decode | random_resized_crop 32".into())
-                .batch_size(8)
-                .seed(3)
-                .job_name("long")
-                .build()
-                .unwrap();
-            let (mut epoch, mut after) = (0, 0);
-            while after < 2 {
-                if rotated.load(Ordering::SeqCst) {
-                    after += 1;
-                }
-                let mut got = Vec::new();
-                for batch in l.epoch(epoch).unwrap() {
-                    let batch = batch.unwrap_or_else(|e| panic!("epoch {epoch}: {e}"));
-                    got.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
-                }
-                system::assert_exactly_once(
-                    &format!("the running job's epoch {epoch}"),
-                    system::planned(&manifest, 3, 1, 0, epoch),
-                    got,
-                );
-                epoch += 1;
-            }
-            epoch
-        })
-    };
+    let running = system::epochs_until(
+        sluice_client::Loader::builder()
+            .dataset(data.manifest.clone())
+            .token(system::TOKEN)
+            .trust_cert(&both)
+            .same_host(sluice_client::SameHost::Off)
+            .workers(vec![worker.addr.clone()])
+            .pipeline("decode | random_resized_crop 32".into())
+            .batch_size(8)
+            .job_name("long"),
+        data.manifest.clone(),
+        rotated.clone(),
+    );
     assert!(worker.log_shows("job", std::time::Duration::from_secs(30)));
 
     swap_in("tls2");

@@ -583,6 +583,45 @@ fn strangers_cannot_attach() {
 
 use std::os::unix::process::CommandExt;
 
+/// A process of user nobody that listens at `socket` (making its directory first, 0755 and
+/// its own, when `make_dir`), accepts every connection and prints each byte count it is
+/// sent: started, and its output once it says it listens.
+fn listen_as_nobody(
+    python: &Path,
+    socket: &Path,
+    make_dir: bool,
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    let mkdir = match make_dir {
+        true => "os.mkdir(os.path.dirname(sys.argv[1]), 0o755)\n",
+        false => "",
+    };
+    let script = format!(
+        "import os, socket, sys\n{mkdir}\
+         s = socket.socket(socket.AF_UNIX)\n\
+         s.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o777); s.listen(16)\n\
+         print('listening', flush=True)\n\
+         while True:\n    c, _ = s.accept()\n    print('accepted', flush=True)\n    \
+         while True:\n        d = c.recv(65536)\n        if not d: break\n        \
+         print('got', len(d), flush=True)\n"
+    );
+    let mut child = std::process::Command::new(python)
+        .current_dir("/")
+        .args(["-c", &script, path_str(socket)])
+        .uid(65534)
+        .gid(65534)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "listening");
+    (child, out)
+}
+
 /// This process's effective user: /proc/self belongs to it.
 fn effective_uid() -> u32 {
     std::fs::metadata("/proc/self")
@@ -619,26 +658,7 @@ fn a_same_host_impostor_of_another_user_gets_nothing_and_the_client_uses_quic() 
     .unwrap();
     let port = w.addr.rsplit(':').next().unwrap();
     let socket = sockets.join(format!("cpu-{port}.sock"));
-    // Accepts every connection and reports each byte it is sent.
-    let script = "import os, socket, sys\n\
-                  s = socket.socket(socket.AF_UNIX)\n\
-                  s.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o777); s.listen(16)\n\
-                  print('listening', flush=True)\n\
-                  while True:\n    c, _ = s.accept()\n    print('accepted', flush=True)\n    \
-                  while True:\n        d = c.recv(65536)\n        if not d: break\n        \
-                  print('got', len(d), flush=True)\n";
-    let mut impostor = std::process::Command::new(python)
-        .current_dir("/")
-        .args(["-c", script, path_str(&socket)])
-        .uid(65534)
-        .gid(65534)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(impostor.stdout.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-    assert_eq!(line.trim(), "listening");
+    let (mut impostor, mut out) = listen_as_nobody(python, &socket, false);
 
     let l = builder(&data, dir.path(), &trust)
         .same_host(SameHost::Auto)
@@ -710,26 +730,7 @@ fn whoever_makes_a_shared_socket_directory_first_is_not_trusted() {
     let port = w.addr.rsplit(':').next().unwrap();
     let socket = sockets.join(format!("cpu-{port}.sock"));
     // As nobody: make the directory (0755, theirs), listen in it, report what arrives.
-    let script = "import os, socket, sys\n\
-                  os.mkdir(os.path.dirname(sys.argv[1]), 0o755)\n\
-                  s = socket.socket(socket.AF_UNIX)\n\
-                  s.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o777); s.listen(16)\n\
-                  print('listening', flush=True)\n\
-                  while True:\n    c, _ = s.accept()\n    print('accepted', flush=True)\n    \
-                  while True:\n        d = c.recv(65536)\n        if not d: break\n        \
-                  print('got', len(d), flush=True)\n";
-    let mut other = std::process::Command::new(python)
-        .current_dir("/")
-        .args(["-c", script, path_str(&socket)])
-        .uid(65534)
-        .gid(65534)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(other.stdout.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-    assert_eq!(line.trim(), "listening");
+    let (mut other, mut out) = listen_as_nobody(python, &socket, true);
 
     let required = builder(&data, dir.path(), &trust)
         .same_host_dir(sockets.clone())

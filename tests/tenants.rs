@@ -385,43 +385,19 @@ fn tenants_rotated_while_a_job_runs_take_effect_without_a_restart() {
 
     // Team A's job, epoch after epoch until the rotation is done, then two more.
     let rotated = Arc::new(AtomicBool::new(false));
-    let running = {
-        let (manifest, rotated) = (data.manifest.clone(), rotated.clone());
-        let (addr, trust) = (worker.addr.clone(), trust.clone());
-        std::thread::spawn(move || {
-            let l = sluice_client::Loader::builder()
-                .dataset(manifest.clone())
-                .token("team-a-token-rotation")
-                .trust_cert(&trust)
-                .same_host(sluice_client::SameHost::Off)
-                .workers(vec![addr])
-                .pipeline(PIPELINE.into())
-                .batch_size(8)
-                .seed(3)
-                .job_name("long")
-                .build()
-                .unwrap();
-            let mut epoch = 0;
-            let mut after = 0;
-            while after < 2 {
-                if rotated.load(Ordering::SeqCst) {
-                    after += 1;
-                }
-                let mut got = Vec::new();
-                for batch in l.epoch(epoch).unwrap() {
-                    let batch = batch.unwrap_or_else(|e| panic!("epoch {epoch}: {e}"));
-                    got.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
-                }
-                system::assert_exactly_once(
-                    &format!("team A's epoch {epoch}"),
-                    system::planned(&manifest, 3, 1, 0, epoch),
-                    got,
-                );
-                epoch += 1;
-            }
-            epoch
-        })
-    };
+    let running = system::epochs_until(
+        sluice_client::Loader::builder()
+            .dataset(data.manifest.clone())
+            .token("team-a-token-rotation")
+            .trust_cert(&trust)
+            .same_host(sluice_client::SameHost::Off)
+            .workers(vec![worker.addr.clone()])
+            .pipeline(PIPELINE.into())
+            .batch_size(8)
+            .job_name("long"),
+        data.manifest.clone(),
+        rotated.clone(),
+    );
     wait_for(&worker, "sluice_cpu_job_samples_total{job=\"team-a/long\"}");
 
     let one_epoch = |team: &str| {

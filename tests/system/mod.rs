@@ -392,3 +392,35 @@ pub fn bed<const N: usize>(
     let trust = trust_file(dir.path(), &workers.iter().collect::<Vec<_>>());
     (dir, data, workers, trust)
 }
+
+/// A job that runs epoch after epoch, built from `builder` (seed 3, one rank), each epoch
+/// checked exactly once against its plan, until `stop` is set and then two more: what a test
+/// keeps running while it changes the world under it (rotated tokens or certificates).
+/// Returns the epochs it ran; panics, naming the epoch, on any error.
+pub fn epochs_until(
+    builder: sluice_client::LoaderBuilder,
+    manifest: Manifest,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let l = builder.seed(3).build().unwrap();
+        let (mut epoch, mut after) = (0, 0);
+        while after < 2 {
+            if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                after += 1;
+            }
+            let mut got = Vec::new();
+            for batch in l.epoch(epoch).unwrap() {
+                let batch = batch.unwrap_or_else(|e| panic!("epoch {epoch}: {e}"));
+                got.extend(batch.ids().iter().map(|id| (id.shard, id.index)));
+            }
+            assert_exactly_once(
+                &format!("the running job's epoch {epoch}"),
+                planned(&manifest, 3, 1, 0, epoch),
+                got,
+            );
+            epoch += 1;
+        }
+        epoch
+    })
+}
