@@ -68,7 +68,7 @@ impl From<Option<String>> for Admission {
 /// A team sharing a worker: its token decides who it is, and its limits what its jobs get.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Tenant {
-    /// Prefixes its jobs' names (`<name>/<job name>`); 1 to 63 of `a-z 0-9 . _ -`.
+    /// Prefixes its jobs' names (`<name>/<job name>`); a DNS label ([`Tenant::valid_name`]).
     pub name: String,
     pub token: String,
     /// The largest weight one of its jobs gets (and no more than the worker's cap).
