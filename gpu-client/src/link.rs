@@ -124,18 +124,54 @@ pub(crate) struct RemoteLink {
     pub said: Arc<Said>,
 }
 
-/// What a loader's links said once: each epoch dials its workers again, and one line a
-/// loader says a worker never answered, or that it capped the job's weight.
+/// What a loader's links said once, and since when each worker of the pool has gone
+/// unanswered: each epoch dials its workers again (and an epoch may end before a dial times
+/// out), so one line a loader says a worker never answered, or that it capped the job's
+/// weight.
 #[derive(Debug, Default)]
-pub(crate) struct Said(std::sync::Mutex<std::collections::HashSet<String>>);
+pub(crate) struct Said {
+    said: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Workers dialled and not answered yet, since the first dial.
+    silent: std::sync::Mutex<std::collections::HashMap<SocketAddr, std::time::Instant>>,
+}
 
 impl Said {
     /// Whether `what` is news.
     pub(crate) fn first(&self, what: String) -> bool {
-        self.0
+        self.said
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(what)
+    }
+
+    /// A link dials `addr`: unanswered from now, unless it was already, or it ever answered
+    /// (a worker lost later is a loss, not a silence).
+    fn dialling(&self, addr: SocketAddr) {
+        if self
+            .said
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&format!("reached {addr}"))
+        {
+            return;
+        }
+        let mut silent = self.silent.lock().unwrap_or_else(|e| e.into_inner());
+        silent.entry(addr).or_insert_with(std::time::Instant::now);
+    }
+
+    /// A connection to `addr` got through its handshake.
+    fn answered(&self, addr: SocketAddr) {
+        self.silent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&addr);
+        self.first(format!("reached {addr}"));
+    }
+
+    /// How long `addr` has gone unanswered, over every epoch's links.
+    fn silent_for(&self, addr: SocketAddr) -> Option<Duration> {
+        let silent = self.silent.lock().unwrap_or_else(|e| e.into_inner());
+        silent.get(&addr).map(std::time::Instant::elapsed)
     }
 }
 
@@ -193,7 +229,7 @@ impl RemoteLink {
         cancel: CancellationToken,
     ) {
         let mut redial = Redial::default();
-        let joined = std::time::Instant::now();
+        self.said.dialling(self.addr);
         loop {
             let generation = redial.dial();
             let ended = {
@@ -228,23 +264,20 @@ impl RemoteLink {
             // An epoch that ended (or a loader shutting down) takes its links with it, and a
             // link released (its worker left the pool) is not dialed again: a connection that
             // broke on the way is no news.
-            if cancel.is_cancelled() || events.is_closed() || commands.is_closed() {
-                return;
-            }
             if self.answered.swap(false, Ordering::Relaxed) {
                 redial.answered();
+            }
+            if cancel.is_cancelled() || events.is_closed() || commands.is_closed() {
+                // An epoch shorter than a dial's timeout still counts towards the silence.
+                self.say_silent("the epoch ended first");
+                return;
             }
             let Some(loss) = redial.ended(ended) else {
                 return;
             };
             let (worker, error) = (&self.name, &loss.error);
             match loss.tone {
-                Tone::NeverAnswered if self.said.first(format!("unanswered {}", self.addr)) => {
-                    metrics::counter!("sluice_client_workers_unanswered_total").increment(1);
-                    tracing::warn!(%worker, addr = %self.addr, since = ?joined.elapsed(),
-                        "a worker of the pool has never answered ({error}): the epoch runs on \
-                         the others, and this one is dialled again every 2 s (said once)")
-                }
+                Tone::NeverAnswered if self.say_silent(error) => {}
                 Tone::NeverAnswered => tracing::debug!(%worker, generation,
                     "a worker of the pool has still not answered: {error}"),
                 Tone::Left => tracing::info!(%worker, generation,
@@ -276,6 +309,22 @@ impl RemoteLink {
                 return;
             }
         }
+    }
+
+    /// Warns, once a loader, that this link's worker has never answered, when it has gone
+    /// unanswered for a dial's timeout at least, over every epoch's links: whether it did.
+    fn say_silent(&self, error: &str) -> bool {
+        let Some(silent) = self.said.silent_for(self.addr) else {
+            return false;
+        };
+        if silent < self.connect_timeout || !self.said.first(format!("unanswered {}", self.addr)) {
+            return false;
+        }
+        metrics::counter!("sluice_client_workers_unanswered_total").increment(1);
+        tracing::warn!(worker = %self.name, addr = %self.addr, since = ?silent,
+            "a worker of the pool has never answered ({error}): epochs run on the others, and \
+             it is dialled again (said once)");
+        true
     }
 
     /// The session's settings for a connection over `transport`.
@@ -336,6 +385,7 @@ impl RemoteLink {
         let result = match handshake(&mut wire, &mut session).await {
             Ok(Received::Ready { shape, caches }) => {
                 self.answered.store(true, Ordering::Relaxed);
+                self.said.answered(self.addr);
                 say_capped(&self.said, worker, &session);
                 let outside = (commands, events, cancel);
                 self.talk(wire, session, (shape, caches), (None, None), outside)
@@ -413,6 +463,7 @@ impl RemoteLink {
         let caches = match handshake(&mut wire, &mut session).await {
             Ok(Received::Ready { caches, .. }) => {
                 self.answered.store(true, Ordering::Relaxed);
+                self.said.answered(self.addr);
                 say_capped(&self.said, &self.name, &session);
                 caches
             }

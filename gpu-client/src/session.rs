@@ -572,8 +572,6 @@ pub(crate) struct Redial {
     left: bool,
     /// A connection got through its handshake, once at least.
     answered: bool,
-    /// That it never answered was said.
-    unanswered_said: bool,
 }
 
 /// How a link reports a connection's end (see [`Redial::ended`]).
@@ -595,7 +593,7 @@ pub(crate) enum Tone {
     NotBack,
     /// A worker lost (WARN).
     Lost,
-    /// A worker of the pool that has never answered (WARN, once: later attempts are DEBUG).
+    /// A worker of the pool that has never answered (WARN once a loader, else DEBUG).
     NeverAnswered,
 }
 
@@ -606,7 +604,6 @@ impl Default for Redial {
             backoff: Duration::from_millis(100),
             left: false,
             answered: false,
-            unanswered_said: false,
         }
     }
 }
@@ -638,11 +635,8 @@ impl Redial {
         } else if self.left && reconnecting {
             Tone::NotBack
         } else if !self.answered && reconnecting && fatal.is_none() {
-            // Listed but never reached: said once, not at every attempt.
-            match std::mem::replace(&mut self.unanswered_said, true) {
-                false => Tone::NeverAnswered,
-                true => Tone::NotBack,
-            }
+            // Listed but never reached: the shell says it once a loader.
+            Tone::NeverAnswered
         } else {
             self.left = false;
             Tone::Lost

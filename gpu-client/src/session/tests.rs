@@ -382,15 +382,14 @@ fn redialing_backs_off_to_two_seconds_and_stops_at_a_refusal() {
 }
 
 #[test]
-fn a_worker_that_never_answered_is_said_once_and_one_that_did_is_lost_each_time() {
+fn a_worker_that_never_answered_is_told_apart_from_one_lost() {
     let mut r = Redial::default();
     let tone = |r: &mut Redial| {
         r.ended(Ended::Lost("no answer in 5s".into()))
             .map(|l| l.tone)
     };
     assert_eq!(tone(&mut r), Some(Tone::NeverAnswered));
-    assert_eq!(tone(&mut r), Some(Tone::NotBack));
-    assert_eq!(tone(&mut r), Some(Tone::NotBack));
+    assert_eq!(tone(&mut r), Some(Tone::NeverAnswered));
     r.answered();
     assert_eq!(tone(&mut r), Some(Tone::Lost));
     assert_eq!(tone(&mut r), Some(Tone::Lost));
