@@ -521,16 +521,9 @@ fn a_killed_client_leaves_no_segment_behind() {
 /// the mode lets it connect, by the worker's peer-credential check.
 #[test]
 fn strangers_cannot_attach() {
-    if effective_uid() != 0 {
-        eprintln!("skipped: needs root to run a client as another user");
+    let Some(python) = python_as_another_user("the stranger") else {
         return;
-    }
-    // The system Python: one under root's home is not executable by another user.
-    let python = Path::new("/usr/bin/python3");
-    if !python.exists() {
-        eprintln!("skipped: no /usr/bin/python3 to play the stranger");
-        return;
-    }
+    };
     // A directory everyone may enter, as /run/sluice is.
     let sockets = std::env::temp_dir().join(format!("sluice-strangers-{}", std::process::id()));
     std::fs::create_dir_all(&sockets).unwrap();
@@ -622,6 +615,22 @@ fn listen_as_nobody(
     (child, out)
 }
 
+/// The system Python, for a process of another user to play `who` in, when this test can
+/// start one (root, and `/usr/bin/python3`: one under root's home is not executable by
+/// another user); else `None`, said as a skip.
+fn python_as_another_user(who: &str) -> Option<&'static Path> {
+    if effective_uid() != 0 {
+        eprintln!("skipped: needs root to run {who} as another user");
+        return None;
+    }
+    let python = Path::new("/usr/bin/python3");
+    if !python.exists() {
+        eprintln!("skipped: no /usr/bin/python3 to play {who}");
+        return None;
+    }
+    Some(python)
+}
+
 /// This process's effective user: /proc/self belongs to it.
 fn effective_uid() -> u32 {
     std::fs::metadata("/proc/self")
@@ -636,15 +645,9 @@ fn effective_uid() -> u32 {
 /// same-host required, the epoch fails naming the impostor's user.
 #[test]
 fn a_same_host_impostor_of_another_user_gets_nothing_and_the_client_uses_quic() {
-    if effective_uid() != 0 {
-        eprintln!("skipped: needs root to run the impostor as another user");
+    let Some(python) = python_as_another_user("the impostor") else {
         return;
-    }
-    let python = Path::new("/usr/bin/python3");
-    if !python.exists() {
-        eprintln!("skipped: no /usr/bin/python3 to play the impostor");
-        return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     let data = dataset(dir.path(), 40);
     let w = system::start_worker(dir.path(), "a"); // QUIC only: its socket is not there
@@ -713,15 +716,9 @@ fn a_same_host_impostor_of_another_user_gets_nothing_and_the_client_uses_quic() 
 /// QUIC only, naming the directory and its owner.
 #[test]
 fn whoever_makes_a_shared_socket_directory_first_is_not_trusted() {
-    if effective_uid() != 0 {
-        eprintln!("skipped: needs root to act as another user");
+    let Some(python) = python_as_another_user("the other user") else {
         return;
-    }
-    let python = Path::new("/usr/bin/python3");
-    if !python.exists() {
-        eprintln!("skipped: no /usr/bin/python3 to play the other user");
-        return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     let data = dataset(dir.path(), 40);
     let w = system::start_worker(dir.path(), "a");
