@@ -510,9 +510,12 @@ impl Watcher {
 /// Tells `stats` the pool is now `pool`, and logs each change it had not heard of (an epoch
 /// and the one started early behind it report the same changes; each is logged once).
 pub(crate) fn report(stats: &Stats, pool: &[(Member, Vec<usize>)]) {
-    let labels: Vec<String> = pool.iter().map(|(m, _)| m.label.clone()).collect();
-    let (came, went) = stats.pool_is(&labels);
-    let n = labels.len();
+    let workers: Vec<(SocketAddr, String)> = pool
+        .iter()
+        .map(|(m, _)| (m.addr, m.label.clone()))
+        .collect();
+    let (came, went) = stats.pool_is(&workers);
+    let n = workers.len();
     for w in came {
         tracing::info!("worker {w} joined the pool ({n} workers)");
     }
@@ -625,13 +628,26 @@ mod tests {
         let b = member("b:1", "10.0.0.2:1");
         let c = member("c:1", "10.0.0.3:1");
         let (joined, left) = diff(&[a.clone(), b.clone()], &[b.clone(), c.clone()]);
-        assert_eq!((joined, left), (vec![c], vec![a]));
+        assert_eq!((joined, left), (vec![c.clone()], vec![a]));
         // The same address under another label is the same worker.
         let b2 = Member {
             label: "svc:1 (10.0.0.2:1)".into(),
             ..b.clone()
         };
-        assert_eq!(diff(&[b], &[b2]), (vec![], vec![]));
+        assert_eq!(diff(&[b.clone()], &[b2.clone()]), (vec![], vec![]));
+        // And is reported as no change: an epoch that started when `svc` gave several
+        // addresses and the next, started when it gave one, report the same worker under two
+        // labels, turn about, while both run.
+        let stats = Stats::new();
+        let at = |m: &Member| vec![(m.addr, m.label.clone())];
+        for _ in 0..3 {
+            assert_eq!(stats.pool_is(&at(&b)), (vec![], vec![]));
+            assert_eq!(stats.pool_is(&at(&b2)), (vec![], vec![]));
+        }
+        let both = [at(&b2), at(&c)].concat();
+        assert_eq!(stats.pool_is(&both), (vec![c.label.clone()], vec![]));
+        assert_eq!(stats.pool_is(&at(&c)), (vec![], vec![b2.label]));
+        assert_eq!(stats.snapshot().pool_changes, 2);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Client figures: what an epoch delivered, and live rates for loadgen and dashboards (also
 //! exported through the `metrics` facade as `sluice_client_*`).
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -148,8 +150,9 @@ pub(crate) struct Stats {
     storage_bytes: AtomicU64,
     cached_bytes: AtomicU64,
     workers: Mutex<Vec<WorkerStats>>,
-    /// The workers in the pool as last seen (`None` before the first epoch's).
-    pool: Mutex<Option<std::collections::BTreeSet<String>>>,
+    /// The workers in the pool as last seen, by address, with their labels (`None` before
+    /// the first epoch's).
+    pool: Mutex<Option<BTreeMap<SocketAddr, String>>>,
     pool_changes: AtomicU64,
 }
 
@@ -201,19 +204,28 @@ impl Stats {
         self.with_worker(link, |w| w.left = true);
     }
 
-    /// The pool is now `workers`: which joined and which left since it was last told (each
-    /// change once, however many epochs' watchers report it; the first pool is no change).
-    pub(crate) fn pool_is(&self, workers: &[String]) -> (Vec<String>, Vec<String>) {
-        let now: std::collections::BTreeSet<String> = workers.iter().cloned().collect();
+    /// The pool is now `workers` (address, label): the labels of those that joined and of
+    /// those that left since it was last told (each change once, however many epochs'
+    /// watchers report it; the first pool is no change). A worker is its address: the same
+    /// one under another label (a name that gave several addresses when one epoch started
+    /// and one when the next did) neither left nor joined.
+    pub(crate) fn pool_is(&self, workers: &[(SocketAddr, String)]) -> (Vec<String>, Vec<String>) {
+        let now: BTreeMap<SocketAddr, String> = workers.iter().cloned().collect();
         let Ok(mut pool) = self.pool.lock() else {
             return (Vec::new(), Vec::new());
         };
         let changes = match pool.as_ref() {
             None => (Vec::new(), Vec::new()),
-            Some(was) => (
-                now.difference(was).cloned().collect::<Vec<_>>(),
-                was.difference(&now).cloned().collect::<Vec<_>>(),
-            ),
+            Some(was) => {
+                let new_in = |a: &BTreeMap<SocketAddr, String>,
+                              b: &BTreeMap<SocketAddr, String>| {
+                    a.iter()
+                        .filter(|(addr, _)| !b.contains_key(addr))
+                        .map(|(_, label)| label.clone())
+                        .collect::<Vec<_>>()
+                };
+                (new_in(&now, was), new_in(was, &now))
+            }
         };
         let n = (changes.0.len() + changes.1.len()) as u64;
         self.pool_changes.fetch_add(n, Ordering::Relaxed);
