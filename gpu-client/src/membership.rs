@@ -634,7 +634,10 @@ mod tests {
             label: "svc:1 (10.0.0.2:1)".into(),
             ..b.clone()
         };
-        assert_eq!(diff(&[b.clone()], &[b2.clone()]), (vec![], vec![]));
+        assert_eq!(
+            diff(std::slice::from_ref(&b), std::slice::from_ref(&b2)),
+            (vec![], vec![])
+        );
         // And is reported as no change: an epoch that started when `svc` gave several
         // addresses and the next, started when it gave one, report the same worker under two
         // labels, turn about, while both run.
