@@ -2,48 +2,28 @@
 //! around the binary under test, then a storage node, a CPU worker and loadgen run as three
 //! containers (host network, uid 10001) for an epoch, which loadgen checks exactly once.
 //! Skips with a message where podman is missing or cannot run a container at all (unless
-//! `SLUICE_REQUIRE_CONTAINERS` is set, as CI sets it where it installs podman).
+//! `SLUICE_REQUIRE_CONTAINERS` is set).
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+use support::podman::{skip, Image};
 
-fn podman(conf: Option<&Path>, args: &[&str]) -> Output {
-    let mut c = Command::new("podman");
-    if let Some(conf) = conf {
-        c.env("CONTAINERS_CONF", conf);
-    }
-    c.args(args).output().unwrap()
-}
-
-/// The containers this test started and its image, removed however it ends.
-struct Containers {
-    conf: Option<PathBuf>,
+/// The containers this test started, removed however it ends (before the image).
+struct Containers<'a> {
+    image: &'a Image,
     names: Vec<String>,
-    image: String,
 }
 
-impl Drop for Containers {
+impl Drop for Containers<'_> {
     fn drop(&mut self) {
         for n in &self.names {
-            let _ = podman(self.conf.as_deref(), &["rm", "-f", n]);
+            let _ = self.image.run(&["rm", "-f", n]);
         }
-        let _ = podman(self.conf.as_deref(), &["rmi", "-f", &self.image]);
     }
-}
-
-fn skip(why: &str) {
-    assert!(
-        std::env::var_os("SLUICE_REQUIRE_CONTAINERS").is_none(),
-        "SLUICE_REQUIRE_CONTAINERS is set, but {why}"
-    );
-    eprintln!("skipped: {why}");
 }
 
 fn free_port() -> u16 {
@@ -64,36 +44,13 @@ fn wait_for_port(port: u16) {
 
 #[test]
 fn storage_a_worker_and_loadgen_run_an_epoch_as_containers() {
-    if Command::new("podman").arg("--version").output().is_err() {
-        return skip("podman is not installed");
-    }
-    let tag = format!("localhost/sluice:test-{}", std::process::id());
-    let built = Command::new(repo().join("configs/container/build.sh"))
-        .env("SLUICE_BIN", env!("CARGO_BIN_EXE_sluice"))
-        .env("SLUICE_TAG", &tag)
-        .output()
-        .unwrap();
-    if !built.status.success() {
-        return skip(&format!(
-            "the image did not build: {}",
-            String::from_utf8_lossy(&built.stderr)
-        ));
-    }
-    // This machine's own configuration, else the sandbox one (runc, cgroupfs, no ulimits).
-    let sandbox = repo().join("configs/container/containers.conf");
-    let conf = [None, Some(sandbox)].into_iter().find(|c| {
-        podman(c.as_deref(), &["run", "--rm", &tag, "--version"])
-            .status
-            .success()
-    });
-    let Some(conf) = conf else {
-        let _ = podman(None, &["rmi", "-f", &tag]);
-        return skip("podman cannot run a container here");
+    let image = match Image::build("test") {
+        Ok(image) => image,
+        Err(why) => return skip(&why),
     };
     let mut running = Containers {
-        conf: conf.clone(),
+        image: &image,
         names: Vec::new(),
-        image: tag.clone(),
     };
     let dir = tempfile::tempdir().unwrap();
     // Everything the containers read or write lives in folders uid 10001 may use.
@@ -126,14 +83,9 @@ fn storage_a_worker_and_loadgen_run_an_epoch_as_containers() {
     let start = |name: &str, args: &[&str]| {
         let mut all = vec!["run", "-d", "--name", name, "--network", "host"];
         all.extend_from_slice(args);
-        let out = podman(conf.as_deref(), &all);
-        assert!(
-            out.status.success(),
-            "{name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        image.ok(&all);
     };
-    let tag_ref = tag.as_str();
+    let tag_ref = image.tag.as_str();
     let storage = format!("sluice-storage-{quic}");
     start(
         &storage,
@@ -187,7 +139,7 @@ fn storage_a_worker_and_loadgen_run_an_epoch_as_containers() {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !cert.exists() {
         if Instant::now() > deadline {
-            let logs = podman(conf.as_deref(), &["logs", &running.names[1]]);
+            let logs = image.run(&["logs", &running.names[1]]);
             panic!(
                 "the worker made no certificate: {}",
                 String::from_utf8_lossy(&logs.stderr)
@@ -196,39 +148,36 @@ fn storage_a_worker_and_loadgen_run_an_epoch_as_containers() {
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_millis(500));
-    let loadgen = podman(
-        conf.as_deref(),
-        &[
-            "run",
-            "--rm",
-            "--network",
-            "host",
-            "-v",
-            &vol(dir.path(), "/job"),
-            "-v",
-            &vol(&state, "/state"),
-            tag_ref,
-            "loadgen",
-            "--dataset",
-            "/job/manifest.json",
-            "--workers",
-            &format!("127.0.0.1:{quic}"),
-            "--token-file",
-            "/job/token",
-            "--trust-cert",
-            "/state/cert.pem",
-            "--same-host",
-            "off",
-            "--pipeline",
-            "decode | random_resized_crop 32",
-            "--batch-size",
-            "4",
-            "--epochs",
-            "1",
-            "--json",
-            "/job/report.json",
-        ],
-    );
+    let loadgen = image.run(&[
+        "run",
+        "--rm",
+        "--network",
+        "host",
+        "-v",
+        &vol(dir.path(), "/job"),
+        "-v",
+        &vol(&state, "/state"),
+        tag_ref,
+        "loadgen",
+        "--dataset",
+        "/job/manifest.json",
+        "--workers",
+        &format!("127.0.0.1:{quic}"),
+        "--token-file",
+        "/job/token",
+        "--trust-cert",
+        "/state/cert.pem",
+        "--same-host",
+        "off",
+        "--pipeline",
+        "decode | random_resized_crop 32",
+        "--batch-size",
+        "4",
+        "--epochs",
+        "1",
+        "--json",
+        "/job/report.json",
+    ]);
     assert!(
         loadgen.status.success(),
         "loadgen: {}",

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod podman;
 mod run;
 #[allow(unused_imports)] // each test file uses some
 pub use run::{python_with, succeed};
