@@ -338,8 +338,10 @@ fn kubernetes_manifests_validate_against_the_api_schemas() {
     };
     // kustomization.yaml is kubectl's, not an API object: kubernetes_manifests_apply_as_one
     // checks it.
-    let files: Vec<PathBuf> = files(&configs().join("kubernetes"), "yaml")
+    let k8s = configs().join("kubernetes");
+    let files: Vec<PathBuf> = files(&k8s, "yaml")
         .into_iter()
+        .chain(files(&k8s.join("teams"), "yaml"))
         .filter(|p| !p.ends_with("kustomization.yaml"))
         .collect();
     let out = std::process::Command::new(python)
@@ -527,13 +529,45 @@ fn kubernetes_manifests_apply_as_one_under_the_restricted_standard() {
         ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
         "restricted"
     );
-    let images: Vec<&str> = kustomization["images"]
+    let images_of = |k: &Value| -> Vec<String> {
+        k["images"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|i| i["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // The teams' folder (the loadgen Job each team runs in its namespace) is a kustomization
+    // of its own, held to the same standard.
+    let teams_dir = dir.join("teams");
+    let teams = &docs(&teams_dir.join("kustomization.yaml"))[0];
+    let team_files: Vec<&str> = teams["resources"]
         .as_sequence()
         .unwrap()
         .iter()
-        .map(|i| i["name"].as_str().unwrap())
+        .map(|r| r.as_str().unwrap())
         .collect();
-    for w in kind("Deployment").chain(kind("StatefulSet")) {
+    for file in files(&teams_dir, "yaml") {
+        let name = file.file_name().unwrap().to_str().unwrap();
+        assert!(
+            name == "kustomization.yaml" || team_files.contains(&name),
+            "teams/kustomization.yaml does not list {name}"
+        );
+    }
+    let team_docs: Vec<Value> = team_files
+        .iter()
+        .flat_map(|f| docs(&teams_dir.join(f)))
+        .collect();
+    let workloads = kind("Deployment")
+        .chain(kind("StatefulSet"))
+        .map(|w| (w, images_of(kustomization)))
+        .chain(
+            team_docs
+                .iter()
+                .filter(|d| d["kind"] == "Job")
+                .map(|w| (w, images_of(teams))),
+        );
+    for (w, images) in workloads {
         let name = w["metadata"]["name"].as_str().unwrap();
         let pod = &w["spec"]["template"]["spec"];
         assert_eq!(pod["automountServiceAccountToken"], false, "{name}");
@@ -548,7 +582,7 @@ fn kubernetes_manifests_apply_as_one_under_the_restricted_standard() {
             assert!(!image.starts_with("localhost/"), "{name}: {image}");
             let repo = image.split(':').next().unwrap();
             assert!(
-                images.contains(&repo),
+                images.iter().any(|i| i == repo),
                 "{name}: kustomization sets no {repo}"
             );
             let csc = &c["securityContext"];
@@ -634,6 +668,38 @@ fn kubernetes_manifests_apply_as_one_under_the_restricted_standard() {
     assert!(
         training,
         "training pods cannot read a manifest from storage"
+    );
+    // A team's clients: its NetworkPolicy selects the Job's pods and lets them reach the
+    // workers' QUIC port and storage's HTTP port in the pool's namespace.
+    let job = team_docs.iter().find(|d| d["kind"] == "Job").unwrap();
+    let policy = team_docs
+        .iter()
+        .find(|d| d["kind"] == "NetworkPolicy")
+        .expect("the teams' NetworkPolicy");
+    assert!(selects(
+        &policy["spec"]["podSelector"],
+        &job["spec"]["template"]["metadata"]["labels"]
+    ));
+    let reaches = |app: &str, protocol: &str, port: u64| {
+        policy["spec"]["egress"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|rule| {
+                rule["to"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+                    == "sluice"
+                    && rule["to"][0]["podSelector"]["matchLabels"]["app"] == app
+                    && rule["ports"][0]["protocol"] == protocol
+                    && rule["ports"][0]["port"].as_u64() == Some(port)
+            })
+    };
+    assert!(
+        reaches("sluice-cpu", "UDP", 7100),
+        "clients cannot reach workers"
+    );
+    assert!(
+        reaches("sluice-storage", "TCP", 7000),
+        "clients cannot reach storage"
     );
     // The ServiceMonitors' selector label: added by one patch, named on none of them.
     for m in kind("ServiceMonitor") {
