@@ -8,7 +8,7 @@
 //! Without tenants a worker keeps the simple default: one cluster token, and job names and
 //! weights as clients give them.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -141,13 +141,29 @@ pub fn admission(
     Ok(Admission::Tenants(out))
 }
 
-/// A token others can read lets them act as that tenant: said once, at start.
+/// A token others can read lets them act as that tenant: said once per file while it stays so
+/// (the files are read again every few seconds; a file fixed and then opened up again is said
+/// again).
 fn warn_if_readable(name: &str, path: &Path) {
+    if readable_news(path) {
+        tracing::warn!(tenant = name, file = %path.display(),
+            "the tenant's token file is readable by every user: make it 0600 or 0640");
+    }
+}
+
+/// Whether `path` is readable by every user and was not when last asked (or never asked).
+fn readable_news(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    if let Ok(meta) = std::fs::metadata(path) {
-        if meta.permissions().mode() & 0o004 != 0 {
-            tracing::warn!(tenant = name, file = %path.display(),
-                "the tenant's token file is readable by every user: make it 0600 or 0640");
+    static SAID: std::sync::Mutex<BTreeSet<PathBuf>> = std::sync::Mutex::new(BTreeSet::new());
+    let readable = std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o004 != 0);
+    let Ok(mut said) = SAID.lock() else {
+        return readable;
+    };
+    match readable {
+        true => said.insert(path.to_path_buf()),
+        false => {
+            said.remove(path);
+            false
         }
     }
 }
@@ -169,6 +185,26 @@ mod tests {
             max_weight: None,
             max_credits: None,
         }
+    }
+
+    #[test]
+    fn a_token_file_every_user_reads_is_said_once_while_it_stays_so() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = dir();
+        let t = tenant(d.path(), "team-a", "a-token-0123456789");
+        let mode = |m: u32| {
+            std::fs::set_permissions(&t.token_file, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        mode(0o644);
+        // Read at start and again at every reload: said the first time only.
+        assert!(readable_news(&t.token_file));
+        assert!(!readable_news(&t.token_file));
+        assert!(!readable_news(&t.token_file));
+        // Fixed, then opened up again: said again.
+        mode(0o640);
+        assert!(!readable_news(&t.token_file));
+        mode(0o644);
+        assert!(readable_news(&t.token_file));
     }
 
     #[test]
