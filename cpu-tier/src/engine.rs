@@ -32,6 +32,7 @@ use crate::geometry::compose;
 use crate::jpeg::{DecodeLimits, JpegDecoder};
 use sluice_wire::spec::{DType, PipelineSpec};
 
+mod pixels;
 mod render;
 mod unit;
 

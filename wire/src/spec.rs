@@ -16,7 +16,8 @@
 //!
 //! Ops (torchvision semantics): `decode [field=jpg]`, `random_resized_crop SIZE [scale=A,B]
 //! [ratio=A,B]`, `center_crop SIZE`, `resize SIZE` (shorter side) or `resize HxW`, `hflip [P]`,
-//! `normalize mean=R,G,B std=R,G,B [dtype=f32|f16]`, `chw`. SIZE is `N` or `HxW`. The output
+//! the pixel ops after the geometry ([`PixelOp`]: `brightness F`, `contrast F`, ...,
+//! `grayscale`), `normalize mean=R,G,B std=R,G,B [dtype=f32|f16]`, `chw`. SIZE is `N` or `HxW`. The output
 //! must have a fixed size (end the geometry in a crop or an `HxW` resize), so batches stack.
 //! `docs/pipeline.md` is the reference for users: every op, its arguments and defaults.
 //!
@@ -29,16 +30,141 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 /// Every op the grammar knows, in the order a pipeline may use them (docs/pipeline.md).
-pub const OPS: [&str; 8] = [
+pub const OPS: [&str; 19] = [
     "decode",
     "clip",
     "random_resized_crop",
     "center_crop",
     "resize",
     "hflip",
+    "brightness",
+    "contrast",
+    "saturation",
+    "hue",
+    "solarize",
+    "posterize",
+    "equalize",
+    "autocontrast",
+    "sharpness",
+    "invert",
+    "grayscale",
     "normalize",
     "chw",
 ];
+
+/// An op on the pixels of the uint8 RGB output, after the geometry and before `normalize`,
+/// as `torchvision.transforms.v2.functional` defines it on a uint8 image (its rounding and
+/// clamping; docs/pipeline.md names each one's counterpart).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum PixelOp {
+    /// `adjust_brightness`: each value times the factor (>= 0).
+    Brightness(f64),
+    /// `adjust_contrast`: blended with the image's mean grey by the factor (>= 0).
+    Contrast(f64),
+    /// `adjust_saturation`: blended with each pixel's grey by the factor (>= 0).
+    Saturation(f64),
+    /// `adjust_hue`: the hue turned by the factor, in [-0.5, 0.5] of a turn.
+    Hue(f64),
+    /// `solarize`: values at or above the threshold (0..=255) inverted.
+    Solarize(f64),
+    /// `posterize`: the top bits (0..=8) of each value kept.
+    Posterize(u8),
+    /// `equalize`: each channel's histogram equalized (PIL's scheme).
+    Equalize,
+    /// `autocontrast`: each channel stretched to 0..=255.
+    Autocontrast,
+    /// `adjust_sharpness`: blended with a 3x3 smoothing of the image by the factor (>= 0).
+    Sharpness(f64),
+    /// `invert`: 255 - value.
+    Invert,
+    /// `rgb_to_grayscale(num_output_channels=3)`: each pixel its grey, in all three channels.
+    Grayscale,
+}
+
+impl PixelOp {
+    /// The op's name in the grammar.
+    pub fn name(&self) -> &'static str {
+        match self {
+            PixelOp::Brightness(_) => "brightness",
+            PixelOp::Contrast(_) => "contrast",
+            PixelOp::Saturation(_) => "saturation",
+            PixelOp::Hue(_) => "hue",
+            PixelOp::Solarize(_) => "solarize",
+            PixelOp::Posterize(_) => "posterize",
+            PixelOp::Equalize => "equalize",
+            PixelOp::Autocontrast => "autocontrast",
+            PixelOp::Sharpness(_) => "sharpness",
+            PixelOp::Invert => "invert",
+            PixelOp::Grayscale => "grayscale",
+        }
+    }
+
+    /// The names of the pixel ops in the grammar: [`OPS`] between `hflip` and `normalize`.
+    pub const NAMES: &'static [&'static str] = OPS.split_at(6).1.split_at(11).0;
+
+    /// Op `name` (one of [`PixelOp::NAMES`]) with its positional argument, checked.
+    fn parse(name: &str, arg: Option<&str>) -> Result<PixelOp, String> {
+        let number = |range: std::ops::RangeInclusive<f64>, what: &str| -> Result<f64, String> {
+            let a = arg.ok_or_else(|| format!("{name} needs {what}"))?;
+            a.parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && range.contains(v))
+                .ok_or_else(|| {
+                    format!(
+                        "{name}: {a} is not {what} in [{}, {}]",
+                        range.start(),
+                        range.end()
+                    )
+                })
+        };
+        let none = |op: PixelOp| match arg {
+            Some(a) => Err(format!("{name} takes no argument (got {a:?})")),
+            None => Ok(op),
+        };
+        // Factors above 1,000 only saturate every value: the bound keeps the arithmetic finite.
+        let factor = |f: fn(f64) -> PixelOp| number(0.0..=1000.0, "a factor").map(f);
+        Ok(match name {
+            "brightness" => factor(PixelOp::Brightness)?,
+            "contrast" => factor(PixelOp::Contrast)?,
+            "saturation" => factor(PixelOp::Saturation)?,
+            "sharpness" => factor(PixelOp::Sharpness)?,
+            "hue" => PixelOp::Hue(number(-0.5..=0.5, "a hue factor")?),
+            "solarize" => PixelOp::Solarize(number(0.0..=255.0, "a threshold")?),
+            "posterize" => {
+                let a = arg.ok_or_else(|| format!("{name} needs a number of bits"))?;
+                let bits = a
+                    .parse::<u8>()
+                    .ok()
+                    .filter(|b| *b <= 8)
+                    .ok_or_else(|| format!("{name}: {a} is not a number of bits in [0, 8]"))?;
+                PixelOp::Posterize(bits)
+            }
+            "equalize" => none(PixelOp::Equalize)?,
+            "autocontrast" => none(PixelOp::Autocontrast)?,
+            "invert" => none(PixelOp::Invert)?,
+            "grayscale" => none(PixelOp::Grayscale)?,
+            other => return Err(format!("{other} is not a pixel op")),
+        })
+    }
+}
+
+impl fmt::Display for PixelOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())?;
+        match self {
+            PixelOp::Brightness(v)
+            | PixelOp::Contrast(v)
+            | PixelOp::Saturation(v)
+            | PixelOp::Hue(v)
+            | PixelOp::Solarize(v)
+            | PixelOp::Sharpness(v) => write!(f, " {v}"),
+            PixelOp::Posterize(b) => write!(f, " {b}"),
+            PixelOp::Equalize | PixelOp::Autocontrast | PixelOp::Invert | PixelOp::Grayscale => {
+                Ok(())
+            }
+        }
+    }
+}
 
 /// One geometric or flip op, in order.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -154,6 +280,8 @@ pub struct PipelineSpec {
     /// The pipeline makes clips: which frames.
     pub clip: Option<Clip>,
     pub ops: Vec<Op>,
+    /// The pixel ops, in order, after the geometry.
+    pub pixels: Vec<PixelOp>,
     pub normalize: Option<Normalize>,
     /// Channels first (CHW) instead of HWC.
     pub chw: bool,
@@ -281,6 +409,7 @@ impl FromStr for PipelineSpec {
             field: None,
             clip: None,
             ops: Vec::new(),
+            pixels: Vec::new(),
             normalize: None,
             chw: false,
         };
@@ -318,6 +447,24 @@ impl FromStr for PipelineSpec {
             }
             if spec.chw {
                 return Err(err(format!("{name} after chw: chw comes last")));
+            }
+            let geometric = ["random_resized_crop", "center_crop", "resize", "hflip"];
+            if let (Some(last), true) = (spec.pixels.last(), geometric.contains(&name)) {
+                return Err(err(format!(
+                    "{name} after {}: the pixel ops come after the geometry",
+                    last.name()
+                )));
+            }
+            if PixelOp::NAMES.contains(&name) {
+                if let Some((k, _)) = named.first() {
+                    return Err(err(format!("{name}: unknown argument {k:?}")));
+                }
+                if positional.len() > 1 {
+                    return Err(err(format!("{name}: too many arguments")));
+                }
+                let op = PixelOp::parse(name, positional.first().copied()).map_err(err)?;
+                spec.pixels.push(op);
+                continue;
             }
             let size = |what: &str| -> Result<(u32, u32), SpecError> {
                 positional
@@ -499,6 +646,9 @@ impl fmt::Display for PipelineSpec {
                 Op::HFlip(p) => write!(f, " | hflip {p}")?,
             }
         }
+        for op in &self.pixels {
+            write!(f, " | {op}")?;
+        }
         if let Some(n) = &self.normalize {
             let dtype = if n.dtype == DType::F16 { "f16" } else { "f32" };
             let [m0, m1, m2] = n.mean;
@@ -520,12 +670,81 @@ mod tests {
     use super::*;
 
     #[test]
+    fn pixel_ops_come_after_the_geometry_with_their_arguments_in_range() {
+        let spec: PipelineSpec = "decode | center_crop 8 | posterize 3 | invert"
+            .parse()
+            .unwrap();
+        assert_eq!(spec.pixels, [PixelOp::Posterize(3), PixelOp::Invert]);
+        let every = "decode | center_crop 8 | brightness 1 | contrast 1 | saturation 1 | hue 0 \
+                     | solarize 1 | posterize 1 | equalize | autocontrast | sharpness 1 | invert \
+                     | grayscale";
+        let names: Vec<&str> = every
+            .parse::<PipelineSpec>()
+            .unwrap()
+            .pixels
+            .iter()
+            .map(PixelOp::name)
+            .collect();
+        assert_eq!(names, PixelOp::NAMES);
+        for (text, says) in [
+            (
+                "decode | center_crop 8 | brightness",
+                "brightness needs a factor",
+            ),
+            (
+                "decode | center_crop 8 | brightness -1",
+                "brightness: -1 is not a factor in [0, 1000]",
+            ),
+            (
+                "decode | center_crop 8 | hue 0.6",
+                "hue: 0.6 is not a hue factor in [-0.5, 0.5]",
+            ),
+            (
+                "decode | center_crop 8 | solarize 256",
+                "solarize: 256 is not a threshold in [0, 255]",
+            ),
+            (
+                "decode | center_crop 8 | posterize 9",
+                "posterize: 9 is not a number of bits in [0, 8]",
+            ),
+            (
+                "decode | center_crop 8 | invert 1",
+                "invert takes no argument",
+            ),
+            (
+                "decode | center_crop 8 | contrast 1 2",
+                "contrast: too many arguments",
+            ),
+            (
+                "decode | center_crop 8 | sharpness f=2",
+                "sharpness: unknown argument \"f\"",
+            ),
+            (
+                "decode | center_crop 8 | invert | hflip",
+                "hflip after invert: the pixel ops come after the geometry",
+            ),
+            (
+                "decode | center_crop 8 | normalize mean=0,0,0 std=1,1,1 | invert",
+                "invert after normalize",
+            ),
+            (
+                "decode | center_crop 8 | brightness NaN",
+                "brightness: NaN is not a factor",
+            ),
+        ] {
+            let e = text.parse::<PipelineSpec>().unwrap_err().to_string();
+            assert!(e.contains(says), "{text}: {e}");
+        }
+    }
+
+    #[test]
     fn parses_the_usual_pipelines_and_round_trips() {
         for text in [
             "decode | random_resized_crop 224 | hflip 0.5",
             "decode | resize 256 | center_crop 224",
             "decode field=png | resize 32x48",
             "decode | random_resized_crop 176x144 scale=0.35,1 ratio=0.5,2 | hflip | normalize mean=0.485,0.456,0.406 std=0.229,0.224,0.225 dtype=f16 | chw",
+            "decode | center_crop 224 | brightness 1.3 | contrast 0.7 | saturation 1.5 | hue -0.1 | solarize 128 | posterize 4 | equalize | autocontrast | sharpness 2 | invert | grayscale | normalize mean=0.5,0.5,0.5 std=0.5,0.5,0.5",
         ] {
             let spec: PipelineSpec = text.parse().unwrap();
             let again: PipelineSpec = spec.to_string().parse().unwrap();

@@ -292,7 +292,8 @@ impl Engine {
     }
 
     /// Resamples `crop` of the `bw`×`bh` image in `buf` to the output size into `out`
-    /// (black where the crop reaches past the image), mirrored if the geometry flips.
+    /// (black where the crop reaches past the image), mirrored if the geometry flips, then
+    /// the pipeline's pixel ops.
     fn resample_into(
         &self,
         ws: &mut Workspace,
@@ -361,6 +362,7 @@ impl Engine {
                 mirror_rgb(row);
             }
         }
+        super::pixels::apply(&self.spec.pixels, out, ow, oh, &mut ws.tmp);
         Ok(())
     }
 
