@@ -13,7 +13,8 @@
 //!   template as it is;
 //! - Secret and ConfigMap volumes are folders in the kubelet's layout (files behind a `..data`
 //!   link, `defaultMode`, group `fsGroup`); a `subPath` mount is that file; an emptyDir is a
-//!   folder of mode 0777 with group `fsGroup`; a volume claim an empty folder of the group;
+//!   folder of mode 0777 with group `fsGroup` (and set-group-id); a volume claim an empty
+//!   folder of the group, mode 2775;
 //! - `$(VAR)` in arguments is expanded from the container's environment;
 //! - the images named `sluice` are the image under test (`images:` in kustomization.yaml);
 //! - the probes are polled by the test at the pod's address (podman's would run `curl` in
@@ -160,7 +161,7 @@ type Objects = BTreeMap<String, BTreeMap<String, Vec<u8>>>;
 
 impl Cluster<'_> {
     /// Plays `template` (a workload's pod template) as pod `name` at address `.host`, the
-    /// kubelet's part done as the module's comment says; returns the container names.
+    /// kubelet's part done as the module's comment says. Its containers are `name-CONTAINER`.
     fn play(
         &mut self,
         name: &str,
