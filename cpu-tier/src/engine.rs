@@ -28,7 +28,6 @@ use sluice_wire::SampleGeometry;
 
 use crate::error::{DecodeError, EngineError, SampleError};
 use crate::fields::FieldSpec;
-use crate::geometry::compose;
 use crate::jpeg::{DecodeLimits, JpegDecoder};
 use sluice_wire::spec::{DType, PipelineSpec};
 
@@ -390,7 +389,7 @@ impl Engine {
             let img = self.decode_other(data)?;
             let (w, h) = (img.width(), img.height());
             ws.oriented = img.into_raw();
-            let g = compose(&self.spec.ops, w, h, &mut rng);
+            let g = self.geometry(w, h, &mut rng);
             let decode_ns = t0.elapsed().as_nanos() as u64;
             let buf = std::mem::take(&mut ws.oriented);
             let t = self.resample(ws, (&buf, w, h), g.src, &g, dest);

@@ -29,6 +29,9 @@ pub struct Geometry {
     pub out_w: u32,
     pub out_h: u32,
     pub flip: bool,
+    /// The seed of the sample's random pixel ops (`color_jitter`, ...), drawn after the
+    /// geometry; 0 when the pipeline has none.
+    pub pixel_seed: u64,
 }
 
 fn round_even(x: f64) -> f64 {
@@ -149,6 +152,7 @@ pub fn compose(ops: &[Op], width: u32, height: u32, rng: &mut Stream) -> Geometr
         out_w: vw,
         out_h: vh,
         flip,
+        pixel_seed: 0,
     }
 }
 
@@ -250,6 +254,7 @@ mod tests {
             out_w: 224,
             out_h: 224,
             flip: false,
+            pixel_seed: 0,
         };
         // 4/8 gives 250x187.5, short of 224 rows: 8/8 (5/8 would do, but is scalar).
         assert_eq!(dct_scale(&window(500.0, 375.0)), 8);

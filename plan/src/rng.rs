@@ -28,6 +28,9 @@ pub enum Domain {
     MixUnits = 13,
     MixInterleave = 14,
     MixGroupBuffer = 15,
+    /// A sample's random pixel ops, from a seed its own stream draws (so every frame of a
+    /// clip draws the same).
+    PixelOps = 16,
 }
 
 fn splitmix64(mut x: u64) -> u64 {

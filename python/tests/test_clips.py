@@ -140,6 +140,41 @@ def test_a_loader_that_does_not_shuffle_takes_each_clips_middle_frames(clips):
         assert fr[0] == (max(n - 4, 0)) // 2, (key, n, fr)
 
 
+def test_a_random_pixel_op_draws_once_per_clip(clips):
+    """color_jitter (brightness alone) and random_grayscale on clips: every frame of a clip gets
+    the same draw (one brightness factor, grey or not), while clips draw apart."""
+    manifest, _ = clips
+    base = "decode | clip 4 | center_crop 64"
+
+    def frames(pipeline):
+        loader = sluice.Loader(dataset=manifest, batch_size=4, pipeline=pipeline, seed=3)
+        out = {}
+        for batch, _ in loader.epoch(0):
+            x = np.from_dlpack(batch).copy()
+            for i, key in enumerate(batch.ids):
+                out[key] = x[i].astype(np.float64)
+        return out
+
+    plain = frames(base)
+    drawn = frames(f"{base} | color_jitter 0.5 | random_grayscale p=0.5")
+    factors, greys = [], []
+    for key, clip in drawn.items():
+        grey = [bool((f[..., 0] == f[..., 1]).all() and (f[..., 1] == f[..., 2]).all())
+                for f in clip]
+        assert len(set(grey)) == 1, (key, grey)
+        greys.append(grey[0])
+        if grey[0]:
+            continue
+        per_frame = []
+        for f, p in zip(clip, plain[key]):
+            keep = (p >= 40) & (f < 250)
+            per_frame.append(float(np.median(f[keep] / p[keep])))
+        assert max(per_frame) - min(per_frame) < 0.03, (key, per_frame)
+        factors.append(per_frame[0])
+    assert any(greys) and not all(greys), greys
+    assert max(factors) - min(factors) > 0.1, factors
+
+
 def test_clips_over_quic_with_a_worker_killed_and_over_same_host_are_the_in_process_batches(
         clips, sluice_bin, tmp_path, monkeypatch):
     manifest, _ = clips

@@ -2,7 +2,9 @@
 on real JPEGs (``../shared``'s ImageNet sample when present, else generated ones), decoded
 and cropped by Sluice, is compared with torchvision's function applied to the same decoded
 and cropped pixels (the same pipeline without the op), in process and through a real
-``sluice cpu`` worker; and a wrong argument is a ValueError naming the op, at construction."""
+``sluice cpu`` worker; the random ones (color_jitter, random_grayscale, gaussian_blur) are the
+seed's alone and draw in torchvision's ranges; and a wrong argument is a ValueError naming the
+op, at construction."""
 
 import re
 import shutil
@@ -122,7 +124,71 @@ def test_ops_are_torchvisions_through_a_worker(photos, worker):
     ("posterize 9", "posterize: 9 is not a number of bits in [0, 8]"),
     ("solarize", "solarize needs a threshold"),
     ("equalize 1", "equalize takes no argument"),
+    ("color_jitter 0.4 0.4 0.4 0.7", "color_jitter: 0.7 is not a hue amount in [0, 0.5]"),
+    ("random_grayscale p=1.5", "random_grayscale: 1.5 is not a probability in [0, 1]"),
+    ("gaussian_blur 4", "gaussian_blur: 4 is not an odd kernel size in [1, 255]"),
 ])
 def test_a_wrong_argument_is_a_value_error_naming_the_op(photos, op, says):
     with pytest.raises(ValueError, match=re.escape(says)):
         sluice.Loader(dataset=photos, batch_size=8, pipeline=f"{BASE} | {op}")
+
+
+RANDOM = f"{BASE} | color_jitter 0.4 0.4 0.4 0.1 | random_grayscale p=0.2 | gaussian_blur 5"
+
+
+def test_a_fixed_sigma_blur_is_torchvisions(photos):
+    """gaussian_blur with one sigma draws nothing: torchvision's gaussian_blur, to one step of a
+    value where the float32 sums (ours in two passes) land on a half."""
+    base = images(BASE, photos)
+    got = images(f"{BASE} | gaussian_blur 5 sigma=1.3,1.3", photos)
+    mean, most = compare(base, got, lambda x: F.gaussian_blur(x, [5, 5], [1.3, 1.3]))
+    print(f"gaussian_blur 5 sigma=1.3: mean |diff| {mean:.4f}, max {most}")
+    assert mean <= 0.05 and most <= 1
+
+
+def test_random_grayscale_at_its_ends_and_in_between(photos):
+    base = images(BASE, photos)
+    assert all(torch.equal(a, b) for a, b in zip(
+        images(f"{BASE} | random_grayscale p=0", photos).values(), base.values()))
+    always = images(f"{BASE} | random_grayscale p=1", photos)
+    mean, most = compare(base, always, lambda x: F.rgb_to_grayscale(x, num_output_channels=3))
+    assert (mean, most) == (0, 0)
+    half = images(f"{BASE} | random_grayscale p=0.5", photos)
+    grey = sum(torch.equal(x[0], x[1]) and torch.equal(x[1], x[2]) for x in half.values())
+    # 32 draws at p = 0.5 (a real photo is never grey by itself).
+    assert 6 <= grey <= 26, grey
+
+
+def test_color_jitter_brightness_is_a_brightness_in_its_range(photos):
+    """Brightness alone (0.4: a factor in [0.6, 1.4] per sample): each image is torchvision's
+    adjust_brightness of the un-jittered one at some factor of that range."""
+    base = images(BASE, photos)
+    got = images(f"{BASE} | color_jitter 0.4", photos)
+    factors = []
+    for k, x in base.items():
+        y = got[k]
+        keep = (x >= 40) & (y < 250)
+        f = (y[keep].float() / x[keep].float()).median().item()
+        factors.append(f)
+        # The factor is known to about 1/40: the image matches torchvision's to a step.
+        want = F.adjust_brightness(x, f)
+        assert (y.int() - want.int()).abs().float().mean().item() <= 1.0, (k, f)
+    assert all(0.58 <= f <= 1.42 for f in factors), factors
+    assert max(factors) - min(factors) > 0.2, "the factor is drawn per sample"
+
+
+def test_random_ops_are_the_seeds_in_process_and_through_a_worker(photos, worker):
+    """The same seed gives the same pixels (in process, and from a QUIC worker); another seed,
+    others."""
+    first = images(RANDOM, photos)
+    again = images(RANDOM, photos)
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    remote = dict(workers=[worker.addr], token_file=worker.token_file, trust_cert=worker.cert)
+    there = images(RANDOM, photos, **remote)
+    assert all(torch.equal(first[k], there[k]) for k in first)
+    other = sluice.Loader(dataset=photos, batch_size=8, pipeline=RANDOM, seed=8)
+    differ = 0
+    for batch, _ in other.epoch(0):
+        x = torch.from_numpy(np.from_dlpack(batch).copy()).permute(0, 3, 1, 2)
+        differ += sum(not torch.equal(x[i], first[s]) for i, s in enumerate(batch.ids))
+    assert differ >= 30, f"only {differ} of 32 samples changed with the seed"

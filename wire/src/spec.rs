@@ -30,7 +30,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 /// Every op the grammar knows, in the order a pipeline may use them (docs/pipeline.md).
-pub const OPS: [&str; 19] = [
+pub const OPS: [&str; 22] = [
     "decode",
     "clip",
     "random_resized_crop",
@@ -48,6 +48,9 @@ pub const OPS: [&str; 19] = [
     "sharpness",
     "invert",
     "grayscale",
+    "color_jitter",
+    "random_grayscale",
+    "gaussian_blur",
     "normalize",
     "chw",
 ];
@@ -79,6 +82,20 @@ pub enum PixelOp {
     Invert,
     /// `rgb_to_grayscale(num_output_channels=3)`: each pixel its grey, in all three channels.
     Grayscale,
+    /// `ColorJitter(brightness, contrast, saturation, hue)`: each factor drawn per sample from
+    /// `[max(0, 1 - x), 1 + x]` (hue from `[-x, x]`), a 0 leaving that op out, and the four
+    /// applied in an order drawn per sample.
+    ColorJitter {
+        brightness: f64,
+        contrast: f64,
+        saturation: f64,
+        hue: f64,
+    },
+    /// `RandomGrayscale(p)`: `grayscale` with probability `p`.
+    RandomGrayscale(f64),
+    /// `GaussianBlur(kernel, sigma=(a, b))`: sigma drawn per sample from `[a, b]`, the image
+    /// padded by reflection and blurred with a `kernel`×`kernel` Gaussian, rounded.
+    GaussianBlur { kernel: u32, sigma: (f64, f64) },
 }
 
 impl PixelOp {
@@ -96,16 +113,45 @@ impl PixelOp {
             PixelOp::Sharpness(_) => "sharpness",
             PixelOp::Invert => "invert",
             PixelOp::Grayscale => "grayscale",
+            PixelOp::ColorJitter { .. } => "color_jitter",
+            PixelOp::RandomGrayscale(_) => "random_grayscale",
+            PixelOp::GaussianBlur { .. } => "gaussian_blur",
         }
     }
 
-    /// The names of the pixel ops in the grammar: [`OPS`] between `hflip` and `normalize`.
-    pub const NAMES: &'static [&'static str] = OPS.split_at(6).1.split_at(11).0;
+    /// Whether the op draws from the sample's random stream.
+    pub fn is_random(&self) -> bool {
+        matches!(
+            self,
+            PixelOp::ColorJitter { .. }
+                | PixelOp::RandomGrayscale(_)
+                | PixelOp::GaussianBlur { .. }
+        )
+    }
 
-    /// Op `name` (one of [`PixelOp::NAMES`]) with its positional argument, checked.
-    fn parse(name: &str, arg: Option<&str>) -> Result<PixelOp, String> {
-        let number = |range: std::ops::RangeInclusive<f64>, what: &str| -> Result<f64, String> {
-            let a = arg.ok_or_else(|| format!("{name} needs {what}"))?;
+    /// The names of the pixel ops in the grammar: [`OPS`] between `hflip` and `normalize`.
+    pub const NAMES: &'static [&'static str] = OPS.split_at(6).1.split_at(14).0;
+
+    /// Op `name` (one of [`PixelOp::NAMES`]) with its arguments, checked.
+    fn parse(name: &str, positional: &[&str], named: &[(&str, &str)]) -> Result<PixelOp, String> {
+        let (keys, most): (&[&str], usize) = match name {
+            "equalize" | "autocontrast" | "invert" | "grayscale" => (&[], 0),
+            "color_jitter" => (&[], 4),
+            "random_grayscale" => (&["p"], 0),
+            "gaussian_blur" => (&["sigma"], 1),
+            _ => (&[], 1),
+        };
+        if let Some((k, _)) = named.iter().find(|(k, _)| !keys.contains(k)) {
+            return Err(format!("{name}: unknown argument {k:?}"));
+        }
+        if positional.len() > most {
+            return Err(match most {
+                0 => format!("{name} takes no argument (got {:?})", positional[0]),
+                _ => format!("{name}: too many arguments"),
+            });
+        }
+        let arg = positional.first().copied();
+        let in_range = |a: &str, range: std::ops::RangeInclusive<f64>, what: &str| {
             a.parse::<f64>()
                 .ok()
                 .filter(|v| v.is_finite() && range.contains(v))
@@ -117,12 +163,13 @@ impl PixelOp {
                     )
                 })
         };
-        let none = |op: PixelOp| match arg {
-            Some(a) => Err(format!("{name} takes no argument (got {a:?})")),
-            None => Ok(op),
+        let number = |range: std::ops::RangeInclusive<f64>, what: &str| -> Result<f64, String> {
+            let a = arg.ok_or_else(|| format!("{name} needs {what}"))?;
+            in_range(a, range, what)
         };
         // Factors above 1,000 only saturate every value: the bound keeps the arithmetic finite.
         let factor = |f: fn(f64) -> PixelOp| number(0.0..=1000.0, "a factor").map(f);
+        let named_arg = |key: &str| named.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
         Ok(match name {
             "brightness" => factor(PixelOp::Brightness)?,
             "contrast" => factor(PixelOp::Contrast)?,
@@ -139,10 +186,48 @@ impl PixelOp {
                     .ok_or_else(|| format!("{name}: {a} is not a number of bits in [0, 8]"))?;
                 PixelOp::Posterize(bits)
             }
-            "equalize" => none(PixelOp::Equalize)?,
-            "autocontrast" => none(PixelOp::Autocontrast)?,
-            "invert" => none(PixelOp::Invert)?,
-            "grayscale" => none(PixelOp::Grayscale)?,
+            "equalize" => PixelOp::Equalize,
+            "autocontrast" => PixelOp::Autocontrast,
+            "invert" => PixelOp::Invert,
+            "grayscale" => PixelOp::Grayscale,
+            "color_jitter" => {
+                let at = |i: usize, range: std::ops::RangeInclusive<f64>, what: &str| {
+                    positional
+                        .get(i)
+                        .map_or(Ok(0.0), |a| in_range(a, range, what))
+                };
+                let amount = "an amount (brightness, contrast, saturation)";
+                PixelOp::ColorJitter {
+                    brightness: at(0, 0.0..=1000.0, amount)?,
+                    contrast: at(1, 0.0..=1000.0, amount)?,
+                    saturation: at(2, 0.0..=1000.0, amount)?,
+                    hue: at(3, 0.0..=0.5, "a hue amount")?,
+                }
+            }
+            "random_grayscale" => PixelOp::RandomGrayscale(match named_arg("p") {
+                Some(p) => in_range(p, 0.0..=1.0, "a probability")?,
+                None => 0.1,
+            }),
+            "gaussian_blur" => {
+                let a = arg.ok_or_else(|| format!("{name} needs a kernel size"))?;
+                let kernel = a
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|k| k % 2 == 1 && *k <= 255)
+                    .ok_or_else(|| format!("{name}: {a} is not an odd kernel size in [1, 255]"))?;
+                let sigma = match named_arg("sigma") {
+                    Some(s) => parse_floats::<2>(s)
+                        .filter(|[a, b]| 0.0 < *a && a <= b && *b <= 1000.0)
+                        .ok_or_else(|| {
+                            format!("{name}: sigma={s} is not A,B with 0 < A <= B <= 1000")
+                        })?,
+                    None => [0.1, 2.0],
+                };
+                PixelOp::GaussianBlur {
+                    kernel,
+                    sigma: (sigma[0], sigma[1]),
+                }
+            }
             other => return Err(format!("{other} is not a pixel op")),
         })
     }
@@ -161,6 +246,16 @@ impl fmt::Display for PixelOp {
             PixelOp::Posterize(b) => write!(f, " {b}"),
             PixelOp::Equalize | PixelOp::Autocontrast | PixelOp::Invert | PixelOp::Grayscale => {
                 Ok(())
+            }
+            PixelOp::ColorJitter {
+                brightness,
+                contrast,
+                saturation,
+                hue,
+            } => write!(f, " {brightness} {contrast} {saturation} {hue}"),
+            PixelOp::RandomGrayscale(p) => write!(f, " p={p}"),
+            PixelOp::GaussianBlur { kernel, sigma } => {
+                write!(f, " {kernel} sigma={},{}", sigma.0, sigma.1)
             }
         }
     }
@@ -456,13 +551,7 @@ impl FromStr for PipelineSpec {
                 )));
             }
             if PixelOp::NAMES.contains(&name) {
-                if let Some((k, _)) = named.first() {
-                    return Err(err(format!("{name}: unknown argument {k:?}")));
-                }
-                if positional.len() > 1 {
-                    return Err(err(format!("{name}: too many arguments")));
-                }
-                let op = PixelOp::parse(name, positional.first().copied()).map_err(err)?;
+                let op = PixelOp::parse(name, &positional, &named).map_err(err)?;
                 spec.pixels.push(op);
                 continue;
             }
@@ -677,7 +766,7 @@ mod tests {
         assert_eq!(spec.pixels, [PixelOp::Posterize(3), PixelOp::Invert]);
         let every = "decode | center_crop 8 | brightness 1 | contrast 1 | saturation 1 | hue 0 \
                      | solarize 1 | posterize 1 | equalize | autocontrast | sharpness 1 | invert \
-                     | grayscale";
+                     | grayscale | color_jitter 0.4 | random_grayscale | gaussian_blur 3";
         let names: Vec<&str> = every
             .parse::<PipelineSpec>()
             .unwrap()
@@ -745,6 +834,7 @@ mod tests {
             "decode field=png | resize 32x48",
             "decode | random_resized_crop 176x144 scale=0.35,1 ratio=0.5,2 | hflip | normalize mean=0.485,0.456,0.406 std=0.229,0.224,0.225 dtype=f16 | chw",
             "decode | center_crop 224 | brightness 1.3 | contrast 0.7 | saturation 1.5 | hue -0.1 | solarize 128 | posterize 4 | equalize | autocontrast | sharpness 2 | invert | grayscale | normalize mean=0.5,0.5,0.5 std=0.5,0.5,0.5",
+            "decode | random_resized_crop 224 | color_jitter 0.4 0.4 0.4 0.1 | random_grayscale p=0.2 | gaussian_blur 23 sigma=0.1,2",
         ] {
             let spec: PipelineSpec = text.parse().unwrap();
             let again: PipelineSpec = spec.to_string().parse().unwrap();

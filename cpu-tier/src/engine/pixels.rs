@@ -8,64 +8,207 @@
 //! pass (brightness, contrast once the mean is known, solarize, posterize, invert, equalize
 //! and autocontrast once the histogram is) is a 256-entry table per channel, built with the
 //! same float32 expression torchvision evaluates, so a table is exact and the pass is a
-//! lookup per byte. Saturation, grayscale and hue mix a pixel's channels; sharpness its
-//! neighbours.
+//! lookup per byte. Saturation, grayscale and hue mix a pixel's channels; sharpness and blur
+//! its neighbours.
+//!
+//! The random ops (`color_jitter`, `random_grayscale`, `gaussian_blur`) draw torchvision's
+//! parameters from a stream of the sample's own seed (drawn after its geometry), so a sample
+//! gets the same pixels whichever worker makes it, and every frame of a clip the same draw.
 
+use sluice_plan::rng::{stream, Domain, Stream};
 use sluice_wire::spec::PixelOp;
 
-/// Applies `ops` in order to the `w`×`h` RGB image in `hwc`.
-pub(crate) fn apply(ops: &[PixelOp], hwc: &mut [u8], w: u32, h: u32, scratch: &mut Vec<u8>) {
+/// Applies `ops` in order to the `w`×`h` RGB image in `hwc`; the random ones draw from the
+/// stream of `seed` (the sample's [`crate::geometry::Geometry::pixel_seed`]).
+pub(crate) fn apply(
+    ops: &[PixelOp],
+    hwc: &mut [u8],
+    (w, h): (u32, u32),
+    seed: u64,
+    scratch: &mut Vec<u8>,
+) {
+    let mut draws = None;
     for op in ops {
+        let rng = || stream(seed, Domain::PixelOps, 0, 0);
         match *op {
-            PixelOp::Brightness(f) => {
-                let f = f as f32;
-                lookup_all(hwc, &table(|x| x * f));
-            }
-            PixelOp::Contrast(f) => {
-                let mean = mean_grey(hwc);
-                let ratio = Ratio::of(f);
-                lookup_all(hwc, &table(|x| ratio.blend(x, mean)));
-            }
-            PixelOp::Saturation(f) => saturation(hwc, Ratio::of(f)),
-            PixelOp::Hue(f) => hue(hwc, f as f32),
-            PixelOp::Solarize(t) => {
-                let t = t as f32;
-                let solarized: [u8; 256] = std::array::from_fn(|x| {
-                    if x as f32 >= t {
-                        255 - x as u8
-                    } else {
-                        x as u8
-                    }
-                });
-                lookup_all(hwc, &solarized);
-            }
-            PixelOp::Posterize(bits) => {
-                let mask = match bits {
-                    8.. => 0xff,
-                    b => (((1u16 << b) - 1) << (8 - b)) as u8,
-                };
-                hwc.iter_mut().for_each(|v| *v &= mask);
-            }
-            PixelOp::Equalize => {
-                let tables = per_channel(hwc, equalized);
-                lookup_channels(hwc, &tables);
-            }
-            PixelOp::Autocontrast => {
-                let tables = per_channel(hwc, stretched);
-                lookup_channels(hwc, &tables);
-            }
-            PixelOp::Sharpness(f) => {
-                sharpness(hwc, (w as usize, h as usize), Ratio::of(f), scratch)
-            }
-            PixelOp::Invert => hwc.iter_mut().for_each(|v| *v = !*v),
-            PixelOp::Grayscale => {
-                for px in hwc.chunks_exact_mut(3) {
-                    let g = cast(grey(px));
-                    px.fill(g);
+            PixelOp::ColorJitter {
+                brightness,
+                contrast,
+                saturation,
+                hue,
+            } => {
+                let rng = draws.get_or_insert_with(rng);
+                for op in jitter([brightness, contrast, saturation, hue], rng) {
+                    apply_fixed(&op, hwc, (w, h), scratch);
                 }
             }
+            PixelOp::RandomGrayscale(p) => {
+                if draws.get_or_insert_with(rng).unit_f64() < p {
+                    apply_fixed(&PixelOp::Grayscale, hwc, (w, h), scratch);
+                }
+            }
+            PixelOp::GaussianBlur { kernel, sigma } => {
+                let rng = draws.get_or_insert_with(rng);
+                let s = uniform(rng, sigma);
+                blur(hwc, (w as usize, h as usize), kernel as usize, s, scratch);
+            }
+            ref fixed => apply_fixed(fixed, hwc, (w, h), scratch),
         }
     }
+}
+
+/// A uniform draw from `[lo, hi]`, as torchvision's `torch.empty(1).uniform_(lo, hi)`.
+fn uniform(rng: &mut Stream, (lo, hi): (f64, f64)) -> f64 {
+    lo + rng.unit_f64() * (hi - lo)
+}
+
+/// `ColorJitter`'s draw: the order of the four ops (`randperm(4)`), then each present op's
+/// factor in turn (brightness, contrast, saturation from `[max(0, 1 - x), 1 + x]`, hue from
+/// `[-x, x]`); the ops in that order, an amount of 0 leaving its op out.
+fn jitter(amounts: [f64; 4], rng: &mut Stream) -> Vec<PixelOp> {
+    let mut order = [0usize, 1, 2, 3];
+    rng.shuffle(&mut order);
+    let factors: [Option<f64>; 4] = std::array::from_fn(|i| {
+        let x = amounts[i];
+        (x > 0.0).then(|| match i {
+            3 => uniform(rng, (-x, x)),
+            _ => uniform(rng, ((1.0 - x).max(0.0), 1.0 + x)),
+        })
+    });
+    order
+        .iter()
+        .filter_map(|&i| {
+            factors[i].map(|f| match i {
+                0 => PixelOp::Brightness(f),
+                1 => PixelOp::Contrast(f),
+                2 => PixelOp::Saturation(f),
+                _ => PixelOp::Hue(f),
+            })
+        })
+        .collect()
+}
+
+/// One op that draws nothing.
+fn apply_fixed(op: &PixelOp, hwc: &mut [u8], (w, h): (u32, u32), scratch: &mut Vec<u8>) {
+    match *op {
+        PixelOp::Brightness(f) => {
+            let f = f as f32;
+            lookup_all(hwc, &table(|x| x * f));
+        }
+        PixelOp::Contrast(f) => {
+            let mean = mean_grey(hwc);
+            let ratio = Ratio::of(f);
+            lookup_all(hwc, &table(|x| ratio.blend(x, mean)));
+        }
+        PixelOp::Saturation(f) => saturation(hwc, Ratio::of(f)),
+        PixelOp::Hue(f) => hue(hwc, f as f32),
+        PixelOp::Solarize(t) => {
+            let t = t as f32;
+            let solarized: [u8; 256] = std::array::from_fn(|x| {
+                if x as f32 >= t {
+                    255 - x as u8
+                } else {
+                    x as u8
+                }
+            });
+            lookup_all(hwc, &solarized);
+        }
+        PixelOp::Posterize(bits) => {
+            let mask = match bits {
+                8.. => 0xff,
+                b => (((1u16 << b) - 1) << (8 - b)) as u8,
+            };
+            hwc.iter_mut().for_each(|v| *v &= mask);
+        }
+        PixelOp::Equalize => {
+            let tables = per_channel(hwc, equalized);
+            lookup_channels(hwc, &tables);
+        }
+        PixelOp::Autocontrast => {
+            let tables = per_channel(hwc, stretched);
+            lookup_channels(hwc, &tables);
+        }
+        PixelOp::Sharpness(f) => sharpness(hwc, (w as usize, h as usize), Ratio::of(f), scratch),
+        PixelOp::Invert => hwc.iter_mut().for_each(|v| *v = !*v),
+        PixelOp::Grayscale => {
+            for px in hwc.chunks_exact_mut(3) {
+                let g = cast(grey(px));
+                px.fill(g);
+            }
+        }
+        // Drawn in `apply`, which never passes them here.
+        PixelOp::ColorJitter { .. }
+        | PixelOp::RandomGrayscale(_)
+        | PixelOp::GaussianBlur { .. } => {}
+    }
+}
+
+/// `gaussian_blur` with a `k`×`k` kernel of `sigma` on uint8: the image padded by reflection,
+/// each channel convolved in float32 with torchvision's kernel (below; the 2-D kernel is its
+/// outer product), rounded half to even. The convolution runs as two 1-D passes, a row then a column: the same
+/// sum as the 2-D kernel's, in another order, so a value may differ from torchvision's by one
+/// where the float32 sum lands on a half.
+fn blur(hwc: &mut [u8], (w, h): (usize, usize), k: usize, sigma: f64, scratch: &mut Vec<u8>) {
+    if k <= 1 || w == 0 || h == 0 {
+        return;
+    }
+    // torchvision: `x = linspace(-lim, lim, k)` (float32, filled from both ends),
+    // `lim = (k - 1) / (2√2)`, and `softmax(-(x / sigma)²)`.
+    let lim = ((k - 1) as f64 / (2.0 * 2f64.sqrt())) as f32;
+    let step = (2.0 * lim) / (k - 1) as f32;
+    let sigma = sigma as f32;
+    let xs: Vec<f32> = (0..k)
+        .map(|i| match i < k / 2 {
+            true => -lim + step * i as f32,
+            false => lim - step * (k - 1 - i) as f32,
+        })
+        .map(|x| -((x / sigma) * (x / sigma)))
+        .collect();
+    let top = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exps: Vec<f32> = xs.iter().map(|x| (x - top).exp()).collect();
+    let sum: f32 = exps.iter().sum();
+    let kernel: Vec<f32> = exps.iter().map(|e| e / sum).collect();
+    let half = k / 2;
+    // Reflection without repeating the edge (torch's "reflect"), folded again for images
+    // smaller than the kernel (where torch refuses).
+    let reflect = |i: isize, n: usize| -> usize {
+        let n = n as isize;
+        if n == 1 {
+            return 0;
+        }
+        let period = 2 * (n - 1);
+        let m = i.rem_euclid(period);
+        (if m < n { m } else { period - m }) as usize
+    };
+    // Rows first, into float32.
+    let mut rows = vec![0f32; w * h * 3];
+    for y in 0..h {
+        let line = &hwc[y * w * 3..(y + 1) * w * 3];
+        for x in 0..w {
+            let mut acc = [0f32; 3];
+            for (t, kv) in kernel.iter().enumerate() {
+                let sx = reflect(x as isize + t as isize - half as isize, w);
+                for c in 0..3 {
+                    acc[c] += f32::from(line[sx * 3 + c]) * kv;
+                }
+            }
+            rows[(y * w + x) * 3..(y * w + x) * 3 + 3].copy_from_slice(&acc);
+        }
+    }
+    scratch.clear();
+    for y in 0..h {
+        for x in 0..w {
+            let mut acc = [0f32; 3];
+            for (t, kv) in kernel.iter().enumerate() {
+                let sy = reflect(y as isize + t as isize - half as isize, h);
+                for c in 0..3 {
+                    acc[c] += rows[(sy * w + x) * 3 + c] * kv;
+                }
+            }
+            scratch.extend(acc.map(|v| cast(v.round_ties_even())));
+        }
+    }
+    hwc.copy_from_slice(scratch);
 }
 
 /// float32 to uint8 as torchvision's `.clamp_(0, 255).to(torch.uint8)`: clamped, then
@@ -283,8 +426,12 @@ mod tests {
 
     fn run(op: PixelOp) -> Vec<u8> {
         let (mut img, w, h) = image();
-        apply(&[op], &mut img, w, h, &mut Vec::new());
+        apply(&[op], &mut img, (w, h), 0, &mut Vec::new());
         img
+    }
+
+    fn on(op: PixelOp, px: &mut [u8], w: u32, h: u32) {
+        apply(&[op], px, (w, h), 0, &mut Vec::new());
     }
 
     #[test]
@@ -312,37 +459,25 @@ mod tests {
     fn each_op_does_what_torchvision_says_on_known_values() {
         // brightness 1.5 of 200 saturates; of 101 is 151.5, truncated.
         let mut px = vec![200, 101, 0];
-        apply(&[PixelOp::Brightness(1.5)], &mut px, 1, 1, &mut Vec::new());
+        on(PixelOp::Brightness(1.5), &mut px, 1, 1);
         assert_eq!(px, [255, 151, 0]);
         let mut px = vec![10, 128, 250];
-        apply(&[PixelOp::Solarize(128.0)], &mut px, 1, 1, &mut Vec::new());
+        on(PixelOp::Solarize(128.0), &mut px, 1, 1);
         assert_eq!(px, [10, 127, 5]);
         let mut px = vec![0b1011_0111, 255, 3];
-        apply(&[PixelOp::Posterize(3)], &mut px, 1, 1, &mut Vec::new());
+        on(PixelOp::Posterize(3), &mut px, 1, 1);
         assert_eq!(px, [0b1010_0000, 0b1110_0000, 0]);
         let mut px = vec![0, 100, 255];
-        apply(&[PixelOp::Invert], &mut px, 1, 1, &mut Vec::new());
+        on(PixelOp::Invert, &mut px, 1, 1);
         assert_eq!(px, [255, 155, 0]);
         // grey of (255, 0, 0): 76.2195, truncated.
         let mut px = vec![255, 0, 0];
-        apply(&[PixelOp::Grayscale], &mut px, 1, 1, &mut Vec::new());
+        on(PixelOp::Grayscale, &mut px, 1, 1);
         assert_eq!(px, [76, 76, 76]);
         // Pure red turned by a third is pure green; by -1/3 pure blue.
         let mut px = vec![255, 0, 0, 255, 0, 0];
-        apply(
-            &[PixelOp::Hue(1.0 / 3.0)],
-            &mut px[..3],
-            1,
-            1,
-            &mut Vec::new(),
-        );
-        apply(
-            &[PixelOp::Hue(-1.0 / 3.0)],
-            &mut px[3..],
-            1,
-            1,
-            &mut Vec::new(),
-        );
+        on(PixelOp::Hue(1.0 / 3.0), &mut px[..3], 1, 1);
+        on(PixelOp::Hue(-1.0 / 3.0), &mut px[3..], 1, 1);
         assert_eq!(px, [0, 255, 0, 0, 0, 255]);
     }
 
@@ -350,14 +485,14 @@ mod tests {
     fn autocontrast_stretches_each_channel_and_equalize_spreads_it() {
         // Red spans 50..=150, green one value, blue the full range.
         let mut img = vec![50, 7, 0, 100, 7, 128, 150, 7, 255];
-        apply(&[PixelOp::Autocontrast], &mut img, 3, 1, &mut Vec::new());
+        on(PixelOp::Autocontrast, &mut img, 3, 1);
         // 150 maps to 100 / (100 * f32(1/255)) = 254.99998 in float32, truncated to 254, as
         // torchvision's does; blue's 255 to 255 / (255 * f32(1/255)) = 255.0.
         assert_eq!(img, [0, 7, 0, 127, 7, 128, 254, 7, 255]);
         // 300 pixels of value v = i % 3 in red: step = 200 / 255 = 0, so unchanged; with
         // 1,000 pixels spread over four values the table spreads them.
         let mut img: Vec<u8> = (0..1000).flat_map(|i| [(i % 4) as u8 * 10, 0, 0]).collect();
-        apply(&[PixelOp::Equalize], &mut img, 1000, 1, &mut Vec::new());
+        on(PixelOp::Equalize, &mut img, 1000, 1);
         let values: std::collections::BTreeSet<u8> = img.chunks(3).map(|p| p[0]).collect();
         // cum = 250, 500, 750 over step = 750 / 255 = 2: (250 + 1) / 2 = 125, 250, 375 -> 255.
         assert_eq!(values.into_iter().collect::<Vec<_>>(), [0, 125, 250, 255]);
@@ -366,7 +501,7 @@ mod tests {
     #[test]
     fn sharpness_keeps_the_border_and_a_flat_image() {
         let mut flat = vec![90u8; 5 * 4 * 3];
-        apply(&[PixelOp::Sharpness(3.0)], &mut flat, 5, 4, &mut Vec::new());
+        on(PixelOp::Sharpness(3.0), &mut flat, 5, 4);
         assert!(flat.iter().all(|&v| v == 90));
         let (img, w, h) = image();
         let sharp = run(PixelOp::Sharpness(2.0));
@@ -380,5 +515,81 @@ mod tests {
             }
         }
         assert_ne!(sharp, img);
+    }
+
+    #[test]
+    fn random_ops_draw_from_their_seed_alone() {
+        let (img, w, h) = image();
+        let ops = [
+            PixelOp::ColorJitter {
+                brightness: 0.4,
+                contrast: 0.4,
+                saturation: 0.4,
+                hue: 0.1,
+            },
+            PixelOp::RandomGrayscale(0.5),
+            PixelOp::GaussianBlur {
+                kernel: 3,
+                sigma: (0.1, 2.0),
+            },
+        ];
+        let with = |seed: u64| {
+            let mut x = img.clone();
+            apply(&ops, &mut x, (w, h), seed, &mut Vec::new());
+            x
+        };
+        // The same seed, the same pixels (a clip's frames each run apply with it); another
+        // seed, others.
+        assert_eq!(with(7), with(7));
+        let distinct: std::collections::BTreeSet<Vec<u8>> = (0..8).map(with).collect();
+        assert!(distinct.len() >= 7, "{} distinct of 8", distinct.len());
+        // Amounts of 0 leave every op out; p 0 and 1 never and always.
+        let none = PixelOp::ColorJitter {
+            brightness: 0.0,
+            contrast: 0.0,
+            saturation: 0.0,
+            hue: 0.0,
+        };
+        assert_eq!(run(none), img);
+        assert_eq!(run(PixelOp::RandomGrayscale(0.0)), img);
+        assert_eq!(run(PixelOp::RandomGrayscale(1.0)), run(PixelOp::Grayscale));
+    }
+
+    #[test]
+    fn jitter_draws_every_order_and_factors_in_range() {
+        let mut orders = std::collections::BTreeSet::new();
+        for seed in 0..400 {
+            let mut rng = stream(seed, Domain::PixelOps, 0, 0);
+            let ops = jitter([0.5, 0.2, 0.0, 0.1], &mut rng);
+            assert_eq!(ops.len(), 3, "saturation 0 is left out");
+            for op in &ops {
+                match *op {
+                    PixelOp::Brightness(f) => assert!((0.5..=1.5).contains(&f)),
+                    PixelOp::Contrast(f) => assert!((0.8..=1.2).contains(&f)),
+                    PixelOp::Hue(f) => assert!((-0.1..=0.1).contains(&f)),
+                    ref other => panic!("{other}"),
+                }
+            }
+            orders.insert(ops.iter().map(PixelOp::name).collect::<Vec<_>>());
+        }
+        assert_eq!(orders.len(), 6, "every order of three ops");
+    }
+
+    #[test]
+    fn a_blur_keeps_a_flat_image_and_smooths_an_edge() {
+        let mut flat = vec![77u8; 6 * 5 * 3];
+        blur(&mut flat, (6, 5), 5, 1.5, &mut Vec::new());
+        assert!(flat.iter().all(|&v| v == 77));
+        // A vertical edge, 0 then 255: blurred, the values across it rise monotonically.
+        let mut edge: Vec<u8> = (0..8 * 3)
+            .flat_map(|i| {
+                let v = if i % 8 < 4 { 0 } else { 255 };
+                [v, v, v]
+            })
+            .collect();
+        blur(&mut edge, (8, 3), 5, 1.0, &mut Vec::new());
+        let row: Vec<u8> = edge[..8 * 3].chunks(3).map(|p| p[0]).collect();
+        assert!(row.windows(2).all(|p| p[0] <= p[1]), "{row:?}");
+        assert!(row[3] > 0 && row[4] < 255, "{row:?}");
     }
 }

@@ -16,6 +16,15 @@ use crate::geometry::{compose, dct_scale, Geometry, RectF};
 use crate::jpeg::{exif_orientation, Rect};
 
 impl Engine {
+    /// The sample's geometry, then the seed of its random pixel ops, from its stream.
+    pub(super) fn geometry(&self, w: u32, h: u32, rng: &mut sluice_plan::rng::Stream) -> Geometry {
+        let mut g = compose(&self.spec.ops, w, h, rng);
+        if self.spec.pixels.iter().any(|p| p.is_random()) {
+            g.pixel_seed = rng.next_u64();
+        }
+        g
+    }
+
     pub(super) fn render_jpeg(
         &self,
         ws: &mut Workspace,
@@ -51,14 +60,14 @@ impl Engine {
                 &mut ws.oriented,
             );
             ws.region = region;
-            let g = compose(&self.spec.ops, w, h, rng);
+            let g = self.geometry(w, h, rng);
             let decode_ns = t0.elapsed().as_nanos() as u64;
             let buf = std::mem::take(&mut ws.oriented);
             let t = self.resample(ws, (&buf, w, h), g.src, &g, dest);
             ws.oriented = buf;
             return Ok((t?, decode_ns, reported(w, h, &g)));
         }
-        let g = compose(&self.spec.ops, header.width, header.height, rng);
+        let g = self.geometry(header.width, header.height, rng);
         let scale = if self.config.dct_scaling {
             dct_scale(&g)
         } else {
@@ -124,7 +133,7 @@ impl Engine {
         let f0 = &data[frames[taken[0] as usize].clone()];
         let header = ws.jpeg.header(f0)?;
         let (w, h) = (header.width, header.height);
-        let g = compose(&self.spec.ops, w, h, rng);
+        let g = self.geometry(w, h, rng);
         let scale = if self.config.dct_scaling {
             dct_scale(&g)
         } else {
@@ -362,7 +371,7 @@ impl Engine {
                 mirror_rgb(row);
             }
         }
-        super::pixels::apply(&self.spec.pixels, out, ow, oh, &mut ws.tmp);
+        super::pixels::apply(&self.spec.pixels, out, (ow, oh), g.pixel_seed, &mut ws.tmp);
         Ok(())
     }
 
