@@ -180,33 +180,37 @@ fn blur(hwc: &mut [u8], (w, h): (usize, usize), k: usize, sigma: f64, scratch: &
         let m = i.rem_euclid(period);
         (if m < n { m } else { period - m }) as usize
     };
-    // Rows first, into float32.
-    let mut rows = vec![0f32; w * h * 3];
+    // Rows first, each padded by reflection, into float32; each sum in the kernel's order.
+    let row = w * 3;
+    let mut padded = vec![0f32; (w + 2 * half) * 3];
+    let mut rows = vec![0f32; row * h];
     for y in 0..h {
-        let line = &hwc[y * w * 3..(y + 1) * w * 3];
-        for x in 0..w {
-            let mut acc = [0f32; 3];
-            for (t, kv) in kernel.iter().enumerate() {
-                let sx = reflect(x as isize + t as isize - half as isize, w);
-                for c in 0..3 {
-                    acc[c] += f32::from(line[sx * 3 + c]) * kv;
-                }
+        let line = &hwc[y * row..(y + 1) * row];
+        for (p, px) in padded.chunks_exact_mut(3).enumerate() {
+            let sx = reflect(p as isize - half as isize, w);
+            for (c, v) in px.iter_mut().enumerate() {
+                *v = f32::from(line[sx * 3 + c]);
             }
-            rows[(y * w + x) * 3..(y * w + x) * 3 + 3].copy_from_slice(&acc);
+        }
+        let out = &mut rows[y * row..(y + 1) * row];
+        for (t, &kv) in kernel.iter().enumerate() {
+            for (o, &v) in out.iter_mut().zip(&padded[t * 3..t * 3 + row]) {
+                *o += v * kv;
+            }
         }
     }
+    // Then columns: row `y` sums rows `y - half ..= y + half`, reflected at the ends.
     scratch.clear();
+    let mut acc = vec![0f32; row];
     for y in 0..h {
-        for x in 0..w {
-            let mut acc = [0f32; 3];
-            for (t, kv) in kernel.iter().enumerate() {
-                let sy = reflect(y as isize + t as isize - half as isize, h);
-                for c in 0..3 {
-                    acc[c] += rows[(sy * w + x) * 3 + c] * kv;
-                }
+        acc.fill(0.0);
+        for (t, &kv) in kernel.iter().enumerate() {
+            let sy = reflect(y as isize + t as isize - half as isize, h);
+            for (o, &v) in acc.iter_mut().zip(&rows[sy * row..(sy + 1) * row]) {
+                *o += v * kv;
             }
-            scratch.extend(acc.map(|v| cast(v.round_ties_even())));
         }
+        scratch.extend(acc.iter().map(|v| cast(v.round_ties_even())));
     }
     hwc.copy_from_slice(scratch);
 }
@@ -339,24 +343,26 @@ fn sharpness(hwc: &mut [u8], (w, h): (usize, usize), ratio: Ratio, scratch: &mut
     let (a, b) = (1.0f32 / 13.0, 5.0f32 / 13.0);
     let row = w * 3;
     for y in 1..h - 1 {
-        for x in 1..w - 1 {
-            for c in 0..3 {
-                let at = |dy: usize, dx: usize| {
-                    f32::from(src[(y + dy - 1) * row + (x + dx - 1) * 3 + c])
-                };
-                // conv2d's sum, in its order (row by row).
-                let mut s = 0.0f32;
-                for dy in 0..3 {
-                    for dx in 0..3 {
-                        let k = if dy == 1 && dx == 1 { b } else { a };
-                        s += at(dy, dx) * k;
-                    }
-                }
-                let blurred = s.round_ties_even();
-                let v = at(1, 1);
-                // `view.add_(blurred.sub_(view), alpha=1 - factor)`.
-                hwc[y * row + x * 3 + c] = cast(v + (blurred - v) * ratio.alpha);
-            }
+        let up = &src[(y - 1) * row..y * row];
+        let mid = &src[y * row..(y + 1) * row];
+        let down = &src[(y + 1) * row..(y + 2) * row];
+        let out = &mut hwc[y * row..(y + 1) * row];
+        // Byte `i` and its neighbours at `i ± 3` (the same channel), conv2d's sum in its order
+        // (row by row).
+        for (i, o) in out.iter_mut().enumerate().take(row - 3).skip(3) {
+            let v = |r: &[u8], j: usize| f32::from(r[j]);
+            let mut s = v(up, i - 3) * a;
+            s += v(up, i) * a;
+            s += v(up, i + 3) * a;
+            s += v(mid, i - 3) * a;
+            s += v(mid, i) * b;
+            s += v(mid, i + 3) * a;
+            s += v(down, i - 3) * a;
+            s += v(down, i) * a;
+            s += v(down, i + 3) * a;
+            let x = v(mid, i);
+            // `view.add_(blurred.sub_(view), alpha=1 - factor)`.
+            *o = cast(x + (s.round_ties_even() - x) * ratio.alpha);
         }
     }
 }
@@ -385,9 +391,12 @@ fn hue(hwc: &mut [u8], f: f32) {
         } else {
             0.0
         };
-        let h = ((hr + hg + hb) * (1.0 / 6.0) + 1.0) % 1.0;
-        // `h.add_(f).remainder_(1.0)`: Python's modulo, never negative.
-        let h = (h + f).rem_euclid(1.0);
+        // `fmod_(1.0)` of a positive value, then `add_(f).remainder_(1.0)` (Python's modulo,
+        // `x - floor(x)`): both exact as written here, and no libm call.
+        let h = (hr + hg + hb) * (1.0 / 6.0) + 1.0;
+        let h = h - h.floor();
+        let h = h + f;
+        let h = h - h.floor();
         let v = maxc;
         let h6 = h * 6.0;
         let i = h6.floor();
