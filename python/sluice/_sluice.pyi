@@ -55,7 +55,9 @@ class Epoch:
     def __len__(self) -> int:
         """Batches this epoch yields (after a resume, the rest)."""
     def report(self) -> Dict[str, Any]:
-        """planned, delivered, skipped, batches, duplicates_dropped so far; per_source (each
+        """planned, delivered, skipped, batches, duplicates_dropped, reassigned (units a lost
+        worker held that went to another), hedged (units a slow worker held that another also
+        ran) so far; per_source (each
         source's delivered samples), storage_bytes and cached_bytes (shard bytes read from
         storage and from the workers' caches)."""
 

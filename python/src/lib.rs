@@ -630,7 +630,9 @@ impl Epoch {
             .unwrap_or(0)
     }
 
-    /// What the epoch delivered so far: counts, each source's delivered samples
+    /// What the epoch delivered so far: counts (`reassigned`: units a lost worker held that
+    /// went to another; `hedged`: units a slow worker held that another also ran), each
+    /// source's delivered samples
     /// (`per_source`, one entry for a single dataset) and the shard bytes its units read from
     /// storage and from the workers' caches.
     fn report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -645,6 +647,8 @@ impl Epoch {
         d.set_item("skipped", r.skipped)?;
         d.set_item("batches", r.batches)?;
         d.set_item("duplicates_dropped", r.duplicates_dropped)?;
+        d.set_item("reassigned", r.reassigned)?;
+        d.set_item("hedged", r.hedged)?;
         d.set_item("per_source", inner.host().per_source().to_vec())?;
         d.set_item("storage_bytes", r.storage_bytes)?;
         d.set_item("cached_bytes", r.cached_bytes)?;

@@ -6,6 +6,7 @@ and cropped pixels (the same pipeline without the op), in process and through a 
 seed's alone and draw in torchvision's ranges; and a wrong argument is a ValueError naming the
 op, at construction."""
 
+import pathlib
 import re
 import shutil
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 
 import sluice
 
-from conftest import ROOT
+from conftest import ROOT, Worker, token_file
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 F = pytest.importorskip("torchvision.transforms.v2.functional",
@@ -75,7 +76,8 @@ def photos(sluice_bin, tmp_path_factory):
 
 def images(pipeline, dataset, **kw):
     """Every sample's image (CHW uint8 torch tensor), by sample id."""
-    loader = sluice.Loader(dataset=dataset, batch_size=8, pipeline=pipeline, seed=7, **kw)
+    kw = dict(dict(batch_size=8, seed=7), **kw)
+    loader = sluice.Loader(dataset=dataset, pipeline=pipeline, **kw)
     out = {}
     for batch, _ in loader.epoch(0):
         x = torch.from_numpy(np.from_dlpack(batch).copy()).permute(0, 3, 1, 2)
@@ -192,3 +194,49 @@ def test_random_ops_are_the_seeds_in_process_and_through_a_worker(photos, worker
         x = torch.from_numpy(np.from_dlpack(batch).copy()).permute(0, 3, 1, 2)
         differ += sum(not torch.equal(x[i], first[s]) for i, s in enumerate(batch.ids))
     assert differ >= 30, f"only {differ} of 32 samples changed with the seed"
+
+
+def test_random_ops_survive_a_worker_killed_mid_epoch(photos, sluice_bin, tmp_path):
+    """Two QUIC workers, one killed at the first batch where it holds units: its units are made
+    again on the other, with the same draws, so every image is the in-process one."""
+    pipeline = RANDOM.replace(BASE, f"{BASE} | hflip")
+    settings = dict(batch_size=2, seed=7, max_unit_samples=8)
+    local = images(pipeline, photos, **settings)
+    token = token_file(tmp_path)
+    a = Worker(sluice_bin, tmp_path / "a", ["--token-file", str(token)])
+    b = Worker(sluice_bin, tmp_path / "b", ["--token-file", str(token)])
+    try:
+        trust = tmp_path / "trust.pem"
+        trust.write_text("".join(pathlib.Path(w.cert).read_text() for w in (a, b)))
+        killed, moved = False, 0
+        # `a` is killed at the first batch where it holds units. Its one-sample units may all
+        # be done by then (nothing in flight to lose): the epoch is run again, `a` restarted,
+        # until the kill moved units.
+        for _ in range(5):
+            if killed:
+                a = Worker(sluice_bin, tmp_path / "a", ["--token-file", str(token)])
+                killed = False
+            loader = sluice.Loader(dataset=photos, pipeline=pipeline, workers=[a.addr, b.addr],
+                                   token_file=str(token), trust_cert=str(trust), **settings)
+            got = {}
+            epoch = loader.epoch(0)
+            for batch, _ in epoch:
+                x = torch.from_numpy(np.from_dlpack(batch).copy()).permute(0, 3, 1, 2)
+                got.update((sample, x[i]) for i, sample in enumerate(batch.ids))
+                held = {w[0]: w[3] for w in loader.stats()["workers"]}
+                if not killed and held.get(a.addr, 0) > 0:
+                    a.proc.kill()
+                    killed = True
+            # A killed worker's units move when it is declared lost (reassigned), or sooner,
+            # when they stall, as hedges.
+            report = epoch.report()
+            moved = report["reassigned"] + report["hedged"]
+            del epoch, loader
+            assert got.keys() == local.keys()
+            assert all(torch.equal(got[k], local[k]) for k in local)
+            if moved:
+                break
+        assert moved, "the kill of worker a moved no unit, in 5 epochs"
+    finally:
+        a.stop()
+        b.stop()
