@@ -1,7 +1,7 @@
 //! What a worker reads again while it serves, so that a rotation needs no restart: who may
 //! connect (the tenants file and token files, [`crate::admission`]) and the certificate it
 //! serves (its `cert` and `key` files, as cert-manager renews them). Both are read every
-//! [`RELOAD_EVERY`] and on SIGHUP; a set or certificate that differs from the one in force
+//! [`sluice_daemon::REREAD_EVERY`] and on SIGHUP; a set or certificate that differs from the one in force
 //! replaces it for new handshakes, and one that is broken or half-written keeps the one in
 //! force, said once. The certificate's expiry is watched too: warned about a week ahead, and
 //! at once when it has passed, with the seconds left on `/metrics`.
@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sluice_daemon::Rereads;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -17,47 +18,20 @@ use crate::admission::{describe, AdmissionSource, Reread, Rereader};
 use crate::connection::State;
 use crate::tls::{self, Identity, LiveCertificate};
 
-/// How often a worker reads its tenants, token and certificate files again: Kubernetes
-/// updates a mounted Secret within about a minute, by swapping a link; reading a few small
-/// files every two seconds costs nothing measurable.
-pub const RELOAD_EVERY: Duration = Duration::from_secs(2);
-
 /// How long before its certificate expires a worker says so.
 const EXPIRY_WARNING: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// Waits for the next re-read: [`RELOAD_EVERY`], or a SIGHUP (`true`), or `stop` (`None`).
-async fn next_turn(
-    hangup: &mut Option<tokio::signal::unix::Signal>,
-    stop: &CancellationToken,
-) -> Option<bool> {
-    let hup = async {
-        match hangup.as_mut() {
-            Some(h) => h.recv().await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = stop.cancelled() => None,
-        _ = tokio::time::sleep(RELOAD_EVERY) => Some(false),
-        _ = hup => Some(true),
-    }
-}
-
-fn hangups() -> Option<tokio::signal::unix::Signal> {
-    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok()
-}
-
-/// Reads the admission files again every [`RELOAD_EVERY`] and on SIGHUP, and puts a set that
+/// Reads the admission files again every [`sluice_daemon::REREAD_EVERY`] and on SIGHUP, and puts a set that
 /// differs in force; a broken one keeps the set in force, said once.
 pub(crate) async fn reread_admission(
     source: AdmissionSource,
     state: Arc<State>,
     stop: CancellationToken,
 ) {
-    let mut hangup = hangups();
+    let mut turns = Rereads::new();
     let mut rereader = Rereader::default();
     metrics::gauge!("sluice_cpu_admission_config_broken").set(0.0);
-    while let Some(hup) = next_turn(&mut hangup, &stop).await {
+    while let Some(hup) = turns.next(&stop).await {
         if hup {
             info!("SIGHUP: reading the tenants and token files again");
         }
@@ -112,7 +86,7 @@ fn read_pair(cert: &PathBuf, key: &PathBuf) -> std::io::Result<(Vec<u8>, Vec<u8>
     Ok((std::fs::read(cert)?, std::fs::read(key)?))
 }
 
-/// Watches the certificate served: every [`RELOAD_EVERY`] (and on SIGHUP) its files, when it
+/// Watches the certificate served: every [`sluice_daemon::REREAD_EVERY`] (and on SIGHUP) its files, when it
 /// was configured (`files`: cert and key), are read again and a changed pair is served from
 /// then on once its key matches its certificate; a pair that does not load keeps the one in
 /// force, said once. Whatever it is, its expiry is on `/metrics`, warned about a week ahead
@@ -123,7 +97,10 @@ pub(crate) async fn watch_certificate(
     live: LiveCertificate,
     stop: CancellationToken,
 ) {
-    let mut hangup = if files.is_some() { hangups() } else { None };
+    let mut turns = match files {
+        Some(_) => Rereads::new(),
+        None => Rereads::on_the_clock(),
+    };
     let mut watched = Watched {
         files: files.as_ref().and_then(|(c, k)| read_pair(c, k).ok()),
         not_after: tls::not_after(&identity),
@@ -134,7 +111,7 @@ pub(crate) async fn watch_certificate(
     let shown = identity.cert_path.display().to_string();
     loop {
         check_expiry(&mut watched, &shown);
-        let Some(_) = next_turn(&mut hangup, &stop).await else {
+        let Some(_) = turns.next(&stop).await else {
             return;
         };
         let Some((cert, key)) = &files else {

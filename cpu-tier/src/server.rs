@@ -63,7 +63,7 @@ pub struct Setup {
     /// The same-host transport's Unix socket, when it is on ([`crate::same_host::bind`]).
     pub same_host: Option<crate::same_host::Listener>,
     /// Where `admission` was read from, to read again while serving
-    /// ([`crate::reload::RELOAD_EVERY`] and on SIGHUP); `None` keeps it as given.
+    /// ([`sluice_daemon::REREAD_EVERY`] and on SIGHUP); `None` keeps it as given.
     pub reload: Option<crate::admission::AdmissionSource>,
     /// The certificate served, replaced when its files change ([`crate::reload`]).
     certificate: tls::LiveCertificate,

@@ -1,6 +1,7 @@
 //! What every Sluice daemon (the storage node, the CPU worker) shares, written once:
 //! - [`DaemonConfig`] ([`read_config`], [`parse_config`]): a TOML config file read into the
-//!   tier's config type, errors naming the file, then checked by the tier;
+//!   tier's config type, errors naming the file, then checked by the tier; [`Rereads`], the
+//!   turns on which a daemon reads rotated files again;
 //! - [`metrics_handle`]: the process's one Prometheus recorder, which every tier in the
 //!   process (the demo runs them all) records into;
 //! - [`serve_admin`]: the admin listener (`metrics_listen`), with one meaning of health for
@@ -86,6 +87,54 @@ pub trait DaemonConfig: serde::de::DeserializeOwned {
 pub fn rebase(dir: &Path, path: &mut std::path::PathBuf) {
     if path.is_relative() {
         *path = dir.join(&*path);
+    }
+}
+
+/// How often a daemon reads the files a rotation changes (tokens, tenants, certificates)
+/// again: Kubernetes updates a mounted Secret within about a minute, by swapping a link, and
+/// reading a few small files every two seconds costs nothing measurable.
+pub const REREAD_EVERY: Duration = Duration::from_secs(2);
+
+/// The turns of a loop that reads a daemon's files again: every [`REREAD_EVERY`], and at once
+/// on SIGHUP.
+pub struct Rereads {
+    hangup: Option<tokio::signal::unix::Signal>,
+}
+
+impl Rereads {
+    /// Turns on the clock and on SIGHUP (where a SIGHUP handler cannot be installed, on the
+    /// clock alone).
+    pub fn new() -> Self {
+        Rereads {
+            hangup: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok(),
+        }
+    }
+
+    /// Turns on the clock alone: a loop with nothing to read again that SIGHUP should not wake.
+    pub fn on_the_clock() -> Self {
+        Rereads { hangup: None }
+    }
+
+    /// Waits for the next turn: `Some(false)` after [`REREAD_EVERY`], `Some(true)` on a SIGHUP,
+    /// `None` once `stop` is cancelled.
+    pub async fn next(&mut self, stop: &tokio_util::sync::CancellationToken) -> Option<bool> {
+        let hup = async {
+            match self.hangup.as_mut() {
+                Some(h) => h.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = stop.cancelled() => None,
+            _ = tokio::time::sleep(REREAD_EVERY) => Some(false),
+            _ = hup => Some(true),
+        }
+    }
+}
+
+impl Default for Rereads {
+    fn default() -> Self {
+        Rereads::new()
     }
 }
 

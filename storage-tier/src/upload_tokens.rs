@@ -1,18 +1,15 @@
 //! The tokens that may upload (`PUT`): those written in the config (`upload_tokens`, and the
 //! binary's `$SLUICE_TOKEN`) and those in `upload_token_files` (a mounted Secret, the
-//! binary's `--token-file`), the files read at start and again every [`REREAD_EVERY`] and on
+//! binary's `--token-file`), the files read at start and again every [`sluice_daemon::REREAD_EVERY`] and on
 //! SIGHUP, so a rotated Secret needs no restart. A file that cannot be read, or holds no
 //! token, keeps the set in force: one WARN naming it, and
 //! `sluice_storage_upload_token_reloads_total{result="broken"}`.
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
+use sluice_daemon::Rereads;
 use tokio_util::sync::CancellationToken;
-
-/// How often the token files are read again.
-pub const REREAD_EVERY: Duration = Duration::from_secs(2);
 
 /// The tokens in force, shared by every request.
 #[derive(Debug, Default)]
@@ -61,26 +58,18 @@ pub(crate) fn read(inline: &[String], files: &[PathBuf]) -> Result<Vec<String>, 
     Ok(tokens)
 }
 
-/// Reads the token files again every [`REREAD_EVERY`] and on SIGHUP until `stop`.
+/// Reads the token files again every [`sluice_daemon::REREAD_EVERY`] and on SIGHUP until `stop`.
 pub(crate) async fn reread(
     tokens: Arc<UploadTokens>,
     inline: Vec<String>,
     files: Vec<PathBuf>,
     stop: CancellationToken,
 ) {
-    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut turns = Rereads::new();
     let mut last_error: Option<String> = None;
-    loop {
-        let hup = async {
-            match hangup.as_mut() {
-                Some(h) => h.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(REREAD_EVERY) => {}
-            _ = hup => tracing::info!("SIGHUP: reading the upload token files again"),
+    while let Some(hup) = turns.next(&stop).await {
+        if hup {
+            tracing::info!("SIGHUP: reading the upload token files again");
         }
         let (inline, files) = (inline.clone(), files.clone());
         let Ok(found) = tokio::task::spawn_blocking(move || read(&inline, &files)).await else {
