@@ -37,6 +37,27 @@ fn job(dir: &Path, manifest: &Path, pool: &[&str], dump: &Path, trust: &Path) ->
     c
 }
 
+/// A worker and a dataset of 40 samples, and the reference: the job's `--dump-ids` decoded in
+/// process, which every run through the pool must equal.
+fn bed_with_reference() -> (
+    tempfile::TempDir,
+    system::Dataset,
+    system::Worker,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
+    let (dir, data, [w], trust) = bed(40, ["w"]);
+    let reference = dir.path().join("reference.txt");
+    succeed(job(
+        dir.path(),
+        &data.manifest_path,
+        &["--workers", "local"],
+        &reference,
+        &trust,
+    ));
+    (dir, data, w, trust, reference)
+}
+
 /// The bad spells, by the epochs whose end begins and ends each (the job runs epochs 0 to 8).
 const SPELLS: [(u64, u64); 3] = [(0, 2), (3, 5), (6, 8)];
 
@@ -48,16 +69,8 @@ fn epoch_done(line: &str) -> Option<u64> {
 
 #[test]
 fn a_workers_file_that_goes_bad_for_moments_across_epochs_changes_nothing() {
-    let (dir, data, [w], trust) = bed(40, ["w"]);
+    let (dir, data, w, trust, reference) = bed_with_reference();
     let manifest = &data.manifest_path;
-    let reference = dir.path().join("reference.txt");
-    succeed(job(
-        dir.path(),
-        manifest,
-        &["--workers", "local"],
-        &reference,
-        &trust,
-    ));
 
     let file = dir.path().join("workers");
     let good = format!("# the pool\n{}\n", w.addr);
@@ -163,16 +176,8 @@ fn a_job_that_never_had_a_list_fails_and_still_writes_its_table_and_dump() {
 /// in-process engine's.
 #[test]
 fn a_listed_worker_that_never_answers_is_said_once_and_the_job_runs_on_the_others() {
-    let (dir, data, [w], trust) = bed(40, ["w"]);
+    let (dir, data, w, trust, reference) = bed_with_reference();
     let manifest = &data.manifest_path;
-    let reference = dir.path().join("reference.txt");
-    succeed(job(
-        dir.path(),
-        manifest,
-        &["--workers", "local"],
-        &reference,
-        &trust,
-    ));
     // A port nothing listens on: bound for a moment, then let go.
     let dead = std::net::UdpSocket::bind("127.0.0.1:0")
         .unwrap()
