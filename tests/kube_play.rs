@@ -148,9 +148,10 @@ fn volume_dir(dir: &Path, mode: u32) {
     std::fs::set_permissions(dir, PermissionsExt::from_mode(mode)).unwrap();
 }
 
-fn host_path(path: &Path, kind: &str) -> Value {
+/// Volume `name` as the host's `path` (`kind`: `Directory` or `File`).
+fn host_volume(name: &str, path: &Path, kind: &str) -> Value {
     serde_yaml::from_str(&format!(
-        "hostPath: {{path: {:?}, type: {kind}}}",
+        "{{name: {name:?}, hostPath: {{path: {:?}, type: {kind}}}}}",
         path.display().to_string()
     ))
     .unwrap()
@@ -202,21 +203,15 @@ impl Cluster<'_> {
                 None if v.get("emptyDir").is_some() => volume_dir(&at, 0o2777),
                 None => panic!("pod {name}: volume {vname} is of a kind this test cannot make"),
             }
-            paths.insert(vname.clone(), at.clone());
-            let mut played = Mapping::new();
-            played.insert("name".into(), vname.into());
-            played.extend(host_path(&at, "Directory").as_mapping().unwrap().clone());
-            volumes.push(Value::Mapping(played));
+            volumes.push(host_volume(&vname, &at, "Directory"));
+            paths.insert(vname, at);
         }
         // A StatefulSet's claims: empty folders of the group.
         for claim in claims {
             let vname = str_of(claim).to_string();
             let at = vols.join(&vname);
             volume_dir(&at, 0o2775);
-            let mut played = Mapping::new();
-            played.insert("name".into(), vname.clone().into());
-            played.extend(host_path(&at, "Directory").as_mapping().unwrap().clone());
-            volumes.push(Value::Mapping(played));
+            volumes.push(host_volume(&vname, &at, "Directory"));
             paths.insert(vname, at);
         }
         for c in spec["containers"].as_sequence_mut().unwrap() {
@@ -272,10 +267,7 @@ impl Cluster<'_> {
                 let file = std::fs::canonicalize(&file)
                     .unwrap_or_else(|e| panic!("{name}: subPath {sub} of {vname}: {e}"));
                 let new = format!("{vname}-{}", sub.replace(['.', '/'], "-"));
-                let mut played = Mapping::new();
-                played.insert("name".into(), new.clone().into());
-                played.extend(host_path(&file, "File").as_mapping().unwrap().clone());
-                volumes.push(Value::Mapping(played));
+                volumes.push(host_volume(&new, &file, "File"));
                 let m = m.as_mapping_mut().unwrap();
                 m.remove("subPath");
                 m.insert("name".into(), new.into());
