@@ -612,7 +612,10 @@ fn the_shipped_pod_templates_run_an_epoch_exactly_once_under_podman() {
     };
     let logs = cluster.logs("sluice-loadgen-loadgen");
     assert_eq!(exit, "0", "loadgen failed:\n{logs}");
-    // rank epochs batches planned delivered skipped dups ...
+    // rank epochs batches planned delivered skipped dups ...; loadgen's exit 0 already says
+    // nothing was lost or delivered twice. `dups` are copies the client dropped: on a slow
+    // machine a late unit is hedged to the other worker and both answer, which is the hedge
+    // working, so the count is not asserted.
     let row: Vec<&str> = logs
         .lines()
         .find(|l| l.split_whitespace().next() == Some("0"))
@@ -620,9 +623,9 @@ fn the_shipped_pod_templates_run_an_epoch_exactly_once_under_podman() {
         .split_whitespace()
         .collect();
     assert_eq!(
-        (row[4], row[5], row[6]),
-        (SAMPLES.to_string().as_str(), "0", "0"),
-        "delivered, skipped, duplicated:\n{logs}"
+        (row[4], row[5]),
+        (SAMPLES.to_string().as_str(), "0"),
+        "delivered, skipped:\n{logs}"
     );
     // The Service name gave both workers, and the job ran on each as team-a's.
     for i in 0..workers {
