@@ -35,8 +35,6 @@ mod pixels;
 mod render;
 mod unit;
 
-use render::reported;
-
 /// What happens to a sample that cannot be decoded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -394,7 +392,7 @@ impl Engine {
             let buf = std::mem::take(&mut ws.oriented);
             let t = self.resample(ws, (&buf, w, h), g.src, &g, dest);
             ws.oriented = buf;
-            (t?, decode_ns, reported(w, h, &g))
+            (t?, decode_ns, self.reported(w, h, &g))
         };
         let total = t0.elapsed().as_nanos() as u64;
         self.times.decode_ns.fetch_add(decode_ns, Ordering::Relaxed);

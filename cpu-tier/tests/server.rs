@@ -362,7 +362,7 @@ async fn a_client_of_another_protocol_version_is_named_with_both_versions() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert!(
-        text.contains("offered protocol version sluice/1") && text.contains("speaks sluice/7"),
+        text.contains("offered protocol version sluice/1") && text.contains("speaks sluice/8"),
         "{text}"
     );
     r.stop.cancel();

@@ -20,9 +20,15 @@ def transform_boxes(
 
     ``geometry`` is one row of ``images.geometry``: ``{"source": (h, w), "box": (x0, y0, x1,
     y1), "size": (h, w), "flip": bool}``: the crop box (source pixels, after EXIF orientation)
-    was resampled to ``size`` and then mirrored left-right if ``flip``.
+    was resampled to ``size`` and then mirrored left-right if ``flip``. A row whose pixel ops
+    moved pixels (``rotate``, ``shear_x``, ``translate_y``, ``rand_augment``'s geometric ops,
+    ...) also has ``"affine"``: ``[a, b, c, d, e, f]``, taking (x, y) to (a·x + b·y + c,
+    d·x + e·y + f) after the crop and flip.
 
-    Each box is scaled and shifted like the crop, mirrored with it, and clipped to the output.
+    Each box is scaled and shifted like the crop, mirrored with it, and clipped to the output;
+    then, with an ``affine``, its four corners are mapped and the box becomes the one that
+    encloses them, clipped again (torchvision's ``BoundingBoxes`` under ``affine`` and
+    ``rotate``; erasing moves nothing).
     A box that leaves the crop, or keeps less than ``min_size`` pixels of width or height
     once clipped, is dropped. Returns ``(boxes, keep)``: a float32 array of the kept boxes
     (M×4) and a boolean array over the input boxes (N), so labels can follow
@@ -69,5 +75,15 @@ def transform_boxes(
         out[:, 0], out[:, 2] = left, right
     out[:, [0, 2]] = out[:, [0, 2]].clip(0.0, out_w)
     out[:, [1, 3]] = out[:, [1, 3]].clip(0.0, out_h)
+    affine = geometry.get("affine")
+    if affine is not None:
+        a, b_, c, d, e, f = (float(v) for v in affine)
+        xs = out[:, [0, 2, 2, 0]]
+        ys = out[:, [1, 1, 3, 3]]
+        tx = a * xs + b_ * ys + c
+        ty = d * xs + e * ys + f
+        out = np.stack([tx.min(1), ty.min(1), tx.max(1), ty.max(1)], axis=1)
+        out[:, [0, 2]] = out[:, [0, 2]].clip(0.0, out_w)
+        out[:, [1, 3]] = out[:, [1, 3]].clip(0.0, out_h)
     keep = ((out[:, 2] - out[:, 0]) >= min_size) & ((out[:, 3] - out[:, 1]) >= min_size)
     return out[keep].astype(np.float32), keep

@@ -492,7 +492,10 @@ impl Images {
 
     /// Per row: `{"source": (h, w), "box": (x0, y0, x1, y1), "size": (h, w), "flip": bool}`,
     /// the crop box in source pixels (after EXIF orientation) that was resampled to `size`
-    /// and then mirrored if `flip`; a clip's row adds `"frames"`, its source frames. `sluice.transform_boxes` maps annotations with it.
+    /// and then mirrored if `flip`; a clip's row adds `"frames"`, its source frames, and a row
+    /// whose pixel ops moved pixels (rotate, shear, translate, or an augment that drew one)
+    /// adds `"affine"`: `[a, b, c, d, e, f]`, taking (x, y) of the cropped and flipped image
+    /// to (a·x + b·y + c, d·x + e·y + f). `sluice.transform_boxes` maps annotations with it.
     #[getter]
     fn geometry<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
         let rows: Vec<sluice_client::SampleGeometry> = self
@@ -507,6 +510,9 @@ impl Images {
                 d.set_item("flip", g.flip)?;
                 if let Some(f) = &g.frames {
                     d.set_item("frames", f.indices().collect::<Vec<u32>>())?;
+                }
+                if let Some(m) = &g.affine {
+                    d.set_item("affine", m.to_vec())?;
                 }
                 Ok(d)
             })

@@ -157,6 +157,10 @@ pub struct SampleGeometry {
     pub flip: bool,
     /// A clip's frames: which source frames became its tensor's.
     pub frames: Option<ClipFrames>,
+    /// The pixel ops' rotate, shear and translate, composed, after the crop and flip: output
+    /// pixel (x, y) of the crop went to (a·x + b·y + c, d·x + e·y + f), as `[a, b, c, d, e, f]`
+    /// in pixel-edge coordinates (torchvision's for boxes). `None` when none moved it.
+    pub affine: Option<[f32; 6]>,
 }
 
 /// The source frames of a clip's tensor: frame `i` is `min(first + i·stride, total - 1)`.

@@ -326,7 +326,7 @@ impl std::fmt::Display for ErrorMessage {
     }
 }
 
-/// The TLS application protocol name of a Sluice QUIC connection: the frames' version (7:
-/// `JobOpened` tells the client the weight its job runs at). Every frame's version byte also
+/// The TLS application protocol name of a Sluice QUIC connection: the frames' version (8: a
+/// sample's geometry carries its pixel ops' affine transform). Every frame's version byte also
 /// tells builds of different versions apart, with an error naming both.
-pub const ALPN: &[u8] = b"sluice/7";
+pub const ALPN: &[u8] = b"sluice/8";

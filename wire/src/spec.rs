@@ -30,7 +30,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 /// Every op the grammar knows, in the order a pipeline may use them (docs/pipeline.md).
-pub const OPS: [&str; 22] = [
+pub const OPS: [&str; 31] = [
     "decode",
     "clip",
     "random_resized_crop",
@@ -51,6 +51,15 @@ pub const OPS: [&str; 22] = [
     "color_jitter",
     "random_grayscale",
     "gaussian_blur",
+    "rotate",
+    "shear_x",
+    "shear_y",
+    "translate_x",
+    "translate_y",
+    "rand_augment",
+    "trivial_augment",
+    "auto_augment",
+    "random_erasing",
     "normalize",
     "chw",
 ];
@@ -96,6 +105,66 @@ pub enum PixelOp {
     /// `GaussianBlur(kernel, sigma=(a, b))`: sigma drawn per sample from `[a, b]`, the image
     /// padded by reflection and blurred with a `kernel`×`kernel` Gaussian, rounded.
     GaussianBlur { kernel: u32, sigma: (f64, f64) },
+    /// `rotate(angle)`: turned counter-clockwise by the angle in degrees about the centre,
+    /// nearest neighbour, the corners it uncovers 0.
+    Rotate(f64),
+    /// `affine(shear=[degrees(atan(s)), 0], center=[0, 0])`, RandAugment's `ShearX`: each row
+    /// slid by `s` times its distance from the top, nearest neighbour, fill 0.
+    ShearX(f64),
+    /// RandAugment's `ShearY`: each column slid by `s` times its distance from the left.
+    ShearY(f64),
+    /// `affine(translate=[t, 0])`: moved right by `t` pixels (left when negative), fill 0.
+    TranslateX(i32),
+    /// `affine(translate=[0, t])`: moved down by `t` pixels (up when negative), fill 0.
+    TranslateY(i32),
+    /// `RandAugment(num_ops=n, magnitude=m, num_magnitude_bins=bins)`: `n` ops drawn per
+    /// sample from its 14, each at magnitude bin `m`, its sign drawn.
+    RandAugment { n: u32, m: u32, bins: u32 },
+    /// `TrivialAugmentWide(num_magnitude_bins=bins)`: one op of its 14 and one magnitude bin,
+    /// drawn per sample.
+    TrivialAugment { bins: u32 },
+    /// `AutoAugment(AutoAugmentPolicy.IMAGENET)`: one of the policy's 25 pairs, each op of the
+    /// pair applied with its probability.
+    AutoAugment,
+    /// `RandomErasing(p, scale, ratio, value)`: with probability `p`, a rectangle of the
+    /// image erased.
+    RandomErasing(Erasing),
+}
+
+/// `random_erasing`'s arguments: torchvision's `RandomErasing`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Erasing {
+    pub p: f64,
+    /// The erased area's share of the image, drawn from `[a, b]`.
+    pub scale: (f64, f64),
+    /// Its aspect ratio, drawn log-uniformly from `[a, b]`.
+    pub ratio: (f64, f64),
+    pub value: EraseValue,
+}
+
+/// What an erased rectangle holds.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum EraseValue {
+    /// One value in every channel: a byte (0..=255) before `normalize`, a normalized value
+    /// after it.
+    Constant(f64),
+    /// Per-pixel normal noise, N(0, 1) in normalized units (timm's `re_mode="pixel"`); before
+    /// `normalize`, the bytes that `normalize` maps to that noise.
+    Random,
+}
+
+impl fmt::Display for Erasing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "random_erasing p={} scale={},{} ratio={},{} value=",
+            self.p, self.scale.0, self.scale.1, self.ratio.0, self.ratio.1
+        )?;
+        match self.value {
+            EraseValue::Constant(v) => write!(f, "{v}"),
+            EraseValue::Random => f.write_str("random"),
+        }
+    }
 }
 
 impl PixelOp {
@@ -116,6 +185,15 @@ impl PixelOp {
             PixelOp::ColorJitter { .. } => "color_jitter",
             PixelOp::RandomGrayscale(_) => "random_grayscale",
             PixelOp::GaussianBlur { .. } => "gaussian_blur",
+            PixelOp::Rotate(_) => "rotate",
+            PixelOp::ShearX(_) => "shear_x",
+            PixelOp::ShearY(_) => "shear_y",
+            PixelOp::TranslateX(_) => "translate_x",
+            PixelOp::TranslateY(_) => "translate_y",
+            PixelOp::RandAugment { .. } => "rand_augment",
+            PixelOp::TrivialAugment { .. } => "trivial_augment",
+            PixelOp::AutoAugment => "auto_augment",
+            PixelOp::RandomErasing(_) => "random_erasing",
         }
     }
 
@@ -126,11 +204,31 @@ impl PixelOp {
             PixelOp::ColorJitter { .. }
                 | PixelOp::RandomGrayscale(_)
                 | PixelOp::GaussianBlur { .. }
+                | PixelOp::RandAugment { .. }
+                | PixelOp::TrivialAugment { .. }
+                | PixelOp::AutoAugment
+                | PixelOp::RandomErasing(_)
+        )
+    }
+
+    /// Whether the op may move pixels (rotate, shear, translate, or an augment that draws
+    /// one of them): the sample's geometry then records where they went.
+    pub fn may_move(&self) -> bool {
+        matches!(
+            self,
+            PixelOp::Rotate(_)
+                | PixelOp::ShearX(_)
+                | PixelOp::ShearY(_)
+                | PixelOp::TranslateX(_)
+                | PixelOp::TranslateY(_)
+                | PixelOp::RandAugment { .. }
+                | PixelOp::TrivialAugment { .. }
+                | PixelOp::AutoAugment
         )
     }
 
     /// The names of the pixel ops in the grammar: [`OPS`] between `hflip` and `normalize`.
-    pub const NAMES: &'static [&'static str] = OPS.split_at(6).1.split_at(14).0;
+    pub const NAMES: &'static [&'static str] = OPS.split_at(6).1.split_at(23).0;
 
     /// Op `name` (one of [`PixelOp::NAMES`]) with its arguments, checked.
     fn parse(name: &str, positional: &[&str], named: &[(&str, &str)]) -> Result<PixelOp, String> {
@@ -139,6 +237,9 @@ impl PixelOp {
             "color_jitter" => (&[], 4),
             "random_grayscale" => (&["p"], 0),
             "gaussian_blur" => (&["sigma"], 1),
+            "rand_augment" => (&["n", "m", "bins"], 0),
+            "trivial_augment" => (&["bins"], 0),
+            "random_erasing" => (&["p", "scale", "ratio", "value"], 0),
             _ => (&[], 1),
         };
         if let Some((k, _)) = named.iter().find(|(k, _)| !keys.contains(k)) {
@@ -228,6 +329,97 @@ impl PixelOp {
                     sigma: (sigma[0], sigma[1]),
                 }
             }
+            "rotate" => PixelOp::Rotate(number(-360.0..=360.0, "an angle in degrees")?),
+            "shear_x" | "shear_y" => {
+                let s = number(-10.0..=10.0, "a shear (the tangent of its angle)")?;
+                match name {
+                    "shear_x" => PixelOp::ShearX(s),
+                    _ => PixelOp::ShearY(s),
+                }
+            }
+            "translate_x" | "translate_y" => {
+                let a = arg.ok_or_else(|| format!("{name} needs a number of pixels"))?;
+                let t = a
+                    .parse::<i32>()
+                    .ok()
+                    .filter(|t| t.unsigned_abs() <= 16384)
+                    .ok_or_else(|| {
+                        format!("{name}: {a} is not a whole number of pixels in [-16384, 16384]")
+                    })?;
+                match name {
+                    "translate_x" => PixelOp::TranslateX(t),
+                    _ => PixelOp::TranslateY(t),
+                }
+            }
+            "rand_augment" | "trivial_augment" => {
+                let whole = |key: &str, default: u32, lo: u32, hi: u32| match named_arg(key) {
+                    None => Ok(default),
+                    Some(v) => v
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|x| (lo..=hi).contains(x))
+                        .ok_or_else(|| {
+                            format!("{name}: {key}={v} is not a whole number in [{lo}, {hi}]")
+                        }),
+                };
+                let bins = whole("bins", 31, 2, 1000)?;
+                match name {
+                    "trivial_augment" => PixelOp::TrivialAugment { bins },
+                    _ => PixelOp::RandAugment {
+                        n: whole("n", 2, 0, 16)?,
+                        m: whole("m", 9, 0, bins - 1)?,
+                        bins,
+                    },
+                }
+            }
+            "auto_augment" => match arg.unwrap_or("imagenet") {
+                "imagenet" => PixelOp::AutoAugment,
+                other => {
+                    return Err(format!(
+                        "{name}: policy {other:?} is not one Sluice has (imagenet)"
+                    ))
+                }
+            },
+            "random_erasing" => {
+                let pair = |key: &str, default: [f64; 2], ok: fn(&[f64; 2]) -> bool, rule: &str| {
+                    match named_arg(key) {
+                        None => Ok((default[0], default[1])),
+                        Some(v) => parse_floats::<2>(v)
+                            .filter(ok)
+                            .map(|[a, b]| (a, b))
+                            .ok_or_else(|| format!("{name}: {key}={v} is not A,B with {rule}")),
+                    }
+                };
+                let p = match named_arg("p") {
+                    Some(p) => in_range(p, 0.0..=1.0, "a probability")?,
+                    None => 0.5,
+                };
+                let scale = pair(
+                    "scale",
+                    [0.02, 0.33],
+                    |[a, b]| 0.0 <= *a && a <= b && *b <= 1.0,
+                    "0 <= A <= B <= 1",
+                )?;
+                let ratio = pair(
+                    "ratio",
+                    [0.3, 3.3],
+                    |[a, b]| 0.0 < *a && a <= b && *b <= 1000.0,
+                    "0 < A <= B <= 1000",
+                )?;
+                let value = match named_arg("value") {
+                    None => EraseValue::Constant(0.0),
+                    Some("random") => EraseValue::Random,
+                    Some(v) => {
+                        EraseValue::Constant(in_range(v, -1000.0..=1000.0, "a value (or random)")?)
+                    }
+                };
+                PixelOp::RandomErasing(Erasing {
+                    p,
+                    scale,
+                    ratio,
+                    value,
+                })
+            }
             other => return Err(format!("{other} is not a pixel op")),
         })
     }
@@ -256,6 +448,16 @@ impl fmt::Display for PixelOp {
             PixelOp::RandomGrayscale(p) => write!(f, " p={p}"),
             PixelOp::GaussianBlur { kernel, sigma } => {
                 write!(f, " {kernel} sigma={},{}", sigma.0, sigma.1)
+            }
+            PixelOp::Rotate(v) | PixelOp::ShearX(v) | PixelOp::ShearY(v) => write!(f, " {v}"),
+            PixelOp::TranslateX(t) | PixelOp::TranslateY(t) => write!(f, " {t}"),
+            PixelOp::RandAugment { n, m, bins } => write!(f, " n={n} m={m} bins={bins}"),
+            PixelOp::TrivialAugment { bins } => write!(f, " bins={bins}"),
+            PixelOp::AutoAugment => f.write_str(" imagenet"),
+            // The name again, from Erasing's Display: written without it here.
+            PixelOp::RandomErasing(e) => {
+                let text = e.to_string();
+                f.write_str(text.strip_prefix("random_erasing").unwrap_or(&text))
             }
         }
     }
@@ -377,7 +579,14 @@ pub struct PipelineSpec {
     pub ops: Vec<Op>,
     /// The pixel ops, in order, after the geometry.
     pub pixels: Vec<PixelOp>,
+    /// `hflip` written after this many pixel ops (timm's and the issue's recipes put it after
+    /// `rand_augment`): drawn with the geometry, as the last of [`PipelineSpec::ops`], and
+    /// applied at that place among the pixel ops. `None`: in the geometry, before them.
+    pub flip_after: Option<usize>,
     pub normalize: Option<Normalize>,
+    /// `random_erasing` after `normalize` (or `chw`): on the finished tensor, in its dtype
+    /// and layout.
+    pub erasing: Option<Erasing>,
     /// Channels first (CHW) instead of HWC.
     pub chw: bool,
 }
@@ -404,6 +613,11 @@ impl PipelineSpec {
                 Op::HFlip(_) => None,
             })
             .filter(|&(h, w)| h > 0 && w > 0)
+    }
+
+    /// Whether a sample draws for its pixel ops (a seed of their own, after the geometry).
+    pub fn draws_pixels(&self) -> bool {
+        self.erasing.is_some() || self.pixels.iter().any(PixelOp::is_random)
     }
 
     pub fn dtype(&self) -> DType {
@@ -505,7 +719,9 @@ impl FromStr for PipelineSpec {
             clip: None,
             ops: Vec::new(),
             pixels: Vec::new(),
+            flip_after: None,
             normalize: None,
+            erasing: None,
             chw: false,
         };
         let mut decoded = false;
@@ -535,20 +751,51 @@ impl FromStr for PipelineSpec {
             if i == 0 && name != "decode" {
                 return Err(err("the pipeline must start with decode".into()));
             }
+            let finished = spec.normalize.is_some() || spec.chw;
+            if name == "random_erasing" && finished {
+                // On the finished tensor, as torchvision's recipes put it.
+                if spec.erasing.is_some() {
+                    return Err(err("random_erasing appears twice after normalize".into()));
+                }
+                match PixelOp::parse(name, &positional, &named).map_err(err)? {
+                    PixelOp::RandomErasing(e) => spec.erasing = Some(e),
+                    _ => unreachable!("random_erasing parses to RandomErasing"),
+                }
+                continue;
+            }
             if spec.normalize.is_some() && name != "chw" {
                 return Err(err(format!(
-                    "{name} after normalize: normalize comes last (before chw)"
+                    "{name} after normalize: normalize comes last (before chw; only \
+                     random_erasing may follow it)"
                 )));
             }
             if spec.chw {
-                return Err(err(format!("{name} after chw: chw comes last")));
+                return Err(err(format!(
+                    "{name} after chw: chw comes last (only random_erasing may follow it)"
+                )));
             }
-            let geometric = ["random_resized_crop", "center_crop", "resize", "hflip"];
+            let geometric = ["random_resized_crop", "center_crop", "resize"];
             if let (Some(last), true) = (spec.pixels.last(), geometric.contains(&name)) {
                 return Err(err(format!(
                     "{name} after {}: the pixel ops come after the geometry",
                     last.name()
                 )));
+            }
+            let flips = spec
+                .ops
+                .iter()
+                .filter(|op| matches!(op, Op::HFlip(_)))
+                .count();
+            if name == "hflip"
+                && (flips > 0 && !spec.pixels.is_empty() || spec.flip_after.is_some())
+            {
+                return Err(err(
+                    "hflip after a pixel op: only a pipeline's one hflip may follow the pixel ops"
+                        .into(),
+                ));
+            }
+            if name == "hflip" && !spec.pixels.is_empty() {
+                spec.flip_after = Some(spec.pixels.len());
             }
             if PixelOp::NAMES.contains(&name) {
                 let op = PixelOp::parse(name, &positional, &named).map_err(err)?;
@@ -702,6 +949,30 @@ impl FromStr for PipelineSpec {
                 "the output size is not fixed: end the geometry with random_resized_crop, center_crop or resize HxW".into(),
             ));
         }
+        // An erasing on bytes: among the pixel ops, or after a `chw` with no `normalize`.
+        let on_bytes = spec.pixels.iter().filter_map(|op| match op {
+            PixelOp::RandomErasing(e) => Some(e),
+            _ => None,
+        });
+        let on_bytes = on_bytes.chain(spec.erasing.iter().filter(|_| spec.normalize.is_none()));
+        for e in on_bytes {
+            match e.value {
+                EraseValue::Random if spec.normalize.is_none() => {
+                    return Err(err(
+                        "random_erasing: value=random is noise in normalized units: put it \
+                         after normalize, or normalize after it"
+                            .into(),
+                    ))
+                }
+                EraseValue::Constant(v) if !(0.0..=255.0).contains(&v) || v.fract() != 0.0 => {
+                    return Err(err(format!(
+                        "random_erasing: value={v} before normalize is a byte, a whole number \
+                         in [0, 255]"
+                    )))
+                }
+                _ => {}
+            }
+        }
         Ok(spec)
     }
 }
@@ -722,7 +993,17 @@ impl fmt::Display for PipelineSpec {
                 write!(f, " start={start}")?;
             }
         }
+        let late_flip = self.flip_after.and_then(|at| {
+            let flip = self.ops.iter().rev().find_map(|op| match op {
+                Op::HFlip(p) => Some(*p),
+                _ => None,
+            })?;
+            Some((at, flip))
+        });
         for op in &self.ops {
+            if let (Op::HFlip(_), Some(_)) = (op, late_flip) {
+                continue;
+            }
             match op {
                 Op::RandomResizedCrop { h, w, scale, ratio } => write!(
                     f,
@@ -735,8 +1016,14 @@ impl fmt::Display for PipelineSpec {
                 Op::HFlip(p) => write!(f, " | hflip {p}")?,
             }
         }
-        for op in &self.pixels {
+        for (i, op) in self.pixels.iter().enumerate() {
+            if let Some((_, p)) = late_flip.filter(|(at, _)| *at == i) {
+                write!(f, " | hflip {p}")?;
+            }
             write!(f, " | {op}")?;
+        }
+        if let Some((_, p)) = late_flip.filter(|(at, _)| *at == self.pixels.len()) {
+            write!(f, " | hflip {p}")?;
         }
         if let Some(n) = &self.normalize {
             let dtype = if n.dtype == DType::F16 { "f16" } else { "f32" };
@@ -746,6 +1033,9 @@ impl fmt::Display for PipelineSpec {
                 f,
                 " | normalize mean={m0},{m1},{m2} std={s0},{s1},{s2} dtype={dtype}"
             )?;
+        }
+        if let Some(e) = &self.erasing {
+            write!(f, " | {e}")?;
         }
         if self.chw {
             f.write_str(" | chw")?;
@@ -766,7 +1056,9 @@ mod tests {
         assert_eq!(spec.pixels, [PixelOp::Posterize(3), PixelOp::Invert]);
         let every = "decode | center_crop 8 | brightness 1 | contrast 1 | saturation 1 | hue 0 \
                      | solarize 1 | posterize 1 | equalize | autocontrast | sharpness 1 | invert \
-                     | grayscale | color_jitter 0.4 | random_grayscale | gaussian_blur 3";
+                     | grayscale | color_jitter 0.4 | random_grayscale | gaussian_blur 3 | rotate 30 \
+                     | shear_x 0.3 | shear_y -0.3 | translate_x 5 | translate_y -5 \
+                     | rand_augment | trivial_augment | auto_augment | random_erasing";
         let names: Vec<&str> = every
             .parse::<PipelineSpec>()
             .unwrap()
@@ -809,8 +1101,16 @@ mod tests {
                 "sharpness: unknown argument \"f\"",
             ),
             (
-                "decode | center_crop 8 | invert | hflip",
-                "hflip after invert: the pixel ops come after the geometry",
+                "decode | center_crop 8 | invert | resize 4x4",
+                "resize after invert: the pixel ops come after the geometry",
+            ),
+            (
+                "decode | center_crop 8 | hflip | invert | hflip",
+                "only a pipeline's one hflip may follow the pixel ops",
+            ),
+            (
+                "decode | center_crop 8 | invert | hflip | equalize | hflip",
+                "only a pipeline's one hflip may follow the pixel ops",
             ),
             (
                 "decode | center_crop 8 | normalize mean=0,0,0 std=1,1,1 | invert",
@@ -819,6 +1119,54 @@ mod tests {
             (
                 "decode | center_crop 8 | brightness NaN",
                 "brightness: NaN is not a factor",
+            ),
+            (
+                "decode | center_crop 8 | rand_augment m=31",
+                "rand_augment: m=31 is not a whole number in [0, 30]",
+            ),
+            (
+                "decode | center_crop 8 | rand_augment n=2 m=10 bins=10",
+                "rand_augment: m=10 is not a whole number in [0, 9]",
+            ),
+            (
+                "decode | center_crop 8 | rand_augment 2",
+                "rand_augment takes no argument",
+            ),
+            (
+                "decode | center_crop 8 | auto_augment cifar10",
+                "auto_augment: policy \"cifar10\" is not one Sluice has (imagenet)",
+            ),
+            (
+                "decode | center_crop 8 | translate_x 2.5",
+                "translate_x: 2.5 is not a whole number of pixels",
+            ),
+            (
+                "decode | center_crop 8 | rotate 400",
+                "rotate: 400 is not an angle in degrees in [-360, 360]",
+            ),
+            (
+                "decode | center_crop 8 | random_erasing p=2",
+                "random_erasing: 2 is not a probability in [0, 1]",
+            ),
+            (
+                "decode | center_crop 8 | random_erasing scale=0.5,0.1",
+                "random_erasing: scale=0.5,0.1 is not A,B with 0 <= A <= B <= 1",
+            ),
+            (
+                "decode | center_crop 8 | random_erasing value=random",
+                "value=random is noise in normalized units",
+            ),
+            (
+                "decode | center_crop 8 | random_erasing value=300",
+                "value=300 before normalize is a byte",
+            ),
+            (
+                "decode | center_crop 8 | normalize mean=0,0,0 std=1,1,1 | random_erasing | chw | random_erasing",
+                "random_erasing appears twice after normalize",
+            ),
+            (
+                "decode | center_crop 8 | chw | invert",
+                "invert after chw: chw comes last (only random_erasing may follow it)",
             ),
         ] {
             let e = text.parse::<PipelineSpec>().unwrap_err().to_string();
@@ -835,6 +1183,9 @@ mod tests {
             "decode | random_resized_crop 176x144 scale=0.35,1 ratio=0.5,2 | hflip | normalize mean=0.485,0.456,0.406 std=0.229,0.224,0.225 dtype=f16 | chw",
             "decode | center_crop 224 | brightness 1.3 | contrast 0.7 | saturation 1.5 | hue -0.1 | solarize 128 | posterize 4 | equalize | autocontrast | sharpness 2 | invert | grayscale | normalize mean=0.5,0.5,0.5 std=0.5,0.5,0.5",
             "decode | random_resized_crop 224 | color_jitter 0.4 0.4 0.4 0.1 | random_grayscale p=0.2 | gaussian_blur 23 sigma=0.1,2",
+            "decode | random_resized_crop 224 | rand_augment n=2 m=9 | hflip | normalize mean=0.485,0.456,0.406 std=0.229,0.224,0.225 | chw | random_erasing p=0.25",
+            "decode | center_crop 224 | rotate -30.5 | shear_x 0.1 | shear_y -0.2 | translate_x -7 | translate_y 3 | trivial_augment bins=10 | auto_augment imagenet | random_erasing p=1 scale=0.1,0.2 ratio=1,2 value=128",
+            "decode | center_crop 8 | normalize mean=0,0,0 std=1,1,1 | random_erasing value=random",
         ] {
             let spec: PipelineSpec = text.parse().unwrap();
             let again: PipelineSpec = spec.to_string().parse().unwrap();

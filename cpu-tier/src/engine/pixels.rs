@@ -1,5 +1,5 @@
-//! The pixel ops (`brightness`, `contrast`, ... `grayscale`) on a uint8 RGB image in place,
-//! as `torchvision.transforms.v2.functional` computes them on a uint8 tensor: float32
+//! The pixel ops (`brightness`, `contrast`, ... `random_erasing`) on a uint8 RGB image in
+//! place, as `torchvision.transforms.v2.functional` computes them on a uint8 tensor: float32
 //! arithmetic, clamped to 0..=255 and truncated to uint8 where torchvision casts, rounded
 //! where it rounds. An image is one frame: a clip's frames each take the ops alone, as
 //! torchvision's video kernels do.
@@ -9,27 +9,187 @@
 //! and autocontrast once the histogram is) is a 256-entry table per channel, built with the
 //! same float32 expression torchvision evaluates, so a table is exact and the pass is a
 //! lookup per byte. Saturation, grayscale and hue mix a pixel's channels; sharpness and blur
-//! its neighbours.
+//! its neighbours; rotate, shear and translate are one nearest-neighbour pass through
+//! torchvision's inverse matrix and `grid_sample`'s arithmetic.
 //!
-//! The random ops (`color_jitter`, `random_grayscale`, `gaussian_blur`) draw torchvision's
-//! parameters from a stream of the sample's own seed (drawn after its geometry), so a sample
-//! gets the same pixels whichever worker makes it, and every frame of a clip the same draw.
+//! The random ops (`color_jitter`, `random_grayscale`, `gaussian_blur`, `rand_augment`,
+//! `trivial_augment`, `auto_augment`, `random_erasing`) are drawn first, into a [`Plan`] of
+//! fixed steps, from a stream of the sample's own seed (drawn after its geometry): a sample
+//! gets the same pixels whichever worker makes it, every frame of a clip the same draw, and
+//! the sample's geometry record the affine transform its steps compose to. No draw depends
+//! on the pixels, only on the output size, as in torchvision.
 
 use sluice_plan::rng::{stream, Domain, Stream};
-use sluice_wire::spec::PixelOp;
+use sluice_wire::spec::{EraseValue, Erasing, Normalize, PipelineSpec, PixelOp};
 
-/// Applies `ops` in order to the `w`×`h` RGB image in `hwc`; the random ones draw from the
-/// stream of `seed` (the sample's [`crate::geometry::Geometry::pixel_seed`]).
-pub(crate) fn apply(
-    ops: &[PixelOp],
-    hwc: &mut [u8],
-    (w, h): (u32, u32),
-    seed: u64,
-    scratch: &mut Vec<u8>,
-) {
-    let mut draws = None;
-    for op in ops {
-        let rng = || stream(seed, Domain::PixelOps, 0, 0);
+/// A sample's pixel ops with their draws made.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Plan {
+    /// On the uint8 HWC output, in order.
+    steps: Vec<Step>,
+    /// `random_erasing` after `normalize`, on the finished tensor.
+    after: Option<Erase>,
+}
+
+/// One op with nothing left to draw.
+#[derive(Clone, Debug)]
+enum Step {
+    /// A colour op that draws nothing (never a random one, never an affine one).
+    Fixed(PixelOp),
+    Blur {
+        kernel: u32,
+        sigma: f64,
+    },
+    Affine(Affine),
+    Erase(Erase),
+    /// The sample's `hflip`, written after pixel ops that came before it.
+    Flip,
+}
+
+/// Rotate, shear or translate on a `w`×`h` image: torchvision's matrices for the image
+/// (inverse, centred coordinates) and for boxes (forward, pixel-edge coordinates).
+#[derive(Clone, Copy, Debug)]
+struct Affine {
+    inverse: [f64; 6],
+    forward: [f64; 6],
+    /// Counter-clockwise quarter turns done by `rot90` (torchvision's fast path: 180°, and 90°
+    /// or 270° on a square image).
+    quarters: Option<u8>,
+}
+
+/// A rectangle of the image to erase and what goes there.
+#[derive(Clone, Copy, Debug)]
+struct Erase {
+    x: usize,
+    y: usize,
+    w: usize,
+    h: usize,
+    fill: Fill,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Fill {
+    Constant(f64),
+    /// N(0, 1) per channel and pixel, from this seed's stream, in torchvision's C×H×W order.
+    Noise(u64),
+}
+
+impl Plan {
+    /// The affine transform the steps compose to, on pixel-edge coordinates of the
+    /// `w`×`h` output (`[a, b, c, d, e, f]`: x' = a·x + b·y + c, y' = d·x + e·y + f); `None`
+    /// when no step moves a pixel.
+    ///
+    /// A geometry record says: the crop, its flip, then this transform. A flip written after
+    /// moving steps (A, then the flip F) is recorded as F·A·F: the same points, in that order.
+    pub(crate) fn affine(&self, (w, _h): (u32, u32)) -> Option<[f32; 6]> {
+        let mut total: Option<[f64; 6]> = None;
+        for step in &self.steps {
+            if let (Step::Flip, Some(t)) = (step, total.as_mut()) {
+                // F = F⁻¹: x -> W - x. F·T·F negates the x row's y and constant parts'
+                // signs around W, and the y row's x part.
+                let wf = f64::from(w);
+                *t = [
+                    t[0],
+                    -t[1],
+                    wf - t[2] - t[0] * wf,
+                    -t[3],
+                    t[4],
+                    t[5] + t[3] * wf,
+                ];
+            }
+            if let Step::Affine(a) = step {
+                let m = a.forward;
+                total = Some(match total {
+                    None => m,
+                    // m after t: [m00 m01 m02; m10 m11 m12] · [t00 t01 t02; t10 t11 t12; 0 0 1].
+                    Some(t) => [
+                        m[0] * t[0] + m[1] * t[3],
+                        m[0] * t[1] + m[1] * t[4],
+                        m[0] * t[2] + m[1] * t[5] + m[2],
+                        m[3] * t[0] + m[4] * t[3],
+                        m[3] * t[1] + m[4] * t[4],
+                        m[3] * t[2] + m[4] * t[5] + m[5],
+                    ],
+                });
+            }
+        }
+        total.map(|t| t.map(|v| v as f32))
+    }
+
+    /// Runs the steps on the `w`×`h` RGB image in `hwc`; `normalize` is the pipeline's, for
+    /// noise erased before it.
+    pub(crate) fn run(
+        &self,
+        hwc: &mut [u8],
+        (w, h): (u32, u32),
+        normalize: Option<&Normalize>,
+        scratch: &mut Vec<u8>,
+    ) {
+        let size = (w as usize, h as usize);
+        for step in &self.steps {
+            match step {
+                Step::Fixed(op) => apply_fixed(op, hwc, (w, h), scratch),
+                Step::Blur { kernel, sigma } => blur(hwc, size, *kernel as usize, *sigma, scratch),
+                Step::Affine(a) => warp(hwc, size, a, scratch),
+                Step::Erase(e) => erase_bytes(hwc, size, e, normalize),
+                Step::Flip => {
+                    for row in hwc.chunks_exact_mut(size.0 * 3) {
+                        super::render::mirror_rgb(row);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `random_erasing` after `normalize`, on one finished frame: `elem` bytes a value (1: a
+    /// byte, 2: f16, 4: f32, little-endian), channels first when `chw`.
+    pub(crate) fn erase_finished(
+        &self,
+        frame: &mut [u8],
+        (w, h): (u32, u32),
+        elem: usize,
+        chw: bool,
+    ) {
+        let Some(e) = self.after else {
+            return;
+        };
+        let (w, h) = (w as usize, h as usize);
+        let mut noise = e.noise();
+        for c in 0..3 {
+            for y in e.y..e.y + e.h {
+                for x in e.x..e.x + e.w {
+                    let v = match e.fill {
+                        Fill::Constant(v) => v as f32,
+                        Fill::Noise(_) => noise.as_mut().map_or(0.0, Normal::next),
+                    };
+                    let at = match chw {
+                        true => (c * h + y) * w + x,
+                        false => (y * w + x) * 3 + c,
+                    } * elem;
+                    match elem {
+                        1 => frame[at] = v.clamp(0.0, 255.0) as u8,
+                        2 => {
+                            frame[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes())
+                        }
+                        _ => frame[at..at + 4].copy_from_slice(&v.to_le_bytes()),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The sample's plan for `spec`'s pixel ops on its `w`×`h` output, drawn from `seed` (its
+/// [`crate::geometry::Geometry::pixel_seed`]); `flip`: the geometry drew a flip, done here
+/// when the pipeline writes it after pixel ops.
+pub(crate) fn plan(spec: &PipelineSpec, (w, h): (u32, u32), seed: u64, flip: bool) -> Plan {
+    let mut rng = stream(seed, Domain::PixelOps, 0, 0);
+    let mut plan = Plan::default();
+    let flip_at = spec.flip_after.filter(|_| flip);
+    for (i, op) in spec.pixels.iter().enumerate() {
+        if flip_at == Some(i) {
+            plan.steps.push(Step::Flip);
+        }
         match *op {
             PixelOp::ColorJitter {
                 brightness,
@@ -37,24 +197,92 @@ pub(crate) fn apply(
                 saturation,
                 hue,
             } => {
-                let rng = draws.get_or_insert_with(rng);
-                for op in jitter([brightness, contrast, saturation, hue], rng) {
-                    apply_fixed(&op, hwc, (w, h), scratch);
-                }
+                let ops = jitter([brightness, contrast, saturation, hue], &mut rng);
+                plan.steps.extend(ops.into_iter().map(Step::Fixed));
             }
             PixelOp::RandomGrayscale(p) => {
-                if draws.get_or_insert_with(rng).unit_f64() < p {
-                    apply_fixed(&PixelOp::Grayscale, hwc, (w, h), scratch);
+                if rng.unit_f64() < p {
+                    plan.steps.push(Step::Fixed(PixelOp::Grayscale));
                 }
             }
             PixelOp::GaussianBlur { kernel, sigma } => {
-                let rng = draws.get_or_insert_with(rng);
-                let s = uniform(rng, sigma);
-                blur(hwc, (w as usize, h as usize), kernel as usize, s, scratch);
+                let sigma = uniform(&mut rng, sigma);
+                plan.steps.push(Step::Blur { kernel, sigma });
             }
-            ref fixed => apply_fixed(fixed, hwc, (w, h), scratch),
+            PixelOp::RandAugment { n, m, bins } => {
+                for _ in 0..n {
+                    let (kind, mag) = rand_augment_op(m, bins, (w, h), &mut rng);
+                    augment(&mut plan, kind, mag, (w, h));
+                }
+            }
+            PixelOp::TrivialAugment { bins } => {
+                let kind = WIDE[rng.below(WIDE.len() as u64) as usize];
+                let mag = magnitude(Space::Wide, kind, bins, 0, (w, h))
+                    .map(|_| rng.below(u64::from(bins)) as u32)
+                    .and_then(|bin| magnitude(Space::Wide, kind, bins, bin, (w, h)));
+                augment(&mut plan, kind, signed(kind, mag, &mut rng), (w, h));
+            }
+            PixelOp::AutoAugment => {
+                let pair = IMAGENET_POLICY[rng.below(IMAGENET_POLICY.len() as u64) as usize];
+                for (kind, p, bin) in pair {
+                    if rng.unit_f64() > p {
+                        continue;
+                    }
+                    let mag = bin.and_then(|b| magnitude(Space::Rand, kind, 10, b, (w, h)));
+                    augment(&mut plan, kind, signed(kind, mag, &mut rng), (w, h));
+                }
+            }
+            PixelOp::RandomErasing(e) => {
+                if let Some(e) = erasing(&e, (w, h), &mut rng) {
+                    plan.steps.push(Step::Erase(e));
+                }
+            }
+            ref fixed => {
+                if let Some(a) = Affine::of(fixed, (w, h)) {
+                    plan.steps.push(Step::Affine(a));
+                } else if !matches!(
+                    fixed,
+                    PixelOp::Rotate(_)
+                        | PixelOp::ShearX(_)
+                        | PixelOp::ShearY(_)
+                        | PixelOp::TranslateX(_)
+                        | PixelOp::TranslateY(_)
+                ) {
+                    plan.steps.push(Step::Fixed(*fixed));
+                }
+            }
         }
     }
+    if flip_at == Some(spec.pixels.len()) {
+        plan.steps.push(Step::Flip);
+    }
+    if let Some(e) = &spec.erasing {
+        plan.after = erasing(e, (w, h), &mut rng);
+    }
+    plan
+}
+
+/// Applies `ops` alone (no `normalize` after them) to the `w`×`h` RGB image in `hwc`, drawn
+/// from `seed`: what the engine does, for tests.
+#[cfg(test)]
+pub(crate) fn apply(
+    ops: &[PixelOp],
+    hwc: &mut [u8],
+    (w, h): (u32, u32),
+    seed: u64,
+    scratch: &mut Vec<u8>,
+) {
+    let spec = PipelineSpec {
+        field: None,
+        clip: None,
+        ops: Vec::new(),
+        pixels: ops.to_vec(),
+        flip_after: None,
+        normalize: None,
+        erasing: None,
+        chw: false,
+    };
+    plan(&spec, (w, h), seed, false).run(hwc, (w, h), None, scratch);
 }
 
 /// A uniform draw from `[lo, hi]`, as torchvision's `torch.empty(1).uniform_(lo, hi)`.
@@ -86,6 +314,414 @@ fn jitter(amounts: [f64; 4], rng: &mut Stream) -> Vec<PixelOp> {
             })
         })
         .collect()
+}
+
+/// The ops of torchvision's auto-augment family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Aug {
+    Identity,
+    ShearX,
+    ShearY,
+    TranslateX,
+    TranslateY,
+    Rotate,
+    Brightness,
+    Color,
+    Contrast,
+    Sharpness,
+    Posterize,
+    Solarize,
+    AutoContrast,
+    Equalize,
+    Invert,
+}
+
+/// `RandAugment`'s and `TrivialAugmentWide`'s ops, in their `_AUGMENTATION_SPACE` order.
+pub(crate) const WIDE: [Aug; 14] = [
+    Aug::Identity,
+    Aug::ShearX,
+    Aug::ShearY,
+    Aug::TranslateX,
+    Aug::TranslateY,
+    Aug::Rotate,
+    Aug::Brightness,
+    Aug::Color,
+    Aug::Contrast,
+    Aug::Sharpness,
+    Aug::Posterize,
+    Aug::Solarize,
+    Aug::AutoContrast,
+    Aug::Equalize,
+];
+
+/// `AutoAugmentPolicy.IMAGENET`: 25 pairs of (op, probability, magnitude bin of 10).
+const IMAGENET_POLICY: [[(Aug, f64, Option<u32>); 2]; 25] = {
+    use Aug::*;
+    [
+        [(Posterize, 0.4, Some(8)), (Rotate, 0.6, Some(9))],
+        [(Solarize, 0.6, Some(5)), (AutoContrast, 0.6, None)],
+        [(Equalize, 0.8, None), (Equalize, 0.6, None)],
+        [(Posterize, 0.6, Some(7)), (Posterize, 0.6, Some(6))],
+        [(Equalize, 0.4, None), (Solarize, 0.2, Some(4))],
+        [(Equalize, 0.4, None), (Rotate, 0.8, Some(8))],
+        [(Solarize, 0.6, Some(3)), (Equalize, 0.6, None)],
+        [(Posterize, 0.8, Some(5)), (Equalize, 1.0, None)],
+        [(Rotate, 0.2, Some(3)), (Solarize, 0.6, Some(8))],
+        [(Equalize, 0.6, None), (Posterize, 0.4, Some(6))],
+        [(Rotate, 0.8, Some(8)), (Color, 0.4, Some(0))],
+        [(Rotate, 0.4, Some(9)), (Equalize, 0.6, None)],
+        [(Equalize, 0.0, None), (Equalize, 0.8, None)],
+        [(Invert, 0.6, None), (Equalize, 1.0, None)],
+        [(Color, 0.6, Some(4)), (Contrast, 1.0, Some(8))],
+        [(Rotate, 0.8, Some(8)), (Color, 1.0, Some(2))],
+        [(Color, 0.8, Some(8)), (Solarize, 0.8, Some(7))],
+        [(Sharpness, 0.4, Some(7)), (Invert, 0.6, None)],
+        [(ShearX, 0.6, Some(5)), (Equalize, 1.0, None)],
+        [(Color, 0.4, Some(0)), (Equalize, 0.6, None)],
+        [(Equalize, 0.4, None), (Solarize, 0.2, Some(4))],
+        [(Solarize, 0.6, Some(5)), (AutoContrast, 0.6, None)],
+        [(Invert, 0.6, None), (Equalize, 1.0, None)],
+        [(Color, 0.6, Some(4)), (Contrast, 1.0, Some(8))],
+        [(Equalize, 0.8, None), (Equalize, 0.6, None)],
+    ]
+};
+
+/// Whose magnitudes: RandAugment's (and AutoAugment's, the same), or TrivialAugmentWide's.
+#[derive(Clone, Copy)]
+enum Space {
+    Rand,
+    Wide,
+}
+
+/// torchvision's `torch.linspace(start, end, n)[i]` in float32: from the start for the first
+/// half, from the end for the rest.
+fn linspace(start: f32, end: f32, n: u32, i: u32) -> f32 {
+    if n <= 1 {
+        return start;
+    }
+    let step = (end - start) / (n - 1) as f32;
+    match i < n / 2 {
+        true => start + step * i as f32,
+        false => end - step * (n - 1 - i) as f32,
+    }
+}
+
+/// Op `kind`'s magnitude at `bin` of `bins` on a `w`×`h` image, as `_AUGMENTATION_SPACE`
+/// computes it (float32, then a Python float); `None` for the ops without one.
+fn magnitude(space: Space, kind: Aug, bins: u32, bin: u32, (w, h): (u32, u32)) -> Option<f64> {
+    let wide = matches!(space, Space::Wide);
+    let lin = |end: f64| Some(f64::from(linspace(0.0, end as f32, bins, bin)));
+    match kind {
+        Aug::ShearX | Aug::ShearY => lin(if wide { 0.99 } else { 0.3 }),
+        Aug::TranslateX | Aug::TranslateY => {
+            let side = f64::from(if kind == Aug::TranslateX { w } else { h });
+            lin(if wide { 32.0 } else { 150.0 / 331.0 * side })
+        }
+        Aug::Rotate => lin(if wide { 135.0 } else { 30.0 }),
+        Aug::Brightness | Aug::Color | Aug::Contrast | Aug::Sharpness => {
+            lin(if wide { 0.99 } else { 0.9 })
+        }
+        // `(8 - (arange(bins) / ((bins - 1) / q))).round().int()`, in float32.
+        Aug::Posterize => {
+            let q = if wide { 6.0 } else { 4.0 };
+            let v = 8.0f32 - bin as f32 / (((bins - 1) as f64 / q) as f32);
+            Some(f64::from(v.round_ties_even()))
+        }
+        Aug::Solarize => Some(f64::from(linspace(1.0, 0.0, bins, bin))),
+        Aug::Identity | Aug::AutoContrast | Aug::Equalize | Aug::Invert => None,
+    }
+}
+
+/// A signed op's magnitude negated with probability 1/2 (`torch.rand(()) <= 0.5`); the
+/// others' as they are.
+fn signed(kind: Aug, magnitude: Option<f64>, rng: &mut Stream) -> Option<f64> {
+    let sign = matches!(
+        kind,
+        Aug::ShearX
+            | Aug::ShearY
+            | Aug::TranslateX
+            | Aug::TranslateY
+            | Aug::Rotate
+            | Aug::Brightness
+            | Aug::Color
+            | Aug::Contrast
+            | Aug::Sharpness
+    );
+    let m = magnitude?;
+    Some(match sign && rng.unit_f64() <= 0.5 {
+        true => -m,
+        false => m,
+    })
+}
+
+/// `_apply_image_or_video_transform`: op `kind` at `magnitude` (0 where it has none) as a step.
+fn augment(plan: &mut Plan, kind: Aug, magnitude: Option<f64>, size: (u32, u32)) {
+    let m = magnitude.unwrap_or(0.0);
+    let op = match kind {
+        Aug::Identity => return,
+        Aug::ShearX => PixelOp::ShearX(m),
+        Aug::ShearY => PixelOp::ShearY(m),
+        // `int(magnitude)`: toward zero.
+        Aug::TranslateX => PixelOp::TranslateX(m as i32),
+        Aug::TranslateY => PixelOp::TranslateY(m as i32),
+        Aug::Rotate => PixelOp::Rotate(m),
+        Aug::Brightness => PixelOp::Brightness(1.0 + m),
+        Aug::Color => PixelOp::Saturation(1.0 + m),
+        Aug::Contrast => PixelOp::Contrast(1.0 + m),
+        Aug::Sharpness => PixelOp::Sharpness(1.0 + m),
+        Aug::Posterize => PixelOp::Posterize(m as u8),
+        Aug::Solarize => PixelOp::Solarize(255.0 * m),
+        Aug::AutoContrast => PixelOp::Autocontrast,
+        Aug::Equalize => PixelOp::Equalize,
+        Aug::Invert => PixelOp::Invert,
+    };
+    match Affine::of(&op, size) {
+        Some(a) => plan.steps.push(Step::Affine(a)),
+        None if kind.moves() => {}
+        None => plan.steps.push(Step::Fixed(op)),
+    }
+}
+
+impl Aug {
+    fn moves(self) -> bool {
+        matches!(
+            self,
+            Aug::ShearX | Aug::ShearY | Aug::TranslateX | Aug::TranslateY | Aug::Rotate
+        )
+    }
+}
+
+/// One of `RandAugment`'s ops: drawn from its 14, at bin `m` of `bins`, its sign drawn.
+fn rand_augment_op(m: u32, bins: u32, size: (u32, u32), rng: &mut Stream) -> (Aug, Option<f64>) {
+    let kind = WIDE[rng.below(WIDE.len() as u64) as usize];
+    let mag = magnitude(Space::Rand, kind, bins, m, size);
+    (kind, signed(kind, mag, rng))
+}
+
+/// torchvision's `_get_inverse_affine_matrix(center, angle, translate, 1.0, shear, inverted)`.
+fn affine_matrix(
+    (cx, cy): (f64, f64),
+    angle: f64,
+    (tx, ty): (f64, f64),
+    (shear_x, shear_y): (f64, f64),
+    inverted: bool,
+) -> [f64; 6] {
+    let rot = angle.to_radians();
+    let sx = shear_x.to_radians();
+    let sy = shear_y.to_radians();
+    let a = (rot - sy).cos() / sy.cos();
+    let b = -(a * sx.tan() + rot.sin());
+    let c = (rot - sy).sin() / sy.cos();
+    let d = rot.cos() - c * sx.tan();
+    let (cxt, cyt) = (cx + tx, cy + ty);
+    if inverted {
+        let mut m = [d, -b, 0.0, -c, a, 0.0];
+        m[2] += cx - m[0] * cxt - m[1] * cyt;
+        m[5] += cy - m[3] * cxt - m[4] * cyt;
+        m
+    } else {
+        let mut m = [a, b, 0.0, c, d, 0.0];
+        m[2] += cxt - m[0] * cx - m[1] * cy;
+        m[5] += cyt - m[3] * cx - m[4] * cy;
+        m
+    }
+}
+
+impl Affine {
+    /// The step of a rotate, shear or translate on a `w`×`h` image, as torchvision's
+    /// `rotate` and RandAugment's `affine` calls make it; `None` for other ops and for a
+    /// rotation by a whole turn (torchvision copies the image).
+    fn of(op: &PixelOp, (w, h): (u32, u32)) -> Option<Affine> {
+        let (wf, hf) = (f64::from(w), f64::from(h));
+        let centre = (wf * 0.5, hf * 0.5);
+        let (inverse, forward, quarters) = match *op {
+            PixelOp::Rotate(angle) => {
+                let turn = angle.rem_euclid(360.0);
+                let quarters = match turn {
+                    0.0 => return None,
+                    180.0 => Some(2),
+                    90.0 if w == h => Some(1),
+                    270.0 if w == h => Some(3),
+                    _ => None,
+                };
+                (
+                    affine_matrix((0.0, 0.0), -turn, (0.0, 0.0), (0.0, 0.0), true),
+                    affine_matrix(centre, -angle, (0.0, 0.0), (0.0, 0.0), false),
+                    quarters,
+                )
+            }
+            PixelOp::ShearX(s) | PixelOp::ShearY(s) => {
+                let deg = s.atan().to_degrees();
+                let shear = match op {
+                    PixelOp::ShearX(_) => (deg, 0.0),
+                    _ => (0.0, deg),
+                };
+                (
+                    affine_matrix((-centre.0, -centre.1), 0.0, (0.0, 0.0), shear, true),
+                    affine_matrix((0.0, 0.0), 0.0, (0.0, 0.0), shear, false),
+                    None,
+                )
+            }
+            PixelOp::TranslateX(t) | PixelOp::TranslateY(t) => {
+                let t = f64::from(t);
+                let by = match op {
+                    PixelOp::TranslateX(_) => (t, 0.0),
+                    _ => (0.0, t),
+                };
+                (
+                    affine_matrix((0.0, 0.0), 0.0, by, (0.0, 0.0), true),
+                    affine_matrix(centre, 0.0, by, (0.0, 0.0), false),
+                    None,
+                )
+            }
+            _ => return None,
+        };
+        Some(Affine {
+            inverse,
+            forward,
+            quarters,
+        })
+    }
+}
+
+/// The image through `a`, nearest neighbour, 0 outside: `rot90` for its quarter turns, else
+/// torchvision's `_affine_grid` and `grid_sample(mode="nearest", align_corners=False)` in
+/// float32: output pixel (x, y) centred, through the inverse matrix scaled to [-1, 1], back to
+/// source pixels and rounded half to even.
+fn warp(hwc: &mut [u8], (w, h): (usize, usize), a: &Affine, scratch: &mut Vec<u8>) {
+    if w == 0 || h == 0 {
+        return;
+    }
+    scratch.clear();
+    scratch.extend_from_slice(hwc);
+    let src = &scratch[..];
+    let px = |x: usize, y: usize| (y * w + x) * 3;
+    if let Some(q) = a.quarters {
+        for y in 0..h {
+            for x in 0..w {
+                // rot90(k) on (H, W): k=1 out[y][x] = in[x][W-1-y], k=2 in[H-1-y][W-1-x],
+                // k=3 in[H-1-x][y] (k = 1, 3 only on a square).
+                let (sx, sy) = match q {
+                    1 => (w - 1 - y, x),
+                    2 => (w - 1 - x, h - 1 - y),
+                    _ => (y, h - 1 - x),
+                };
+                let (o, i) = (px(x, y), px(sx, sy));
+                hwc[o..o + 3].copy_from_slice(&src[i..i + 3]);
+            }
+        }
+        return;
+    }
+    let t = a.inverse.map(|v| v as f32);
+    let (hw, hh) = (0.5 * w as f32, 0.5 * h as f32);
+    let (r00, r10, r20) = (t[0] / hw, t[1] / hw, t[2] / hw);
+    let (r01, r11, r21) = (t[3] / hh, t[4] / hh, t[5] / hh);
+    let (wf, hf) = (w as f32, h as f32);
+    let (x0, y0) = ((1.0 - wf) * 0.5, (1.0 - hf) * 0.5);
+    for y in 0..h {
+        let by = y0 + y as f32;
+        let row = &mut hwc[y * w * 3..(y + 1) * w * 3];
+        for (x, out) in row.chunks_exact_mut(3).enumerate() {
+            let bx = x0 + x as f32;
+            let gx = bx * r00 + by * r10 + r20;
+            let gy = bx * r01 + by * r11 + r21;
+            let ix = (((gx + 1.0) * wf - 1.0) / 2.0).round_ties_even();
+            let iy = (((gy + 1.0) * hf - 1.0) / 2.0).round_ties_even();
+            if ix >= 0.0 && iy >= 0.0 && ix < wf && iy < hf {
+                let i = px(ix as usize, iy as usize);
+                out.copy_from_slice(&src[i..i + 3]);
+            } else {
+                out.fill(0);
+            }
+        }
+    }
+}
+
+/// `RandomErasing.make_params` on a `w`×`h` image: applied with probability `p`; ten tries at
+/// an area and a log-uniform aspect ratio whose rounded sides fit inside, then the corner; no
+/// erasing when none fits.
+fn erasing(e: &Erasing, (w, h): (u32, u32), rng: &mut Stream) -> Option<Erase> {
+    if rng.unit_f64() >= e.p {
+        return None;
+    }
+    let area = f64::from(w) * f64::from(h);
+    let log_ratio = (e.ratio.0.ln(), e.ratio.1.ln());
+    for _ in 0..10 {
+        let erase_area = area * uniform(rng, e.scale);
+        let aspect = uniform(rng, log_ratio).exp();
+        let eh = (erase_area * aspect).sqrt().round_ties_even();
+        let ew = (erase_area / aspect).sqrt().round_ties_even();
+        if !(eh < f64::from(h) && ew < f64::from(w)) {
+            continue;
+        }
+        let (eh, ew) = (eh as u32, ew as u32);
+        let fill = match e.value {
+            EraseValue::Constant(v) => Fill::Constant(v),
+            EraseValue::Random => Fill::Noise(rng.next_u64()),
+        };
+        let y = rng.below(u64::from(h - eh) + 1) as usize;
+        let x = rng.below(u64::from(w - ew) + 1) as usize;
+        return Some(Erase {
+            x,
+            y,
+            w: ew as usize,
+            h: eh as usize,
+            fill,
+        });
+    }
+    None
+}
+
+impl Erase {
+    fn noise(&self) -> Option<Normal> {
+        match self.fill {
+            Fill::Noise(seed) => Some(Normal {
+                rng: stream(seed, Domain::PixelOps, 1, 0),
+                spare: None,
+            }),
+            Fill::Constant(_) => None,
+        }
+    }
+}
+
+/// Standard normal draws (Box–Muller, both of each pair used).
+struct Normal {
+    rng: Stream,
+    spare: Option<f32>,
+}
+
+impl Normal {
+    fn next(&mut self) -> f32 {
+        if let Some(v) = self.spare.take() {
+            return v;
+        }
+        // u1 in (0, 1]: the log stays finite.
+        let u1 = 1.0 - self.rng.unit_f64();
+        let u2 = self.rng.unit_f64();
+        let r = (-2.0 * u1.ln()).sqrt();
+        let (s, c) = (std::f64::consts::TAU * u2).sin_cos();
+        self.spare = Some((r * s) as f32);
+        (r * c) as f32
+    }
+}
+
+/// `random_erasing` before `normalize`, on bytes: the constant, or the bytes `normalize`
+/// takes to the noise (`(n·std + mean)·255`, rounded and clamped).
+fn erase_bytes(hwc: &mut [u8], (w, _h): (usize, usize), e: &Erase, normalize: Option<&Normalize>) {
+    let mut noise = e.noise();
+    for c in 0..3 {
+        let (mean, std) = normalize.map_or((0.0, 1.0), |n| (n.mean[c], n.std[c]));
+        for y in e.y..e.y + e.h {
+            for x in e.x..e.x + e.w {
+                let v = match (&mut noise, e.fill) {
+                    (Some(n), _) => ((n.next() * std + mean) * 255.0).round(),
+                    (None, Fill::Constant(v)) => v as f32,
+                    (None, Fill::Noise(_)) => 0.0,
+                };
+                hwc[(y * w + x) * 3 + c] = v.clamp(0.0, 255.0) as u8;
+            }
+        }
+    }
 }
 
 /// One op that draws nothing.
@@ -136,10 +772,19 @@ fn apply_fixed(op: &PixelOp, hwc: &mut [u8], (w, h): (u32, u32), scratch: &mut V
                 px.fill(g);
             }
         }
-        // Drawn in `apply`, which never passes them here.
+        // Drawn or moved by `plan`, which never makes them a fixed step.
         PixelOp::ColorJitter { .. }
         | PixelOp::RandomGrayscale(_)
-        | PixelOp::GaussianBlur { .. } => {}
+        | PixelOp::GaussianBlur { .. }
+        | PixelOp::Rotate(_)
+        | PixelOp::ShearX(_)
+        | PixelOp::ShearY(_)
+        | PixelOp::TranslateX(_)
+        | PixelOp::TranslateY(_)
+        | PixelOp::RandAugment { .. }
+        | PixelOp::TrivialAugment { .. }
+        | PixelOp::AutoAugment
+        | PixelOp::RandomErasing(_) => {}
     }
 }
 
@@ -600,5 +1245,252 @@ mod tests {
         let row: Vec<u8> = edge[..8 * 3].chunks(3).map(|p| p[0]).collect();
         assert!(row.windows(2).all(|p| p[0] <= p[1]), "{row:?}");
         assert!(row[3] > 0 && row[4] < 255, "{row:?}");
+    }
+
+    fn spec(text: &str) -> PipelineSpec {
+        format!("decode | center_crop 8 | {text}").parse().unwrap()
+    }
+
+    /// A black `w`×`h` image with one white pixel at (x, y).
+    fn dot(w: u32, h: u32, (x, y): (u32, u32)) -> Vec<u8> {
+        let mut img = vec![0u8; (w * h * 3) as usize];
+        let at = ((y * w + x) * 3) as usize;
+        img[at..at + 3].fill(255);
+        img
+    }
+
+    fn white(img: &[u8], w: u32) -> Vec<(u32, u32)> {
+        img.chunks(3)
+            .enumerate()
+            .filter(|(_, p)| p[0] == 255)
+            .map(|(i, _)| (i as u32 % w, i as u32 / w))
+            .collect()
+    }
+
+    #[test]
+    fn translate_moves_by_whole_pixels_and_fills_black() {
+        let (w, h) = (9, 7);
+        let mut img = dot(w, h, (2, 3));
+        apply(
+            &[PixelOp::TranslateX(3)],
+            &mut img,
+            (w, h),
+            0,
+            &mut Vec::new(),
+        );
+        assert_eq!(white(&img, w), [(5, 3)]);
+        apply(
+            &[PixelOp::TranslateY(-3)],
+            &mut img,
+            (w, h),
+            0,
+            &mut Vec::new(),
+        );
+        assert_eq!(white(&img, w), [(5, 0)]);
+        apply(
+            &[PixelOp::TranslateY(-1)],
+            &mut img,
+            (w, h),
+            0,
+            &mut Vec::new(),
+        );
+        assert!(img.iter().all(|&v| v == 0), "moved out: all fill");
+    }
+
+    #[test]
+    fn quarter_turns_are_rot90_and_a_whole_turn_nothing() {
+        let (w, h) = (5, 5);
+        let turned = |angle: f64| {
+            let mut img = dot(w, h, (1, 0));
+            apply(
+                &[PixelOp::Rotate(angle)],
+                &mut img,
+                (w, h),
+                0,
+                &mut Vec::new(),
+            );
+            white(&img, w)
+        };
+        // Counter-clockwise: the top row's second pixel goes to the left column, second from
+        // the bottom.
+        assert_eq!(turned(90.0), [(0, 3)]);
+        assert_eq!(turned(180.0), [(3, 4)]);
+        assert_eq!(turned(-90.0), [(4, 1)]);
+        assert_eq!(turned(360.0), [(1, 0)]);
+    }
+
+    #[test]
+    fn the_recorded_affine_maps_a_point_where_its_pixel_went() {
+        let (w, h) = (64u32, 48u32);
+        for text in [
+            "rotate 30",
+            "rotate -115",
+            "shear_x 0.3",
+            "shear_y -0.25",
+            "translate_x 7",
+            "rotate 20 | shear_x 0.2 | translate_y -5",
+        ] {
+            let spec = spec(text);
+            let plan = plan(&spec, (w, h), 0, false);
+            let m = plan.affine((w, h)).expect(text);
+            for at in [(30u32, 20u32), (40, 30), (25, 28)] {
+                let mut img = dot(w, h, at);
+                plan.run(&mut img, (w, h), None, &mut Vec::new());
+                let (x, y) = (at.0 as f32 + 0.5, at.1 as f32 + 0.5);
+                let to = (m[0] * x + m[1] * y + m[2], m[3] * x + m[4] * y + m[5]);
+                // Nearest neighbour may copy the pixel to a neighbour of its exact place, or
+                // twice; every copy lies within a pixel and a half of the mapped centre.
+                let got = white(&img, w);
+                assert!(!got.is_empty(), "{text}: {at:?} vanished (to {to:?})");
+                for (gx, gy) in got {
+                    let (dx, dy) = (gx as f32 + 0.5 - to.0, gy as f32 + 0.5 - to.1);
+                    assert!(
+                        dx.abs() <= 1.5 && dy.abs() <= 1.5,
+                        "{text}: {at:?} at {gx},{gy}, mapped {to:?}"
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            plan(&spec("invert | equalize"), (w, h), 0, false).affine((w, h)),
+            None
+        );
+        // A flip after a rotation: the record is crop, flip, then the transform, so the
+        // point flipped first (x -> W - x) and then mapped lands where the pixel went.
+        let late = spec("rotate 30 | hflip 1 | translate_x 4");
+        assert_eq!(late.flip_after, Some(1));
+        let plan = plan(&late, (w, h), 0, true);
+        let m = plan.affine((w, h)).unwrap();
+        for at in [(30u32, 20u32), (40, 30)] {
+            let mut img = dot(w, h, at);
+            plan.run(&mut img, (w, h), None, &mut Vec::new());
+            let (x, y) = (w as f32 - (at.0 as f32 + 0.5), at.1 as f32 + 0.5);
+            let to = (m[0] * x + m[1] * y + m[2], m[3] * x + m[4] * y + m[5]);
+            assert!(!white(&img, w).is_empty(), "{at:?} vanished (to {to:?})");
+            for (gx, gy) in white(&img, w) {
+                let (dx, dy) = (gx as f32 + 0.5 - to.0, gy as f32 + 0.5 - to.1);
+                assert!(
+                    dx.abs() <= 1.5 && dy.abs() <= 1.5,
+                    "{at:?} at {gx},{gy}, mapped {to:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn rand_augment_picks_its_fourteen_ops_uniformly() {
+        let mut counts = std::collections::BTreeMap::new();
+        for seed in 0..10_000 {
+            let mut rng = stream(seed, Domain::PixelOps, 0, 0);
+            for _ in 0..2 {
+                let (kind, _) = rand_augment_op(9, 31, (224, 224), &mut rng);
+                *counts.entry(kind).or_insert(0u32) += 1;
+            }
+        }
+        assert_eq!(counts.len(), 14, "{counts:?}");
+        let expect = 20_000.0 / 14.0;
+        for (kind, n) in &counts {
+            let off = (f64::from(*n) - expect).abs() / expect;
+            assert!(
+                off <= 0.05,
+                "{kind:?}: {n} of 20,000, {:.1}% off uniform",
+                off * 100.0
+            );
+        }
+    }
+
+    #[test]
+    fn magnitudes_are_torchvisions_bins() {
+        // RandAugment at m=9 of 31: linspace(0, 0.3, 31)[9] in float32, 9 degrees, 7 bits,
+        // and TranslateX's 150/331 of the width.
+        let m = |kind, size| magnitude(Space::Rand, kind, 31, 9, size).unwrap();
+        assert_eq!(m(Aug::ShearX, (224, 224)), f64::from(0.09f32));
+        assert_eq!(m(Aug::Rotate, (224, 224)), 9.0);
+        assert_eq!(m(Aug::Posterize, (224, 224)), 7.0);
+        let t = m(Aug::TranslateX, (331, 10));
+        assert!((t - 45.0).abs() < 1e-4, "{t}");
+        assert!((m(Aug::Solarize, (1, 1)) - 0.7).abs() < 1e-6);
+        // TrivialAugmentWide's last bins: 135 degrees, posterize 2 bits.
+        assert_eq!(
+            magnitude(Space::Wide, Aug::Rotate, 31, 30, (1, 1)),
+            Some(135.0)
+        );
+        assert_eq!(
+            magnitude(Space::Wide, Aug::Posterize, 31, 30, (1, 1)),
+            Some(2.0)
+        );
+        assert_eq!(magnitude(Space::Rand, Aug::Equalize, 31, 9, (1, 1)), None);
+    }
+
+    #[test]
+    fn erasing_fills_a_rectangle_in_range_or_nothing() {
+        let (w, h) = (40u32, 30u32);
+        let mut erased = 0;
+        for seed in 0..200 {
+            let mut img = vec![200u8; (w * h * 3) as usize];
+            let ops = [PixelOp::RandomErasing(Erasing {
+                p: 0.5,
+                scale: (0.02, 0.33),
+                ratio: (0.3, 3.3),
+                value: EraseValue::Constant(0.0),
+            })];
+            apply(&ops, &mut img, (w, h), seed, &mut Vec::new());
+            let zeros = white_or(&img, 0);
+            if zeros.is_empty() {
+                continue;
+            }
+            erased += 1;
+            let (x0, x1) = (
+                zeros.iter().map(|p| p.0).min().unwrap(),
+                zeros.iter().map(|p| p.0).max().unwrap(),
+            );
+            let (y0, y1) = (
+                zeros.iter().map(|p| p.1).min().unwrap(),
+                zeros.iter().map(|p| p.1).max().unwrap(),
+            );
+            let area = (x1 - x0 + 1) * (y1 - y0 + 1);
+            assert_eq!(area as usize, zeros.len(), "seed {seed}: a rectangle");
+            let share = f64::from(area) / f64::from(w * h);
+            assert!((0.01..=0.36).contains(&share), "seed {seed}: {share}");
+        }
+        assert!(
+            (70..=130).contains(&erased),
+            "p=0.5: {erased} of 200 erased"
+        );
+    }
+
+    fn white_or(img: &[u8], v: u8) -> Vec<(u32, u32)> {
+        img.chunks(3)
+            .enumerate()
+            .filter(|(_, p)| p.iter().all(|&c| c == v))
+            .map(|(i, _)| (i as u32 % 40, i as u32 / 40))
+            .collect()
+    }
+
+    #[test]
+    fn erasing_after_normalize_writes_the_tensors_dtype_and_layout() {
+        let spec: PipelineSpec = "decode | center_crop 6x5 | normalize mean=0.5,0.5,0.5 \
+                                  std=0.5,0.5,0.5 | chw | random_erasing p=1 value=random"
+            .parse()
+            .unwrap();
+        let (w, h) = (5u32, 6u32);
+        let plan = plan(&spec, (w, h), 3, false);
+        let e = plan.after.expect("p=1 erases");
+        let mut frame = vec![0u8; (w * h * 3 * 4) as usize];
+        plan.erase_finished(&mut frame, (w, h), 4, true);
+        let values: Vec<f32> = frame
+            .chunks(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let touched = values.iter().filter(|v| **v != 0.0).count();
+        assert_eq!(
+            touched,
+            e.w * e.h * 3,
+            "every channel of the rectangle, nothing else"
+        );
+        // Channels first: the rectangle's first pixel in each plane.
+        for c in 0..3 {
+            assert_ne!(values[(c * h as usize + e.y) * w as usize + e.x], 0.0);
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions};
-use sluice_wire::spec::DType;
+use sluice_wire::spec::{DType, PixelOp};
 use sluice_wire::SampleGeometry;
 
 use super::{Dest, Engine, Tensor, Workspace};
@@ -19,10 +19,25 @@ impl Engine {
     /// The sample's geometry, then the seed of its random pixel ops, from its stream.
     pub(super) fn geometry(&self, w: u32, h: u32, rng: &mut sluice_plan::rng::Stream) -> Geometry {
         let mut g = compose(&self.spec.ops, w, h, rng);
-        if self.spec.pixels.iter().any(|p| p.is_random()) {
+        if self.spec.draws_pixels() {
             g.pixel_seed = rng.next_u64();
         }
         g
+    }
+
+    /// The sample's pixel ops with their draws made, on its output size.
+    pub(super) fn pixel_plan(&self, g: &Geometry) -> super::pixels::Plan {
+        super::pixels::plan(&self.spec, (g.out_w, g.out_h), g.pixel_seed, g.flip)
+    }
+
+    /// The geometry a sample reports: what [`compose`] chose on a `w`×`h` source, and the
+    /// affine transform of its pixel ops.
+    pub(super) fn reported(&self, w: u32, h: u32, g: &Geometry) -> SampleGeometry {
+        let mut r = reported(w, h, g);
+        if self.spec.pixels.iter().any(PixelOp::may_move) {
+            r.affine = self.pixel_plan(g).affine((g.out_w, g.out_h));
+        }
+        r
     }
 
     pub(super) fn render_jpeg(
@@ -65,7 +80,7 @@ impl Engine {
             let buf = std::mem::take(&mut ws.oriented);
             let t = self.resample(ws, (&buf, w, h), g.src, &g, dest);
             ws.oriented = buf;
-            return Ok((t?, decode_ns, reported(w, h, &g)));
+            return Ok((t?, decode_ns, self.reported(w, h, &g)));
         }
         let g = self.geometry(header.width, header.height, rng);
         let scale = if self.config.dct_scaling {
@@ -87,7 +102,7 @@ impl Engine {
         Ok((
             result?,
             decode_ns,
-            reported(header.width, header.height, &g),
+            self.reported(header.width, header.height, &g),
         ))
     }
 
@@ -178,7 +193,7 @@ impl Engine {
         }
         ws.region = region;
         result?;
-        let mut geometry = reported(w, h, &g);
+        let mut geometry = self.reported(w, h, &g);
         geometry.frames = Some(window);
         let frames_out = taken.len() as u32;
         if let Some(c) = claim {
@@ -199,7 +214,7 @@ impl Engine {
             false => {
                 let mut data = Vec::with_capacity(len * self.spec.dtype().size());
                 for f in owned.chunks_exact(frame_len) {
-                    let one = self.convert(f.to_vec(), g.out_w, g.out_h).data;
+                    let one = self.convert(f.to_vec(), &g).data;
                     data.extend_from_slice(&one);
                     self.outputs.give_back(one);
                 }
@@ -278,7 +293,7 @@ impl Engine {
                 placed: Some(c.place()),
             });
         }
-        Ok(self.convert(owned, ow, oh))
+        Ok(self.convert(owned, g))
     }
 
     /// Where a tensor of `len` bytes is written: its place in the client's batch, when it has
@@ -366,17 +381,22 @@ impl Engine {
                 }
             }
         }
-        if g.flip {
+        // A flip written after pixel ops is theirs to do, in its place.
+        if g.flip && self.spec.flip_after.is_none() {
             for row in out.chunks_exact_mut(ow as usize * 3) {
                 mirror_rgb(row);
             }
         }
-        super::pixels::apply(&self.spec.pixels, out, (ow, oh), g.pixel_seed, &mut ws.tmp);
+        if !self.spec.pixels.is_empty() {
+            let plan = self.pixel_plan(g);
+            plan.run(out, (ow, oh), self.spec.normalize.as_ref(), &mut ws.tmp);
+        }
         Ok(())
     }
 
-    /// Applies normalization and layout.
-    fn convert(&self, hwc: Vec<u8>, w: u32, h: u32) -> Tensor {
+    /// Applies normalization and layout, then a `random_erasing` that follows them.
+    fn convert(&self, hwc: Vec<u8>, g: &Geometry) -> Tensor {
+        let (w, h) = (g.out_w, g.out_h);
         let chw = self.spec.chw;
         let plane = w as usize * h as usize;
         let index = |p: usize, c: usize| if chw { c * plane + p } else { p * 3 + c };
@@ -412,6 +432,12 @@ impl Engine {
                 out
             }
         };
+        let mut data = data;
+        if self.spec.erasing.is_some() {
+            let elem = self.spec.dtype().size();
+            self.pixel_plan(g)
+                .erase_finished(&mut data, (w, h), elem, chw);
+        }
         Tensor {
             frames: 1,
             height: h,
@@ -425,7 +451,7 @@ impl Engine {
 }
 
 /// Mirrors a row of RGB pixels in place, a pixel (three bytes) at a time.
-fn mirror_rgb(row: &mut [u8]) {
+pub(super) fn mirror_rgb(row: &mut [u8]) {
     let n = row.len() / 3;
     let (left, right) = row.split_at_mut(n / 2 * 3);
     // Pixel i swaps with pixel n-1-i: the left half from its start, the right from its end
@@ -440,7 +466,7 @@ fn mirror_rgb(row: &mut [u8]) {
 }
 
 /// The geometry a sample reports: what [`compose`] chose, on a `w`×`h` source.
-pub(super) fn reported(w: u32, h: u32, g: &Geometry) -> SampleGeometry {
+fn reported(w: u32, h: u32, g: &Geometry) -> SampleGeometry {
     let r = g.src;
     SampleGeometry {
         source: (h, w),
@@ -453,6 +479,7 @@ pub(super) fn reported(w: u32, h: u32, g: &Geometry) -> SampleGeometry {
         size: (g.out_h, g.out_w),
         flip: g.flip,
         frames: None,
+        affine: None,
     }
 }
 
