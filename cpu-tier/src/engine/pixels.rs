@@ -612,27 +612,96 @@ fn warp(hwc: &mut [u8], (w, h): (usize, usize), a: &Affine, scratch: &mut Vec<u8
         }
         return;
     }
-    let t = a.inverse.map(|v| v as f32);
+    let m = a.inverse;
+    if let ([1.0, 0.0, tx, 0.0, 1.0, ty], true) = (m, m[2].fract() == 0.0 && m[5].fract() == 0.0) {
+        // A translation by whole pixels: the grid lands on pixel centres (no rounding to
+        // decide), so it is a shift of rows and of each row's pixels.
+        shift(hwc, src, (w, h), (-tx as isize, -ty as isize));
+        return;
+    }
+    let t = m.map(|v| v as f32);
     let (hw, hh) = (0.5 * w as f32, 0.5 * h as f32);
     let (r00, r10, r20) = (t[0] / hw, t[1] / hw, t[2] / hw);
     let (r01, r11, r21) = (t[3] / hh, t[4] / hh, t[5] / hh);
     let (wf, hf) = (w as f32, h as f32);
     let (x0, y0) = ((1.0 - wf) * 0.5, (1.0 - hf) * 0.5);
+    // `bx * r00` and `bx * r01` of each column, once: the products the grid sums per pixel.
+    let (cxs, cys): (Vec<f32>, Vec<f32>) = (0..w)
+        .map(|x| {
+            let bx = x0 + x as f32;
+            (bx * r00, bx * r01)
+        })
+        .unzip();
+    let (mut ixs, mut iys) = (vec![0i32; w], vec![0i32; w]);
     for y in 0..h {
         let by = y0 + y as f32;
+        let (ry, ryy) = (by * r10, by * r11);
+        // The row's source positions first (float arithmetic only: four pixels at a time),
+        // then its pixels.
+        for (((ix, iy), &cx), &cy) in ixs.iter_mut().zip(iys.iter_mut()).zip(&cxs).zip(&cys) {
+            let gx = cx + ry + r20;
+            let gy = cy + ryy + r21;
+            *ix = grid_index(((gx + 1.0) * wf - 1.0) * 0.5);
+            *iy = grid_index(((gy + 1.0) * hf - 1.0) * 0.5);
+        }
         let row = &mut hwc[y * w * 3..(y + 1) * w * 3];
-        for (x, out) in row.chunks_exact_mut(3).enumerate() {
-            let bx = x0 + x as f32;
-            let gx = bx * r00 + by * r10 + r20;
-            let gy = bx * r01 + by * r11 + r21;
-            let ix = (((gx + 1.0) * wf - 1.0) / 2.0).round_ties_even();
-            let iy = (((gy + 1.0) * hf - 1.0) / 2.0).round_ties_even();
-            if ix >= 0.0 && iy >= 0.0 && ix < wf && iy < hf {
+        // A row that reads one source row at one offset (a shear along x, away from a
+        // half-pixel tie) is a shifted copy of it.
+        let (dx, sy) = (ixs[0], iys[0]);
+        let straight = iys.iter().all(|&v| v == sy)
+            && ixs.iter().enumerate().all(|(x, &v)| v == x as i32 + dx);
+        if straight {
+            match usize::try_from(sy).ok().filter(|&sy| sy < h) {
+                Some(sy) => {
+                    let line = &src[sy * w * 3..(sy + 1) * w * 3];
+                    shift(row, line, (w, 1), (-(dx as isize), 0));
+                }
+                None => row.fill(0),
+            }
+            continue;
+        }
+        for ((out, &ix), &iy) in row.chunks_exact_mut(3).zip(&ixs).zip(&iys) {
+            if (ix as u32) < w as u32 && (iy as u32) < h as u32 {
                 let i = px(ix as usize, iy as usize);
                 out.copy_from_slice(&src[i..i + 3]);
             } else {
                 out.fill(0);
             }
+        }
+    }
+}
+
+/// `grid_sample`'s nearest index of source position `v`: rounded half to even, as an
+/// integer; far outside the image (where it is only out of bounds) clamped first. Adding
+/// 1.5·2^23 to a magnitude below 2^22 leaves no fraction bits, so the FPU rounds it, and the
+/// sum's mantissa is then the integer (plus a constant): integer arithmetic on the bits, four
+/// lanes at a time, where a float-to-int conversion would be a saturating one per value.
+#[inline]
+fn grid_index(v: f32) -> i32 {
+    const BIG: f32 = 12_582_912.0;
+    let v = v.clamp(-4_000_000.0, 4_000_000.0);
+    (v + BIG).to_bits() as i32 - BIG.to_bits() as i32
+}
+
+/// `src` moved by (`dx`, `dy`) whole pixels into `hwc`, 0 where nothing lands.
+fn shift(hwc: &mut [u8], src: &[u8], (w, h): (usize, usize), (dx, dy): (isize, isize)) {
+    let row = w * 3;
+    for y in 0..h {
+        let out = &mut hwc[y * row..(y + 1) * row];
+        let sy = y as isize - dy;
+        if sy < 0 || sy >= h as isize {
+            out.fill(0);
+            continue;
+        }
+        let line = &src[sy as usize * row..(sy as usize + 1) * row];
+        // Output x takes source x - dx: the overlap, and 0 on either side of it.
+        let lo = dx.clamp(0, w as isize) as usize;
+        let hi = (w as isize + dx).clamp(0, w as isize) as usize;
+        out[..lo * 3].fill(0);
+        out[hi * 3..].fill(0);
+        if hi > lo {
+            let from = (lo as isize - dx) as usize;
+            out[lo * 3..hi * 3].copy_from_slice(&line[from * 3..(from + hi - lo) * 3]);
         }
     }
 }
@@ -767,8 +836,9 @@ fn apply_fixed(op: &PixelOp, hwc: &mut [u8], (w, h): (u32, u32), scratch: &mut V
         PixelOp::Sharpness(f) => sharpness(hwc, (w as usize, h as usize), Ratio::of(f), scratch),
         PixelOp::Invert => hwc.iter_mut().for_each(|v| *v = !*v),
         PixelOp::Grayscale => {
+            let greys = Greys::new();
             for px in hwc.chunks_exact_mut(3) {
-                let g = cast(grey(px));
+                let g = greys.floor(px);
                 px.fill(g);
             }
         }
@@ -855,15 +925,49 @@ fn blur(hwc: &mut [u8], (w, h): (usize, usize), k: usize, sigma: f64, scratch: &
                 *o += v * kv;
             }
         }
-        scratch.extend(acc.iter().map(|v| cast(v.round_ties_even())));
+        scratch.extend(acc.iter().map(|v| cast(round_even(*v))));
     }
     hwc.copy_from_slice(scratch);
 }
 
+/// `x.round_ties_even()` without libm: on x86-64's baseline (no SSE4.1 `roundss`) the method is
+/// a function call per value, a third of a blur's or a warp's time. Adding 2^23 to a
+/// magnitude below it leaves no bits for a fraction, so the FPU rounds it, to nearest even.
+#[inline]
+fn round_even(x: f32) -> f32 {
+    const BIG: f32 = 8_388_608.0;
+    if x.abs() < BIG {
+        ((x.abs() + BIG) - BIG).copysign(x)
+    } else {
+        x
+    }
+}
+
+/// `x.floor()` without libm for `|x| < 2^31`.
+#[inline]
+fn floor(x: f32) -> f32 {
+    let t = x as i32 as f32;
+    if t > x {
+        t - 1.0
+    } else {
+        t
+    }
+}
+
 /// float32 to uint8 as torchvision's `.clamp_(0, 255).to(torch.uint8)`: clamped, then
 /// truncated toward zero.
+#[inline]
 fn cast(v: f32) -> u8 {
-    v.clamp(0.0, 255.0) as u8
+    // Without a float-to-int conversion, which is a scalar, saturating one per value: the
+    // value clamped (`max` first, so a NaN is 0), rounded by adding 1.5·2^23 (see
+    // `grid_index`), one less where that rounded up, and the integer read from the sum's
+    // mantissa. Four values at a time where a loop calls it.
+    const BIG: f32 = 12_582_912.0;
+    #[allow(clippy::manual_clamp)] // clamp keeps a NaN; this makes it 0
+    let v = v.max(0.0).min(255.0);
+    let r = (v + BIG) - BIG;
+    let t = if r > v { r - 1.0 } else { r };
+    ((t + BIG).to_bits() - BIG.to_bits()) as u8
 }
 
 /// A blend's factor and its complement, each as torchvision passes it to float32 arithmetic
@@ -905,10 +1009,22 @@ fn lookup_channels(hwc: &mut [u8], t: &[[u8; 256]; 3]) {
     }
 }
 
-/// A pixel's grey in float32: `r * 0.2989 + g * 0.587 + b * 0.114`, in torchvision's order.
-fn grey(px: &[u8]) -> f32 {
-    let [r, g, b] = [px[0], px[1], px[2]].map(f32::from);
-    r * 0.2989 + g * 0.587 + b * 0.114
+/// A pixel's grey in float32, `r * 0.2989 + g * 0.587 + b * 0.114` in torchvision's order,
+/// from a table of each product (one float32 rounding each, as the multiplication's): the
+/// same value, without three conversions and multiplications a pixel.
+struct Greys([[f32; 256]; 3]);
+
+impl Greys {
+    fn new() -> Greys {
+        Greys([0.2989f32, 0.587, 0.114].map(|k| std::array::from_fn(|v| v as f32 * k)))
+    }
+
+    /// The grey, floored (truncated: it is never negative, and at most 254.97).
+    #[inline]
+    fn floor(&self, px: &[u8]) -> u8 {
+        let [r, g, b] = &self.0;
+        ((r[px[0] as usize] + g[px[1] as usize]) + b[px[2] as usize]) as u8
+    }
 }
 
 /// The mean of the floored greys (torchvision floors them for an integer image), as float32.
@@ -917,18 +1033,24 @@ fn mean_grey(hwc: &[u8]) -> f32 {
     if n == 0 {
         return 0.0;
     }
-    let sum: f64 = hwc
+    let greys = Greys::new();
+    let sum: u64 = hwc
         .chunks_exact(3)
-        .map(|px| f64::from(grey(px).floor()))
+        .map(|px| u64::from(greys.floor(px)))
         .sum();
-    (sum / n as f64) as f32
+    (sum as f64 / n as f64) as f32
 }
 
+/// `adjust_saturation`: each value blended with its pixel's floored grey, `x * ratio + g *
+/// (1 - ratio)`, each product from a table (the same float32 roundings).
 fn saturation(hwc: &mut [u8], ratio: Ratio) {
+    let greys = Greys::new();
+    let own: [f32; 256] = std::array::from_fn(|x| x as f32 * ratio.ratio);
+    let grey: [f32; 256] = std::array::from_fn(|g| g as f32 * ratio.alpha);
     for px in hwc.chunks_exact_mut(3) {
-        let g = grey(px).floor();
+        let g = grey[greys.floor(px) as usize];
         for v in px.iter_mut() {
-            *v = cast(ratio.blend(f32::from(*v), g));
+            *v = cast(own[*v as usize] + g);
         }
     }
 }
@@ -985,29 +1107,39 @@ fn sharpness(hwc: &mut [u8], (w, h): (usize, usize), ratio: Ratio, scratch: &mut
     scratch.clear();
     scratch.extend_from_slice(hwc);
     let src = &scratch[..];
-    let (a, b) = (1.0f32 / 13.0, 5.0f32 / 13.0);
     let row = w * 3;
     for y in 1..h - 1 {
         let up = &src[(y - 1) * row..y * row];
         let mid = &src[y * row..(y + 1) * row];
         let down = &src[(y + 1) * row..(y + 2) * row];
         let out = &mut hwc[y * row..(y + 1) * row];
-        // Byte `i` and its neighbours at `i ± 3` (the same channel), conv2d's sum in its order
-        // (row by row).
-        for (i, o) in out.iter_mut().enumerate().take(row - 3).skip(3) {
-            let v = |r: &[u8], j: usize| f32::from(r[j]);
-            let mut s = v(up, i - 3) * a;
-            s += v(up, i) * a;
-            s += v(up, i + 3) * a;
-            s += v(mid, i - 3) * a;
-            s += v(mid, i) * b;
-            s += v(mid, i + 3) * a;
-            s += v(down, i - 3) * a;
-            s += v(down, i) * a;
-            s += v(down, i + 3) * a;
-            let x = v(mid, i);
-            // `view.add_(blurred.sub_(view), alpha=1 - factor)`.
-            *o = cast(x + (s.round_ties_even() - x) * ratio.alpha);
+        // Byte `i` and its neighbours at `i ± 3` (the same channel): nine slices of one
+        // length, so the loop has no bounds checks and runs several bytes at a time.
+        let n = row - 6;
+        let [u0, u1, u2, m0, m1, m2, d0, d1, d2] = [
+            (up, 0),
+            (up, 3),
+            (up, 6),
+            (mid, 0),
+            (mid, 3),
+            (mid, 6),
+            (down, 0),
+            (down, 3),
+            (down, 6),
+        ]
+        .map(|(r, at): (&[u8], usize)| &r[at..at + n]);
+        let out = &mut out[3..3 + n];
+        for k in 0..n {
+            // torchvision sums the nine products in float32 and rounds half to even. The exact
+            // sum is (S + 5c) / 13 for integers S (the eight around) and c (the centre): never
+            // within 1/26 of a half, while the float32 sum is within 3e-4 of it, so both round
+            // to the same integer, which integer arithmetic finds exactly.
+            let v = |r: &[u8]| u16::from(r[k]);
+            let around = v(u0) + v(u1) + v(u2) + v(m0) + v(m2) + v(d0) + v(d1) + v(d2);
+            let blurred = f32::from((2 * (around + 5 * v(m1)) + 13) / 26);
+            let x = f32::from(m1[k]);
+            // `view.add_(blurred.sub_(view), alpha=1 - factor)`, in float32.
+            out[k] = cast(x + (blurred - x) * ratio.alpha);
         }
     }
 }
@@ -1039,12 +1171,12 @@ fn hue(hwc: &mut [u8], f: f32) {
         // `fmod_(1.0)` of a positive value, then `add_(f).remainder_(1.0)` (Python's modulo,
         // `x - floor(x)`): both exact as written here, and no libm call.
         let h = (hr + hg + hb) * (1.0 / 6.0) + 1.0;
-        let h = h - h.floor();
+        let h = h - floor(h);
         let h = h + f;
-        let h = h - h.floor();
+        let h = h - floor(h);
         let v = maxc;
         let h6 = h * 6.0;
-        let i = h6.floor();
+        let i = floor(h6);
         let fr = h6 - i;
         let i = (i as i32).rem_euclid(6);
         let sxf = s * fr;
@@ -1491,6 +1623,133 @@ mod tests {
         // Channels first: the rectangle's first pixel in each plane.
         for c in 0..3 {
             assert_ne!(values[(c * h as usize + e.y) * w as usize + e.x], 0.0);
+        }
+    }
+
+    #[test]
+    fn the_rounding_helpers_are_the_methods() {
+        let mut x = -1000.0f32;
+        while x < 1000.0 {
+            for v in [x, x + 0.5, x - 0.5, x + 0.25] {
+                assert_eq!(round_even(v), v.round_ties_even(), "{v}");
+                assert_eq!(floor(v), v.floor(), "{v}");
+            }
+            x += 0.37;
+        }
+        assert_eq!(round_even(-0.5), -0.0);
+        assert_eq!(round_even(2.5), 2.0);
+        assert_eq!(round_even(1e30), 1e30);
+    }
+
+    /// Per-op time on a 224×224 photo-like image, for tuning (`cargo test --release -p
+    /// sluice-cpu --lib op_timings -- --ignored --nocapture`); `sluice bench cpu --per-op`
+    /// is the measurement that counts.
+    #[test]
+    #[ignore]
+    fn op_timings() {
+        let (w, h) = (224u32, 224u32);
+        let img: Vec<u8> = (0..w * h * 3)
+            .map(|i| ((i % 673) as f32 * 0.37 + (i / 672) as f32 * 0.11) as u8)
+            .collect();
+        for text in [
+            "shear_x 0.09",
+            "rotate 9",
+            "translate_x 40",
+            "brightness 1.3",
+            "saturation 1.3",
+            "contrast 1.3",
+            "sharpness 1.3",
+            "posterize 7",
+            "solarize 178",
+            "autocontrast",
+            "equalize",
+            "hue 0.1",
+            "gaussian_blur 23 sigma=1,1",
+            "rand_augment",
+            "trivial_augment",
+            "auto_augment",
+            "random_erasing p=1",
+        ] {
+            let spec = spec(text);
+            let mut scratch = Vec::new();
+            let mut x = img.clone();
+            let t = std::time::Instant::now();
+            let n = 300;
+            for seed in 0..n {
+                x.copy_from_slice(&img);
+                plan(&spec, (w, h), seed, false).run(&mut x, (w, h), None, &mut scratch);
+            }
+            println!(
+                "{text:>28}: {:.3} ms",
+                t.elapsed().as_secs_f64() * 1000.0 / n as f64
+            );
+        }
+    }
+
+    #[test]
+    fn grid_indices_round_half_to_even() {
+        for (v, want) in [
+            (0.5, 0),
+            (1.5, 2),
+            (-0.5, 0),
+            (-1.5, -2),
+            (2.49, 2),
+            (-7.51, -8),
+            (1e9, 4_000_000),
+            (-1e9, -4_000_000),
+        ] {
+            assert_eq!(grid_index(v), want, "{v}");
+        }
+        // The matrices are finite, so no NaN reaches it; one would still land outside any
+        // image (sides are at most 16384), never on a pixel.
+        assert!(!(0..16384).contains(&grid_index(f32::NAN)));
+    }
+
+    #[test]
+    fn sharpness_integer_rounding_is_the_float32_sums() {
+        // torchvision's float32 sum of the nine products, in conv2d's order, rounded half to
+        // even, against the integer rounding `sharpness` uses, on a million neighbourhoods
+        // (the extremes among them).
+        let (a, b) = (1.0f32 / 13.0, 5.0f32 / 13.0);
+        let mut rng = stream(1, Domain::PixelOps, 0, 0);
+        for i in 0..1_000_000u32 {
+            let n: [u16; 9] = std::array::from_fn(|_| match i % 4 {
+                0 => 255,
+                1 => rng.below(2) as u16 * 255,
+                _ => rng.below(256) as u16,
+            });
+            let mut s = 0.0f32;
+            for (j, &v) in n.iter().enumerate() {
+                s += f32::from(v) * if j == 4 { b } else { a };
+            }
+            let around: u16 = n.iter().sum::<u16>() - n[4];
+            let exact = (2 * (around + 5 * n[4]) + 13) / 26;
+            assert_eq!(s.round_ties_even(), f32::from(exact), "{n:?}");
+        }
+    }
+
+    #[test]
+    fn cast_clamps_and_truncates_as_torch() {
+        for (v, want) in [
+            (0.0, 0),
+            (0.99, 0),
+            (1.0, 1),
+            (1.5, 1),
+            (2.5, 2),
+            (254.999, 254),
+            (255.0, 255),
+            (300.0, 255),
+            (-0.5, 0),
+            (-7.0, 0),
+            (f32::NAN, 0),
+            (f32::INFINITY, 255),
+        ] {
+            assert_eq!(cast(v), want, "{v}");
+        }
+        let mut v = -3.0f32;
+        while v < 260.0 {
+            assert_eq!(cast(v), v.clamp(0.0, 255.0) as u8, "{v}");
+            v += 0.013;
         }
     }
 }

@@ -415,17 +415,22 @@ impl Engine {
             Some(n) => {
                 let scale: [f32; 3] = std::array::from_fn(|c| 1.0 / (255.0 * n.std[c]));
                 let shift: [f32; 3] = std::array::from_fn(|c| -n.mean[c] / n.std[c]);
-                let size = n.dtype.size();
-                let mut out = self.outputs.take(hwc.len() * size);
-                for (p, px) in hwc.chunks_exact(3).enumerate() {
-                    for c in 0..3 {
-                        let v = f32::from(px[c]) * scale[c] + shift[c];
-                        let at = index(p, c) * size;
-                        match n.dtype {
-                            DType::F16 => out[at..at + 2]
-                                .copy_from_slice(&half::f16::from_f32(v).to_le_bytes()),
-                            _ => out[at..at + 4].copy_from_slice(&v.to_le_bytes()),
-                        }
+                let value = |c: usize, v: usize| v as f32 * scale[c] + shift[c];
+                let mut out = self.outputs.take(hwc.len() * n.dtype.size());
+                // A byte has 256 values: each channel's outputs as a table of their bytes,
+                // and the pass is a copy per value.
+                match n.dtype {
+                    DType::F16 => {
+                        let lut: [[[u8; 2]; 256]; 3] = std::array::from_fn(|c| {
+                            std::array::from_fn(|v| half::f16::from_f32(value(c, v)).to_le_bytes())
+                        });
+                        normalize_into(&hwc, &mut out, &lut, chw);
+                    }
+                    _ => {
+                        let lut: [[[u8; 4]; 256]; 3] = std::array::from_fn(|c| {
+                            std::array::from_fn(|v| value(c, v).to_le_bytes())
+                        });
+                        normalize_into(&hwc, &mut out, &lut, chw);
                     }
                 }
                 self.outputs.give_back(hwc);
@@ -446,6 +451,30 @@ impl Engine {
             chw,
             data,
             placed: None,
+        }
+    }
+}
+
+/// `hwc`'s values through each channel's table of output bytes into `out`, channels first
+/// when `chw`.
+fn normalize_into<const N: usize>(
+    hwc: &[u8],
+    out: &mut [u8],
+    lut: &[[[u8; N]; 256]; 3],
+    chw: bool,
+) {
+    if chw {
+        let plane = hwc.len() / 3 * N;
+        for (c, (dst, lut)) in out.chunks_exact_mut(plane).zip(lut).enumerate() {
+            for (o, px) in dst.chunks_exact_mut(N).zip(hwc.chunks_exact(3)) {
+                o.copy_from_slice(&lut[px[c] as usize]);
+            }
+        }
+    } else {
+        for (o, px) in out.chunks_exact_mut(3 * N).zip(hwc.chunks_exact(3)) {
+            o[..N].copy_from_slice(&lut[0][px[0] as usize]);
+            o[N..2 * N].copy_from_slice(&lut[1][px[1] as usize]);
+            o[2 * N..].copy_from_slice(&lut[2][px[2] as usize]);
         }
     }
 }

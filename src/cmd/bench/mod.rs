@@ -73,6 +73,10 @@ pub struct CpuArgs {
     /// run, the same clips decoding all their frames and the frames as images of their own.
     #[arg(long, default_value_t = 0)]
     clip_frames: u32,
+    /// With pixel ops in the pipeline: also measure each one alone after the geometry, and
+    /// print what each adds per image beside the geometry without them.
+    #[arg(long)]
+    per_op: bool,
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -144,11 +148,39 @@ fn cpu(args: CpuArgs) -> Result<()> {
             "floor\tthreads={threads}\t{floor:.0} images/s\tentropy decoding alone (libjpeg-turbo reading the coefficients: no IDCT, no resize)\tthe engine runs at {:.2} of it",
             rate / floor.max(1e-9)
         );
-        results.push(serde_json::json!({
+        let mut result = serde_json::json!({
             "threads": threads, "images_per_s": rate, "images": run.images,
             "seconds": run.seconds, "decode_share": run.decode_share,
             "entropy_decode_images_per_s": floor, "of_floor": rate / floor.max(1e-9),
-        }));
+        });
+        if let Some(plain) = without_pixel_ops(&spec) {
+            let config = args.engine(threads);
+            let base = sizing::engine_run(&samples, plain.clone(), config, args.seconds)?;
+            let base_rate = base.images_per_s();
+            println!(
+                "plain\tthreads={threads}\t{base_rate:.0} images/s\t{plain}\tthe recipe runs at {:.2} of it ({:+.3} ms/image/thread)",
+                rate / base_rate.max(1e-9),
+                threads as f64 * 1000.0 * (1.0 / rate.max(1e-9) - 1.0 / base_rate.max(1e-9))
+            );
+            result["plain_images_per_s"] = base_rate.into();
+            result["of_plain"] = (rate / base_rate.max(1e-9)).into();
+            if args.per_op {
+                let mut ops = serde_json::Map::new();
+                for (name, one) in each_pixel_op(&spec, &plain) {
+                    let config = args.engine(threads);
+                    let r = sizing::engine_run(&samples, one, config, args.seconds)?.images_per_s();
+                    let added =
+                        threads as f64 * 1000.0 * (1.0 / r.max(1e-9) - 1.0 / base_rate.max(1e-9));
+                    println!("op\tthreads={threads}\t{r:.0} images/s\t{added:+.3} ms/image/thread\t{name}");
+                    ops.insert(
+                        name.to_string(),
+                        serde_json::json!({"images_per_s": r, "added_ms": added}),
+                    );
+                }
+                result["per_op"] = ops.into();
+            }
+        }
+        results.push(result);
     }
     if let Some(path) = &args.json {
         let doc = serde_json::json!({"bench": "cpu", "corpus": what, "pipeline": spec.to_string(), "results": results});
@@ -156,6 +188,39 @@ fn cpu(args: CpuArgs) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// `spec` without its pixel ops (a late `hflip` back in the geometry), when it has any.
+fn without_pixel_ops(spec: &PipelineSpec) -> Option<PipelineSpec> {
+    (!spec.pixels.is_empty() || spec.erasing.is_some()).then(|| PipelineSpec {
+        pixels: Vec::new(),
+        flip_after: None,
+        erasing: None,
+        ..spec.clone()
+    })
+}
+
+/// `plain` with each of `spec`'s pixel ops alone (a late `hflip` is geometry here), named.
+fn each_pixel_op(spec: &PipelineSpec, plain: &PipelineSpec) -> Vec<(String, PipelineSpec)> {
+    let mut out: Vec<(String, PipelineSpec)> = spec
+        .pixels
+        .iter()
+        .map(|op| {
+            let one = PipelineSpec {
+                pixels: vec![*op],
+                ..plain.clone()
+            };
+            (op.to_string(), one)
+        })
+        .collect();
+    if let Some(e) = spec.erasing {
+        let one = PipelineSpec {
+            erasing: Some(e),
+            ..plain.clone()
+        };
+        out.push((format!("{e} (after normalize)"), one));
+    }
+    out
 }
 
 /// `bench cpu` on clips: frames/s per core of the clip pipeline, and in the same run the same
