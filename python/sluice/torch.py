@@ -377,11 +377,13 @@ class Loader(IterableDataset):
         for key in ("copy", "to_tuple"):
             args.pop(key)
         pipeline = args.pop("pipeline", DEFAULT_PIPELINE)
-        ends_chw = pipeline.replace(" ", "").endswith("|chw")
-        if layout == "nchw" and not ends_chw:
+        # `chw` is the last stage, but for a `random_erasing` that may follow it.
+        stages = [stage.split()[0] for stage in pipeline.split("|") if stage.split()]
+        has_chw = "chw" in stages
+        if layout == "nchw" and not has_chw:
             pipeline = f"{pipeline} | chw"
-        elif layout == "nhwc" and ends_chw:
-            raise ValueError('layout="nhwc" with a pipeline that ends in chw')
+        elif layout == "nhwc" and has_chw:
+            raise ValueError('layout="nhwc" with a pipeline that has chw')
         return _Loader(dataset=dataset, pipeline=pipeline, **args)
 
     def _loader(self) -> _Loader:

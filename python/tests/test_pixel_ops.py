@@ -394,3 +394,37 @@ def test_random_ops_survive_a_worker_killed_mid_epoch(photos, sluice_bin, tmp_pa
     finally:
         a.stop()
         b.stop()
+
+
+VIT_RECIPE = ("decode | random_resized_crop 224 | rand_augment n=2 m=9 | hflip 0.5 | normalize "
+              "mean=0.485,0.456,0.406 std=0.229,0.224,0.225 | chw | random_erasing p=0.25")
+
+
+def test_a_vit_trains_two_steps_on_the_randaugment_recipe(photos):
+    """The issue's recipe, through ``sluice.torch`` as a training script writes it, into a
+    (small) torchvision VisionTransformer: two optimizer steps, a finite loss, weights that
+    moved, and the batch the model expects (float32, N×3×224×224, normalized)."""
+    import sluice.torch as st
+    from torchvision.models import VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(image_size=224, patch_size=32, num_layers=2, num_heads=2,
+                              hidden_dim=64, mlp_dim=128, num_classes=10)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = st.Loader(photos, batch_size=8, pipeline=VIT_RECIPE, seed=1)
+    losses = []
+    for step, batch in enumerate(loader):
+        x, y = batch["image"], batch["label"]
+        assert x.dtype == torch.float32 and x.shape == (8, 3, 224, 224)
+        # Normalized: about zero mean, nothing left in 0..255.
+        assert -1.5 < float(x.mean()) < 1.5 and float(x.abs().max()) < 5
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if step == 1:
+            break
+    assert len(losses) == 2 and all(math.isfinite(v) for v in losses), losses
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
