@@ -175,6 +175,29 @@ def test_a_random_pixel_op_draws_once_per_clip(clips):
     assert max(factors) - min(factors) > 0.1, factors
 
 
+def test_an_augment_and_an_erasing_draw_once_per_clip(clips):
+    """rand_augment then random_erasing (p=1, zeros) on clips: every frame of a clip has its
+    rectangle erased in the same place (one draw a clip), clips in different places, and the
+    row's one geometry says where the augment moved the pixels when it did."""
+    manifest, _ = clips
+    pipeline = ("decode | clip 4 | center_crop 64 | rand_augment n=2 m=9 "
+                "| random_erasing p=1 scale=0.1,0.2")
+    loader = sluice.Loader(dataset=manifest, batch_size=4, pipeline=pipeline, seed=3)
+    places, moved = set(), 0
+    for batch, _ in loader.epoch(0):
+        x = np.from_dlpack(batch).copy()
+        for i, g in enumerate(batch.geometry):
+            zero = [(f == 0).all(-1) for f in x[i]]
+            # The rectangle is zero in every frame (other zeros may differ: a frame's black).
+            both = np.logical_and.reduce(zero)
+            rows_, cols = np.nonzero(both)
+            assert rows_.size >= 0.1 * 64 * 64 * 0.9, (batch.ids[i], rows_.size)
+            places.add((int(rows_.min()), int(cols.min())))
+            moved += "affine" in g
+    assert len(places) > 3, places
+    assert moved > 0, "some clip drew a rotate, shear or translate"
+
+
 def test_clips_over_quic_with_a_worker_killed_and_over_same_host_are_the_in_process_batches(
         clips, sluice_bin, tmp_path, monkeypatch):
     manifest, _ = clips
