@@ -150,6 +150,12 @@ pub(crate) struct Protocol<P> {
     stats: Arc<Stats>,
     /// Skips logged so far this epoch (see [`SKIPS_NAMED`]).
     skips_logged: u64,
+    /// Skips not logged yet because no sample of the epoch has arrived: a pipeline that fits
+    /// no sample (a clip pipeline on images, a wrong `field=`) ends the epoch with one error
+    /// naming the first, not a page of warnings first. Logged at the first sample.
+    skips_held: Vec<(u32, String, String)>,
+    /// A sample of this epoch has arrived.
+    delivered_any: bool,
     /// No unit is handed out yet (an epoch started early, behind one still handing out its
     /// own).
     held: bool,
@@ -212,6 +218,8 @@ impl<P: Tensor> Protocol<P> {
             counters,
             stats,
             skips_logged: 0,
+            skips_held: Vec::new(),
+            delivered_any: false,
             held: false,
         }
     }
@@ -402,6 +410,23 @@ impl<P: Tensor> Protocol<P> {
         Ok(())
     }
 
+    /// The skips held back until a sample arrived, logged now that one has.
+    fn log_held_skips(&mut self) {
+        self.delivered_any = true;
+        for (n, (shard, key, reason)) in
+            std::mem::take(&mut self.skips_held).into_iter().enumerate()
+        {
+            tracing::warn!(shard, key = %key, "sample skipped ({} in this epoch so far): {reason}", n + 1);
+        }
+        if self.skips_logged > SKIPS_NAMED {
+            tracing::warn!(
+                "{} more samples skipped before the first arrived; from here every \
+                 {SKIPS_SUMMARY_EVERY}th is logged (each batch lists its own)",
+                self.skips_logged - SKIPS_NAMED
+            );
+        }
+    }
+
     /// A sample frame from `link`.
     pub(crate) fn sample(
         &mut self,
@@ -433,6 +458,9 @@ impl<P: Tensor> Protocol<P> {
         }
         match self.ledger.record(header.unit, header.shard, header.index) {
             Verdict::Accept => {
+                if !self.delivered_any {
+                    self.log_held_skips();
+                }
                 self.stats.sample_from(link);
                 let (unit, index) = (header.unit, header.index);
                 let due = self.reorder.take_turn(unit, index);
@@ -494,7 +522,12 @@ impl<P: Tensor> Protocol<P> {
                 // bury the rest of the log.
                 let n = self.skips_logged;
                 self.skips_logged += 1;
-                if n < SKIPS_NAMED || (n + 1) % SKIPS_SUMMARY_EVERY == 0 {
+                if !self.delivered_any {
+                    if n < SKIPS_NAMED {
+                        let held = (skipped.shard, skipped.key.clone(), skipped.reason.clone());
+                        self.skips_held.push(held);
+                    }
+                } else if n < SKIPS_NAMED || (n + 1) % SKIPS_SUMMARY_EVERY == 0 {
                     tracing::warn!(shard = skipped.shard, key = %skipped.key,
                                    "sample skipped ({} in this epoch so far): {}", n + 1,
                                    skipped.reason);

@@ -312,6 +312,34 @@ class Loader(IterableDataset):
         self._checked = False
         self._collective = True
         self._build(_distributed())
+        if self._to_tuple:
+            self._check_to_tuple(kwargs.get("pipeline", DEFAULT_PIPELINE), fields)
+
+    def _check_to_tuple(self, pipeline: str, fields: Any) -> None:
+        """``to_tuple``'s keys against the keys this loader's batches will have: a wrong one
+        is a ValueError now, not a KeyError at the first batch."""
+        keys = ["image", "label", "__key__", "padding", "geometry"]
+        stages = [stage.split()[0] for stage in pipeline.split("|") if stage.split()]
+        if "clip" in stages:
+            keys.append("frames")
+        if self._inner is not None and self._inner.sources:
+            keys.append("__source__")
+        every_field = fields == "all" or (not isinstance(fields, str) and "all" in (fields or []))
+        named = [fields] if isinstance(fields, str) else list(fields or [])
+        keys += [f"field:{n}" if n in RESERVED_KEYS else n for n in named if n != "all"]
+        for key in self._to_tuple or ():
+            if not isinstance(key, str):
+                raise ValueError(f"to_tuple: {key!r} is not a key (a str) of the batch dict")
+            if key in keys or (every_field and key not in RESERVED_KEYS):
+                continue
+            hint = ""
+            if key in ("frames", "__source__"):
+                hint = (" (frames: only a clip pipeline's batches have it; __source__: only a "
+                        "mixture's)")
+            elif key not in RESERVED_KEYS:
+                hint = f' (a sample field: ask for it with fields=["{key}"])'
+            raise ValueError(f"to_tuple: {key!r} is not a key of this loader's batches, which "
+                             f"are {keys}{hint}")
 
     # --- building ---------------------------------------------------------------------
 

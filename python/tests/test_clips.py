@@ -333,3 +333,18 @@ def test_a_3d_conv_model_trains_a_step_on_clips_under_lightning(clips, tmp_path)
     trainer.fit(model, train_dataloaders=loader)
     assert model.shapes[0] == ((4, 4, 3, 32, 32), (4, 4)), model.shapes
     assert not torch.equal(before, model.conv.weight.detach()), "the step moved the weights"
+
+
+def test_a_clip_pipeline_on_images_is_one_error_not_a_page_of_skips(dataset, caplog):
+    """Every sample lacks the clip's field: the epoch ends with one error that names the
+    field looked for and the ones the sample has, and no per-sample warning comes first."""
+    import logging
+    caplog.set_level(logging.WARNING, logger="sluice")
+    loader = sluice.Loader(dataset=dataset, batch_size=8,
+                           pipeline="decode | clip 4 | center_crop 32")
+    with pytest.raises(sluice.SluiceError,
+                       match=r"no image field \(looked for mjpeg/mjpg; the sample has jpg"):
+        for _ in loader.epoch(0):
+            pass
+    noise = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert noise == [], noise[:3]

@@ -461,3 +461,17 @@ def test_a_plain_loader_takes_its_rank_from_an_initialized_process_group(dataset
         assert (identity["rank"], identity["world_size"]) == (0, 1)
     finally:
         dist.destroy_process_group()
+
+
+def test_to_tuple_keys_are_checked_at_construction(dataset):
+    with pytest.raises(ValueError, match=r"to_tuple: 'lable' is not a key of this loader's "
+                                         r"batches, which are \['image', 'label'"):
+        st.Loader(dataset, batch_size=8, pipeline=PIPELINE, to_tuple=("image", "lable"))
+    with pytest.raises(ValueError, match=r"'txt'.*ask for it with fields=\[\"txt\"\]"):
+        st.Loader(dataset, batch_size=8, pipeline=PIPELINE, to_tuple=("image", "txt"))
+    with pytest.raises(ValueError, match=r"'frames'.*only a clip pipeline"):
+        st.Loader(dataset, batch_size=8, pipeline=PIPELINE, to_tuple=("image", "frames"))
+    loader = st.Loader(dataset, batch_size=8, pipeline=PIPELINE, fields=["cls"],
+                       to_tuple=("image", "label", "cls"))
+    image, label, cls = next(iter(loader))
+    assert image.shape[0] == label.shape[0] == len(cls) == 8

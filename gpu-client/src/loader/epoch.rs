@@ -320,14 +320,18 @@ impl Epoch {
                         reasons: distinct_reasons(batch.skipped()),
                     })));
                 }
-                tracing::warn!(
-                    epoch = self.epoch,
-                    batch = batch.index(),
-                    "every one of the batch's {} samples was skipped, so it is not handed out \
-                     (its skips come with the next batch); the first: {}",
-                    batch.skipped().len(),
-                    batch.skipped().first().map_or("", |(_, why)| why.as_str())
-                );
+                // Skips for a setting before any sample (a clip pipeline on images): said
+                // once, by the error that ends the epoch at FAIL_FAST_SKIPS.
+                if self.seen.0 > 0 || !self.settings_only {
+                    tracing::warn!(
+                        epoch = self.epoch,
+                        batch = batch.index(),
+                        "every one of the batch's {} samples was skipped, so it is not handed \
+                         out (its skips come with the next batch); the first: {}",
+                        batch.skipped().len(),
+                        batch.skipped().first().map_or("", |(_, why)| why.as_str())
+                    );
+                }
                 self.carried.append(&mut batch.skipped);
                 return None;
             }
