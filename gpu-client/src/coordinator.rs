@@ -520,7 +520,10 @@ impl Coordinator {
             return;
         }
         self.counters.ring_full.store(true, Ordering::Relaxed);
+        let all = self.held.now() >= self.ring_batches;
+        self.counters.held_all.store(all, Ordering::Relaxed);
         self.held.until_below(limit).await;
+        self.counters.held_all.store(false, Ordering::Relaxed);
         self.counters.ring_full.store(false, Ordering::Relaxed);
     }
 
@@ -702,10 +705,13 @@ impl Coordinator {
             let started = Instant::now();
             let ring = self.ring().await?;
             self.counters.ring_full.store(true, Ordering::Relaxed);
+            let all = self.held.now() >= self.ring_batches;
+            self.counters.held_all.store(all, Ordering::Relaxed);
             let buf = match self.shared_ring {
                 false => ring.acquire().await,
                 true => acquire_shared(&ring, &self.counters, self.allocator.clone()).await?,
             };
+            self.counters.held_all.store(false, Ordering::Relaxed);
             self.counters.ring_full.store(false, Ordering::Relaxed);
             self.stats.ring_wait(started.elapsed());
             // Time spent waiting for the consumer is not the workers' delay.

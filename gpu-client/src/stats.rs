@@ -28,6 +28,9 @@ pub(crate) struct EpochCounters {
     pub reorder_peak: AtomicU64,
     /// The coordinator is waiting for the consumer to release a ring buffer.
     pub ring_full: std::sync::atomic::AtomicBool,
+    /// ... and the consumer holds every one of the ring's batches: nothing moves unless
+    /// another thread of the consumer drops one.
+    pub held_all: std::sync::atomic::AtomicBool,
     /// The consumer is waiting for this epoch's next batch.
     pub consumer_waiting: std::sync::atomic::AtomicBool,
     /// The epoch ended in an error (sent to the consumer as its last item).

@@ -16,6 +16,8 @@ use crate::stats::{EpochCounters, EpochReport, Stats};
 
 /// before the epoch fails with [`ClientError::RingExhausted`].
 const RING_DEADLOCK_GRACE: Duration = Duration::from_secs(5);
+/// The same, when the consumer provably holds every batch of the ring.
+const RING_HELD_GRACE: Duration = Duration::from_millis(300);
 
 /// What the consumer has been handed in the current epoch.
 ///
@@ -255,7 +257,17 @@ impl Epoch {
                     .counters
                     .ring_full
                     .load(std::sync::atomic::Ordering::Relaxed);
-                if ring_full && self.pending_wait >= RING_DEADLOCK_GRACE {
+                // When the consumer holds every batch of the ring, only another of its
+                // threads could free one: a short grace for that, not the long one.
+                let held_all = self
+                    .counters
+                    .held_all
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                let grace = match held_all {
+                    true => RING_HELD_GRACE,
+                    false => RING_DEADLOCK_GRACE,
+                };
+                if ring_full && self.pending_wait >= grace {
                     self.close();
                     self.cancel.cancel();
                     return Ok(Some(Err(ClientError::RingExhausted {
