@@ -124,6 +124,9 @@ pub struct Processed {
     pub fields: Vec<Field>,
     /// The crop and flip that made the tensor from the source image.
     pub geometry: SampleGeometry,
+    /// Every field the sample has, when one the job asked for by name is missing (empty
+    /// otherwise): the client names them to a user with a typo in `fields=`.
+    pub has: Vec<String>,
 }
 
 /// What became of one sample.
@@ -377,6 +380,7 @@ impl Engine {
         // Before decoding: a sample that cannot carry its label or fields costs no decode.
         let label = self.fields.label(sample)?;
         let fields = self.fields.pick(sample, image_field)?;
+        let has = self.fields.names_if_missing(sample, image_field);
         let mut rng = sample_stream(ctx.seed, ctx.epoch, ctx.shard, sample.index);
         let t0 = Instant::now();
         let (tensor, decode_ns, geometry) = if let Some(clip) = self.spec.clip {
@@ -410,6 +414,7 @@ impl Engine {
             tensor,
             fields,
             geometry,
+            has,
         })
     }
 

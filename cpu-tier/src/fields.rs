@@ -119,6 +119,21 @@ impl FieldSpec {
         }
     }
 
+    /// Every field name `sample` has, when a field asked for by name is not among those sent
+    /// (missing, or the image field, which is never sent); empty otherwise.
+    pub fn names_if_missing(&self, sample: &Sample, image_field: &str) -> Vec<String> {
+        let sent: Vec<&str> = sample
+            .fields
+            .iter()
+            .map(|f| f.name.as_str())
+            .filter(|n| *n != image_field)
+            .collect();
+        if self.fields.missing_from(&sent).is_empty() {
+            return Vec::new();
+        }
+        sample.fields.iter().map(|f| f.name.clone()).collect()
+    }
+
     /// The fields sent with the sample's tensor: those asked for, in the shard's order, the
     /// image field never.
     pub fn pick(&self, sample: &Sample, image_field: &str) -> Result<Vec<Field>, DecodeError> {

@@ -228,6 +228,7 @@ mod tests {
             tensor_bytes: 4,
             fields: vec![("txt".into(), 2)],
             geometry: Default::default(),
+            has: Vec::new(),
         };
         assert!(slots.place(header("a"), &[1, 2, 3, 4, 9, 9]).is_err());
         assert_eq!(slots.grant(&[1]), Ok(1));
@@ -275,6 +276,7 @@ mod tests {
             tensor_bytes: 4,
             fields: vec![("txt".into(), 1)],
             geometry: Default::default(),
+            has: Vec::new(),
         };
         let place = |unit, index, place| Place {
             unit,

@@ -257,6 +257,7 @@ impl CpuJob {
             tensor_bytes: expected,
             fields,
             geometry: p.geometry,
+            has: p.has,
         };
         finished.sent += 1;
         Ok(match p.tensor.placed {

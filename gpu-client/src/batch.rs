@@ -400,6 +400,19 @@ impl Batch {
         names
     }
 
+    /// Every field name the batch's samples have, as far as the workers said: the fields
+    /// sent, and where a field asked for by name was missing, all of that sample's (its
+    /// image field included). In first-seen order.
+    pub fn names_samples_have(&self) -> Vec<&str> {
+        let mut names = self.present_fields();
+        for name in self.fields.iter().flat_map(|f| f.names_it_has()) {
+            if !names.contains(&name.as_str()) {
+                names.push(name);
+            }
+        }
+        names
+    }
+
     /// Each sample's geometry: the crop box in source pixels that became its tensor, the
     /// source and output sizes, and whether it was flipped.
     pub fn geometry(&self) -> &[SampleGeometry] {

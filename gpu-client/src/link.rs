@@ -42,6 +42,9 @@ use crate::session::{
 use read::{read_frames, ReadTo, TensorRead};
 
 /// What links tell the coordinator.
+// Nearly every event is a `Sample`: boxing it would allocate per sample to save bytes on
+// the rare small ones.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Event {
     Ready {
         link: usize,

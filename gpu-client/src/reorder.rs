@@ -45,6 +45,9 @@ pub(crate) enum Arrival<P> {
 }
 
 /// Where an accepted arrival goes.
+// A value returned and matched at once, never stored: boxing `Now` would allocate per
+// sample for nothing.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Placement<P> {
     /// Into the batch being filled now (its turn has come).
     Now(Arrival<P>),

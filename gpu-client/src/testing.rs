@@ -22,6 +22,7 @@ pub(crate) fn emit_unit(
             tensor_bytes: tensor.len() as u64,
             fields: Vec::new(),
             geometry: Default::default(),
+            has: Vec::new(),
         };
         if !emit(Output::Sample(header, tensor)) {
             return Err(RunnerError::Cancelled);

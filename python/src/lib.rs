@@ -549,43 +549,87 @@ struct Epoch {
     loader: Option<Py<Loader>>,
 }
 
-/// Batches in which a field asked for by name must show up before it is warned about.
-const FIELD_WARN_AFTER: u32 = 4;
+/// Samples a field asked for by name must show up in before its absence is an error: the
+/// first batch at the default batch size, and enough that a field most samples lack (one in
+/// five, say) is not mistaken for a typo (0.8^64 < 1e-6).
+const FIELD_CHECK_SAMPLES: u64 = 64;
 
-/// A loader's watch for fields asked for by name that the data does not have (a misspelled
-/// `"text"`, `"ALL"`, or the image's own `"jpg"`): warned about once per loader, after the
-/// first batches of an epoch had none of them.
+/// A loader's check of the fields asked for by name: one that none of the first
+/// [`FIELD_CHECK_SAMPLES`] samples has (a misspelled `"text"`, `"ALL"`, or the image's own
+/// `"jpg"`), or none of a shorter epoch's, is an error naming the fields the samples do have,
+/// not rows of `None`. Once per loader.
 #[derive(Default)]
 struct Absent {
-    state: Mutex<(u32, Option<Vec<String>>)>,
-    warned: std::sync::atomic::AtomicBool,
+    state: Mutex<AbsentState>,
+}
+
+#[derive(Default)]
+struct AbsentState {
+    samples: u64,
+    /// The names asked for not seen yet (`None` before the first batch).
+    missing: Option<Vec<String>>,
+    /// Every field name the samples were seen to have, in first-seen order.
+    has: Vec<String>,
+    done: bool,
 }
 
 impl Absent {
-    fn seen(&self, batch: &dlpack::Held) {
-        use std::sync::atomic::Ordering::Relaxed;
+    fn seen(&self, batch: &dlpack::Held) -> Result<(), String> {
         let Some(host) = batch.host() else {
-            return;
+            return Ok(());
         };
         let asked = host.requested_fields();
-        if asked.is_empty() || self.warned.load(Relaxed) {
-            return;
-        }
         let Ok(mut s) = self.state.lock() else {
-            return;
+            return Ok(());
         };
-        let present = host.present_fields();
-        let (batches, missing) = &mut *s;
-        let missing = missing.get_or_insert_with(|| asked.to_vec());
-        missing.retain(|name| !present.contains(&name.as_str()));
-        *batches += 1;
-        if *batches >= FIELD_WARN_AFTER && !missing.is_empty() && !self.warned.swap(true, Relaxed) {
-            log::warn!(
-                "fields {missing:?} were asked for, but no sample of the first {batches} \
-                 batches has them (their rows are None): is the name spelled as the shards' \
-                 extension (\"txt\", \"json\", \"all\")? The image field is never sent"
-            );
+        if asked.is_empty() || s.done || host.is_empty() {
+            return Ok(());
         }
+        let present = host.present_fields();
+        let missing = s.missing.get_or_insert_with(|| asked.to_vec());
+        missing.retain(|name| !present.contains(&name.as_str()));
+        s.samples += host.len() as u64;
+        for name in host.names_samples_have() {
+            if !s.has.iter().any(|h| h == name) {
+                s.has.push(name.to_string());
+            }
+        }
+        match s.samples >= FIELD_CHECK_SAMPLES {
+            true => s.verdict(),
+            false => Ok(()),
+        }
+    }
+
+    /// At the end of an epoch shorter than the check: the same verdict on all of it.
+    fn ended(&self) -> Result<(), String> {
+        match self.state.lock() {
+            Ok(mut s) if !s.done && s.samples > 0 => s.verdict(),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl AbsentState {
+    fn verdict(&mut self) -> Result<(), String> {
+        self.done = true;
+        let Some(first) = self.missing.as_ref().and_then(|m| m.first()) else {
+            return Ok(());
+        };
+        let image = match self.has.iter().any(|n| n == first) {
+            true => format!(" ({first:?} is the image: it is the tensor, never a field)"),
+            false => String::new(),
+        };
+        Err(format!(
+            "fields: {first:?} is in none of the first {} samples{image}; they have {}. A field \
+             is named as its shard entry's extension (\"txt\", \"json\"); one that only a few \
+             samples have comes with fields=\"all\"",
+            self.samples,
+            self.has
+                .iter()
+                .map(|n| format!("{n:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
     }
 }
 
@@ -611,10 +655,17 @@ impl Epoch {
             logs::deliver(py);
             match next.map_err(SluiceError::new_err)? {
                 Err(()) => py.check_signals()?,
-                Ok(None) => return Ok(None),
+                Ok(None) => {
+                    if let Err(why) = self.absent.ended() {
+                        return Err(pyo3::exceptions::PyValueError::new_err(why));
+                    }
+                    return Ok(None);
+                }
                 Ok(Some(Err(e))) => return Err(client_error(e)),
                 Ok(Some(Ok(batch))) => {
-                    self.absent.seen(&batch);
+                    if let Err(why) = self.absent.seen(&batch) {
+                        return Err(pyo3::exceptions::PyValueError::new_err(why));
+                    }
                     logs::deliver(py);
                     return Ok(Some(dlpack::split(batch, self.limits.clone())));
                 }

@@ -391,3 +391,25 @@ def test_transform_boxes_refuses_what_it_would_map_wrong():
         sluice.transform_boxes([[0, 0, 10], [1, 2, 3]], g)
     boxes, keep = sluice.transform_boxes([], g)
     assert boxes.shape == (0, 4) and keep.shape == (0,)
+
+
+def test_a_field_no_sample_has_is_an_error_naming_those_they_have(captioned, worker):
+    """A typo (`text` for `txt`) and the image's own field are ValueErrors once 64 samples
+    have none, or at the end of a shorter epoch (this one: 40), naming the fields the samples
+    have: in process and from a QUIC worker. A field only some samples have (`npy`, one in
+    five) is no error."""
+    manifest, _, expected = captioned
+    n = len(expected)
+    remote = dict(workers=[worker.addr], token_file=worker.token_file, trust_cert=worker.cert)
+    for where in ({}, remote):
+        for fields, says in ((["txt", "text"], r'"text" is in none of the first %d samples; '
+                                               r'they have "txt", .*"jpg"' % n),
+                             (["jpg"], r'"jpg" is the image')):
+            loader = sluice.Loader(dataset=str(manifest), batch_size=8, pipeline=PIPELINE,
+                                   fields=fields, **where)
+            with pytest.raises(ValueError, match=says):
+                for _ in loader.epoch(0):
+                    pass
+    loader = sluice.Loader(dataset=str(manifest), batch_size=4, pipeline=PIPELINE,
+                           fields=["txt", "npy"])
+    assert sum(1 for _ in loader.epoch(0)) == n // 4

@@ -103,6 +103,7 @@ impl JobRunner for Synthetic {
                 tensor_bytes: self.shape.bytes(),
                 fields: Vec::new(),
                 geometry: Default::default(),
+                has: Vec::new(),
             };
             let claim = self
                 .places
@@ -380,6 +381,7 @@ pub fn tcp_once(args: &TransportProbe, tensor: Arc<Vec<u8>>) -> Result<f64> {
                     tensor_bytes: tensor.len() as u64,
                     fields: Vec::new(),
                     geometry: Default::default(),
+                    has: Vec::new(),
                 });
                 w.send(&header, &[&tensor]).await.map_err(wire)?;
             }

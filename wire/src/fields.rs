@@ -63,6 +63,19 @@ impl FieldSelection {
         }
     }
 
+    /// The names asked for that `has` (a sample's field names) lacks: empty unless fields are
+    /// asked for by name.
+    pub fn missing_from<'a>(&'a self, has: &[&str]) -> Vec<&'a str> {
+        match self {
+            FieldSelection::Named(names) => names
+                .iter()
+                .map(String::as_str)
+                .filter(|n| !has.contains(n))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     pub fn is_none(&self) -> bool {
         matches!(self, FieldSelection::None)
     }
@@ -191,6 +204,10 @@ pub struct SampleFields {
     /// (name, end offset in `bytes`), in the order the shard has them.
     spans: Vec<(String, usize)>,
     bytes: Vec<u8>,
+    /// Every field the sample has, when one asked for by name is not among them (see
+    /// [`crate::SampleHeader::has`]); `None` otherwise (boxed: a sample carries it rarely,
+    /// and every queue of samples would pay its size).
+    has: Option<Box<[String]>>,
 }
 
 impl SampleFields {
@@ -203,7 +220,24 @@ impl SampleFields {
             end = end.checked_add(usize::try_from(len).ok()?)?;
             spans.push((name, end));
         }
-        (end == bytes.len()).then_some(SampleFields { spans, bytes })
+        (end == bytes.len()).then_some(SampleFields {
+            spans,
+            bytes,
+            has: None,
+        })
+    }
+
+    /// These, with the names of every field the sample has (a worker sends them when a field
+    /// asked for by name is missing).
+    pub fn with_names_it_has(mut self, has: Vec<String>) -> Self {
+        self.has = (!has.is_empty()).then(|| has.into_boxed_slice());
+        self
+    }
+
+    /// The names of every field the sample has, when the worker sent them (a field asked for
+    /// by name was missing); empty otherwise.
+    pub fn names_it_has(&self) -> &[String] {
+        self.has.as_deref().unwrap_or(&[])
     }
 
     /// The bytes of field `name`, if the sample has it.

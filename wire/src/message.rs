@@ -233,6 +233,10 @@ pub struct SampleHeader {
     pub fields: Vec<(String, u64)>,
     /// The crop and flip that made the tensor from the source image.
     pub geometry: SampleGeometry,
+    /// Every field the sample has (the image's too), when a field asked for by name is not
+    /// among them: the client names them to a user whose `fields=` has a typo. Empty
+    /// otherwise.
+    pub has: Vec<String>,
 }
 
 impl SampleHeader {

@@ -47,12 +47,13 @@ impl SamplePayload {
     pub fn fields(header: &mut SampleHeader, bytes: Vec<u8>) -> Result<SampleFields, String> {
         let names = std::mem::take(&mut header.fields);
         let listed = names.iter().fold(0u64, |n, (_, l)| n.saturating_add(*l));
-        SampleFields::new(names, bytes).ok_or_else(|| {
+        let fields = SampleFields::new(names, bytes).ok_or_else(|| {
             format!(
                 "sample {:?}: its fields add up to {listed} bytes, not what follows its tensor",
                 header.key
             )
-        })
+        })?;
+        Ok(fields.with_names_it_has(std::mem::take(&mut header.has)))
     }
 
     /// Splits a whole payload in place: `payload` keeps the tensor, the fields are returned.
@@ -79,6 +80,7 @@ mod tests {
             tensor_bytes,
             fields,
             geometry: Default::default(),
+            has: Vec::new(),
         }
     }
 

@@ -291,6 +291,7 @@ mod tests {
                             tensor_bytes: 1,
                             fields: Vec::new(),
                             geometry: Default::default(),
+                            has: Vec::new(),
                         },
                         vec![index as u8],
                     )

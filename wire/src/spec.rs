@@ -211,9 +211,8 @@ impl PixelOp {
         )
     }
 
-    /// Whether the op may move pixels (rotate, shear, translate, or an augment that draws
-    /// one of them): the sample's geometry then records where they went.
-    pub fn may_move(&self) -> bool {
+    /// Whether the op is rotate, shear or translate: one that moves pixels.
+    pub fn is_affine(&self) -> bool {
         matches!(
             self,
             PixelOp::Rotate(_)
@@ -221,10 +220,17 @@ impl PixelOp {
                 | PixelOp::ShearY(_)
                 | PixelOp::TranslateX(_)
                 | PixelOp::TranslateY(_)
-                | PixelOp::RandAugment { .. }
-                | PixelOp::TrivialAugment { .. }
-                | PixelOp::AutoAugment
         )
+    }
+
+    /// Whether the op may move pixels (an affine one, or an augment that may draw one): the
+    /// sample's geometry then records where they went.
+    pub fn may_move(&self) -> bool {
+        self.is_affine()
+            || matches!(
+                self,
+                PixelOp::RandAugment { .. } | PixelOp::TrivialAugment { .. } | PixelOp::AutoAugment
+            )
     }
 
     /// The names of the pixel ops in the grammar: [`OPS`] between `hflip` and `normalize`.

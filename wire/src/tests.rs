@@ -17,6 +17,7 @@ fn sample(payload: usize, fields: Vec<(String, u64)>) -> Message {
         tensor_bytes: tensor,
         fields,
         geometry: Default::default(),
+        has: Vec::new(),
     })
 }
 

@@ -237,20 +237,13 @@ pub(crate) fn plan(spec: &PipelineSpec, (w, h): (u32, u32), seed: u64, flip: boo
                     plan.steps.push(Step::Erase(e));
                 }
             }
-            ref fixed => {
-                if let Some(a) = Affine::of(fixed, (w, h)) {
+            ref moves if moves.is_affine() => {
+                // None: a whole turn, which moves nothing.
+                if let Some(a) = Affine::of(moves, (w, h)) {
                     plan.steps.push(Step::Affine(a));
-                } else if !matches!(
-                    fixed,
-                    PixelOp::Rotate(_)
-                        | PixelOp::ShearX(_)
-                        | PixelOp::ShearY(_)
-                        | PixelOp::TranslateX(_)
-                        | PixelOp::TranslateY(_)
-                ) {
-                    plan.steps.push(Step::Fixed(*fixed));
                 }
             }
+            fixed => plan.steps.push(Step::Fixed(fixed)),
         }
     }
     if flip_at == Some(spec.pixels.len()) {
@@ -477,17 +470,8 @@ fn augment(plan: &mut Plan, kind: Aug, magnitude: Option<f64>, size: (u32, u32))
     };
     match Affine::of(&op, size) {
         Some(a) => plan.steps.push(Step::Affine(a)),
-        None if kind.moves() => {}
+        None if op.is_affine() => {}
         None => plan.steps.push(Step::Fixed(op)),
-    }
-}
-
-impl Aug {
-    fn moves(self) -> bool {
-        matches!(
-            self,
-            Aug::ShearX | Aug::ShearY | Aug::TranslateX | Aug::TranslateY | Aug::Rotate
-        )
     }
 }
 
@@ -842,19 +826,9 @@ fn apply_fixed(op: &PixelOp, hwc: &mut [u8], (w, h): (u32, u32), scratch: &mut V
                 px.fill(g);
             }
         }
-        // Drawn or moved by `plan`, which never makes them a fixed step.
-        PixelOp::ColorJitter { .. }
-        | PixelOp::RandomGrayscale(_)
-        | PixelOp::GaussianBlur { .. }
-        | PixelOp::Rotate(_)
-        | PixelOp::ShearX(_)
-        | PixelOp::ShearY(_)
-        | PixelOp::TranslateX(_)
-        | PixelOp::TranslateY(_)
-        | PixelOp::RandAugment { .. }
-        | PixelOp::TrivialAugment { .. }
-        | PixelOp::AutoAugment
-        | PixelOp::RandomErasing(_) => {}
+        // The random and affine ops: `plan` draws or moves them, and never makes one a
+        // fixed step.
+        _ => debug_assert!(op.is_random() || op.is_affine(), "{op} as a fixed step"),
     }
 }
 
@@ -943,14 +917,17 @@ fn round_even(x: f32) -> f32 {
     }
 }
 
-/// `x.floor()` without libm for `|x| < 2^31`.
+/// `x.floor()` without libm for `|x| < 2^22`.
 #[inline]
 fn floor(x: f32) -> f32 {
-    let t = x as i32 as f32;
-    if t > x {
-        t - 1.0
+    // Rounded to nearest by adding 1.5·2^23 (see `grid_index`), less one where that rounded
+    // up: selects, no conversion.
+    const BIG: f32 = 12_582_912.0;
+    let r = (x + BIG) - BIG;
+    if r > x {
+        r - 1.0
     } else {
-        t
+        r
     }
 }
 
@@ -1146,56 +1123,82 @@ fn sharpness(hwc: &mut [u8], (w, h): (usize, usize), ratio: Ratio, scratch: &mut
 
 /// `adjust_hue`: to float32 in [0, 1], to HSV (torchvision's `_rgb_to_hsv`), the hue turned by
 /// `f` (mod 1), back to RGB (`_hsv_to_rgb`), and to uint8 as `to_dtype`'s `x * 255.999`
-/// truncated.
+/// truncated. A block of pixels at a time, its channels apart: every step of the arithmetic
+/// is a select, not a branch, so the loop runs four pixels at a time.
 fn hue(hwc: &mut [u8], f: f32) {
-    for px in hwc.chunks_exact_mut(3) {
-        let [r, g, b] = [px[0], px[1], px[2]].map(|v| f32::from(v) * (1.0 / 255.0));
-        let maxc = r.max(g).max(b);
-        let minc = r.min(g).min(b);
-        let eqc = maxc == minc;
-        let range = maxc - minc;
-        let s = range / if eqc { 1.0 } else { maxc };
-        let div = if eqc { 1.0 } else { range };
-        let (rc, gc, bc) = ((maxc - r) / div, (maxc - g) / div, (maxc - b) / div);
-        let hr = if maxc == r { bc - gc } else { 0.0 };
-        let hg = if maxc == g && maxc != r {
-            rc + 2.0 - bc
-        } else {
-            0.0
-        };
-        let hb = if maxc != r && maxc != g {
-            gc + 4.0 - rc
-        } else {
-            0.0
-        };
-        // `fmod_(1.0)` of a positive value, then `add_(f).remainder_(1.0)` (Python's modulo,
-        // `x - floor(x)`): both exact as written here, and no libm call.
-        let h = (hr + hg + hb) * (1.0 / 6.0) + 1.0;
-        let h = h - floor(h);
-        let h = h + f;
-        let h = h - floor(h);
-        let v = maxc;
-        let h6 = h * 6.0;
-        let i = floor(h6);
-        let fr = h6 - i;
-        let i = (i as i32).rem_euclid(6);
-        let sxf = s * fr;
-        let q = ((1.0 - sxf) * v).clamp(0.0, 1.0);
-        let t = ((sxf + (1.0 - s)) * v).clamp(0.0, 1.0);
-        let p = ((1.0 - s) * v).clamp(0.0, 1.0);
-        let (r, g, b) = match i {
-            0 => (v, t, p),
-            1 => (q, v, p),
-            2 => (p, v, t),
-            3 => (p, q, v),
-            4 => (t, p, v),
-            _ => (v, p, q),
-        };
-        let out = |x: f32| (x * (255.0 + 1.0 - 1e-3)) as u8;
-        px[0] = out(r);
-        px[1] = out(g);
-        px[2] = out(b);
+    const BLOCK: usize = 256;
+    let mut planes = [[0f32; BLOCK]; 3];
+    for block in hwc.chunks_mut(BLOCK * 3) {
+        for (i, px) in block.chunks_exact(3).enumerate() {
+            for c in 0..3 {
+                planes[c][i] = f32::from(px[c]) * (1.0 / 255.0);
+            }
+        }
+        let [r, g, b] = &mut planes;
+        for k in 0..BLOCK {
+            (r[k], g[k], b[k]) = turned(r[k], g[k], b[k], f);
+        }
+        for (i, px) in block.chunks_exact_mut(3).enumerate() {
+            for c in 0..3 {
+                px[c] = cast(planes[c][i] * (255.0 + 1.0 - 1e-3));
+            }
+        }
     }
+}
+
+/// One pixel's hue turned by `f`, in torchvision's float32 steps.
+#[inline]
+fn turned(r: f32, g: f32, b: f32, f: f32) -> (f32, f32, f32) {
+    let maxc = r.max(g).max(b);
+    let minc = r.min(g).min(b);
+    let eqc = maxc == minc;
+    let range = maxc - minc;
+    let s = range / if eqc { 1.0 } else { maxc };
+    let div = if eqc { 1.0 } else { range };
+    let (rc, gc, bc) = ((maxc - r) / div, (maxc - g) / div, (maxc - b) / div);
+    let hr = if maxc == r { bc - gc } else { 0.0 };
+    let hg = if maxc == g && maxc != r {
+        rc + 2.0 - bc
+    } else {
+        0.0
+    };
+    let hb = if maxc != r && maxc != g {
+        gc + 4.0 - rc
+    } else {
+        0.0
+    };
+    // `fmod_(1.0)` of a positive value, then `add_(f).remainder_(1.0)` (Python's modulo,
+    // `x - floor(x)`): both exact as written here.
+    let h = (hr + hg + hb) * (1.0 / 6.0) + 1.0;
+    let h = h - floor(h);
+    let h = h + f;
+    let h = h - floor(h);
+    let v = maxc;
+    let h6 = h * 6.0;
+    let i = floor(h6);
+    let fr = h6 - i;
+    // `i % 6`: `h` is in [0, 1), so `i` in 0..=6 at most.
+    let i = if i >= 6.0 { i - 6.0 } else { i };
+    let sxf = s * fr;
+    let q = ((1.0 - sxf) * v).clamp(0.0, 1.0);
+    let t = ((sxf + (1.0 - s)) * v).clamp(0.0, 1.0);
+    let p = ((1.0 - s) * v).clamp(0.0, 1.0);
+    let pick = |k: [f32; 6]| {
+        let x = if i == 4.0 { k[4] } else { k[5] };
+        let x = if i == 3.0 { k[3] } else { x };
+        let x = if i == 2.0 { k[2] } else { x };
+        let x = if i == 1.0 { k[1] } else { x };
+        if i == 0.0 {
+            k[0]
+        } else {
+            x
+        }
+    };
+    (
+        pick([v, q, p, p, t, v]),
+        pick([t, v, v, q, p, p]),
+        pick([p, p, t, v, v, q]),
+    )
 }
 
 #[cfg(test)]

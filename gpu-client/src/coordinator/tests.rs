@@ -22,6 +22,7 @@ fn sample(link: usize, unit: u64, attempt: u32, index: u64) -> Event {
             tensor_bytes: 3,
             fields: Vec::new(),
             geometry: Default::default(),
+            has: Vec::new(),
         },
         payload: crate::same_host::Payload::Bytes(vec![index as u8; 3].into()),
         fields: Default::default(),

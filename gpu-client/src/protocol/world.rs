@@ -43,6 +43,7 @@ pub(crate) fn decoded(a: &Assign, index: u64) -> SampleHeader {
         tensor_bytes: 4,
         fields: Vec::new(),
         geometry: Default::default(),
+        has: Vec::new(),
     }
 }
 

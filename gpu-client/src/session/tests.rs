@@ -72,6 +72,7 @@ fn header(job: u64, tensor_bytes: u64) -> SampleHeader {
         tensor_bytes,
         fields: Vec::new(),
         geometry: Default::default(),
+        has: Vec::new(),
     }
 }
 

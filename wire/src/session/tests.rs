@@ -472,6 +472,7 @@ impl crate::runner::JobRunner for Panicking {
             tensor_bytes: 1,
             fields: Vec::new(),
             geometry: Default::default(),
+            has: Vec::new(),
         };
         emit(crate::runner::Output::Sample(header, vec![0]));
         panic!("a decoder bug");
