@@ -349,6 +349,44 @@ def test_random_ops_are_the_seeds_in_process_and_through_a_worker(photos, worker
     assert differ >= 30, f"only {differ} of 32 samples changed with the seed"
 
 
+def test_random_ops_are_the_seeds_over_same_host_and_after_a_resume(photos, sluice_bin,
+                                                                    tmp_path):
+    """Every random op (and a late hflip): the in-process pixels from a same-host worker
+    (shared memory), and from a loader resumed from a mid-epoch checkpoint."""
+    import json
+    pipeline = f"{RANDOM} | {AUGMENT.replace(BASE + ' | ', '')} | hflip"
+    local = images(pipeline, photos, batch_size=4)
+    # Resume: two batches, a checkpoint through JSON, a new loader for the rest.
+    loader = sluice.Loader(dataset=photos, pipeline=pipeline, batch_size=4, seed=7)
+    epoch = loader.epoch(0)
+    got = {}
+    for _ in range(2):
+        batch, _ = next(epoch)
+        x = torch.from_numpy(np.from_dlpack(batch).copy()).permute(0, 3, 1, 2)
+        got.update((sample, x[i]) for i, sample in enumerate(batch.ids))
+    state = json.loads(json.dumps(loader.state_dict()))
+    del epoch, loader
+    resumed = sluice.Loader(dataset=photos, pipeline=pipeline, batch_size=4, seed=7)
+    resumed.load_state_dict(state)
+    for batch, _ in resumed:
+        x = torch.from_numpy(np.from_dlpack(batch).copy()).permute(0, 3, 1, 2)
+        got.update((sample, x[i]) for i, sample in enumerate(batch.ids))
+    assert got.keys() == local.keys()
+    assert all(torch.equal(got[k], local[k]) for k in local), "resumed"
+    # Same-host.
+    token = token_file(tmp_path)
+    sockets = tmp_path / "sockets"
+    w = Worker(sluice_bin, tmp_path / "w", ["--token-file", str(token)], same_host_dir=sockets)
+    try:
+        shm = images(pipeline, photos, batch_size=4, workers=[w.addr], same_host="require",
+                     same_host_dir=str(sockets), token_file=str(token), trust_cert=w.cert)
+    finally:
+        log = w.stop()
+    assert "same-host client connected" in log
+    assert shm.keys() == local.keys()
+    assert all(torch.equal(shm[k], local[k]) for k in local), "same-host"
+
+
 def test_random_ops_survive_a_worker_killed_mid_epoch(photos, sluice_bin, tmp_path):
     """Two QUIC workers, one killed at the first batch where it holds units: its units are made
     again on the other, with the same draws, so every image is the in-process one."""
