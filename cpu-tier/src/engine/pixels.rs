@@ -1406,29 +1406,11 @@ mod tests {
     fn translate_moves_by_whole_pixels_and_fills_black() {
         let (w, h) = (9, 7);
         let mut img = dot(w, h, (2, 3));
-        apply(
-            &[PixelOp::TranslateX(3)],
-            &mut img,
-            (w, h),
-            0,
-            &mut Vec::new(),
-        );
+        on(PixelOp::TranslateX(3), &mut img, w, h);
         assert_eq!(white(&img, w), [(5, 3)]);
-        apply(
-            &[PixelOp::TranslateY(-3)],
-            &mut img,
-            (w, h),
-            0,
-            &mut Vec::new(),
-        );
+        on(PixelOp::TranslateY(-3), &mut img, w, h);
         assert_eq!(white(&img, w), [(5, 0)]);
-        apply(
-            &[PixelOp::TranslateY(-1)],
-            &mut img,
-            (w, h),
-            0,
-            &mut Vec::new(),
-        );
+        on(PixelOp::TranslateY(-1), &mut img, w, h);
         assert!(img.iter().all(|&v| v == 0), "moved out: all fill");
     }
 
@@ -1437,13 +1419,7 @@ mod tests {
         let (w, h) = (5, 5);
         let turned = |angle: f64| {
             let mut img = dot(w, h, (1, 0));
-            apply(
-                &[PixelOp::Rotate(angle)],
-                &mut img,
-                (w, h),
-                0,
-                &mut Vec::new(),
-            );
+            on(PixelOp::Rotate(angle), &mut img, w, h);
             white(&img, w)
         };
         // Counter-clockwise: the top row's second pixel goes to the left column, second from
