@@ -359,7 +359,10 @@ impl PixelOp {
             }
             "rand_augment" | "trivial_augment" => {
                 let whole = |key: &str, default: u32, lo: u32, hi: u32| match named_arg(key) {
-                    None => Ok(default),
+                    None if (lo..=hi).contains(&default) => Ok(default),
+                    None => Err(format!(
+                        "{name}: {key} defaults to {default}, outside [{lo}, {hi}]: give {key}="
+                    )),
                     Some(v) => v
                         .parse::<u32>()
                         .ok()
@@ -1133,6 +1136,10 @@ mod tests {
             (
                 "decode | center_crop 8 | rand_augment n=2 m=10 bins=10",
                 "rand_augment: m=10 is not a whole number in [0, 9]",
+            ),
+            (
+                "decode | center_crop 8 | rand_augment bins=5",
+                "rand_augment: m defaults to 9, outside [0, 4]: give m=",
             ),
             (
                 "decode | center_crop 8 | rand_augment 2",
