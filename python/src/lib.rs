@@ -554,6 +554,10 @@ struct Epoch {
 /// five, say) is not mistaken for a typo (0.8^64 < 1e-6).
 const FIELD_CHECK_SAMPLES: u64 = 64;
 
+/// Samples of a shorter epoch a field must be missing from for its absence to be an error at
+/// the epoch's end, not a warning (0.8^32 < 0.1%).
+const FIELD_CHECK_MIN_SAMPLES: u64 = 32;
+
 /// A loader's check of the fields asked for by name: one that none of the first
 /// [`FIELD_CHECK_SAMPLES`] samples has (a misspelled `"text"`, `"ALL"`, or the image's own
 /// `"jpg"`), or none of a shorter epoch's, is an error naming the fields the samples do have,
@@ -600,11 +604,22 @@ impl Absent {
         }
     }
 
-    /// At the end of an epoch shorter than the check: the same verdict on all of it.
+    /// At the end of an epoch shorter than the check: the same verdict on all of it, an
+    /// error from [`FIELD_CHECK_MIN_SAMPLES`] samples on, a warning below (the tail of a
+    /// resumed epoch may be a few samples that lack a field others have).
     fn ended(&self) -> Result<(), String> {
-        match self.state.lock() {
-            Ok(mut s) if !s.done && s.samples > 0 => s.verdict(),
-            _ => Ok(()),
+        let Ok(mut s) = self.state.lock() else {
+            return Ok(());
+        };
+        if s.done || s.samples == 0 {
+            return Ok(());
+        }
+        match (s.verdict(), s.samples >= FIELD_CHECK_MIN_SAMPLES) {
+            (Err(why), false) => {
+                log::warn!("{why}");
+                Ok(())
+            }
+            (verdict, _) => verdict,
         }
     }
 }
@@ -656,7 +671,9 @@ impl Epoch {
             match next.map_err(SluiceError::new_err)? {
                 Err(()) => py.check_signals()?,
                 Ok(None) => {
-                    if let Err(why) = self.absent.ended() {
+                    let verdict = self.absent.ended();
+                    logs::deliver(py);
+                    if let Err(why) = verdict {
                         return Err(pyo3::exceptions::PyValueError::new_err(why));
                     }
                     return Ok(None);
