@@ -391,12 +391,12 @@ impl Engine {
             let img = self.decode_other(data)?;
             let (w, h) = (img.width(), img.height());
             ws.oriented = img.into_raw();
-            let g = self.geometry(w, h, &mut rng);
+            let (g, plan) = self.geometry(w, h, &mut rng);
             let decode_ns = t0.elapsed().as_nanos() as u64;
             let buf = std::mem::take(&mut ws.oriented);
-            let t = self.resample(ws, (&buf, w, h), g.src, &g, dest);
+            let t = self.resample(ws, (&buf, w, h), g.src, (&g, &plan), dest);
             ws.oriented = buf;
-            (t?, decode_ns, self.reported(w, h, &g))
+            (t?, decode_ns, self.reported(w, h, &g, &plan))
         };
         let total = t0.elapsed().as_nanos() as u64;
         self.times.decode_ns.fetch_add(decode_ns, Ordering::Relaxed);

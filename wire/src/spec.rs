@@ -223,16 +223,6 @@ impl PixelOp {
         )
     }
 
-    /// Whether the op may move pixels (an affine one, or an augment that may draw one): the
-    /// sample's geometry then records where they went.
-    pub fn may_move(&self) -> bool {
-        self.is_affine()
-            || matches!(
-                self,
-                PixelOp::RandAugment { .. } | PixelOp::TrivialAugment { .. } | PixelOp::AutoAugment
-            )
-    }
-
     /// The names of the pixel ops in the grammar: [`OPS`] between `hflip` and `normalize`.
     pub const NAMES: &'static [&'static str] = OPS.split_at(6).1.split_at(23).0;
 

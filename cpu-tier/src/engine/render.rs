@@ -7,37 +7,43 @@ use std::time::Instant;
 
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions};
-use sluice_wire::spec::{DType, PixelOp};
+use sluice_wire::spec::DType;
 use sluice_wire::SampleGeometry;
 
+use super::pixels::Plan;
 use super::{Dest, Engine, Tensor, Workspace};
 use crate::error::DecodeError;
 use crate::geometry::{compose, dct_scale, Geometry, RectF};
 use crate::jpeg::{exif_orientation, Rect};
 
 impl Engine {
-    /// The sample's geometry, then the seed of its random pixel ops, from its stream.
-    pub(super) fn geometry(&self, w: u32, h: u32, rng: &mut sluice_plan::rng::Stream) -> Geometry {
+    /// The sample's geometry, then the seed of its random pixel ops, from its stream, and
+    /// its pixel ops with their draws made on its output size: drawn once, for every frame,
+    /// the tensor and the geometry it reports.
+    pub(super) fn geometry(
+        &self,
+        w: u32,
+        h: u32,
+        rng: &mut sluice_plan::rng::Stream,
+    ) -> (Geometry, Plan) {
         let mut g = compose(&self.spec.ops, w, h, rng);
         if self.spec.draws_pixels() {
             g.pixel_seed = rng.next_u64();
         }
-        g
-    }
-
-    /// The sample's pixel ops with their draws made, on its output size.
-    pub(super) fn pixel_plan(&self, g: &Geometry) -> super::pixels::Plan {
-        super::pixels::plan(&self.spec, (g.out_w, g.out_h), g.pixel_seed, g.flip)
+        let plan = match self.spec.pixels.is_empty() && self.spec.erasing.is_none() {
+            true => Plan::default(),
+            false => super::pixels::plan(&self.spec, (g.out_w, g.out_h), g.pixel_seed, g.flip),
+        };
+        (g, plan)
     }
 
     /// The geometry a sample reports: what [`compose`] chose on a `w`×`h` source, and the
     /// affine transform of its pixel ops.
-    pub(super) fn reported(&self, w: u32, h: u32, g: &Geometry) -> SampleGeometry {
-        let mut r = reported(w, h, g);
-        if self.spec.pixels.iter().any(PixelOp::may_move) {
-            r.affine = self.pixel_plan(g).affine((g.out_w, g.out_h));
+    pub(super) fn reported(&self, w: u32, h: u32, g: &Geometry, plan: &Plan) -> SampleGeometry {
+        SampleGeometry {
+            affine: plan.affine((g.out_w, g.out_h)),
+            ..reported(w, h, g)
         }
-        r
     }
 
     pub(super) fn render_jpeg(
@@ -75,14 +81,14 @@ impl Engine {
                 &mut ws.oriented,
             );
             ws.region = region;
-            let g = self.geometry(w, h, rng);
+            let (g, plan) = self.geometry(w, h, rng);
             let decode_ns = t0.elapsed().as_nanos() as u64;
             let buf = std::mem::take(&mut ws.oriented);
-            let t = self.resample(ws, (&buf, w, h), g.src, &g, dest);
+            let t = self.resample(ws, (&buf, w, h), g.src, (&g, &plan), dest);
             ws.oriented = buf;
-            return Ok((t?, decode_ns, self.reported(w, h, &g)));
+            return Ok((t?, decode_ns, self.reported(w, h, &g, &plan)));
         }
-        let g = self.geometry(header.width, header.height, rng);
+        let (g, plan) = self.geometry(header.width, header.height, rng);
         let scale = if self.config.dct_scaling {
             dct_scale(&g)
         } else {
@@ -96,13 +102,13 @@ impl Engine {
         let decode_ns = t0.elapsed().as_nanos() as u64;
         let result = decoded.and_then(|d| {
             let crop = scaled_crop(&g, &d);
-            self.resample(ws, (&region, d.rect.w, d.rect.h), crop, &g, dest)
+            self.resample(ws, (&region, d.rect.w, d.rect.h), crop, (&g, &plan), dest)
         });
         ws.region = region;
         Ok((
             result?,
             decode_ns,
-            self.reported(header.width, header.height, &g),
+            self.reported(header.width, header.height, &g, &plan),
         ))
     }
 
@@ -148,7 +154,7 @@ impl Engine {
         let f0 = &data[frames[taken[0] as usize].clone()];
         let header = ws.jpeg.header(f0)?;
         let (w, h) = (header.width, header.height);
-        let g = self.geometry(w, h, rng);
+        let (g, plan) = self.geometry(w, h, rng);
         let scale = if self.config.dct_scaling {
             dct_scale(&g)
         } else {
@@ -185,7 +191,7 @@ impl Engine {
             let to = &mut out[t * frame_len..(t + 1) * frame_len];
             result = decoded.and_then(|d| {
                 let crop = scaled_crop(&g, &d);
-                self.resample_into(ws, (&region, d.rect.w, d.rect.h), crop, &g, to)
+                self.resample_into(ws, (&region, d.rect.w, d.rect.h), crop, (&g, &plan), to)
             });
             if result.is_err() {
                 break;
@@ -193,7 +199,7 @@ impl Engine {
         }
         ws.region = region;
         result?;
-        let mut geometry = self.reported(w, h, &g);
+        let mut geometry = self.reported(w, h, &g, &plan);
         geometry.frames = Some(window);
         let frames_out = taken.len() as u32;
         if let Some(c) = claim {
@@ -214,7 +220,7 @@ impl Engine {
             false => {
                 let mut data = Vec::with_capacity(len * self.spec.dtype().size());
                 for f in owned.chunks_exact(frame_len) {
-                    let one = self.convert(f.to_vec(), &g).data;
+                    let one = self.convert(f.to_vec(), &g, &plan).data;
                     data.extend_from_slice(&one);
                     self.outputs.give_back(one);
                 }
@@ -271,7 +277,7 @@ impl Engine {
         ws: &mut Workspace,
         (buf, bw, bh): (&[u8], u32, u32),
         crop: RectF,
-        g: &Geometry,
+        (g, plan): (&Geometry, &Plan),
         dest: Dest<'_>,
     ) -> Result<Tensor, DecodeError> {
         let (ow, oh) = (g.out_w, g.out_h);
@@ -281,7 +287,7 @@ impl Engine {
             Some(c) => c.memory(),
             None => &mut owned,
         };
-        self.resample_into(ws, (buf, bw, bh), crop, g, out)?;
+        self.resample_into(ws, (buf, bw, bh), crop, (g, plan), out)?;
         if let Some(c) = claim {
             return Ok(Tensor {
                 frames: 1,
@@ -293,7 +299,7 @@ impl Engine {
                 placed: Some(c.place()),
             });
         }
-        Ok(self.convert(owned, g))
+        Ok(self.convert(owned, g, plan))
     }
 
     /// Where a tensor of `len` bytes is written: its place in the client's batch, when it has
@@ -323,7 +329,7 @@ impl Engine {
         ws: &mut Workspace,
         (buf, bw, bh): (&[u8], u32, u32),
         crop: RectF,
-        g: &Geometry,
+        (g, plan): (&Geometry, &Plan),
         out: &mut [u8],
     ) -> Result<(), DecodeError> {
         let (ow, oh) = (g.out_w, g.out_h);
@@ -387,15 +393,12 @@ impl Engine {
                 mirror_rgb(row);
             }
         }
-        if !self.spec.pixels.is_empty() {
-            let plan = self.pixel_plan(g);
-            plan.run(out, (ow, oh), self.spec.normalize.as_ref(), &mut ws.tmp);
-        }
+        plan.run(out, (ow, oh), self.spec.normalize.as_ref(), &mut ws.tmp);
         Ok(())
     }
 
     /// Applies normalization and layout, then a `random_erasing` that follows them.
-    fn convert(&self, hwc: Vec<u8>, g: &Geometry) -> Tensor {
+    fn convert(&self, hwc: Vec<u8>, g: &Geometry, plan: &Plan) -> Tensor {
         let (w, h) = (g.out_w, g.out_h);
         let chw = self.spec.chw;
         let plane = w as usize * h as usize;
@@ -438,11 +441,7 @@ impl Engine {
             }
         };
         let mut data = data;
-        if self.spec.erasing.is_some() {
-            let elem = self.spec.dtype().size();
-            self.pixel_plan(g)
-                .erase_finished(&mut data, (w, h), elem, chw);
-        }
+        plan.erase_finished(&mut data, (w, h), self.spec.dtype().size(), chw);
         Tensor {
             frames: 1,
             height: h,
