@@ -519,12 +519,18 @@ impl Coordinator {
         if self.held.now() < limit {
             return;
         }
-        self.counters.ring_full.store(true, Ordering::Relaxed);
-        let all = self.held.now() >= self.ring_batches;
-        self.counters.held_all.store(all, Ordering::Relaxed);
+        self.waiting_for_a_buffer(true);
         self.held.until_below(limit).await;
-        self.counters.held_all.store(false, Ordering::Relaxed);
-        self.counters.ring_full.store(false, Ordering::Relaxed);
+        self.waiting_for_a_buffer(false);
+    }
+
+    /// Says whether the coordinator waits for the consumer to free a ring buffer, and with
+    /// it whether the consumer holds every one of the ring's batches (the epoch's short
+    /// grace before `RingExhausted`).
+    fn waiting_for_a_buffer(&self, waiting: bool) {
+        let all = waiting && self.held.now() >= self.ring_batches;
+        self.counters.held_all.store(all, Ordering::Relaxed);
+        self.counters.ring_full.store(waiting, Ordering::Relaxed);
     }
 
     fn ring_buffers(&self) -> usize {
@@ -704,15 +710,12 @@ impl Coordinator {
         if self.filling.is_none() {
             let started = Instant::now();
             let ring = self.ring().await?;
-            self.counters.ring_full.store(true, Ordering::Relaxed);
-            let all = self.held.now() >= self.ring_batches;
-            self.counters.held_all.store(all, Ordering::Relaxed);
+            self.waiting_for_a_buffer(true);
             let buf = match self.shared_ring {
                 false => ring.acquire().await,
                 true => acquire_shared(&ring, &self.counters, self.allocator.clone()).await?,
             };
-            self.counters.held_all.store(false, Ordering::Relaxed);
-            self.counters.ring_full.store(false, Ordering::Relaxed);
+            self.waiting_for_a_buffer(false);
             self.stats.ring_wait(started.elapsed());
             // Time spent waiting for the consumer is not the workers' delay.
             self.protocol.waited(now());
