@@ -105,6 +105,11 @@ class _EpochSetter:
             loader.set_epoch(epoch)
 
 
+def _stages(pipeline: str) -> List[str]:
+    """The op names of a pipeline string, in order (the grammar itself is the workers')."""
+    return [stage.split()[0] for stage in pipeline.split("|") if stage.split()]
+
+
 def _distributed() -> Any:
     """``torch.distributed`` when a process group is initialized, else ``None``."""
     return _env.distributed()
@@ -319,8 +324,7 @@ class Loader(IterableDataset):
         """``to_tuple``'s keys against the keys this loader's batches will have: a wrong one
         is a ValueError now, not a KeyError at the first batch."""
         keys = ["image", "label", "__key__", "padding", "geometry"]
-        stages = [stage.split()[0] for stage in pipeline.split("|") if stage.split()]
-        if "clip" in stages:
+        if "clip" in _stages(pipeline):
             keys.append("frames")
         if self._inner is not None and self._inner.sources:
             keys.append("__source__")
@@ -406,8 +410,7 @@ class Loader(IterableDataset):
             args.pop(key)
         pipeline = args.pop("pipeline", DEFAULT_PIPELINE)
         # `chw` is the last stage, but for a `random_erasing` that may follow it.
-        stages = [stage.split()[0] for stage in pipeline.split("|") if stage.split()]
-        has_chw = "chw" in stages
+        has_chw = "chw" in _stages(pipeline)
         if layout == "nchw" and not has_chw:
             pipeline = f"{pipeline} | chw"
         elif layout == "nhwc" and has_chw:
