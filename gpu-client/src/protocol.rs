@@ -416,7 +416,7 @@ impl<P: Tensor> Protocol<P> {
         for (n, (shard, key, reason)) in
             std::mem::take(&mut self.skips_held).into_iter().enumerate()
         {
-            tracing::warn!(shard, key = %key, "sample skipped ({} in this epoch so far): {reason}", n + 1);
+            warn_skip(n as u64, shard, &key, &reason);
         }
         if self.skips_logged > SKIPS_NAMED {
             tracing::warn!(
@@ -528,9 +528,7 @@ impl<P: Tensor> Protocol<P> {
                         self.skips_held.push(held);
                     }
                 } else if n < SKIPS_NAMED || (n + 1) % SKIPS_SUMMARY_EVERY == 0 {
-                    tracing::warn!(shard = skipped.shard, key = %skipped.key,
-                                   "sample skipped ({} in this epoch so far): {}", n + 1,
-                                   skipped.reason);
+                    warn_skip(n, skipped.shard, &skipped.key, &skipped.reason);
                 } else if n == SKIPS_NAMED {
                     tracing::warn!(
                         "more samples skipped; from here every \
@@ -880,6 +878,12 @@ fn priority<P>(reorder: &Reorder<P>, unit: u64, start: u64, end: u64) -> Option<
 }
 
 mod hedge;
+
+/// The log line of the epoch's `n`-th skip (from 0).
+fn warn_skip(n: u64, shard: u32, key: &str, reason: &str) {
+    tracing::warn!(shard, key = %key, "sample skipped ({} in this epoch so far): {reason}", n + 1);
+}
+
 #[cfg(test)]
 mod paired;
 mod places;

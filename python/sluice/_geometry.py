@@ -73,8 +73,7 @@ def transform_boxes(
         left = out_w - out[:, 2]
         right = out_w - out[:, 0]
         out[:, 0], out[:, 2] = left, right
-    out[:, [0, 2]] = out[:, [0, 2]].clip(0.0, out_w)
-    out[:, [1, 3]] = out[:, [1, 3]].clip(0.0, out_h)
+    _clip(out, out_w, out_h)
     affine = geometry.get("affine")
     if affine is not None:
         a, b_, c, d, e, f = (float(v) for v in affine)
@@ -83,7 +82,12 @@ def transform_boxes(
         tx = a * xs + b_ * ys + c
         ty = d * xs + e * ys + f
         out = np.stack([tx.min(1), ty.min(1), tx.max(1), ty.max(1)], axis=1)
-        out[:, [0, 2]] = out[:, [0, 2]].clip(0.0, out_w)
-        out[:, [1, 3]] = out[:, [1, 3]].clip(0.0, out_h)
+        _clip(out, out_w, out_h)
     keep = ((out[:, 2] - out[:, 0]) >= min_size) & ((out[:, 3] - out[:, 1]) >= min_size)
     return out[keep].astype(np.float32), keep
+
+
+def _clip(boxes: Any, width: float, height: float) -> None:
+    """Boxes (N×4, x0 y0 x1 y1) clipped to a width × height image, in place."""
+    boxes[:, [0, 2]] = boxes[:, [0, 2]].clip(0.0, width)
+    boxes[:, [1, 3]] = boxes[:, [1, 3]].clip(0.0, height)
