@@ -14,9 +14,12 @@ use sluice_wire::io::{FrameReader, IoError};
 use sluice_wire::session::{
     ConnId, Effect, End, Parker, Transport, UnitId, UnitThread, Waiting, Wake, Worker,
 };
-use sluice_wire::{Assign, ErrorCode, JobRunner, JobSpec, Message, Output};
+use sluice_wire::shm::Segment;
+use sluice_wire::{Assign, ErrorCode, JobRunner, JobSpec, Message, Output, ShmAttach};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
+
+use crate::slots::Slots;
 
 /// What every connection of a worker shares: its config, its runner, and its rules.
 pub(crate) struct State {
@@ -152,7 +155,7 @@ fn run_unit(state: &Arc<State>, launch: &Arc<Launch>) {
                     let payload = bytes::Bytes::from_owner(Returning { payload, runner });
                     Produced::Frame(Message::Sample(h), payload)
                 }
-                Some(segment) => match segment.place(h, &payload) {
+                Some(segment) => match segment.write(launch.id, h, &payload) {
                     Ok((m, fields)) => {
                         job.runner.recycle(payload);
                         Produced::Frame(m, fields.into())
@@ -165,13 +168,7 @@ fn run_unit(state: &Arc<State>, launch: &Arc<Launch>) {
                 },
             },
             Output::Placed(h, place, fields) => match &job.slots {
-                Some(slots) => match slots.placed(h, place, fields) {
-                    Ok((m, fields)) => Produced::Frame(m, fields.into()),
-                    Err(e) => {
-                        warn!("same-host slot: {e}");
-                        return false;
-                    }
-                },
+                Some(slots) => Produced::Frame(slots.placed(launch.id, h, place), fields.into()),
                 None => {
                     warn!("a sample in a batch place on a connection without one");
                     return false;
@@ -186,16 +183,6 @@ fn run_unit(state: &Arc<State>, launch: &Arc<Launch>) {
                 _
             )
         );
-        // A sample in its place spends no credit (the place bounds it): the one it took
-        // comes back, before the frame can reach the client.
-        if matches!(frame, Produced::Frame(Message::ShmPlaced { .. }, _)) {
-            let wakes = {
-                let mut rules = lock(&state.rules);
-                rules.refund(launch.id);
-                rules.take_wakes()
-            };
-            wake(state, wakes);
-        }
         if launch.parker.stopped() || launch.out.blocking_send(frame).is_err() {
             dead.store(true, Ordering::Relaxed);
             return false;
@@ -230,9 +217,6 @@ fn run_unit(state: &Arc<State>, launch: &Arc<Launch>) {
             warn!("assignment failed: {}", failed.error);
         }
         _ => {}
-    }
-    if let Some(slots) = &job.slots {
-        slots.unit_ended(assign.unit, assign.attempt);
     }
     if let Some(frame) = end.filter(|_| !dead.load(Ordering::Relaxed)) {
         let _ = launch
@@ -278,6 +262,8 @@ enum Input {
     Finished,
     /// The worker started draining.
     Drain,
+    /// Nothing new: carry out what the session says.
+    Effects,
 }
 
 /// One client connection, as the worker's session sees it. Dropping it disconnects the
@@ -290,6 +276,9 @@ pub(crate) struct Connection {
     jobs: HashMap<u64, Arc<Job>>,
     out_tx: mpsc::Sender<Produced>,
     out_rx: mpsc::Receiver<Produced>,
+    /// Same-host: the segments the client's `ShmAttach` describes, to map
+    /// ([`Connection::take_attach`]).
+    attaching: Option<ShmAttach>,
 }
 
 impl Drop for Connection {
@@ -337,7 +326,13 @@ impl Connection {
             jobs: HashMap::new(),
             out_tx,
             out_rx,
+            attaching: None,
         }
+    }
+
+    /// Same-host: the segments the session asks the shell to receive and map, once.
+    pub(crate) fn take_attach(&mut self) -> Option<ShmAttach> {
+        self.attaching.take()
     }
 
     /// The client's name, once it said Hello.
@@ -345,28 +340,51 @@ impl Connection {
         &self.client
     }
 
-    /// Same-host: gives the open job its client's segment.
-    pub(crate) fn attach(&mut self, job: u64, slots: Arc<crate::slots::Slots>) -> bool {
-        let Some(j) = self.jobs.get_mut(&job) else {
-            return false;
+    /// Same-host: the open job's segments as the shell mapped them for the client's
+    /// `ShmAttach` (or why it could not): the session answers `ShmAttached` (or closes),
+    /// frames to send.
+    pub(crate) fn attached(
+        &mut self,
+        job: u64,
+        segments: Result<(Arc<Segment>, Option<Arc<Segment>>), String>,
+    ) -> Result<Vec<Message>, End> {
+        let result = match (segments, self.jobs.get_mut(&job)) {
+            (Ok(segments), Some(j)) => {
+                let slots = Slots::new(segments, self.state.clone(), self.conn, job);
+                let slots = Arc::new(slots);
+                if slots.has_arena() {
+                    j.runner.share_places(slots.clone());
+                }
+                *j = Arc::new(Job {
+                    runner: j.runner.clone(),
+                    name: j.name.clone(),
+                    weight: j.weight,
+                    sent: j.sent.clone(),
+                    slots: Some(slots),
+                });
+                Ok(())
+            }
+            (Ok(_), None) => Err(format!("job {job} is not open")),
+            (Err(why), _) => Err(why),
         };
-        if slots.has_arena() {
-            j.runner.share_places(slots.clone());
-        }
-        *j = Arc::new(Job {
-            runner: j.runner.clone(),
-            name: j.name.clone(),
-            weight: j.weight,
-            sent: j.sent.clone(),
-            slots: Some(slots),
-        });
-        lock(&self.state.rules).attach(self.conn, job)
+        lock(&self.state.rules).attached(self.conn, job, result);
+        self.handshake(None)
     }
 
-    /// Feeds the session one message (a handshake step, outside [`Connection::run`]): the
-    /// frames to send, or why the connection ends.
-    pub(crate) fn handshake(&mut self, message: Message) -> Result<Vec<Message>, End> {
-        let (send, end) = self.step(Input::Message(Box::new(message)));
+    /// Whether the session is still in its handshake (same-host: until `ShmAttached`).
+    pub(crate) fn handshaking(&self) -> bool {
+        lock(&self.state.rules).handshaking(self.conn)
+    }
+
+    /// Feeds the session one message (a handshake step, outside [`Connection::run`]), or
+    /// only collects what it says: the frames to send and the segments to attach, or why
+    /// the connection ends.
+    pub(crate) fn handshake(&mut self, message: Option<Message>) -> Result<Vec<Message>, End> {
+        let input = match message {
+            Some(m) => Input::Message(Box::new(m)),
+            None => Input::Effects,
+        };
+        let (send, end) = self.step(input);
         match end {
             Some(end) => Err(end),
             None => Ok(send),
@@ -483,6 +501,7 @@ impl Connection {
                 }
                 Input::Finished => w.finished(self.conn),
                 Input::Drain => w.drain(),
+                Input::Effects => {}
             }
             while let Some(effect) = w.poll_effect(self.conn) {
                 match effect {
@@ -509,31 +528,9 @@ impl Connection {
                             self.publish_jobs(&w);
                         }
                     }
-                    Effect::Grant { job, slots } => {
-                        let granted = self
-                            .jobs
-                            .get(&job)
-                            .and_then(|j| j.slots.as_ref())
-                            .map(|pool| pool.grant(&slots));
-                        match granted {
-                            Some(Ok(n)) => w.credit(self.conn, job, n as u32),
-                            Some(Err(why)) => {
-                                end = Some(End::Error(ErrorCode::BadRequest, why));
-                                break;
-                            }
-                            None => {}
-                        }
-                    }
-                    Effect::Places { job, places } => {
-                        let added = self
-                            .jobs
-                            .get(&job)
-                            .and_then(|j| j.slots.as_ref())
-                            .map(|pool| pool.add_places(&places));
-                        if let Some(Err(why)) = added {
-                            end = Some(End::Error(ErrorCode::BadRequest, why));
-                            break;
-                        }
+                    Effect::Attach(attach) => {
+                        // Outside the session's lock: the descriptors come over the socket.
+                        self.attaching = Some(attach);
                     }
                     Effect::Cancelled(job) => {
                         // A client sharing its batches hears when no unit writes them any more.
@@ -541,10 +538,10 @@ impl Connection {
                         if let Some(j) = &removed {
                             publish_demand(&w, &j.name);
                         }
-                        let shared = removed.and_then(|j| j.slots.clone());
-                        if let Some(slots) = shared.filter(|s| s.has_arena()) {
+                        // No write into its batch arena is under way past this (the
+                        // session's `ShmReleased` follows).
+                        if let Some(slots) = removed.and_then(|j| j.slots.clone()) {
                             slots.release();
-                            send.push(Message::ShmReleased { job });
                         }
                         info!(job, "job cancelled by the client");
                     }
@@ -608,9 +605,6 @@ fn launch(
         .get(&assign.job)
         .cloned()
         .expect("the worker accepts assignments only for jobs this connection opened");
-    if let Some(slots) = &job.slots {
-        slots.unit_started(assign.unit, assign.attempt);
-    }
     Arc::new(Launch {
         id,
         assign: assign.clone(),

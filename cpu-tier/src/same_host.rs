@@ -38,7 +38,6 @@ use tracing::{info, warn};
 
 use crate::config::SameHost;
 use crate::connection::{Connection, Ended, Outbound, SendError, State};
-use crate::slots::Slots;
 use sluice_wire::session::{End, Transport};
 
 #[derive(Debug, thiserror::Error)]
@@ -288,8 +287,9 @@ pub(crate) async fn serve(stream: UnixStream, state: Arc<State>) {
 
 type Refusal = (ErrorCode, String);
 
-/// The handshake up to `ShmAttached`, each step checked by the worker's session; why the
-/// client was refused, if it was.
+/// The handshake up to `ShmAttached`: each frame goes to the worker's session, which checks
+/// its order and what it asks; this carries out what the session says (frames to send, the
+/// segments to receive and map). Why the client was refused, if it was.
 async fn open(
     state: &State,
     peer: &shm::Peer,
@@ -308,121 +308,49 @@ async fn open(
         ));
     }
     let bad = |m: String| (ErrorCode::BadRequest, m);
-    let io = |e: sluice_wire::io::IoError| bad(e.to_string());
-    let send = |e: sluice_wire::io::IoError| (ErrorCode::Internal, e.to_string());
     let refused = |end: End| match end {
         End::Error(code, why) => (code, why),
         End::Drained => (ErrorCode::Unavailable, "worker is draining".into()),
     };
-    let hello = reader.next().await.map_err(io)?;
-    let hello = hello.ok_or_else(|| bad("closed before Hello".into()))?;
-    for m in connection.handshake(hello).map_err(refused)? {
-        writer.send(&m, &[]).await.map_err(send)?;
-    }
-    let spec = match reader.next().await.map_err(io)? {
-        Some(Message::OpenJob(spec)) => spec,
-        Some(other) => return Err(bad(format!("expected OpenJob, got {}", other.kind()))),
-        None => return Err(bad("closed before OpenJob".into())),
-    };
-    let job = spec.job;
-    let mut shape = None;
-    for m in connection
-        .handshake(Message::OpenJob(spec))
-        .map_err(refused)?
-    {
-        if let Message::JobOpened { shape: s, .. } = &m {
-            shape = Some(*s);
+    while connection.handshaking() {
+        let m = reader.next().await.map_err(|e| bad(e.to_string()))?;
+        let m = m.ok_or_else(|| bad("closed during the handshake".into()))?;
+        let mut send = connection.handshake(Some(m)).map_err(refused)?;
+        if let Some(attach) = connection.take_attach() {
+            let segments = map(state, peer, reader, &attach).await;
+            send.extend(connection.attached(attach.job, segments).map_err(refused)?);
         }
-        writer.send(&m, &[]).await.map_err(send)?;
-    }
-    let shape = shape.ok_or_else(|| (ErrorCode::Internal, "the job did not open".into()))?;
-    let attach = match reader.next().await.map_err(io)? {
-        Some(Message::ShmAttach(a)) => a,
-        Some(other) => return Err(bad(format!("expected ShmAttach, got {}", other.kind()))),
-        None => return Err(bad("closed before ShmAttach".into())),
-    };
-    check_attach(
-        config,
-        state.config.limits.max_credits,
-        &attach,
-        job,
-        shape.bytes(),
-    )?;
-    let socket = reader.get_ref().as_ref();
-    let fd = shm::recv_fd(socket).await.map_err(|e| bad(e.to_string()))?;
-    let layout = (attach.slots, attach.slot_bytes);
-    let segment = (state.mappings)
-        .open(fd, layout, peer.pid, |fd| Segment::open(fd, &attach))
-        .map_err(|e| bad(e.to_string()))?;
-    let arena = match attach.places {
-        0 => None,
-        _ => {
-            let fd = shm::recv_fd(socket).await.map_err(|e| bad(e.to_string()))?;
-            let layout = (attach.places, attach.slot_bytes);
-            let arena = (state.mappings)
-                .open(fd, layout, peer.pid, |fd| Segment::open_arena(fd, &attach))
-                .map_err(|e| bad(e.to_string()))?;
-            Some(arena)
+        for m in send {
+            let sent = writer.send(&m, &[]).await;
+            sent.map_err(|e| (ErrorCode::Internal, e.to_string()))?;
         }
-    };
-    connection.attach(job, Arc::new(Slots::new(segment, arena)));
-    writer
-        .send(&Message::ShmAttached { job }, &[])
-        .await
-        .map_err(send)?;
+    }
     Ok(())
 }
 
-/// Slots a segment may have beyond `limits.max_credits`: the client keeps samples that
-/// arrived before their turn in them (its default bound on those is 2,560).
-const MAX_SPARE_SLOTS: u32 = 1 << 16;
-
-/// Samples a client's batch arena may hold (its batches, back to back).
-const MAX_PLACES: u32 = 1 << 16;
-
-fn check_attach(
-    config: &SameHost,
-    max_credits: u32,
+/// The client's segments for `attach` (its slots, then its batch arena if it has places):
+/// their descriptors received over the socket, checked and mapped.
+async fn map(
+    state: &State,
+    peer: &shm::Peer,
+    reader: &FrameReader<tokio::net::unix::OwnedReadHalf>,
     attach: &ShmAttach,
-    job: u64,
-    sample_bytes: u64,
-) -> Result<(), Refusal> {
-    let bad = |m: String| Err((ErrorCode::BadRequest, m));
-    if attach.job != job {
-        return bad(format!(
-            "segment for job {}, the open job is {job}",
-            attach.job
-        ));
+) -> Result<(Arc<Segment>, Option<Arc<Segment>>), String> {
+    let socket = reader.get_ref().as_ref();
+    let fd = shm::recv_fd(socket).await.map_err(|e| e.to_string())?;
+    let layout = (attach.slots, attach.slot_bytes);
+    let segment = (state.mappings)
+        .open(fd, layout, peer.pid, |fd| Segment::open(fd, attach))
+        .map_err(|e| e.to_string())?;
+    if attach.places == 0 {
+        return Ok((segment, None));
     }
-    if attach.slot_bytes != sample_bytes {
-        return bad(format!(
-            "slots of {} bytes, the job's samples have {sample_bytes}",
-            attach.slot_bytes
-        ));
-    }
-    // Slots beyond the credits hold samples the client keeps until their turn.
-    if attach.slots == 0 || attach.slots > max_credits.saturating_add(MAX_SPARE_SLOTS) {
-        return bad(format!(
-            "{} slots (limits.max_credits = {max_credits}, plus {MAX_SPARE_SLOTS} spare)",
-            attach.slots
-        ));
-    }
-    if attach.places > MAX_PLACES {
-        return bad(format!(
-            "a batch arena of {} samples (at most {MAX_PLACES})",
-            attach.places
-        ));
-    }
-    for (what, n) in [("segment", attach.slots), ("batch arena", attach.places)] {
-        let bytes = u64::from(n).saturating_mul(attach.slot_bytes);
-        if bytes > config.max_segment_bytes {
-            return bad(format!(
-                "a {what} of {bytes} bytes exceeds same_host.max_segment_bytes = {}",
-                config.max_segment_bytes
-            ));
-        }
-    }
-    Ok(())
+    let fd = shm::recv_fd(socket).await.map_err(|e| e.to_string())?;
+    let layout = (attach.places, attach.slot_bytes);
+    let arena = (state.mappings)
+        .open(fd, layout, peer.pid, |fd| Segment::open_arena(fd, attach))
+        .map_err(|e| e.to_string())?;
+    Ok((segment, Some(arena)))
 }
 
 #[cfg(test)]
@@ -442,28 +370,5 @@ mod tests {
         c.allowed_gids = vec![2000];
         assert!(may_attach(&c, me, &peer(1002, 2000)));
         assert!(!may_attach(&c, me, &peer(1002, 2001)));
-    }
-
-    #[test]
-    fn attach_sizes_are_checked() {
-        let c = SameHost::default();
-        let a = |slots, slot_bytes| ShmAttach {
-            job: 1,
-            slots,
-            slot_bytes,
-            places: 0,
-        };
-        assert!(check_attach(&c, 64, &a(8, 100), 1, 100).is_ok());
-        let e = |r: Result<(), Refusal>| r.unwrap_err().1;
-        assert!(e(check_attach(&c, 64, &a(8, 99), 1, 100)).contains("samples have 100"));
-        assert!(
-            check_attach(&c, 64, &a(65, 100), 1, 100).is_ok(),
-            "spare slots"
-        );
-        let over = 64 + MAX_SPARE_SLOTS + 1;
-        assert!(e(check_attach(&c, 64, &a(over, 100), 1, 100)).contains("max_credits"));
-        assert!(e(check_attach(&c, 64, &a(8, 100), 2, 100)).contains("open job is 2"));
-        let huge = c.max_segment_bytes / 4 + 1;
-        assert!(e(check_attach(&c, 64, &a(4, huge), 1, huge)).contains("max_segment_bytes"));
     }
 }

@@ -156,6 +156,7 @@ fn rules(config: &CpuConfig, admission: session::Admission, welcome: Welcome) ->
         heartbeat: t.heartbeat(),
         client_silence: t.client_silence(),
         handshake: t.handshake(),
+        max_segment_bytes: config.same_host.max_segment_bytes,
     }
 }
 

@@ -120,6 +120,8 @@ fn rules(threads: u32) -> Rules {
         heartbeat: never,
         client_silence: never,
         handshake: never,
+        // No same-host connection: it speaks frames only.
+        max_segment_bytes: 0,
     }
 }
 

@@ -22,135 +22,22 @@
 //! again when a credit comes; after each sample it keeps its slot unless another job waits,
 //! in which case the job charged least gets it.
 
+mod admission;
 mod fair;
+mod shm;
 mod threads;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+pub use admission::{Admission, Rules, Tenant};
 pub use fair::FairQueue;
+pub use shm::{Route, MAX_PLACES, MAX_SPARE_SLOTS};
 pub use threads::{Parker, UnitThread};
 
-use crate::message::{Assign, ErrorCode, JobSpec, Message, SampleShape, UnitFailed, Welcome};
+use crate::message::{Assign, ErrorCode, JobSpec, Message, SampleShape, UnitFailed};
 use crate::runner::UnitEnd;
-
-/// Who a worker admits, and as whom.
-#[derive(Clone, Default)]
-pub enum Admission {
-    /// Anyone (`no_auth`, loopback only; the in-process worker).
-    #[default]
-    Open,
-    /// Whoever presents the cluster token; job names and weights are the clients' own.
-    Token(String),
-    /// Whoever presents one of these tenants' tokens, as that tenant: its jobs are named
-    /// `<tenant>/<name>` and capped by its limits, so no tenant can reach another's job.
-    Tenants(Vec<Arc<Tenant>>),
-}
-
-/// Never a token, wherever the rules are printed.
-impl std::fmt::Debug for Admission {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Admission::Open => f.write_str("Open"),
-            Admission::Token(_) => f.write_str("Token(..)"),
-            Admission::Tenants(t) => f.debug_tuple("Tenants").field(t).finish(),
-        }
-    }
-}
-
-impl From<Option<String>> for Admission {
-    fn from(token: Option<String>) -> Self {
-        token.map_or(Admission::Open, Admission::Token)
-    }
-}
-
-/// A team sharing a worker: its token decides who it is, and its limits what its jobs get.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Tenant {
-    /// Prefixes its jobs' names (`<name>/<job name>`); a DNS label ([`Tenant::valid_name`]).
-    pub name: String,
-    pub token: String,
-    /// The largest weight one of its jobs gets (and no more than the worker's cap).
-    pub max_weight: u32,
-    /// The most unspent credits one of its jobs may hold (and no more than the worker's cap).
-    pub max_credits: u32,
-}
-
-/// Never the token, wherever a tenant is printed.
-impl std::fmt::Debug for Tenant {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tenant")
-            .field("name", &self.name)
-            .field("max_weight", &self.max_weight)
-            .field("max_credits", &self.max_credits)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Tenant {
-    /// Whether `name` can name a tenant: a DNS label (RFC 1123: 1 to 63 of `a-z 0-9 -`,
-    /// starting and ending with a letter or digit), as a Kubernetes namespace is. It prefixes
-    /// job names, metric labels and paths, so it holds no `/`, no `.` or `..`, nothing a label
-    /// or a log would need to quote, and no control or bidirectional-override characters.
-    pub fn valid_name(name: &str) -> bool {
-        let edge = |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-        (1..=63).contains(&name.len())
-            && edge(name.as_bytes().first())
-            && edge(name.as_bytes().last())
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    }
-
-    /// The name a job of this tenant runs under: `asked`, prefixed with the tenant's name
-    /// unless the client already gave it.
-    pub fn job_name(&self, asked: &str) -> String {
-        match asked.strip_prefix(self.name.as_str()) {
-            Some(rest) if rest.starts_with('/') => asked.to_string(),
-            _ => format!("{}/{asked}", self.name),
-        }
-    }
-}
-
-/// What a worker enforces, from its config.
-#[derive(Clone, Debug)]
-pub struct Rules {
-    /// Who may connect, and as whom.
-    pub admission: Admission,
-    /// What the worker says of itself to each client.
-    pub welcome: Welcome,
-    /// Most unspent credits a job may hold (counted credits; slot grants are bounded by the
-    /// segment).
-    pub max_credits: u32,
-    /// Most assignments one connection may have open.
-    pub max_units_per_connection: usize,
-    /// The cap on the weight a job asks for.
-    pub max_job_weight: u32,
-    /// Between heartbeats to each client.
-    pub heartbeat: Duration,
-    /// A client silent this long has its connection closed (and its jobs cancelled).
-    pub client_silence: Duration,
-    /// From connecting to `Hello`.
-    pub handshake: Duration,
-}
-
-impl Rules {
-    /// A worker that says `welcome` and admits clients as `admission` says (a cluster
-    /// token: `Some(token)`), with the limits and times of `sluice cpu`'s default config.
-    pub fn new(admission: impl Into<Admission>, welcome: Welcome) -> Rules {
-        Rules {
-            admission: admission.into(),
-            welcome,
-            max_credits: 4096,
-            max_units_per_connection: 16,
-            max_job_weight: 16,
-            heartbeat: Duration::from_secs(1),
-            client_silence: Duration::from_secs(10),
-            handshake: Duration::from_secs(5),
-        }
-    }
-}
 
 /// What one job asks of a worker ([`Worker::demand`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -196,19 +83,12 @@ pub enum Effect {
     Send(Message),
     /// Open this job with the runner and report it with [`Worker::opened`].
     Open(JobSpec),
-    /// Same-host: place the client's slot grant in the job's segment and report how many
-    /// slots it gave with [`Worker::credit`] (or end the session, if the grant is wrong).
-    Grant {
-        job: u64,
-        slots: Vec<u32>,
-    },
-    /// Same-host with a batch arena: keep these places for the samples they name (or end the
-    /// session, if they are wrong).
-    Places {
-        job: u64,
-        places: Vec<crate::message::Place>,
-    },
-    /// The client cancelled the job: drop what the shell keeps for it.
+    /// Same-host: receive the client's descriptors for the segments `ShmAttach` describes
+    /// (its slots, then its batch arena if it has places), map them, and report with
+    /// [`Worker::attached`].
+    Attach(crate::message::ShmAttach),
+    /// The client cancelled the job: drop what the shell keeps for it, and return once no
+    /// write into its batch arena is under way (a `ShmReleased` may follow).
     Cancelled(u64),
     /// The session is over.
     Close(End),
@@ -286,8 +166,10 @@ struct Job {
     credits: u32,
     /// Units that gave their slot back for want of a credit, in the order they did.
     starved: VecDeque<UnitId>,
-    /// Same-host: the client's segment is attached.
-    segment: bool,
+    /// A sample's tensor bytes (what a same-host slot must hold).
+    sample_bytes: u64,
+    /// Same-host: the client's segments, its slots and its places.
+    shm: shm::Segments,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -303,6 +185,8 @@ enum State {
 struct Unit<L> {
     conn: ConnId,
     job: u64,
+    /// The assignment's (unit, attempt).
+    key: (u64, u32),
     name: Arc<str>,
     launch: L,
     state: State,
@@ -457,32 +341,9 @@ impl<L: Clone> Worker<L> {
                     return self.close(conn, ErrorCode::BadRequest, why);
                 }
             };
-            let admitted = match &self.rules.admission {
-                Admission::Open => Ok(None),
-                Admission::Token(expected) => match token_matches(expected, &hello.token) {
-                    true => Ok(None),
-                    false => Err("cluster token"),
-                },
-                Admission::Tenants(tenants) => {
-                    // Every token is compared, so the time says nothing of which matched.
-                    let mut found = None;
-                    for t in tenants {
-                        if token_matches(&t.token, &hello.token) {
-                            found = Some(t.clone());
-                        }
-                    }
-                    found.map(Some).ok_or("tenant token")
-                }
-            };
-            let tenant = match admitted {
+            let tenant = match admission::admit(&self.rules.admission, &hello) {
                 Ok(tenant) => tenant,
-                Err(what) => {
-                    let why = match hello.token.is_empty() {
-                        true => format!("no {what} given"),
-                        false => format!("wrong {what}"),
-                    };
-                    return self.close(conn, ErrorCode::Unauthorized, why);
-                }
+                Err((code, why)) => return self.close(conn, code, why),
             };
             let s = self.sessions.get_mut(&conn).expect("the session handling");
             s.tenant = tenant;
@@ -494,6 +355,9 @@ impl<L: Clone> Worker<L> {
             let welcome = Message::Welcome(self.rules.welcome.clone());
             s.effects.push_back(Effect::Send(welcome));
             return;
+        }
+        if let Some(why) = shm::out_of_order(s, &message) {
+            return self.close(conn, ErrorCode::BadRequest, why);
         }
         let bad = |m: String| (ErrorCode::BadRequest, m);
         let refusal = match message {
@@ -516,26 +380,10 @@ impl<L: Clone> Worker<L> {
                     None
                 }
             }
-            Message::SlotCredit { job, slots } => match s.jobs.get(&job) {
-                None => None, // a job cancelled a moment ago
-                Some(j) if !j.segment => Some(bad(format!(
-                    "slot credits for job {job}, which has no segment"
-                ))),
-                Some(_) => {
-                    s.effects.push_back(Effect::Grant { job, slots });
-                    None
-                }
-            },
-            Message::ShmPlaces { job, places } => match s.jobs.get(&job) {
-                None => None, // a job cancelled a moment ago
-                Some(j) if !j.segment => Some(bad(format!(
-                    "sample places for job {job}, which has no segment"
-                ))),
-                Some(_) => {
-                    s.effects.push_back(Effect::Places { job, places });
-                    None
-                }
-            },
+            m
+            @ (Message::ShmAttach(_) | Message::SlotCredit { .. } | Message::ShmPlaces { .. }) => {
+                self.handle_shm(conn, m)
+            }
             Message::Assign(assign) => self.assign(conn, assign, launch).err(),
             Message::Cancel { job } => {
                 self.cancel(conn, job);
@@ -588,7 +436,8 @@ impl<L: Clone> Worker<L> {
                 name,
                 credits: 0,
                 starved: VecDeque::new(),
-                segment: false,
+                sample_bytes: shape.bytes(),
+                shm: shm::Segments::default(),
             },
         );
         let opened = Message::JobOpened {
@@ -600,21 +449,6 @@ impl<L: Clone> Worker<L> {
         Some(weight)
     }
 
-    /// Same-host: the client's segment for `job` is attached; slot credits may come.
-    pub fn attach(&mut self, conn: ConnId, job: u64) -> bool {
-        let job = self
-            .sessions
-            .get_mut(&conn)
-            .and_then(|s| s.jobs.get_mut(&job));
-        match job {
-            Some(j) => {
-                j.segment = true;
-                true
-            }
-            None => false,
-        }
-    }
-
     /// `n` credits for `job` (same-host: the slots a grant placed).
     pub fn credit(&mut self, conn: ConnId, job: u64, n: u32) {
         let job_state = self
@@ -624,14 +458,6 @@ impl<L: Clone> Worker<L> {
         if let Some(j) = job_state {
             j.credits = j.credits.saturating_add(n);
             self.feed(conn, job);
-        }
-    }
-
-    /// Unit `id` sent a sample that spends no credit (same-host: written straight into its
-    /// place in the client's batch, which the place bounds): the credit it took comes back.
-    pub fn refund(&mut self, id: UnitId) {
-        if let Some((conn, job)) = self.units.get(&id).map(|u| (u.conn, u.job)) {
-            self.credit(conn, job, 1);
         }
     }
 
@@ -768,6 +594,7 @@ impl<L: Clone> Worker<L> {
     /// gone. Send it, then call [`Worker::finished`].
     pub fn unit_ended(&mut self, id: UnitId, end: UnitEnd) -> Option<Message> {
         let u = self.units.remove(&id)?;
+        self.forget_places(&u);
         if u.state == State::Running {
             self.release_slot(&u.name);
         }
@@ -862,7 +689,7 @@ impl<L: Clone> Worker<L> {
                 "more than limits.max_units_per_connection = {max} assignments at once"
             ));
         }
-        if s.transport == Transport::Slots && !job.segment {
+        if s.transport == Transport::Slots && !job.shm.attached() {
             return bad(format!("job {} has no segment attached", assign.job));
         }
         if assign.start >= assign.end || assign.end > assign.shard.samples {
@@ -873,11 +700,16 @@ impl<L: Clone> Worker<L> {
         }
         s.running += 1;
         let name = job.name.clone();
+        let key = (assign.unit, assign.attempt);
+        if let Some(j) = s.jobs.get_mut(&assign.job) {
+            j.shm.unit_started(key);
+        }
         self.next_unit += 1;
         let id = UnitId(self.next_unit);
         let unit = Unit {
             conn,
             job: assign.job,
+            key,
             name: name.clone(),
             launch: launch(id, &assign),
             state: State::Queued,
@@ -902,6 +734,12 @@ impl<L: Clone> Worker<L> {
             return;
         };
         s.effects.push_back(Effect::Cancelled(job));
+        // A client sharing its batches hears when no unit writes them any more: the shell
+        // has waited out the writes under way when it carried out `Cancelled`.
+        if j.shm.has_arena() {
+            let released = Message::ShmReleased { job };
+            s.effects.push_back(Effect::Send(released));
+        }
         self.fair.close(&j.name);
         let units: Vec<UnitId> = self
             .units
@@ -926,8 +764,21 @@ impl<L: Clone> Worker<L> {
             return;
         }
         let conn = u.conn;
-        self.units.remove(&id);
+        if let Some(u) = self.units.remove(&id) {
+            self.forget_places(&u);
+        }
         self.finished(conn);
+    }
+
+    /// A unit ended (or was forgotten): the places its client gave for it are dropped.
+    fn forget_places(&mut self, u: &Unit<L>) {
+        let job = self
+            .sessions
+            .get_mut(&u.conn)
+            .and_then(|s| s.jobs.get_mut(&u.job));
+        if let Some(j) = job {
+            j.shm.unit_ended(u.key);
+        }
     }
 
     /// Credits came for `job`: units that starved for want of them queue for a slot again,
@@ -992,12 +843,6 @@ fn queued<L>(units: &HashMap<UnitId, Unit<L>>) -> impl Fn(&UnitId) -> bool + '_ 
             .get(id)
             .is_some_and(|u| u.state == State::Queued && !u.stopped)
     }
-}
-
-/// Constant-time comparison, so a token cannot be guessed byte by byte from timings.
-fn token_matches(expected: &str, given: &str) -> bool {
-    let (a, b) = (expected.as_bytes(), given.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

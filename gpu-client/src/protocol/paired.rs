@@ -273,9 +273,7 @@ impl Sim {
                     let weight = self.workers[w].rules.opened(wconn, &spec, Ok(SHAPE));
                     assert_eq!(weight, Some(self.jobs[job].weight));
                 }
-                Effect::Grant { .. } | Effect::Places { .. } => {
-                    panic!("no same-host connection here")
-                }
+                Effect::Attach(_) => panic!("no same-host connection here"),
                 Effect::Cancelled(_) => {}
                 Effect::Close(end) => {
                     // The client reads the worker's last word after its other frames.

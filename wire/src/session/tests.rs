@@ -1,5 +1,7 @@
 use super::*;
+use crate::message::Welcome;
 use crate::message::{Hello, ShardRef, UnitDone};
+use std::time::Duration;
 
 fn rules() -> Rules {
     let welcome = Welcome {
@@ -516,4 +518,173 @@ fn starts_at_once(w: &std::sync::Mutex<W>, conn: ConnId, unit: u64, now: Instant
         matches!(wakes[..], [Wake::Start(u)] if u == unit),
         "unit {unit}: {wakes:?}"
     );
+}
+
+/// The segments of a same-host job 1: `slots` slots and `places` places of a sample each.
+fn layout(slots: u32, places: u32) -> Message {
+    Message::ShmAttach(crate::message::ShmAttach {
+        job: 1,
+        slots,
+        slot_bytes: SHAPE.bytes(),
+        places,
+    })
+}
+
+/// A same-host connection with job 1 open, greeted and opened; its segments not attached.
+fn same_host_opened(w: &mut W, now: Instant) -> ConnId {
+    let conn = w.connect(Transport::Slots, now);
+    send(w, conn, hello("secret"), now);
+    send(w, conn, Message::OpenJob(spec(1, "a", 1)), now);
+    assert!(matches!(effects(w, conn)[..], [_, Effect::Open(_)]));
+    w.opened(conn, &spec(1, "a", 1), Ok(SHAPE));
+    effects(w, conn);
+    conn
+}
+
+/// A same-host connection with job 1's segments attached: 2 slots, 8 places.
+fn same_host(w: &mut W, now: Instant) -> ConnId {
+    let conn = same_host_opened(w, now);
+    assert!(w.handshaking(conn));
+    send(w, conn, layout(2, 8), now);
+    assert!(matches!(effects(w, conn)[..], [Effect::Attach(_)]));
+    w.attached(conn, 1, Ok(()));
+    assert!(matches!(
+        effects(w, conn)[..],
+        [Effect::Send(Message::ShmAttached { job: 1 })]
+    ));
+    assert!(!w.handshaking(conn));
+    conn
+}
+
+#[test]
+fn the_same_host_handshake_is_checked_in_order_by_the_session() {
+    let now = Instant::now();
+    let mut w = W::new(rules(), 1);
+    let c = w.connect(Transport::Slots, now);
+    send(&mut w, c, hello("secret"), now);
+    send(&mut w, c, layout(2, 0), now);
+    assert_closed(&mut w, c, "expected OpenJob, got ShmAttach");
+    let c = same_host_opened(&mut w, now);
+    send(&mut w, c, Message::Assign(assign(1, 1)), now);
+    assert_closed(&mut w, c, "expected ShmAttach, got Assign");
+    let c = same_host_opened(&mut w, now);
+    send(&mut w, c, layout(0, 0), now);
+    assert_closed(&mut w, c, "0 slots");
+    let c = same_host_opened(&mut w, now);
+    send(&mut w, c, layout(2, 0), now);
+    send(&mut w, c, Message::Heartbeat { seq: 1 }, now);
+    assert_closed(&mut w, c, "Heartbeat before ShmAttached");
+    // The shell could not map what the client sent.
+    let c = same_host_opened(&mut w, now);
+    send(&mut w, c, layout(2, 0), now);
+    w.attached(c, 1, Err("the segment is not sealed".into()));
+    assert_closed(&mut w, c, "not sealed");
+    // Over QUIC there is no segment to attach.
+    let (mut w, a, now) = one_job();
+    send(&mut w, a, layout(2, 0), now);
+    assert_closed(&mut w, a, "without shared memory");
+}
+
+#[test]
+fn same_host_samples_take_their_place_or_a_granted_slot_and_placed_ones_spend_no_credit() {
+    let now = Instant::now();
+    let mut w = W::new(rules(), 1);
+    let c = same_host(&mut w, now);
+    let mut id = None;
+    w.handle(c, Message::Assign(assign(1, 5)), now, |i, _| {
+        id = Some(i);
+        5
+    });
+    let id = id.expect("accepted");
+    assert!(matches!(w.take_wakes()[..], [Wake::Start(5)]));
+    let place = |index, place| crate::message::Place {
+        unit: 5,
+        attempt: 0,
+        index,
+        place,
+    };
+    let places = vec![place(0, 3), place(1, 4)];
+    send(&mut w, c, Message::ShmPlaces { job: 1, places }, now);
+    send(
+        &mut w,
+        c,
+        Message::SlotCredit {
+            job: 1,
+            slots: vec![0],
+        },
+        now,
+    );
+    assert!(effects(&mut w, c).is_empty());
+    // One credit: sample 0 goes to its place and gives it back, so sample 1 may go too.
+    assert_eq!(w.next_sample(id), Gate::Go);
+    assert_eq!(w.route(id, 0, true), Ok(Route::Place(3)));
+    assert_eq!(w.next_sample(id), Gate::Go);
+    assert_eq!(
+        w.take_place(c, 1, (5, 0), 1),
+        Ok(Some(4)),
+        "the engine claims it"
+    );
+    w.placed(id);
+    assert_eq!(w.next_sample(id), Gate::Go);
+    // A place is used once: sample 0 again takes the slot, and then there is none.
+    assert_eq!(w.route(id, 0, true), Ok(Route::Slot(0)));
+    assert_eq!(w.next_sample(id), Gate::Wait(Waiting::Credit));
+    assert!(w
+        .route(id, 2, true)
+        .unwrap_err()
+        .contains("without a granted slot"));
+    send(
+        &mut w,
+        c,
+        Message::SlotCredit {
+            job: 1,
+            slots: vec![1],
+        },
+        now,
+    );
+    assert!(matches!(w.take_wakes()[..], [Wake::Resume(5)]));
+    send(
+        &mut w,
+        c,
+        Message::SlotCredit {
+            job: 1,
+            slots: vec![1],
+        },
+        now,
+    );
+    assert_closed(&mut w, c, "slot 1 granted twice");
+}
+
+#[test]
+fn a_same_host_job_cancelled_releases_its_places_and_none_is_handed_out_after() {
+    let now = Instant::now();
+    let mut w = W::new(rules(), 1);
+    let c = same_host(&mut w, now);
+    send(&mut w, c, Message::Assign(assign(1, 5)), now);
+    let places = vec![crate::message::Place {
+        unit: 5,
+        attempt: 0,
+        index: 0,
+        place: 9,
+    }];
+    send(&mut w, c, Message::ShmPlaces { job: 1, places }, now);
+    assert_closed(&mut w, c, "the arena has 8");
+    let c = same_host(&mut w, now);
+    send(&mut w, c, Message::Assign(assign(1, 6)), now);
+    let places = vec![crate::message::Place {
+        unit: 6,
+        attempt: 0,
+        index: 0,
+        place: 1,
+    }];
+    send(&mut w, c, Message::ShmPlaces { job: 1, places }, now);
+    send(&mut w, c, Message::Cancel { job: 1 }, now);
+    assert!(matches!(
+        effects(&mut w, c)[..],
+        [
+            Effect::Cancelled(1),
+            Effect::Send(Message::ShmReleased { job: 1 })
+        ]
+    ));
+    assert!(w.take_place(c, 1, (6, 0), 0).is_err());
 }
