@@ -393,6 +393,15 @@ impl Arena {
             .map_or(std::ptr::null(), |p| p as *const u8)
     }
 
+    /// Who owns `place`: the connection it was handed to (`None` while only reserved) and
+    /// the sample it is for; `None` when no one does.
+    #[cfg(test)]
+    pub(crate) fn owner(&self, place: u32) -> Option<(Option<u64>, (u64, u32, u64))> {
+        let s = self.state.lock().ok()?;
+        let o = s.owner.get(place as usize).copied().flatten()?;
+        Some((o.writer, (o.unit, o.attempt, o.index)))
+    }
+
     /// (free, retired) buffers, for tests and logs.
     #[cfg(test)]
     pub(crate) fn counts(&self) -> (usize, usize) {

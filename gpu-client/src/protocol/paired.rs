@@ -2,17 +2,22 @@
 //! connection sessions (`crate::session::Session`, one per connection) against real worker
 //! state machines (`sluice_wire::session::Worker`, one per worker process), with no async
 //! runtime, no threads and no sockets: both halves of every rule (handshake, heartbeats,
-//! silence, drain, generations, credits) are the code the links and daemons run. Everything between them is simulated and seeded:
-//! frames in flight on each connection (in order, delivered at random moments), units that
-//! decode one output per step on the slots their worker grants, a clock, and a pool that
-//! changes: workers join and leave (drained), die and restart, stall past the clients'
-//! silence, and drain for SIGTERM, while several jobs of different weights share them.
+//! silence, drain, generations, credits; on same-host connections the attach, slot grants,
+//! places, the credit a placed sample gives back and the release) are the code the links and
+//! daemons run. Everything between them is simulated and seeded: frames in flight on each
+//! connection (in order, delivered at random moments), units that decode one output per step
+//! on the slots their worker grants, a clock, and a pool that changes: workers join and leave
+//! (drained), die and restart, stall past the clients' silence, drain for SIGTERM, and have
+//! connections cut, while several jobs of different weights share them. Half the jobs speak
+//! same-host, with a batch arena of their own (`same_host`).
 //!
 //! Every seed checks, from outside: each job's batches are the plan's (every planned sample
 //! once, in the plan's order; in arrival order, exactly once), its reorder area within the
 //! bound, no worker sends a sample without a credit, and no worker runs more units than its
-//! slots. Over all seeds: where several jobs wait for one worker, each gets its weight's
-//! share of the samples decoded. `SLUICE_SIM_SEEDS` sets the number of seeds.
+//! slots; on same-host connections, that no place has two writers, that a placed sample
+//! spends no credit, and that a released job's places are never written. Over all seeds:
+//! where several jobs wait for one worker, each gets its weight's share of the samples
+//! decoded. `SLUICE_SIM_SEEDS` sets the number of seeds.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -28,9 +33,22 @@ use crate::reorder::Arrival;
 use crate::session::{self, Command, Commanded, Ended, Received, Session, TensorAt};
 use crate::stats::{EpochCounters, Stats};
 
-impl Tensor for Vec<u8> {
+/// A sample's tensor as the simulated client holds it: written into its place in the batch
+/// arena (it spent no credit), or in a slot or a frame.
+#[derive(Debug)]
+struct SimTensor {
+    #[allow(dead_code)]
+    bytes: Vec<u8>,
+    placed: bool,
+}
+
+impl Tensor for SimTensor {
     fn detach(self, _tensor_bytes: usize) -> Self {
         self
+    }
+
+    fn spent_credit(&self) -> bool {
+        !self.placed
     }
 }
 
@@ -40,7 +58,10 @@ const SILENCE: Duration = Duration::from_secs(10);
 const HEARTBEAT: Duration = Duration::from_secs(1);
 const MAX_WORKERS: usize = 6;
 
+mod pool;
+mod same_host;
 mod workers;
+use same_host::{JobArena, ShmConn, ShmTally};
 use workers::{Running, SimUnit, SimWorker};
 
 /// A connection between a job's link and a worker, with what is in flight each way.
@@ -61,6 +82,8 @@ struct Conn {
     /// Credits the client granted on it, and samples the worker sent.
     granted: u64,
     sent: u64,
+    /// A same-host connection's shell.
+    shm: Option<ShmConn>,
 }
 
 /// A job's link to one worker.
@@ -78,11 +101,13 @@ struct Job {
     name: String,
     weight: u32,
     world: World,
-    protocol: Protocol<Vec<u8>>,
+    protocol: Protocol<SimTensor>,
     links: Vec<Link>,
     batches: Vec<Vec<(u32, u64)>>,
     filling: Vec<(u32, u64)>,
     counters: Arc<EpochCounters>,
+    /// Its connections are same-host, sharing its batch arena.
+    arena: Option<JobArena>,
 }
 
 impl Job {
@@ -111,6 +136,7 @@ struct Tally {
     killed: usize,
     stalled: usize,
     drained: usize,
+    cut: usize,
     hedged: u64,
     reassigned: u64,
     steps: u64,
@@ -125,6 +151,7 @@ struct Sim {
     jobs: Vec<Job>,
     shares: Shares,
     tally: Tally,
+    shm_tally: ShmTally,
 }
 
 impl Sim {
@@ -149,6 +176,8 @@ impl Sim {
                 base,
             );
             let links = (0..n_workers).map(Link::new).collect();
+            let same_host = rng.below(2) == 0;
+            let arena = same_host.then(|| JobArena::new(world.batch_plan.batch_size));
             jobs.push(Job {
                 id: j as u64 + 1,
                 name: format!("job{j}"),
@@ -159,6 +188,7 @@ impl Sim {
                 batches: Vec::new(),
                 filling: Vec::new(),
                 counters,
+                arena,
             });
         }
         Sim {
@@ -170,6 +200,7 @@ impl Sim {
             jobs,
             shares: Shares::default(),
             tally: Tally::default(),
+            shm_tally: ShmTally::default(),
         }
     }
 
@@ -181,7 +212,24 @@ impl Sim {
         for j in 0..self.jobs.len() {
             self.act(j);
         }
-        while !self.jobs.iter().all(|j| j.protocol.finished()) {
+        let mut ended = vec![false; self.jobs.len()];
+        let mut all_ended = None;
+        loop {
+            for (j, ended) in ended.iter_mut().enumerate() {
+                if !*ended && self.jobs[j].protocol.finished() {
+                    *ended = true;
+                    self.end_epoch(j);
+                }
+            }
+            if ended.iter().all(|e| *e) {
+                // Same-host connections asking for their places back get their answer (or
+                // give up waiting for it).
+                let since = *all_ended.get_or_insert(self.now);
+                let releasing = (0..self.conns.len()).any(|c| self.releasing(c));
+                if !releasing || self.now > since + Duration::from_secs(30) {
+                    break;
+                }
+            }
             self.tally.steps += 1;
             assert!(
                 self.now < Duration::from_secs(3600),
@@ -193,6 +241,7 @@ impl Sim {
                 false => Duration::from_millis(100),
             };
             self.timers();
+            self.release_timers();
             self.change_pool();
         }
     }
@@ -273,8 +322,11 @@ impl Sim {
                     let weight = self.workers[w].rules.opened(wconn, &spec, Ok(SHAPE));
                     assert_eq!(weight, Some(self.jobs[job].weight));
                 }
-                Effect::Attach(_) => panic!("no same-host connection here"),
-                Effect::Cancelled(_) => {}
+                Effect::Attach(attach) => {
+                    // The shell maps the segments the client sent.
+                    self.workers[w].rules.attached(wconn, attach.job, Ok(()));
+                }
+                Effect::Cancelled(_) => self.released(c),
                 Effect::Close(end) => {
                     // The client reads the worker's last word after its other frames.
                     let (code, message) = match end {
@@ -303,17 +355,38 @@ impl Sim {
             self.conns[c].generation,
         );
         let received = self.conns[c].session.handle(m, now);
+        let unit_end = match &received {
+            Received::UnitDone(d) => Some((d.unit, d.attempt)),
+            Received::UnitFailed(f) => Some((f.unit, f.attempt)),
+            _ => None,
+        };
+        if unit_end.is_some() || matches!(received, Received::Released) {
+            self.settled(c, unit_end);
+        }
+        let tensor = match &received {
+            Received::Sample { header, at } if *at != TensorAt::Stream => {
+                Some(self.received(c, header, *at))
+            }
+            _ => None,
+        };
+        // A connection the job let go of, waiting for its worker's release: nothing more
+        // reaches the job.
+        if self.jobs[j].links[l].conn != Some(c) {
+            return self.flush(c);
+        }
         let job = &mut self.jobs[j];
         let p = &mut job.protocol;
         match received {
-            Received::Nothing | Received::SkipPayload => {}
+            Received::Nothing | Received::SkipPayload | Received::Released => {}
             Received::Ready { shape, .. } => {
                 p.ready(l, generation, shape, job.world.caches)
                     .expect("ready");
             }
-            Received::Sample { header, at } => {
-                assert_eq!(at, TensorAt::Stream, "a same-host sample over frames");
-                let t = tensor(header.shard, header.index);
+            Received::Sample { header, .. } => {
+                let t = tensor.unwrap_or_else(|| SimTensor {
+                    bytes: super::world::tensor(header.shard, header.index),
+                    placed: false,
+                });
                 p.sample(l, header, t, Default::default(), now);
             }
             Received::Skipped(s) => p.skipped(s, now),
@@ -322,7 +395,9 @@ impl Sim {
                 p.piece_ended(l, f.unit, f.attempt, Some(f.error))
                     .expect("failed");
             }
-            Received::Attach(_) | Received::Released => panic!("no same-host connection here"),
+            Received::Attach(_) => {
+                self.attach(c);
+            }
         }
         self.flush(c);
         self.act(j);
@@ -331,19 +406,35 @@ impl Sim {
     /// Sends what connection `c`'s session queued, and, once the session has ended, takes
     /// the link down (the worker refused or closed, or fell silent: the link retries).
     fn flush(&mut self, c: usize) {
-        let conn = &mut self.conns[c];
-        while let Some(m) = conn.session.poll_transmit() {
+        while let Some(m) = self.conns[c].session.poll_transmit() {
+            let conn = &mut self.conns[c];
             if let Message::Credit { samples, .. } = &m {
                 conn.granted += u64::from(*samples);
             }
-            if !conn.client_closed {
+            if conn.client_closed {
+                continue;
+            }
+            if let Message::SlotCredit { slots, .. } = &m {
+                let slots = slots.clone();
+                conn.to_worker.push_back(m);
+                self.slots_sent(c, &slots);
+            } else {
                 conn.to_worker.push_back(m);
             }
         }
+        let conn = &mut self.conns[c];
         let (j, l) = (conn.job, conn.link);
         let Some(ended) = conn.session.take_end() else {
             return;
         };
+        if self.jobs[j].links[l].conn != Some(c) {
+            // A connection released at the job's request has ended: it is dropped.
+            let conn = &mut self.conns[c];
+            if !conn.worker_closed {
+                conn.client_closed = true;
+            }
+            return;
+        }
         let why = match ended {
             Ended::Fatal(f) => panic!("an unexpected refusal: {f}"),
             Ended::Lost(why) | Ended::Left(why) => why,
@@ -405,7 +496,10 @@ impl Sim {
                 match worker.rules.next_sample(unit.id) {
                     Gate::Go => {
                         self.count_share(&backlog, a.job);
-                        Some(Message::Sample(decoded(a, index)))
+                        match self.conns[c].shm.is_some() {
+                            true => Some(self.write(c, &unit, index)),
+                            false => Some(Message::Sample(decoded(a, index))),
+                        }
                     }
                     Gate::Wait(_) => {
                         let worker = &mut self.workers[w];
@@ -508,7 +602,9 @@ impl Sim {
             let job = &mut self.jobs[j];
             match action {
                 Action::Assign(l, generation, assign) => {
+                    let piece = assign.clone();
                     self.command(j, l, Command::Assign(generation, assign));
+                    self.place_piece(j, l, generation, &piece);
                 }
                 Action::Credit(l, generation, n) => {
                     self.command(j, l, Command::Credit(generation, n));
@@ -519,14 +615,14 @@ impl Sim {
                 Action::Close => {
                     let batch = std::mem::take(&mut job.filling);
                     job.batches.push(batch);
+                    self.bind_next(j);
                 }
                 Action::Drain(l) => self.command(j, l, Command::Drain),
                 Action::Release(l) => {
                     let link = &mut job.links[l];
                     link.released = true;
                     if let Some(c) = link.conn.take() {
-                        self.conns[c].client_closed = true;
-                        self.conns[c].to_client.clear();
+                        self.release(c);
                     }
                 }
             }
@@ -541,7 +637,7 @@ impl Sim {
         };
         match self.conns[c].session.command(command) {
             Commanded::Nothing => {}
-            _ => panic!("same-host work on a connection of frames"),
+            other => self.commanded(c, other),
         }
         self.flush(c);
     }
@@ -604,7 +700,12 @@ impl Sim {
     fn connect(&mut self, j: usize, l: usize) {
         let now = self.at();
         let w = self.jobs[j].links[l].worker;
-        let wconn = self.workers[w].rules.connect(Transport::Frames, now);
+        let shm = self.shm_conn(j);
+        let (transport, client_transport) = match shm.is_some() {
+            true => (Transport::Slots, session::Transport::SameHost),
+            false => (Transport::Frames, session::Transport::Frames),
+        };
+        let wconn = self.workers[w].rules.connect(transport, now);
         let settings = session::Settings {
             worker: format!("w{w}"),
             hello: Hello {
@@ -612,7 +713,7 @@ impl Sim {
                 client: "sim".into(),
             },
             job: self.jobs[j].spec(),
-            transport: session::Transport::Frames,
+            transport: client_transport,
             heartbeat: HEARTBEAT,
             silence: SILENCE,
             handshake: SILENCE,
@@ -632,105 +733,11 @@ impl Sim {
             client_closed: false,
             granted: 0,
             sent: 0,
+            shm,
         });
         let c = self.conns.len() - 1;
         link.conn = Some(c);
         self.flush(c);
-    }
-
-    /// Now and then: a worker joins, leaves (drained), is killed (and restarts later),
-    /// stalls, or drains for SIGTERM and exits.
-    fn change_pool(&mut self) {
-        let live = |s: &Sim| s.workers.iter().filter(|w| w.alive && !w.left).count();
-        let event = self.rng.below(3000);
-        match event {
-            0 if self.workers.len() < MAX_WORKERS => {
-                let worker = SimWorker::new(&mut self.rng);
-                self.workers.push(worker);
-                let w = self.workers.len() - 1;
-                for j in 0..self.jobs.len() {
-                    let l = self.jobs[j].protocol.join(format!("w{w}"));
-                    assert_eq!(l, self.jobs[j].links.len());
-                    self.jobs[j].links.push(Link::new(w));
-                }
-                self.tally.joined += 1;
-            }
-            1..=4 if live(self) > 1 => {
-                let w = self.pick(|w| w.alive && !w.left);
-                match event {
-                    1 => self.tally.left += 1,
-                    2 => self.tally.drained += 1,
-                    3 => self.tally.killed += 1,
-                    _ => self.tally.stalled += 1,
-                }
-                match event {
-                    1 => self.leave(w),
-                    2 => {
-                        // SIGTERM on a worker leaving the pool: it drains, then exits.
-                        self.leave(w);
-                        self.workers[w].rules.drain();
-                        let draining = (0..self.conns.len()).filter(|&c| self.conns[c].worker == w);
-                        for c in draining.collect::<Vec<_>>() {
-                            if !self.conns[c].worker_closed {
-                                self.worker_effects(c);
-                            }
-                        }
-                    }
-                    3 => self.kill(w),
-                    _ => {
-                        let pause = Duration::from_millis(self.rng.below(15_000));
-                        self.workers[w].stalled_until = Some(self.now + pause);
-                    }
-                }
-            }
-            5..=9 => {
-                // A killed worker still in the pool comes back (a restarted process).
-                if let Some(w) = (0..self.workers.len())
-                    .find(|&w| !self.workers[w].alive && !self.workers[w].left)
-                {
-                    let fresh = SimWorker::new(&mut self.rng);
-                    self.workers[w] = fresh;
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn pick(&mut self, f: impl Fn(&SimWorker) -> bool) -> usize {
-        let eligible: Vec<usize> = (0..self.workers.len())
-            .filter(|&w| f(&self.workers[w]))
-            .collect();
-        eligible[self.rng.below(eligible.len() as u64) as usize]
-    }
-
-    /// Worker `w` leaves the pool: every job drains its link to it.
-    fn leave(&mut self, w: usize) {
-        self.workers[w].left = true;
-        let now = self.at();
-        for j in 0..self.jobs.len() {
-            let l = self.jobs[j]
-                .links
-                .iter()
-                .position(|l| l.worker == w)
-                .expect("a link to every worker");
-            self.jobs[j].protocol.leave(l, now);
-            self.act(j);
-        }
-    }
-
-    /// Worker `w`'s process dies: nothing it had in flight arrives, and its clients hear
-    /// nothing more (they notice by silence).
-    fn kill(&mut self, w: usize) {
-        let worker = &mut self.workers[w];
-        worker.alive = false;
-        worker.running.clear();
-        worker.parked.clear();
-        for conn in self.conns.iter_mut().filter(|c| c.worker == w) {
-            conn.to_client.clear();
-            conn.to_worker.clear();
-            conn.worker_closed = true;
-            conn.client_closed = false;
-        }
     }
 }
 
@@ -752,6 +759,7 @@ fn the_protocol_against_real_worker_sessions_keeps_every_jobs_plan_and_shares() 
     let mut tally = Tally::default();
     let mut shares = Shares::default();
     let mut jobs = 0;
+    let mut shm = ShmTally::default();
     for seed in 0..seeds {
         let mut sim = Sim::new(seed);
         sim.run(seed);
@@ -763,12 +771,14 @@ fn the_protocol_against_real_worker_sessions_keeps_every_jobs_plan_and_shares() 
             tally.reassigned += report.reassigned;
             jobs += 1;
         }
+        shm.add(&sim.shm_tally);
         let t = &sim.tally;
         tally.joined += t.joined;
         tally.left += t.left;
         tally.killed += t.killed;
         tally.stalled += t.stalled;
         tally.drained += t.drained;
+        tally.cut += t.cut;
         tally.steps += t.steps;
         for (w, g) in sim.shares.got {
             *shares.got.entry(w).or_default() += g;
@@ -794,7 +804,7 @@ fn the_protocol_against_real_worker_sessions_keeps_every_jobs_plan_and_shares() 
         .collect();
     eprintln!(
         "{seeds} seeds, {jobs} jobs, {} steps: {} workers joined, {} left, {} drained for \
-         SIGTERM, {} killed, {} stalled; {} hedged units, {} reassigned pieces; where jobs \
+         SIGTERM, {} killed, {} stalled, {} connections cut; {} hedged units, {} reassigned pieces; where jobs \
          waited together, {}",
         tally.steps,
         tally.joined,
@@ -802,11 +812,26 @@ fn the_protocol_against_real_worker_sessions_keeps_every_jobs_plan_and_shares() 
         tally.drained,
         tally.killed,
         tally.stalled,
+        tally.cut,
         tally.hedged,
         tally.reassigned,
         ratios.join(", ")
     );
+    eprintln!(
+        "same-host: {} connections, {} slot grants, {} places handed, {} samples written \
+         into their place (each credit given back; {} claimed by the engine first), {} of \
+         them after the client dropped the connection, {} releases",
+        shm.connections,
+        shm.grants,
+        shm.places,
+        shm.placed,
+        shm.claimed,
+        shm.late_writes,
+        shm.releases
+    );
     if seeds >= 200 {
+        assert!(shm.grants > 0 && shm.places > 0 && shm.placed > 0 && shm.claimed > 0);
+        assert!(shm.late_writes > 0 && shm.releases > 0);
         assert!(tally.joined > 0 && tally.left > 0 && tally.killed > 0 && tally.stalled > 0);
         assert!(tally.drained > 0 && tally.hedged > 0 && tally.reassigned > 0);
         for w in &weights {
