@@ -14,6 +14,12 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use sluice_wire::{SampleFields, SampleGeometry, SampleShape};
 
+/// How much a ring taken over from the epoch before may grow while the consumer still holds
+/// that epoch's batches: to this many times its size (what a ring of this epoch's own would
+/// have cost beside it). The consumer may hold as many more batches
+/// (`crate::assembly::Assembly::hold_limit`).
+pub(crate) const SHARED_RING_GROWTH: usize = 2;
+
 /// Host memory for one batch.
 pub trait HostMemory: Send {
     fn as_slice(&self) -> &[u8];
@@ -230,7 +236,8 @@ impl Ring {
     }
 
     /// One more buffer for this ring, from `allocator` (it joins the ring when released), as
-    /// long as the ring has fewer than twice the buffers it was made with; `None` beyond.
+    /// long as the ring has fewer than [`SHARED_RING_GROWTH`] times the buffers it was made
+    /// with; `None` beyond.
     pub(crate) fn grow(
         &self,
         allocator: &dyn HostAllocator,
@@ -238,7 +245,7 @@ impl Ring {
         let made = self
             .made
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
-                (m < 2 * self.buffers).then_some(m + 1)
+                (m < SHARED_RING_GROWTH * self.buffers).then_some(m + 1)
             });
         made.ok().map(|_| allocator.allocate(self.bytes))
     }

@@ -8,160 +8,26 @@
 //! bind ahead as soon as one is free), the earlier epoch's ring, room in the consumer's queue
 //! or a link's command queue, or the protocol's next deadline.
 
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use sluice_shard::Manifest;
-use sluice_wire::Place;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::arena::{Arena, ArenaAllocator, PlaceGrant};
-use crate::assembly::{self, Assembly, Landing, Settle};
-use crate::batch::Batch;
-use crate::batch::{BatchPlan, Filling, HostAllocator, HostMemory, Ring, ShortBatch};
+use crate::arena::Arena;
+use crate::assembly::Assembly;
+use crate::batch::{Batch, BatchPlan, HostAllocator, Ring, ShortBatch};
 use crate::clock::{now, sleep_until};
 use crate::config::EpochSettings;
 use crate::error::ClientError;
 use crate::ledger::Ledger;
 use crate::link::Event;
-use crate::protocol::{Action, Protocol, Tensor};
+use crate::protocol::{Action, Protocol};
 use crate::reorder::{Arrival, Reorder};
 use crate::same_host::{Payload, Segments};
 use crate::session::Command;
 use crate::stats::{EpochCounters, Stats};
-
-/// How long an epoch in a shared ring waits for a buffer while its consumer waits for it,
-/// before it grows the ring (see [`acquire_shared`]).
-const GROW_AFTER: Duration = Duration::from_millis(50);
-
-/// The link between an epoch and the next one, started early (`prefetch_next_epoch`): the
-/// next epoch assigns its first units only once this one has handed out all of its own, so
-/// it never takes a worker's unit slot from this one, and fills its first batch only once
-/// this one has taken the buffer of its last, in this one's ring: the two epochs share the
-/// ring's buffers, and the ring buffers this epoch still needs are never taken from it.
-/// Made by [`handoff`]; the earlier epoch's coordinator holds the [`Successor`] half.
-pub(crate) struct Successor {
-    dispatched: CancellationToken,
-    ended: CancellationToken,
-    ring: Option<tokio::sync::oneshot::Sender<Arc<Ring>>>,
-}
-
-/// The later epoch's half of [`handoff`].
-pub(crate) struct Predecessor {
-    dispatched: CancellationToken,
-    ended: CancellationToken,
-    ring: Option<tokio::sync::oneshot::Receiver<Arc<Ring>>>,
-}
-
-pub(crate) fn handoff() -> (Successor, Predecessor) {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let dispatched = CancellationToken::new();
-    let ended = CancellationToken::new();
-    (
-        Successor {
-            dispatched: dispatched.clone(),
-            ended: ended.clone(),
-            ring: Some(tx),
-        },
-        Predecessor {
-            dispatched,
-            ended,
-            ring: Some(rx),
-        },
-    )
-}
-
-impl Successor {
-    /// This epoch has handed out all of its units: the next may assign its own.
-    fn dispatched(&self) {
-        self.dispatched.cancel();
-    }
-
-    /// This epoch has taken its last ring buffer: the next may fill from the same ring.
-    fn ring(&mut self, ring: &Arc<Ring>) {
-        if let Some(tx) = self.ring.take() {
-            let _ = tx.send(ring.clone());
-        }
-    }
-}
-
-impl Drop for Successor {
-    /// An epoch that ends (finished, failed or cancelled) lets the next one go; a ring not
-    /// handed over by then is not handed over (the next one makes its own).
-    fn drop(&mut self) {
-        self.dispatched.cancel();
-        self.ended.cancel();
-    }
-}
-
-impl Predecessor {
-    /// Cancelled when the earlier epoch's coordinator has ended.
-    pub(crate) fn ended_token(&self) -> CancellationToken {
-        self.ended.clone()
-    }
-}
-
-/// A batch bound to a ring buffer: its filling, the first place of its buffer in the batch
-/// arena (if it is there), and the samples whose place in it a worker may still write, put
-/// off until the batch closes.
-pub(crate) struct Bound {
-    filling: Filling,
-    first: Option<u32>,
-    deferred: Vec<(usize, Payload)>,
-}
-
-impl Bound {
-    /// Puts a sample in the next place of the batch where [`assembly::landing`] says:
-    /// copied (nothing to copy when the worker wrote it there), or put off.
-    fn push(
-        &mut self,
-        tensor: Payload,
-        id: crate::batch::SampleId,
-        unit: u64,
-        meta: crate::batch::SampleMeta,
-        arena: Option<&Arena>,
-    ) {
-        let at = self.filling.len();
-        let written_at = match &tensor {
-            Payload::Placed { place, .. } => Some(*place),
-            _ => None,
-        };
-        let first = self.first.filter(|_| arena.is_some());
-        let owned = |p: u32| arena.is_some_and(|a| a.owned(p..p + 1));
-        match assembly::landing(first, at, written_at, owned) {
-            Landing::Copy => self
-                .filling
-                .push(|slot| tensor.copy_tensor(slot), id, unit, meta),
-            Landing::Defer => {
-                // A tensor in its place is read now: the batch's later samples may close the
-                // gap over it before this one is written.
-                let tensor = match tensor {
-                    Payload::Placed { arena, place } => {
-                        let mut copy = vec![0u8; self.filling.sample_bytes()];
-                        arena.read(place, &mut copy);
-                        Payload::Bytes(copy.into())
-                    }
-                    other => other,
-                };
-                self.deferred.push((at, tensor));
-                self.filling.push(|_| {}, id, unit, meta);
-            }
-        }
-    }
-}
-
-impl Tensor for Payload {
-    fn detach(self, tensor_bytes: usize) -> Self {
-        Payload::detach(self, tensor_bytes)
-    }
-
-    fn spent_credit(&self) -> bool {
-        !matches!(self, Payload::Placed { .. })
-    }
-}
 
 pub(crate) struct Coordinator {
     protocol: Protocol<Payload>,
@@ -176,24 +42,18 @@ pub(crate) struct Coordinator {
     shape: Option<sluice_wire::SampleShape>,
     ring: Option<Arc<Ring>>,
     allocator: Arc<dyn HostAllocator>,
-    /// The batch being filled.
-    filling: Option<Bound>,
-    /// Batches after it already bound to ring buffers (their samples may be written straight
-    /// into them), in order.
-    ahead: VecDeque<Bound>,
+    /// The batches bound to ring buffers, and what to bind next.
+    assembly: Assembly,
     /// The loader's same-host segments (where the batch arena is); `None`: batches are
     /// filled by copies.
     arena_source: Option<Arc<Segments>>,
     /// The batch arena this epoch's ring draws from, once the ring is made.
     arena: Option<Arc<Arena>>,
-    next_batch: u64,
     counters: Arc<EpochCounters>,
     stats: Arc<Stats>,
     /// The ring of the epoch before, handed over once it has taken its last buffer (an epoch
     /// started early); `None`: this epoch makes its ring when the first worker is ready.
     earlier_ring: Option<tokio::sync::oneshot::Receiver<Arc<Ring>>>,
-    /// The ring is the earlier epoch's.
-    shared_ring: bool,
     /// Cancelled when the earlier epoch has handed out all its units (this one's wait).
     earlier_dispatched: Option<CancellationToken>,
     successor: Option<Successor>,
@@ -223,7 +83,11 @@ impl Coordinator {
             },
             ring_batches: settings.config.ring_batches,
             held: Arc::default(),
-            next_batch: settings.first_batch,
+            assembly: Assembly::new(
+                settings.batch_plan.batches,
+                settings.config.ring_batches,
+                settings.first_batch,
+            ),
             protocol: Protocol::new(
                 settings,
                 manifest,
@@ -236,14 +100,11 @@ impl Coordinator {
             shape: None,
             ring: None,
             allocator,
-            filling: None,
-            ahead: VecDeque::new(),
             arena_source: None,
             arena: None,
             counters,
             stats,
             earlier_ring: None,
-            shared_ring: false,
             earlier_dispatched: None,
             successor: None,
         }
@@ -341,13 +202,13 @@ impl Coordinator {
                 // Batches are bound (their places sent) as soon as there are buffers for
                 // them, not when the next sample or batch happens to come: a sample that
                 // arrives before its place goes through a slot and is copied.
-                ring = handed_over(handover) => {
+                ring = buffers::handed_over(handover) => {
                     self.earlier_ring = None;
                     self.adopt(ring.ok())?;
                     self.bind_ahead().await;
                     continue;
                 }
-                _ = free_buffer(room) => {
+                _ = buffers::free_buffer(room) => {
                     self.bind_ahead().await;
                     continue;
                 }
@@ -444,7 +305,7 @@ impl Coordinator {
                 Action::Assign(link, generation, assign) => {
                     let places = match &self.arena {
                         Some(_) => {
-                            let bound = self.bound_batches();
+                            let bound = self.assembly.bound_batches();
                             let first =
                                 |b: u64| bound.iter().find(|(k, _)| *k == b).map(|(_, f)| *f);
                             self.protocol.piece_places(&assign, first)
@@ -470,6 +331,9 @@ impl Coordinator {
                     if let Some(segments) = &self.arena_source {
                         self.arena = segments.made_arena(shape.bytes());
                     }
+                    if let Some(arena) = &self.arena {
+                        self.assembly.in_arena(arena.ahead());
+                    }
                     // An epoch started early waits for the earlier one's ring instead.
                     if self.earlier_ring.is_none() {
                         self.ring = Some(self.new_ring()?);
@@ -487,7 +351,7 @@ impl Coordinator {
                     let arena = self.arena.clone();
                     self.filling()
                         .await?
-                        .push(tensor, id, unit, meta, arena.as_deref());
+                        .push(tensor, (id, unit, meta), arena.as_deref());
                     self.bind_ahead().await;
                 }
                 Action::Fill(Arrival::Skip { id, reason, unit }) => {
@@ -511,342 +375,26 @@ impl Coordinator {
         self.shape.map_or(0, |s| s.bytes() as usize) * self.batch_plan.batch_size as usize
     }
 
-    /// Waits while the consumer holds as many batches as [`Assembly::hold_limit`] lets it.
-    async fn until_consumer_may_hold_another(&mut self) {
-        let Some(limit) = self.assembly().hold_limit(self.shared_ring) else {
-            return;
-        };
-        if self.held.now() < limit {
-            return;
-        }
-        self.waiting_for_a_buffer(true);
-        self.held.until_below(limit).await;
-        self.waiting_for_a_buffer(false);
-    }
-
-    /// Says whether the coordinator waits for the consumer to free a ring buffer, and with
-    /// it whether the consumer holds every one of the ring's batches (the epoch's short
-    /// grace before `RingExhausted`).
-    fn waiting_for_a_buffer(&self, waiting: bool) {
-        let all = waiting && self.held.now() >= self.ring_batches;
-        self.counters.held_all.store(all, Ordering::Relaxed);
-        self.counters.ring_full.store(waiting, Ordering::Relaxed);
-    }
-
-    fn ring_buffers(&self) -> usize {
-        self.assembly().ring_buffers()
-    }
-
-    /// How this epoch assembles its batches (known once the ring's arena is).
-    fn assembly(&self) -> Assembly {
-        Assembly {
-            batches: self.batch_plan.batches,
-            ring_batches: self.ring_batches,
-            ahead_max: self.arena.as_ref().map_or(0, |a| a.ahead()),
-        }
-    }
-
-    /// Where the ring's buffers come from: the batch arena while it has free ones.
-    fn ring_allocator(&self) -> Arc<dyn HostAllocator> {
-        match &self.arena {
-            Some(arena) => Arc::new(ArenaAllocator {
-                arena: arena.clone(),
-                fallback: self.allocator.clone(),
-            }),
-            None => self.allocator.clone(),
-        }
-    }
-
-    fn new_ring(&self) -> Result<Arc<Ring>, ClientError> {
-        Ring::new(
-            &*self.ring_allocator(),
-            self.ring_buffers(),
-            self.batch_bytes(),
-        )
-        .map_err(ClientError::Allocate)
-    }
-
-    /// The batches bound to buffers now (the one being filled and those ahead), with the
-    /// first place of each one that is in the batch arena.
-    fn bound_batches(&self) -> Vec<(u64, u32)> {
-        self.filling
-            .iter()
-            .chain(&self.ahead)
-            .filter_map(|b| Some((b.filling.index(), b.first?)))
-            .collect()
-    }
-
-    /// A filling for batch `index` in `buf`, and, in the arena, its samples' places sent to
-    /// the workers that hold them.
-    async fn bind(&mut self, buf: Box<dyn HostMemory>, ring: Arc<Ring>, index: u64) -> Bound {
-        let first = self
-            .arena
-            .as_ref()
-            .and_then(|a| a.first_place(buf.as_slice()));
-        let shape = self.shape.unwrap_or(sluice_wire::SampleShape {
-            frames: 1,
-            height: 0,
-            width: 0,
-            channels: 0,
-            elem_bytes: 0,
-            chw: false,
-        });
-        let target = self.batch_plan.target(index);
-        let filling = Filling::new(
-            buf,
-            ring,
-            shape,
-            (self.epoch, index),
-            target,
-            self.requested.clone(),
-        );
-        if let (Some(first), Some(_)) = (first, &self.arena) {
-            let places = self.protocol.batch_places(index, first);
-            self.send_places(places.into_iter()).await;
-        }
-        Bound {
-            filling,
-            first,
-            deferred: Vec::new(),
-        }
-    }
-
-    /// Binds free ring buffers to the batches [`Assembly::bind_next`] names, without
-    /// waiting for one.
-    async fn bind_ahead(&mut self) {
-        let Some(ring) = self.ring.clone() else {
-            return;
-        };
-        while let Some(index) = self.next_to_bind() {
-            let Some(buf) = ring.try_acquire() else {
-                return;
-            };
-            if self.assembly().is_last(index) {
-                if let Some(next) = &mut self.successor {
-                    next.ring(&ring);
-                }
-            }
-            let bound = self.bind(buf, ring.clone(), index).await;
-            self.ahead.push_back(bound);
-        }
-    }
-
-    /// Reserves `places` in the arena and sends each link those of its connection.
-    async fn send_places(&mut self, places: impl Iterator<Item = (usize, u64, Place)>) {
-        let Some(arena) = &self.arena else { return };
-        let mut by_link: Vec<((usize, u64), Vec<Place>)> = Vec::new();
-        for (link, generation, place) in places {
-            match by_link.iter_mut().find(|(k, _)| *k == (link, generation)) {
-                Some((_, v)) => v.push(place),
-                None => by_link.push(((link, generation), vec![place])),
-            }
-        }
-        for ((link, generation), places) in by_link {
-            let reserved = arena.reserve(places);
-            arena.populate(&reserved);
-            let grant = PlaceGrant::new(arena.clone(), reserved);
-            if !grant.places().is_empty() {
-                // Dropped unsent (the link is gone), the grant gives its places back.
-                send(self.link(link), Command::Places(generation, grant)).await;
-            }
-        }
-    }
-
-    /// The ring, in an epoch started early the earlier epoch's once it has taken its last
-    /// buffer (or a new one, if it ended without handing it over).
-    async fn ring(&mut self) -> Result<Arc<Ring>, ClientError> {
-        let earlier = self.earlier_ring.take_if(|_| self.shape.is_some());
-        if let Some(earlier) = earlier {
-            self.adopt(earlier.await.ok())?;
-        }
-        self.ring
-            .clone()
-            .ok_or_else(|| ClientError::Runtime("a sample before any worker was ready".into()))
-    }
-
-    /// Takes the ring the earlier epoch handed over when its buffers fit this epoch's
-    /// batches, or makes one (`earlier` is `None` when that epoch ended without handing it
-    /// over).
-    fn adopt(&mut self, earlier: Option<Arc<Ring>>) -> Result<(), ClientError> {
-        let ring = match earlier {
-            Some(r) if r.fits(self.ring_buffers(), self.batch_bytes()) => {
-                self.shared_ring = true;
-                r
-            }
-            _ => self.new_ring()?,
-        };
-        self.ring = Some(ring);
-        Ok(())
-    }
-
-    /// The ring, when [`Self::bind_ahead`] would bind a batch to a buffer as soon as one is
-    /// free.
-    fn room_wanted(&self) -> Option<Arc<Ring>> {
-        self.next_to_bind().and(self.ring.clone())
-    }
-
-    /// The batch to bind a free buffer to ahead of the one being filled, if one should be
-    /// ([`Assembly::bind_next`]; only in the batch arena).
-    fn next_to_bind(&self) -> Option<u64> {
-        let reached = self.arena.as_ref()?.reach(self.protocol.batches_reached());
-        self.assembly().bind_next(
-            self.next_batch,
-            self.filling.is_some(),
-            self.ahead.len(),
-            reached,
-        )
-    }
-
-    /// The batch being filled, waiting for a free ring buffer if there is none.
-    async fn filling(&mut self) -> Result<&mut Bound, ClientError> {
-        if self.filling.is_none()
-            && self
-                .ahead
-                .front()
-                .is_some_and(|b| b.filling.index() == self.next_batch)
-        {
-            self.filling = self.ahead.pop_front();
-        }
-        if self.filling.is_none() {
-            let started = Instant::now();
-            let ring = self.ring().await?;
-            self.waiting_for_a_buffer(true);
-            let buf = match self.shared_ring {
-                false => ring.acquire().await,
-                true => acquire_shared(&ring, &self.counters, self.allocator.clone()).await?,
-            };
-            self.waiting_for_a_buffer(false);
-            self.stats.ring_wait(started.elapsed());
-            // Time spent waiting for the consumer is not the workers' delay.
-            self.protocol.waited(now());
-            if self.assembly().is_last(self.next_batch) {
-                if let Some(next) = &mut self.successor {
-                    next.ring(&ring);
-                }
-            }
-            let bound = self.bind(buf, ring, self.next_batch).await;
-            self.filling = Some(bound);
-        }
-        self.filling
-            .as_mut()
-            .ok_or_else(|| ClientError::Runtime("no batch".into()))
-    }
-
-    /// The batch's own buffer, safe to hand the consumer: samples put off are written into
-    /// it; or, while a worker may still write a place in it (a stalled or lost one), a fresh
-    /// buffer with the batch copied into it, the arena buffer retired until its writers are
-    /// done.
-    fn settle(&self, bound: Bound) -> Result<Filling, ClientError> {
-        let Bound {
-            mut filling,
-            first,
-            deferred,
-        } = bound;
-        let (Some(first), Some(arena)) = (first, &self.arena) else {
-            return Ok(filling);
-        };
-        let n = self.shape.map_or(0, |s| s.bytes() as usize);
-        let size = self.batch_plan.batch_size as u32;
-        if assembly::settle(Some(first), size, |r| arena.owned(r)) == Settle::InPlace {
-            if let Some(buf) = filling.buffer_mut() {
-                for (i, payload) in &deferred {
-                    payload.copy_tensor(&mut buf[i * n..(i + 1) * n]);
-                }
-            }
-            return Ok(filling);
-        }
-        tracing::debug!(
-            batch = filling.index(),
-            "a worker may still write this batch's buffer: copied into a fresh one"
-        );
-        let mut fresh = self
-            .allocator
-            .allocate(self.batch_bytes())
-            .map_err(ClientError::Allocate)?;
-        if let Some(old) = filling.buffer() {
-            let dst = fresh.as_mut_slice();
-            for i in 0..filling.len() {
-                let to = &mut dst[i * n..(i + 1) * n];
-                match deferred.iter().find(|(at, _)| *at == i) {
-                    Some((_, payload)) => payload.copy_tensor(to),
-                    // Filled, so its place is settled.
-                    None => to.copy_from_slice(&old[i * n..(i + 1) * n]),
-                }
-            }
-        }
-        // The arena buffer goes back, retired while a place in it is owned.
-        drop(filling.replace_buffer(fresh));
-        Ok(filling)
-    }
-
     /// Finishes the batch being filled and hands it to the consumer.
     async fn close(
         &mut self,
         out: &mpsc::Sender<Result<Batch, ClientError>>,
     ) -> Result<(), ClientError> {
         // A batch of skips only still takes its place in the epoch.
-        let f = match self.filling.take() {
-            Some(f) => f,
-            None => {
-                self.filling().await?;
-                self.filling
-                    .take()
-                    .ok_or_else(|| ClientError::Runtime("no batch".into()))?
-            }
-        };
-        debug_assert!(
-            f.filling.is_full(),
-            "the protocol closed a batch before it was full"
-        );
+        self.filling().await?;
         self.until_consumer_may_hold_another().await;
-        let batch = self.settle(f)?.finish(self.short_batch, &self.held);
-        self.next_batch += 1;
+        let arena = self.arena.clone();
+        let owned = |places| arena.as_ref().is_some_and(|a| a.owned(places));
+        let size = self.batch_plan.batch_size as u32;
+        let (bound, settle) = (self.assembly.close(size, owned))
+            .ok_or_else(|| ClientError::Runtime("no batch".into()))?;
+        let batch = self
+            .settle(bound, settle)?
+            .finish(self.short_batch, &self.held);
         if out.send(Ok(batch)).await.is_err() {
             return Err(ClientError::ConsumerGone);
         }
         Ok(())
-    }
-}
-
-/// A free buffer of `ring`, a ring taken over from the epoch before. The consumer may still
-/// hold that epoch's batches while it waits for this one's: then, rather than wait for
-/// ever, the ring grows by a buffer, up to twice its size (what a ring of this epoch's own
-/// would have cost); beyond, the consumer's wait ends in `RingExhausted` as in any ring.
-async fn acquire_shared(
-    ring: &Ring,
-    counters: &EpochCounters,
-    allocator: Arc<dyn HostAllocator>,
-) -> Result<Box<dyn HostMemory>, ClientError> {
-    loop {
-        tokio::select! {
-            buf = ring.acquire() => return Ok(buf),
-            _ = tokio::time::sleep(GROW_AFTER) => {
-                if counters.consumer_waiting.load(Ordering::Relaxed) {
-                    if let Some(buf) = ring.grow(&*allocator) {
-                        tracing::debug!("the consumer holds the shared ring's buffers: one more");
-                        return buf.map_err(ClientError::Allocate);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The ring the earlier epoch hands over (`Err`: it ended without); never, without one.
-async fn handed_over(
-    earlier: Option<&mut tokio::sync::oneshot::Receiver<Arc<Ring>>>,
-) -> Result<Arc<Ring>, tokio::sync::oneshot::error::RecvError> {
-    match earlier {
-        Some(rx) => rx.await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Returns once `ring` has a free buffer; never, without a ring.
-async fn free_buffer(ring: Option<Arc<Ring>>) {
-    match ring {
-        Some(r) => r.until_free().await,
-        None => std::future::pending().await,
     }
 }
 
@@ -865,6 +413,10 @@ async fn gate(earlier: Option<CancellationToken>) {
         None => std::future::pending().await,
     }
 }
+
+mod buffers;
+mod handoff;
+pub(crate) use handoff::{handoff, Predecessor, Successor};
 
 #[cfg(test)]
 pub(crate) mod simulation;

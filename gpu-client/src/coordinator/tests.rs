@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use sluice_shard::{Checksum, Compression, ShardInfo};
 use sluice_wire::{SampleHeader, SampleShape, UnitDone};
 
