@@ -514,10 +514,7 @@ impl RemoteLink {
         let spare = self.spare_slots.min(room.min(u64::from(u32::MAX)) as u32);
         let segments = self.segments.clone();
         let arena = self.segments.arena(shape.bytes());
-        let bound = match arena {
-            Some(_) => crate::same_host::ARENA_SLOTS_GRANTED,
-            None => slots,
-        };
+        let bound = crate::session::slot_bound(arena.is_some(), slots);
         let pool = SlotPool::create(slots, spare, shape.bytes(), self.buffers.clone(), segments)
             .map(|p| Arc::new(p.granting_at_most(bound)))
             .map_err(|e| Ended::Fatal(crate::error::ClientError::Allocate(e.to_string())))?;

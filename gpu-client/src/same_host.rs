@@ -366,7 +366,7 @@ struct PoolState {
     /// Credits the coordinator returned that no free slot has carried yet.
     owed: u32,
     /// Most slots granted and not yet filled at once: the window, or fewer on a connection
-    /// sharing the batch arena ([`SlotPool::granting_at_most`]).
+    /// sharing the batch arena ([`SlotPool::granting_at_most`], as `crate::session::slot_bound` says).
     bound: u32,
     /// Units assigned on this connection that have not ended, with the samples each still
     /// owes: while any has not, the worker may still write a slot. A unit ends with its
@@ -374,12 +374,6 @@ struct PoolState {
     /// epoch's end the connection may close before the report arrives).
     running: std::collections::HashMap<(u64, u32), u64>,
 }
-
-/// Slots granted and not yet filled at once on a connection sharing the batch arena
-/// ([`SlotPool::granting_at_most`]). There a sample takes a slot only when it arrives before
-/// its batch is bound: loadgen's first epoch (no reach learned yet) filled 24 at most, the
-/// epochs after about 8.
-pub(crate) const ARENA_SLOTS_GRANTED: u32 = 32;
 
 /// A connection's segment and who holds which slot.
 pub(crate) struct SlotPool {

@@ -90,6 +90,22 @@ pub(crate) struct Settings {
 /// that worker's process exits.
 pub(crate) const RELEASE_WAIT: Duration = Duration::from_secs(1);
 
+/// Slots granted and not yet filled at once on a connection sharing the batch arena. There a
+/// sample takes a slot only when it arrives before its batch is bound: loadgen's first epoch
+/// (no reach learned yet) filled 24 at most, the epochs after about 8.
+const ARENA_SLOTS_GRANTED: u32 = 32;
+
+/// Most slots granted and not yet filled at once on a same-host connection whose credit
+/// window is `window` slots: all of them, or with the batch arena (`arena`) a few, since its
+/// samples mostly go straight into their places (the pool doubles the bound, up to the
+/// window, for a worker that fills them all).
+pub(crate) fn slot_bound(arena: bool, window: u32) -> u32 {
+    match arena {
+        true => ARENA_SLOTS_GRANTED.min(window),
+        false => window,
+    }
+}
+
 /// Where a sample's tensor is, as its frame says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TensorAt {

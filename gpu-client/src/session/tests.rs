@@ -420,3 +420,10 @@ fn the_weight_a_job_runs_at_is_kept_and_a_cap_is_told() {
         assert_eq!(s.capped(), capped);
     }
 }
+
+#[test]
+fn a_connection_sharing_the_batch_arena_grants_few_slots_at_once() {
+    assert_eq!(super::slot_bound(false, 100), 100);
+    assert_eq!(super::slot_bound(true, 100), 32);
+    assert_eq!(super::slot_bound(true, 8), 8, "never past the window");
+}
