@@ -345,12 +345,23 @@ impl LoaderConfig {
     /// the defaults that follow from others (the lookahead, manifest order's mixing). The
     /// dataset and the world are checked against each other when the loader is built.
     pub fn validate(&mut self) -> Result<(), ClientError> {
-        let bad = |key, detail: &str| {
-            Err(ClientError::Config {
-                key,
-                detail: detail.into(),
-            })
-        };
+        self.check_world()?;
+        self.check_counts()?;
+        self.check_sizes()?;
+        self.settle_order()?;
+        self.settle_clips()?;
+        if self.order == Order::Plan && self.lookahead < u64::from(self.batch_size) {
+            return bad(
+                "lookahead",
+                "must be at least batch_size, or workers could not fill one batch ahead",
+            );
+        }
+        Ok(())
+    }
+
+    /// The batch, the rank in its world, and the workers: where they are and how to trust
+    /// them.
+    fn check_world(&self) -> Result<(), ClientError> {
         if self.batch_size == 0 {
             return bad("batch_size", "must be at least 1");
         }
@@ -375,6 +386,11 @@ impl LoaderConfig {
                 "remote workers need a certificate to trust (a worker's state_dir/cert.pem, or their CA)",
             );
         }
+        Ok(())
+    }
+
+    /// The counts and limits that must be at least 1 (or within a range), and the names.
+    fn check_counts(&self) -> Result<(), ClientError> {
         if self.ring_batches < 2 {
             return bad("ring_batches", "must be at least 2");
         }
@@ -424,7 +440,12 @@ impl LoaderConfig {
         if self.mixture_round_samples == 0 {
             return bad("mixture_round_samples", "must be at least 1");
         }
-        self.check_sizes()?;
+        Ok(())
+    }
+
+    /// Manifest order's mixing (one unit at a time, no shuffle buffer), and the lookahead's
+    /// default.
+    fn settle_order(&mut self) -> Result<(), ClientError> {
         if !self.shuffle.shuffles() {
             // Manifest order: one unit at a time, no shuffle buffer, batches in plan order.
             if self.order == Order::Arrival {
@@ -441,9 +462,13 @@ impl LoaderConfig {
         if self.lookahead == 0 {
             self.lookahead = 512.max(2 * u64::from(self.batch_size));
         }
+        Ok(())
+    }
+
+    /// The pipeline checked; a loader that does not shuffle takes each clip's middle frames,
+    /// unless the pipeline says where clips start.
+    fn settle_clips(&mut self) -> Result<(), ClientError> {
         let spec = check_pipeline(&self.pipeline)?;
-        // A loader that does not shuffle takes each clip's middle frames, unless the pipeline
-        // says where clips start.
         if let Some(clip) = spec.clip.filter(|c| !c.explicit_start) {
             if self.shuffle == ShufflePolicy::Sequential {
                 let start = sluice_wire::spec::ClipStart::Center;
@@ -458,12 +483,6 @@ impl LoaderConfig {
                 };
                 self.pipeline = centred.to_string();
             }
-        }
-        if self.order == Order::Plan && self.lookahead < u64::from(self.batch_size) {
-            return bad(
-                "lookahead",
-                "must be at least batch_size, or workers could not fill one batch ahead",
-            );
         }
         Ok(())
     }
@@ -545,6 +564,14 @@ impl LoaderConfig {
             mixture_round_samples: self.mixture_round_samples,
         }
     }
+}
+
+/// A setting refused: `key`, and why.
+fn bad<T>(key: &'static str, detail: &str) -> Result<T, ClientError> {
+    Err(ClientError::Config {
+        key,
+        detail: detail.into(),
+    })
 }
 
 /// The workers a workers file names: one `host:port` a line; blank lines and `#` comments

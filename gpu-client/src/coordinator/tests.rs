@@ -31,10 +31,16 @@ fn sample(link: usize, unit: u64, attempt: u32, index: u64) -> Event {
     }
 }
 
-/// Two links; link 0 is lost after some samples, a late frame of its attempt arrives
-/// after the reassignment, and the reassigned piece repeats what was already delivered.
-#[tokio::test]
-async fn reassignment_delivers_each_sample_once_and_counts_duplicates() {
+/// An epoch of one 8-sample unit in batches of 4 over two links (`w0`, `w1`), with its
+/// plan, the links' command queues and its counters.
+type TwoLinks = (
+    Coordinator,
+    Arc<sluice_plan::Sequence>,
+    [mpsc::Receiver<Command>; 2],
+    Arc<EpochCounters>,
+);
+
+fn two_links() -> TwoLinks {
     let manifest = Arc::new(Manifest::new(vec![ShardInfo {
         url: "file:///s.tar".into(),
         size: 1,
@@ -54,8 +60,8 @@ async fn reassignment_delivers_each_sample_once_and_counts_duplicates() {
     let sequence = Arc::new(
         sluice_plan::Sequence::new(&units, sluice_plan::Mixing::default(), 1, 0, 0).unwrap(),
     );
-    let (tx0, mut rx0) = mpsc::channel(16);
-    let (tx1, mut rx1) = mpsc::channel(16);
+    let (tx0, rx0) = mpsc::channel(16);
+    let (tx1, rx1) = mpsc::channel(16);
     let counters = Arc::new(EpochCounters::default());
     let c = Coordinator::new(
         EpochSettings {
@@ -84,18 +90,27 @@ async fn reassignment_delivers_each_sample_once_and_counts_duplicates() {
         counters.clone(),
         Arc::new(Stats::new()),
     );
+    (c, sequence, [rx0, rx1], counters)
+}
+
+fn ready(link: usize) -> Event {
+    Event::Ready {
+        link,
+        generation: 1,
+        shape: SHAPE,
+        caches: false,
+    }
+}
+
+/// Two links; link 0 is lost after some samples, a late frame of its attempt arrives
+/// after the reassignment, and the reassigned piece repeats what was already delivered.
+#[tokio::test]
+async fn reassignment_delivers_each_sample_once_and_counts_duplicates() {
+    let (c, sequence, [mut rx0, mut rx1], counters) = two_links();
     let (ev_tx, ev_rx) = mpsc::channel(64);
     let (out_tx, mut out_rx) = mpsc::channel(4);
     let task = tokio::spawn(c.run(ev_rx, out_tx, CancellationToken::new()));
-    ev_tx
-        .send(Event::Ready {
-            link: 0,
-            generation: 1,
-            shape: SHAPE,
-            caches: false,
-        })
-        .await
-        .unwrap();
+    ev_tx.send(ready(0)).await.unwrap();
     // Link 0 gets its credits and the only piece.
     assert!(matches!(rx0.recv().await, Some(Command::Credit(1, 4))));
     let Some(Command::Assign(1, a)) = rx0.recv().await else {
@@ -116,15 +131,7 @@ async fn reassignment_delivers_each_sample_once_and_counts_duplicates() {
         .unwrap();
     // A frame link 0 sent before it died, read after the loss: still new, so kept.
     ev_tx.send(sample(0, 0, 0, 3)).await.unwrap();
-    ev_tx
-        .send(Event::Ready {
-            link: 1,
-            generation: 1,
-            shape: SHAPE,
-            caches: false,
-        })
-        .await
-        .unwrap();
+    ev_tx.send(ready(1)).await.unwrap();
     assert!(matches!(rx1.recv().await, Some(Command::Credit(1, 4))));
     let Some(Command::Assign(1, b)) = rx1.recv().await else {
         panic!("no reassignment")
