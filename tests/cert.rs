@@ -11,6 +11,15 @@ use std::path::Path;
 use support::{path_str, sluice, sluice_ok, succeed};
 use system::{dataset, loadgen, start_worker_with, SMALL_BATCHES};
 
+/// Loadgen's epoch of small batches from `worker`, trusting `trust`.
+fn one_epoch(manifest: &Path, worker: &str, token: &Path, trust: &Path) -> std::process::Output {
+    loadgen(manifest, &["--workers", worker], token, trust)
+        .args(SMALL_BATCHES)
+        .args(["--epochs", "1", "--worker-wait", "3"])
+        .output()
+        .unwrap()
+}
+
 fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
 }
@@ -70,16 +79,7 @@ fn one_ca_trusts_a_pool_and_no_other_certificate() {
 
     // A worker with its own self-signed certificate is not in the pool the CA vouches for.
     let stranger = start_worker_with(dir.path(), "stranger", &["--no-same-host"]);
-    let refused = loadgen(
-        &data.manifest_path,
-        &["--workers", &stranger.addr],
-        &token,
-        &trust,
-    )
-    .args(SMALL_BATCHES)
-    .args(["--epochs", "1", "--worker-wait", "3"])
-    .output()
-    .unwrap();
+    let refused = one_epoch(&data.manifest_path, &stranger.addr, &token, &trust);
     assert!(
         !refused.status.success(),
         "a client trusting only the CA reached a stranger"
@@ -387,16 +387,7 @@ fn a_certificate_replaced_while_a_job_runs_is_served_without_a_restart() {
     let token = dir.path().join("token");
     let one_epoch = |ca: &str| {
         let trust = dir.path().join(ca).join("ca.pem");
-        loadgen(
-            &data.manifest_path,
-            &["--workers", &worker.addr],
-            &token,
-            &trust,
-        )
-        .args(SMALL_BATCHES)
-        .args(["--epochs", "1", "--worker-wait", "3"])
-        .output()
-        .unwrap()
+        one_epoch(&data.manifest_path, &worker.addr, &token, &trust)
     };
     let new = one_epoch("ca2");
     assert!(

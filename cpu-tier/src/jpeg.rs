@@ -450,22 +450,17 @@ fn tiff_orientation(tiff: &[u8]) -> Option<u8> {
         b"MM" => false,
         _ => return None,
     };
-    let u16_at = |o: usize| -> Option<u16> {
-        let b: [u8; 2] = tiff.get(o..o + 2)?.try_into().ok()?;
-        Some(if le {
-            u16::from_le_bytes(b)
-        } else {
-            u16::from_be_bytes(b)
+    // An unsigned integer of `n` bytes at `o`, in the file's byte order.
+    let int_at = |o: usize, n: usize| -> Option<u32> {
+        let bytes = tiff.get(o..o.checked_add(n)?)?;
+        let push = |v: u32, b: &u8| v << 8 | u32::from(*b);
+        Some(match le {
+            true => bytes.iter().rev().fold(0, push),
+            false => bytes.iter().fold(0, push),
         })
     };
-    let u32_at = |o: usize| -> Option<u32> {
-        let b: [u8; 4] = tiff.get(o..o + 4)?.try_into().ok()?;
-        Some(if le {
-            u32::from_le_bytes(b)
-        } else {
-            u32::from_be_bytes(b)
-        })
-    };
+    let u16_at = |o: usize| int_at(o, 2).map(|v| v as u16);
+    let u32_at = |o: usize| int_at(o, 4);
     let ifd = u32_at(4)? as usize;
     let count = usize::from(u16_at(ifd)?);
     for e in 0..count.min(512) {

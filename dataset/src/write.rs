@@ -98,37 +98,43 @@ fn writer(config: WriterConfig) -> Result<ShardWriter> {
     Ok(ShardWriter::new(config)?)
 }
 
-/// Writes a folder as shards: an ImageFolder tree (subfolders are classes), or with `labels`
-/// a flat folder and its labels TSV.
+/// What a folder to shard holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Folder {
+    /// Images: an ImageFolder tree (subfolders are classes), or with labels a flat folder.
+    Images,
+    /// Clips: each a folder of JPEG frames (sorted by name), written as one sample whose
+    /// `mjpeg` field is the frames back to back. Clip folders sit in class folders
+    /// (`root/<class>/<clip>/`, the class's index in sorted name order as `.cls`), or, with
+    /// labels (a TSV naming each clip folder in its `file` column), in `root` itself.
+    Clips,
+}
+
+/// Writes a folder of images or clips as shards, with `labels` (a labels TSV) where the
+/// folder is flat.
 pub fn write_folder(
     root: &Path,
-    labels: Option<&Path>,
+    (folder, labels): (Folder, Option<&Path>),
     config: WriterConfig,
     order: Order,
     rewrite: Option<Rewrite>,
     progress: &mut dyn Progress,
 ) -> Result<Written> {
     let writer = writer(config)?;
-    let planned = match labels {
-        Some(labels) => labelled_folder(root, labels, progress)?,
-        None => image_folder(root, progress)?,
+    let planned = match (folder, labels) {
+        (Folder::Clips, labels) => clip_folder(root, labels, progress)?,
+        (Folder::Images, Some(labels)) => labelled_folder(root, labels, progress)?,
+        (Folder::Images, None) => image_folder(root, progress)?,
     };
     write_all(writer, planned, order, rewrite, progress)
 }
 
-/// Writes a folder of clips as shards: each clip a folder of JPEG frames (sorted by name),
-/// written as one sample whose `mjpeg` field is the frames back to back. Clip folders sit in
-/// class folders (`root/<class>/<clip>/`, the class's index in sorted name order as `.cls`),
-/// or, with `labels` (a TSV naming each clip folder in its `file` column), in `root` itself.
-pub fn write_clip_folder(
+/// The samples of a folder of clips ([`Folder::Clips`]).
+fn clip_folder(
     root: &Path,
     labels: Option<&Path>,
-    config: WriterConfig,
-    order: Order,
-    rewrite: Option<Rewrite>,
     progress: &mut dyn Progress,
-) -> Result<Written> {
-    let writer = writer(config)?;
+) -> Result<Vec<Planned>> {
     let mut planned = Vec::new();
     let mut ignored = Vec::new();
     match labels {
@@ -171,7 +177,7 @@ pub fn write_clip_folder(
             first.display()
         ));
     }
-    write_all(writer, planned, order, rewrite, progress)
+    Ok(planned)
 }
 
 /// Writes `planned` in `order` (shuffled by its seed unless it keeps the input's).

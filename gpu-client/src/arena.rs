@@ -515,12 +515,18 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_place_has_one_writer_until_it_is_settled() {
-        let arena = Arena::create((2, 2, 4, 1), &crate::batch::HeapAllocator)
+    /// An arena of `buffers` buffers of two 4-byte places, and its first buffer, taken.
+    fn arena(buffers: u32) -> (Arc<Arena>, ArenaBuffer) {
+        let arena = Arena::create((buffers, 2, 4, 1), &crate::batch::HeapAllocator)
             .unwrap()
             .unwrap();
         let b = arena.take().unwrap();
+        (arena, b)
+    }
+
+    #[test]
+    fn a_place_has_one_writer_until_it_is_settled() {
+        let (arena, b) = arena(2);
         let first = arena.first_place(b.as_slice()).unwrap();
         let w = arena.writer();
         let got = arena.reserve(vec![place(1, 0, first), place(1, 1, first + 1)]);
@@ -556,10 +562,7 @@ mod tests {
 
     #[test]
     fn a_writer_that_ends_mid_unit_keeps_its_places_until_its_process_exits() {
-        let arena = Arena::create((1, 2, 4, 1), &crate::batch::HeapAllocator)
-            .unwrap()
-            .unwrap();
-        let b = arena.take().unwrap();
+        let (arena, b) = arena(1);
         let w = arena.writer();
         arena.hand(w, &arena.reserve(vec![place(1, 0, 0), place(2, 0, 1)]));
         arena.unit_ended(w, 2, 0);

@@ -468,12 +468,18 @@ impl Batch {
 
 impl Drop for Batch {
     fn drop(&mut self) {
-        if let Some(held) = self.held.take() {
-            held.back();
-        }
-        if let Some(buf) = self.buf.take() {
-            self.ring.release(buf);
-        }
+        give_back(&mut self.held, &mut self.buf, &self.ring);
+    }
+}
+
+/// A batch (or its buffer) the consumer let go of: no longer counted among those it holds,
+/// and its buffer back in its ring.
+fn give_back(held: &mut Option<Arc<Held>>, buf: &mut Option<Box<dyn HostMemory>>, ring: &Ring) {
+    if let Some(held) = held.take() {
+        held.back();
+    }
+    if let Some(buf) = buf.take() {
+        ring.release(buf);
     }
 }
 
@@ -489,12 +495,7 @@ pub(crate) struct DetachedBuffer {
 
 impl Drop for DetachedBuffer {
     fn drop(&mut self) {
-        if let Some(held) = self.held.take() {
-            held.back();
-        }
-        if let Some(buf) = self.buf.take() {
-            self.ring.release(buf);
-        }
+        give_back(&mut self.held, &mut self.buf, &self.ring);
     }
 }
 

@@ -1,6 +1,6 @@
 //! Test helpers shared by the crate's unit tests.
 
-use sluice_wire::{Assign, Finished, Output, RunnerError, SampleHeader};
+use sluice_wire::{Assign, Finished, Output, RunnerError};
 
 /// Runs `a` as a worker in process would: one sample per index, whose label and tensor
 /// `sample(index)` gives, each emitted against the caller's credit.
@@ -9,27 +9,10 @@ pub(crate) fn emit_unit(
     emit: &mut dyn FnMut(Output) -> bool,
     sample: impl Fn(u64) -> (i64, Vec<u8>),
 ) -> Result<Finished, RunnerError> {
-    for index in a.start..a.end {
-        let (label, tensor) = sample(index);
-        let header = SampleHeader {
-            job: a.job,
-            unit: a.unit,
-            attempt: a.attempt,
-            shard: a.shard.index,
-            index,
-            key: format!("{index}"),
-            label: Some(label),
-            tensor_bytes: tensor.len() as u64,
-            fields: Vec::new(),
-            geometry: Default::default(),
-            has: Vec::new(),
-        };
-        if !emit(Output::Sample(header, tensor)) {
-            return Err(RunnerError::Cancelled);
-        }
-    }
-    Ok(Finished {
-        sent: a.end - a.start,
-        ..Finished::default()
+    sluice_wire::synthetic_unit(a, emit, |mut header| {
+        let (label, tensor) = sample(header.index);
+        header.label = Some(label);
+        header.tensor_bytes = tensor.len() as u64;
+        Output::Sample(header, tensor)
     })
 }

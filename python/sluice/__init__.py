@@ -29,7 +29,7 @@ from importlib.metadata import PackageNotFoundError, version
 from ._fields import FieldDecodeError, Fields, decode_field
 from ._geometry import transform_boxes
 from ._loader import Loader
-from ._sluice import Epoch, Images, Labels, SluiceError, serve_metrics
+from ._sluice import Epoch, Images, Labels, SluiceError, Tensor, serve_metrics
 
 try:
     __version__ = version("sluice")
@@ -43,6 +43,7 @@ __all__ = [
     "Fields",
     "Images",
     "Labels",
+    "Tensor",
     "Loader",
     "SluiceError",
     "decode_field",

@@ -61,14 +61,14 @@ class Epoch:
         source's delivered samples), storage_bytes and cached_bytes (shard bytes read from
         storage and from the workers' caches)."""
 
-class Images:
-    """A batch's images (N×H×W×3, or N×3×H×W with a ``chw`` pipeline), through DLPack
-    (``torch.from_dlpack``, ``numpy.from_dlpack``), and what comes with each row."""
+class Tensor:
+    """One half of a batch (its images or its labels) exported through DLPack
+    (``torch.from_dlpack``, ``numpy.from_dlpack``) without a copy, in host memory or on the
+    batch's GPU."""
 
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None,
                    dl_device: Any = None, copy: Optional[bool] = None) -> Any: ...
     def __dlpack_device__(self) -> Tuple[int, int]: ...
-    def __len__(self) -> int: ...
     @property
     def data_ptr(self) -> int: ...
     @property
@@ -77,6 +77,12 @@ class Images:
     def dtype(self) -> str: ...
     @property
     def device(self) -> str: ...
+
+class Images(Tensor):
+    """A batch's images (N×H×W×3, or N×3×H×W with a ``chw`` pipeline), and what comes with
+    each row."""
+
+    def __len__(self) -> int: ...
     @property
     def ids(self) -> List[Tuple[int, int]]:
         """(shard index, sample index) of each row."""
@@ -113,14 +119,9 @@ class Images:
     def frames(self) -> Optional[List[List[int]]]:
         """A batch of clips: each row's source frame indices; ``None`` for images."""
 
-class Labels:
-    """A batch's int64 labels, through DLPack, beside its images."""
+class Labels(Tensor):
+    """A batch's int64 labels, beside its images."""
 
-    def __dlpack__(self, *, stream: Any = None, max_version: Any = None,
-                   dl_device: Any = None, copy: Optional[bool] = None) -> Any: ...
-    def __dlpack_device__(self) -> Tuple[int, int]: ...
     def __len__(self) -> int: ...
-    @property
-    def data_ptr(self) -> int: ...
 
 def serve_metrics(addr: str = "127.0.0.1:0") -> str: ...

@@ -228,15 +228,23 @@ fn wait_on(stream: Option<&Bound<'_, PyAny>>, _owner: &Arc<Owner>) -> PyResult<(
     cuda_stream(stream).map(|_| ())
 }
 
-/// The images of a batch: N×H×W×C (or N×C×H×W) in the pipeline's dtype, in host memory or,
-/// with `device="cuda:N"`, on that GPU.
-#[pyclass(module = "sluice", frozen)]
-pub struct Images {
+/// One half of a batch exported through DLPack: its images or its labels, sharing the
+/// batch (`owner`), in host memory or on the batch's GPU.
+#[pyclass(module = "sluice", frozen, subclass)]
+pub struct Tensor {
     owner: Arc<Owner>,
     data: usize,
     shape: Vec<i64>,
     dtype: (u8, u8),
     device: (i32, i32),
+}
+
+/// The images of a batch: N×H×W×C (or N×C×H×W) in the pipeline's dtype, in host memory or,
+/// with `device="cuda:N"`, on that GPU.
+#[pyclass(module = "sluice", frozen, extends = Tensor)]
+pub struct Images {
+    /// The batch's metadata (the same batch as the tensor's).
+    owner: Arc<Owner>,
     ids: Vec<(u32, u64)>,
     keys: Vec<String>,
     sources: Vec<u32>,
@@ -250,12 +258,9 @@ pub struct Images {
 /// The labels of a batch: an int64 vector read from the loader's `label` field (`cls` by
 /// default; every label -1 with `label=None`), beside the images (host memory or the same
 /// GPU). A sample whose label is missing or not an integer is skipped, never given -1.
-#[pyclass(module = "sluice", frozen)]
+#[pyclass(module = "sluice", frozen, extends = Tensor)]
 pub struct Labels {
-    owner: Arc<Owner>,
-    data: usize,
-    len: i64,
-    device: (i32, i32),
+    len: usize,
 }
 
 /// Where a batch's images and labels are, and how they are laid out.
@@ -316,16 +321,15 @@ pub struct Limits {
     pub max_decoded_bytes: u64,
 }
 
+/// A batch's two DLPack-exporting halves, which share it.
+pub type Halves = (PyClassInitializer<Images>, PyClassInitializer<Labels>);
+
 /// Splits a batch into its two DLPack-exporting halves, which share it.
-pub fn split(held: Held, limits: Arc<Limits>) -> (Images, Labels) {
+pub fn split(held: Held, limits: Arc<Limits>) -> Halves {
     let view = held.view();
     let host = held.host();
     let rows = view.dims[0];
     let images = Images {
-        data: view.images,
-        shape: view.dims.iter().map(|d| *d as i64).collect(),
-        dtype: view.dtype,
-        device: view.device,
         ids: host.map_or_else(Vec::new, |b| {
             b.ids().iter().map(|i| (i.shard, i.index)).collect()
         }),
@@ -342,17 +346,25 @@ pub fn split(held: Held, limits: Arc<Limits>) -> (Images, Labels) {
         limits,
         owner: Arc::new(Owner(crate::fork::ForkSafe::new(Mutex::new(held)))),
     };
-    let labels = Labels {
+    let tensor = |data, shape, dtype| Tensor {
         owner: images.owner.clone(),
-        data: view.labels,
-        len: rows as i64,
+        data,
+        shape,
+        dtype,
         device: view.device,
     };
-    (images, labels)
+    let dims = view.dims.iter().map(|d| *d as i64).collect();
+    let labels = tensor(view.labels, vec![rows as i64], (KDL_INT, 64));
+    let images =
+        PyClassInitializer::from(tensor(view.images, dims, view.dtype)).add_subclass(images);
+    (
+        images,
+        PyClassInitializer::from(labels).add_subclass(Labels { len: rows }),
+    )
 }
 
 #[pymethods]
-impl Images {
+impl Tensor {
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__(
         &self,
@@ -402,6 +414,7 @@ impl Images {
             (KDL_UINT, 8) => "uint8",
             (KDL_FLOAT, 16) => "float16",
             (KDL_FLOAT, 32) => "float32",
+            (KDL_INT, 64) => "int64",
             _ => "unknown",
         }
     }
@@ -414,7 +427,10 @@ impl Images {
             _ => "cpu".into(),
         }
     }
+}
 
+#[pymethods]
+impl Images {
     /// (shard index, sample index) of each row.
     #[getter]
     fn ids(&self) -> Vec<(u32, u64)> {
@@ -541,42 +557,7 @@ impl Images {
 
 #[pymethods]
 impl Labels {
-    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
-    fn __dlpack__(
-        &self,
-        py: Python<'_>,
-        stream: Option<&Bound<'_, PyAny>>,
-        max_version: Option<&Bound<'_, PyAny>>,
-        dl_device: Option<&Bound<'_, PyAny>>,
-        copy: Option<bool>,
-    ) -> PyResult<PyObject> {
-        let _ = max_version;
-        let dtype = DLDataType {
-            code: KDL_INT,
-            bits: 64,
-            lanes: 1,
-        };
-        dlpack(
-            py,
-            stream,
-            dl_device,
-            copy,
-            (self.data, vec![self.len], dtype),
-            &self.owner,
-            self.device,
-        )
-    }
-
-    fn __dlpack_device__(&self) -> (i32, i32) {
-        self.device
-    }
-
-    #[getter]
-    fn data_ptr(&self) -> usize {
-        self.data
-    }
-
     fn __len__(&self) -> usize {
-        self.len as usize
+        self.len
     }
 }

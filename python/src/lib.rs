@@ -654,7 +654,10 @@ impl Epoch {
         slf
     }
 
-    fn __next__(&self, py: Python<'_>) -> PyResult<Option<(dlpack::Images, dlpack::Labels)>> {
+    fn __next__(
+        &self,
+        py: Python<'_>,
+    ) -> PyResult<Option<(Py<dlpack::Images>, Py<dlpack::Labels>)>> {
         if let Some(pid) = self.inner.forked_from() {
             return Err(forked(pid));
         }
@@ -684,7 +687,8 @@ impl Epoch {
                         return Err(pyo3::exceptions::PyValueError::new_err(why));
                     }
                     logs::deliver(py);
-                    return Ok(Some(dlpack::split(batch, self.limits.clone())));
+                    let (images, labels) = dlpack::split(batch, self.limits.clone());
+                    return Ok(Some((Py::new(py, images)?, Py::new(py, labels)?)));
                 }
             }
         }
@@ -745,6 +749,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(serve_metrics, m)?)?;
     m.add_class::<Loader>()?;
     m.add_class::<Epoch>()?;
+    m.add_class::<dlpack::Tensor>()?;
     m.add_class::<dlpack::Images>()?;
     m.add_class::<dlpack::Labels>()?;
     m.add("SluiceError", m.py().get_type::<SluiceError>())?;

@@ -184,27 +184,25 @@ impl SampleIndex {
     }
 
     pub fn write_file(&self, path: &Path) -> Result<()> {
-        let tmp = crate::write::sibling(path, ".partial");
-        let io_err = |source| ShardError::Io {
-            shard: path.display().to_string(),
-            offset: 0,
-            source,
-        };
-        std::fs::write(&tmp, self.encode()).map_err(io_err)?;
-        std::fs::rename(&tmp, path).map_err(io_err)
+        crate::write::replace(path, &self.encode())
     }
 
     /// Reads an index file, refusing one larger than `max_bytes`.
     pub fn read_file(path: &Path, max_bytes: u64) -> Result<Self> {
-        let name = path.display().to_string();
-        let file = std::fs::File::open(path).map_err(|source| ShardError::Io {
-            shard: name.clone(),
-            offset: 0,
-            source,
-        })?;
-        let bytes = read_bounded(file, max_bytes, &name)?;
+        let (bytes, name) = read_path_bounded(path, max_bytes)?;
         Self::decode(&bytes, &name)
     }
+}
+
+/// Reads the file at `path`, refusing one larger than `max_bytes`: its bytes and its name.
+pub(crate) fn read_path_bounded(path: &Path, max_bytes: u64) -> Result<(Vec<u8>, String)> {
+    let name = path.display().to_string();
+    let file = std::fs::File::open(path).map_err(|source| ShardError::Io {
+        shard: name.clone(),
+        offset: 0,
+        source,
+    })?;
+    Ok((read_bounded(file, max_bytes, &name)?, name))
 }
 
 /// Reads a whole stream, refusing more than `max_bytes`.

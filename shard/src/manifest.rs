@@ -223,26 +223,13 @@ impl Manifest {
 
     /// Loads a manifest file, refusing one over `max_bytes`.
     pub fn load(path: &Path, max_bytes: u64) -> Result<Self> {
-        let name = path.display().to_string();
-        let file = std::fs::File::open(path).map_err(|source| ShardError::Io {
-            shard: name.clone(),
-            offset: 0,
-            source,
-        })?;
-        let bytes = crate::index::read_bounded(file, max_bytes, &name)?;
+        let (bytes, name) = crate::index::read_path_bounded(path, max_bytes)?;
         Self::from_json(&bytes, &name)
     }
 
     /// Writes the manifest atomically (temporary file, then rename).
     pub fn save(&self, path: &Path) -> Result<()> {
-        let tmp = crate::write::sibling(path, ".partial");
-        let io_err = |source| ShardError::Io {
-            shard: path.display().to_string(),
-            offset: 0,
-            source,
-        };
-        std::fs::write(&tmp, self.to_json() + "\n").map_err(io_err)?;
-        std::fs::rename(&tmp, path).map_err(io_err)
+        crate::write::replace(path, (self.to_json() + "\n").as_bytes())
     }
 }
 

@@ -328,6 +328,13 @@ impl Drop for ShardWriter {
     }
 }
 
+/// Writes `bytes` to `path` atomically: a sibling `.partial` file, then a rename over it.
+pub(crate) fn replace(path: &Path, bytes: &[u8]) -> crate::Result<()> {
+    let tmp = sibling(path, ".partial");
+    std::fs::write(&tmp, bytes).map_err(|e| io_error(path, 0, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io_error(path, 0, e))
+}
+
 /// `dir/name.tar` + `suffix` → `dir/name.tar<suffix>`.
 pub(crate) fn sibling(path: &Path, suffix: &str) -> PathBuf {
     let mut s = path.as_os_str().to_owned();

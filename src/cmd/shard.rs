@@ -115,7 +115,8 @@ pub fn run(args: Args) -> Result<()> {
     let written = if let Some(dir) = &args.clips {
         let mut progress = Progress::new(None, "shard");
         let labels = args.labels.as_deref();
-        let w = write::write_clip_folder(dir, labels, config, order, rewrite, &mut progress)?;
+        let folder = (write::Folder::Clips, labels);
+        let w = write::write_folder(dir, folder, config, order, rewrite, &mut progress)?;
         progress.finish();
         (w, progress.elapsed())
     } else if args.input.as_deref() == Some("-") {
@@ -130,7 +131,7 @@ pub fn run(args: Args) -> Result<()> {
         let mut progress = Progress::new(None, "shard");
         let w = write::write_folder(
             Path::new(args.input.as_deref().unwrap_or_default()),
-            args.labels.as_deref(),
+            (write::Folder::Images, args.labels.as_deref()),
             config,
             order,
             rewrite,

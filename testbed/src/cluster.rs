@@ -204,7 +204,7 @@ pub fn shard_images(input: &Path, bucket: &Path) -> Result<()> {
     let labels = labels.exists().then_some(labels);
     sluice_dataset::write::write_folder(
         input,
-        labels.as_deref(),
+        (sluice_dataset::write::Folder::Images, labels.as_deref()),
         config,
         sluice_dataset::write::Order::default(),
         None,

@@ -748,27 +748,21 @@ pub fn bench_clips(
             }
             let frame = sluice_dataset::synth::encode_jpeg(fw, fh, &px, 90)?;
             let index = singles.len() as u64;
-            singles.push(Sample {
-                key: format!("{index:06}"),
-                index,
-                fields: vec![Field {
-                    name: "jpg".into(),
-                    data: frame.clone(),
-                }],
-                ..s.clone()
-            });
+            singles.push(one_field(
+                s,
+                (format!("{index:06}"), index),
+                "jpg",
+                frame.clone(),
+            ));
             mjpeg.extend(frame);
         }
         let index = out.len() as u64;
-        out.push(Sample {
-            key: format!("clip{index:04}"),
-            index,
-            fields: vec![Field {
-                name: "mjpeg".into(),
-                data: mjpeg,
-            }],
-            ..s.clone()
-        });
+        out.push(one_field(
+            s,
+            (format!("clip{index:04}"), index),
+            "mjpeg",
+            mjpeg,
+        ));
     }
     if out.is_empty() {
         return Err(TestbedError::Setup(
@@ -776,6 +770,19 @@ pub fn bench_clips(
         ));
     }
     Ok((out, singles))
+}
+
+/// `like`, as sample `index` named `key`, with one field `name` holding `data`.
+fn one_field(like: &Sample, (key, index): (String, u64), name: &str, data: Vec<u8>) -> Sample {
+    Sample {
+        key,
+        index,
+        fields: vec![Field {
+            name: name.into(),
+            data,
+        }],
+        ..like.clone()
+    }
 }
 
 #[cfg(test)]

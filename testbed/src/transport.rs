@@ -91,25 +91,13 @@ impl JobRunner for Synthetic {
         a: &Assign,
         emit: &mut dyn FnMut(Output) -> bool,
     ) -> Result<Finished, RunnerError> {
-        for index in a.start..a.end {
-            let header = SampleHeader {
-                job: a.job,
-                unit: a.unit,
-                attempt: a.attempt,
-                shard: a.shard.index,
-                index,
-                key: format!("{index:08}"),
-                label: Some(0),
-                tensor_bytes: self.shape.bytes(),
-                fields: Vec::new(),
-                geometry: Default::default(),
-                has: Vec::new(),
-            };
+        sluice_wire::synthetic_unit(a, emit, |mut header| {
+            header.tensor_bytes = self.shape.bytes();
             let claim = self
                 .places
                 .get()
-                .and_then(|p| p.claim(a.unit, a.attempt, index, self.tensor.len()));
-            let output = match claim {
+                .and_then(|p| p.claim(a.unit, a.attempt, header.index, self.tensor.len()));
+            match claim {
                 Some(mut claim) => {
                     claim.memory().copy_from_slice(&self.tensor);
                     Output::Placed(header, claim.place(), Vec::new())
@@ -119,14 +107,7 @@ impl JobRunner for Synthetic {
                     payload.copy_from_slice(&self.tensor);
                     Output::Sample(header, payload)
                 }
-            };
-            if !emit(output) {
-                return Err(RunnerError::Cancelled);
             }
-        }
-        Ok(Finished {
-            sent: a.end - a.start,
-            ..Finished::default()
         })
     }
 

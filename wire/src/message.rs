@@ -123,6 +123,17 @@ pub struct Welcome {
     pub caches: bool,
 }
 
+impl Welcome {
+    /// What a worker called `worker` says, with no threads or cache to tell of (tests and
+    /// simulations).
+    pub fn named(worker: &str) -> Welcome {
+        Welcome {
+            worker: worker.into(),
+            ..Welcome::default()
+        }
+    }
+}
+
 /// What samples are decoded for: the job's coordinates seed every augmentation.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {

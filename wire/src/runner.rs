@@ -227,6 +227,38 @@ pub fn drive_unit(
     }
 }
 
+/// Runs `a` as a synthetic unit (benchmarks' and tests' workers, which decode nothing): one
+/// output per sample index, what `output` makes of the sample's header (key `index` in 8
+/// digits, label 0, no tensor bytes until `output` sets them), each handed to `emit`.
+pub fn synthetic_unit(
+    a: &Assign,
+    emit: &mut dyn FnMut(Output) -> bool,
+    mut output: impl FnMut(SampleHeader) -> Output,
+) -> Result<Finished, RunnerError> {
+    for index in a.start..a.end {
+        let header = SampleHeader {
+            job: a.job,
+            unit: a.unit,
+            attempt: a.attempt,
+            shard: a.shard.index,
+            index,
+            key: format!("{index:08}"),
+            label: Some(0),
+            tensor_bytes: 0,
+            fields: Vec::new(),
+            geometry: Default::default(),
+            has: Vec::new(),
+        };
+        if !emit(output(header)) {
+            return Err(RunnerError::Cancelled);
+        }
+    }
+    Ok(Finished {
+        sent: a.end - a.start,
+        ..Finished::default()
+    })
+}
+
 /// An error and its causes as one line, each said once (the frame that reports a failed
 /// unit carries text: the client may be on another host).
 pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {

@@ -451,10 +451,7 @@ impl<L: Clone> Worker<L> {
 
     /// `n` credits for `job` (same-host: the slots a grant placed).
     pub fn credit(&mut self, conn: ConnId, job: u64, n: u32) {
-        let job_state = self
-            .sessions
-            .get_mut(&conn)
-            .and_then(|s| s.jobs.get_mut(&job));
+        let job_state = self.job_mut(conn, job);
         if let Some(j) = job_state {
             j.credits = j.credits.saturating_add(n);
             self.feed(conn, job);
@@ -548,11 +545,8 @@ impl<L: Clone> Worker<L> {
             State::Starved => return Gate::Wait(Waiting::Credit),
         }
         if !u.prepaid {
-            let job = self
-                .sessions
-                .get_mut(&u.conn)
-                .and_then(|s| s.jobs.get_mut(&u.job));
-            let Some(j) = job else {
+            let session = self.sessions.get_mut(&u.conn);
+            let Some(j) = session.and_then(|s| s.jobs.get_mut(&u.job)) else {
                 return Gate::Stop; // its session went with its job; `stop` follows
             };
             if j.credits == 0 {
@@ -770,12 +764,14 @@ impl<L: Clone> Worker<L> {
         self.finished(conn);
     }
 
+    /// Job `job` of connection `conn`, while both are open.
+    fn job_mut(&mut self, conn: ConnId, job: u64) -> Option<&mut Job> {
+        self.sessions.get_mut(&conn)?.jobs.get_mut(&job)
+    }
+
     /// A unit ended (or was forgotten): the places its client gave for it are dropped.
     fn forget_places(&mut self, u: &Unit<L>) {
-        let job = self
-            .sessions
-            .get_mut(&u.conn)
-            .and_then(|s| s.jobs.get_mut(&u.job));
+        let job = self.job_mut(u.conn, u.job);
         if let Some(j) = job {
             j.shm.unit_ended(u.key);
         }
@@ -785,11 +781,8 @@ impl<L: Clone> Worker<L> {
     /// each with its credit taken.
     fn feed(&mut self, conn: ConnId, job: u64) {
         loop {
-            let Some(j) = self
-                .sessions
-                .get_mut(&conn)
-                .and_then(|s| s.jobs.get_mut(&job))
-            else {
+            let session = self.sessions.get_mut(&conn);
+            let Some(j) = session.and_then(|s| s.jobs.get_mut(&job)) else {
                 return;
             };
             if j.credits == 0 {

@@ -119,11 +119,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
         (any::<u64>(), prop::collection::vec(any::<u32>(), 0..64))
             .prop_map(|(job, slots)| Message::SlotCredit { job, slots }),
         (any::<u32>(), 0u64..1 << 24, 0u64..512).prop_map(|(slot, tensor, field)| {
-            let Message::Sample(mut header) = sample(field as usize, vec![("json".into(), field)])
-            else {
-                unreachable!()
-            };
-            header.tensor_bytes = tensor;
+            let header = same_host_header(tensor, field);
             Message::ShmSample { slot, header }
         }),
         (
@@ -146,12 +142,10 @@ fn arb_message() -> impl Strategy<Value = Message> {
                     .collect()
             }),
         (any::<u32>(), 0u64..1 << 24, 0u64..512).prop_map(|(place, tensor, field)| {
-            let Message::Sample(mut header) = sample(field as usize, vec![("json".into(), field)])
-            else {
-                unreachable!()
-            };
-            header.tensor_bytes = tensor;
-            Message::ShmPlaced { place, header }
+            Message::ShmPlaced {
+                place,
+                header: same_host_header(tensor, field),
+            }
         }),
     ]
 }
@@ -348,4 +342,14 @@ fn heartbeat_frame() -> Vec<u8> {
     let heartbeat = Message::Heartbeat { seq: 1 };
     encode_frame(&heartbeat, &[], &Limits::default(), &mut frame).unwrap();
     frame
+}
+
+/// A same-host sample's header: `tensor` bytes in shared memory, one `json` field of
+/// `field` bytes in the frame.
+fn same_host_header(tensor: u64, field: u64) -> SampleHeader {
+    let Message::Sample(mut header) = sample(field as usize, vec![("json".into(), field)]) else {
+        unreachable!()
+    };
+    header.tensor_bytes = tensor;
+    header
 }

@@ -520,13 +520,7 @@ impl Sim {
         let conn = &mut self.conns[c];
         if let Some(m) = output {
             if matches!(m, Message::Sample(_)) {
-                conn.sent += 1;
-                assert!(
-                    conn.sent <= conn.granted,
-                    "worker {w} sent {} samples on {} credits",
-                    conn.sent,
-                    conn.granted
-                );
+                spend(&mut conn.sent, conn.granted, "credits");
             }
             if !conn.worker_closed {
                 conn.to_client.push_back(m);
@@ -741,6 +735,16 @@ impl Sim {
     }
 }
 
+/// A worker sent one more sample against what its client granted (`credits`, or same-host
+/// `slots`): never more than granted.
+fn spend(sent: &mut u64, granted: u64, what: &str) {
+    *sent += 1;
+    assert!(
+        *sent <= granted,
+        "a worker sent {sent} samples on {granted} {what}"
+    );
+}
+
 impl Link {
     fn new(worker: usize) -> Self {
         Link {
@@ -817,21 +821,19 @@ fn the_protocol_against_real_worker_sessions_keeps_every_jobs_plan_and_shares() 
         tally.reassigned,
         ratios.join(", ")
     );
-    eprintln!(
-        "same-host: {} connections, {} slot grants, {} places handed, {} samples written \
-         into their place (each credit given back; {} claimed by the engine first), {} of \
-         them after the client dropped the connection, {} releases",
-        shm.connections,
-        shm.grants,
-        shm.places,
-        shm.placed,
-        shm.claimed,
-        shm.late_writes,
-        shm.releases
-    );
+    let said: Vec<String> = shm.0.iter().map(|(k, v)| format!("{v} {k}")).collect();
+    eprintln!("same-host: {}", said.join(", "));
     if seeds >= 200 {
-        assert!(shm.grants > 0 && shm.places > 0 && shm.placed > 0 && shm.claimed > 0);
-        assert!(shm.late_writes > 0 && shm.releases > 0);
+        for what in [
+            "grants",
+            "places",
+            "placed",
+            "claimed",
+            "late writes",
+            "releases",
+        ] {
+            assert!(shm.get(what) > 0, "no {what} over {seeds} seeds");
+        }
         assert!(tally.joined > 0 && tally.left > 0 && tally.killed > 0 && tally.stalled > 0);
         assert!(tally.drained > 0 && tally.hedged > 0 && tally.reassigned > 0);
         for w in &weights {

@@ -278,13 +278,7 @@ fn frame_headers_are_checked_against_the_transport_job_and_shape() {
     assert!(fatal(&mut s).contains("tensor bytes"));
 
     let mut s = running(Transport::Frames, t0);
-    s.handle(
-        Message::ShmSample {
-            slot: 0,
-            header: header(7, bytes),
-        },
-        t0,
-    );
+    s.handle(slot_sample(header(7, bytes)), t0);
     assert!(fatal(&mut s).contains("shared-memory sample over QUIC"));
 
     let mut s = running(Transport::SameHost, t0);
@@ -303,13 +297,7 @@ fn frame_headers_are_checked_against_the_transport_job_and_shape() {
             ..
         }
     ));
-    s.handle(
-        Message::ShmSample {
-            slot: 0,
-            header: header(6, bytes),
-        },
-        t0,
-    );
+    s.handle(slot_sample(header(6, bytes)), t0);
     assert!(fatal(&mut s).contains("of job 6"));
 
     let mut s = running(Transport::Frames, t0);
@@ -426,4 +414,9 @@ fn a_connection_sharing_the_batch_arena_grants_few_slots_at_once() {
     assert_eq!(super::slot_bound(false, 100), 100);
     assert_eq!(super::slot_bound(true, 100), 32);
     assert_eq!(super::slot_bound(true, 8), 8, "never past the window");
+}
+
+/// A sample in slot 0.
+fn slot_sample(header: SampleHeader) -> Message {
+    Message::ShmSample { slot: 0, header }
 }

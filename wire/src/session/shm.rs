@@ -124,31 +124,28 @@ fn check_attach(
     job: u64,
     sample_bytes: u64,
 ) -> Result<(), String> {
-    if attach.job != job {
-        return Err(format!(
-            "segment for job {}, the open job is {job}",
-            attach.job
-        ));
-    }
-    if attach.slot_bytes != sample_bytes {
-        return Err(format!(
-            "slots of {} bytes, the job's samples have {sample_bytes}",
-            attach.slot_bytes
-        ));
-    }
     // Slots beyond the credits hold samples the client keeps until their turn.
     let max_credits = rules.max_credits;
-    if attach.slots == 0 || attach.slots > max_credits.saturating_add(MAX_SPARE_SLOTS) {
-        return Err(format!(
-            "{} slots (limits.max_credits = {max_credits}, plus {MAX_SPARE_SLOTS} spare)",
-            attach.slots
-        ));
-    }
-    if attach.places > MAX_PLACES {
-        return Err(format!(
+    let refused = match attach {
+        a if a.job != job => Some(format!("segment for job {}, the open job is {job}", a.job)),
+        a if a.slot_bytes != sample_bytes => Some(format!(
+            "slots of {} bytes, the job's samples have {sample_bytes}",
+            a.slot_bytes
+        )),
+        a if a.slots == 0 || a.slots > max_credits.saturating_add(MAX_SPARE_SLOTS) => {
+            Some(format!(
+                "{} slots (limits.max_credits = {max_credits}, plus {MAX_SPARE_SLOTS} spare)",
+                a.slots
+            ))
+        }
+        a if a.places > MAX_PLACES => Some(format!(
             "a batch arena of {} samples (at most {MAX_PLACES})",
-            attach.places
-        ));
+            a.places
+        )),
+        _ => None,
+    };
+    if let Some(why) = refused {
+        return Err(why);
     }
     for (what, n) in [("segment", attach.slots), ("batch arena", attach.places)] {
         let bytes = u64::from(n).saturating_mul(attach.slot_bytes);
@@ -223,11 +220,7 @@ impl<L: Clone> Worker<L> {
     /// The shell mapped (or could not map) the segments of the client's `ShmAttach` for
     /// `job`: slot credits may come once it did.
     pub fn attached(&mut self, conn: ConnId, job: u64, result: Result<(), String>) {
-        let Some(j) = self
-            .sessions
-            .get_mut(&conn)
-            .and_then(|s| s.jobs.get_mut(&job))
-        else {
+        let Some(j) = self.job_mut(conn, job) else {
             return;
         };
         let Some(attach) = j.shm.attaching.take() else {
@@ -263,11 +256,7 @@ impl<L: Clone> Worker<L> {
         (unit, attempt): (u64, u32),
         index: u64,
     ) -> Result<Option<u32>, String> {
-        let j = self
-            .sessions
-            .get_mut(&conn)
-            .and_then(|s| s.jobs.get_mut(&job))
-            .ok_or("the job was cancelled")?;
+        let j = self.job_mut(conn, job).ok_or("the job was cancelled")?;
         Ok(j.shm.take_place((unit, attempt), index))
     }
 
@@ -277,11 +266,7 @@ impl<L: Clone> Worker<L> {
     pub fn route(&mut self, id: UnitId, index: u64, fits: bool) -> Result<Route, String> {
         let u = self.units.get(&id).ok_or("the unit ended")?;
         let (conn, job, key) = (u.conn, u.job, u.key);
-        let j = self
-            .sessions
-            .get_mut(&conn)
-            .and_then(|s| s.jobs.get_mut(&job))
-            .ok_or("the job was cancelled")?;
+        let j = self.job_mut(conn, job).ok_or("the job was cancelled")?;
         let place = match fits {
             true => j.shm.take_place(key, index),
             false => None,

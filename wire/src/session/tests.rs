@@ -4,15 +4,11 @@ use crate::message::{Hello, ShardRef, UnitDone};
 use std::time::Duration;
 
 fn rules() -> Rules {
-    let welcome = Welcome {
-        worker: "w".into(),
-        ..Welcome::default()
-    };
     Rules {
         max_credits: 100,
         max_units_per_connection: 4,
         max_job_weight: 8,
-        ..Rules::new(Some("secret".into()), welcome)
+        ..Rules::new(Some("secret".into()), Welcome::named("w"))
     }
 }
 
@@ -530,6 +526,25 @@ fn layout(slots: u32, places: u32) -> Message {
     })
 }
 
+/// The client grants slot `slot` of job 1.
+fn grant(w: &mut W, conn: ConnId, slot: u32, now: Instant) {
+    let m = Message::SlotCredit {
+        job: 1,
+        slots: vec![slot],
+    };
+    send(w, conn, m, now);
+}
+
+/// Place `place` of the batch arena for sample `index` of unit `unit`.
+fn place(unit: u64, index: u64, place: u32) -> crate::message::Place {
+    crate::message::Place {
+        unit,
+        attempt: 0,
+        index,
+        place,
+    }
+}
+
 /// A same-host connection with job 1 open, greeted and opened; its segments not attached.
 fn same_host_opened(w: &mut W, now: Instant) -> ConnId {
     let conn = w.connect(Transport::Slots, now);
@@ -597,23 +612,9 @@ fn same_host_samples_take_their_place_or_a_granted_slot_and_placed_ones_spend_no
     });
     let id = id.expect("accepted");
     assert!(matches!(w.take_wakes()[..], [Wake::Start(5)]));
-    let place = |index, place| crate::message::Place {
-        unit: 5,
-        attempt: 0,
-        index,
-        place,
-    };
-    let places = vec![place(0, 3), place(1, 4)];
+    let places = vec![place(5, 0, 3), place(5, 1, 4)];
     send(&mut w, c, Message::ShmPlaces { job: 1, places }, now);
-    send(
-        &mut w,
-        c,
-        Message::SlotCredit {
-            job: 1,
-            slots: vec![0],
-        },
-        now,
-    );
+    grant(&mut w, c, 0, now);
     assert!(effects(&mut w, c).is_empty());
     // One credit: sample 0 goes to its place and gives it back, so sample 1 may go too.
     assert_eq!(w.next_sample(id), Gate::Go);
@@ -633,25 +634,9 @@ fn same_host_samples_take_their_place_or_a_granted_slot_and_placed_ones_spend_no
         .route(id, 2, true)
         .unwrap_err()
         .contains("without a granted slot"));
-    send(
-        &mut w,
-        c,
-        Message::SlotCredit {
-            job: 1,
-            slots: vec![1],
-        },
-        now,
-    );
+    grant(&mut w, c, 1, now);
     assert!(matches!(w.take_wakes()[..], [Wake::Resume(5)]));
-    send(
-        &mut w,
-        c,
-        Message::SlotCredit {
-            job: 1,
-            slots: vec![1],
-        },
-        now,
-    );
+    grant(&mut w, c, 1, now);
     assert_closed(&mut w, c, "slot 1 granted twice");
 }
 
@@ -659,25 +644,16 @@ fn same_host_samples_take_their_place_or_a_granted_slot_and_placed_ones_spend_no
 fn a_same_host_job_cancelled_releases_its_places_and_none_is_handed_out_after() {
     let now = Instant::now();
     let mut w = W::new(rules(), 1);
-    let c = same_host(&mut w, now);
-    send(&mut w, c, Message::Assign(assign(1, 5)), now);
-    let places = vec![crate::message::Place {
-        unit: 5,
-        attempt: 0,
-        index: 0,
-        place: 9,
-    }];
-    send(&mut w, c, Message::ShmPlaces { job: 1, places }, now);
-    assert_closed(&mut w, c, "the arena has 8");
-    let c = same_host(&mut w, now);
-    send(&mut w, c, Message::Assign(assign(1, 6)), now);
-    let places = vec![crate::message::Place {
-        unit: 6,
-        attempt: 0,
-        index: 0,
-        place: 1,
-    }];
-    send(&mut w, c, Message::ShmPlaces { job: 1, places }, now);
+    let mut c = same_host(&mut w, now);
+    for (unit, place, closes) in [(5, 9, true), (6, 1, false)] {
+        send(&mut w, c, Message::Assign(assign(1, unit)), now);
+        let places = vec![self::place(unit, 0, place)];
+        send(&mut w, c, Message::ShmPlaces { job: 1, places }, now);
+        if closes {
+            assert_closed(&mut w, c, "the arena has 8");
+            c = same_host(&mut w, now);
+        }
+    }
     send(&mut w, c, Message::Cancel { job: 1 }, now);
     assert!(matches!(
         effects(&mut w, c)[..],

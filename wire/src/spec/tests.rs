@@ -143,9 +143,7 @@ fn parses_the_usual_pipelines_and_round_trips() {
         "decode | center_crop 224 | rotate -30.5 | shear_x 0.1 | shear_y -0.2 | translate_x -7 | translate_y 3 | trivial_augment bins=10 | auto_augment imagenet | random_erasing p=1 scale=0.1,0.2 ratio=1,2 value=128",
         "decode | center_crop 8 | normalize mean=0,0,0 std=1,1,1 | random_erasing value=random",
     ] {
-        let spec: PipelineSpec = text.parse().unwrap();
-        let again: PipelineSpec = spec.to_string().parse().unwrap();
-        assert_eq!(spec, again, "{text}");
+        round_trips(text);
     }
     let spec: PipelineSpec = "decode | random_resized_crop 224 | hflip 0.5"
         .parse()
@@ -203,9 +201,7 @@ fn a_clip_takes_frames_after_decode_and_counts_them_in_its_shape() {
         "decode field=mjpg | clip 16 stride=3 start=center | resize 64x48 | chw",
         "decode | clip 2 stride=1 start=random | center_crop 8",
     ] {
-        let spec: PipelineSpec = text.parse().unwrap();
-        let again: PipelineSpec = spec.to_string().parse().unwrap();
-        assert_eq!(spec, again, "{text}");
+        round_trips(text);
     }
     for (text, expect) in [
         (
@@ -268,4 +264,12 @@ fn a_clips_window_starts_where_drawn_or_centred_and_repeats_a_short_clips_last_f
         total: 5,
     };
     assert_eq!(frames.indices().collect::<Vec<_>>(), [0, 2, 4, 4]);
+}
+
+/// `text` parses, and its printed form parses back to the same spec.
+#[track_caller]
+fn round_trips(text: &str) {
+    let spec: PipelineSpec = text.parse().unwrap();
+    let again: PipelineSpec = spec.to_string().parse().unwrap();
+    assert_eq!(spec, again, "{text}");
 }

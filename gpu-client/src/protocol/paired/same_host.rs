@@ -65,29 +65,26 @@ pub(super) struct ShmConn {
     slots_granted: u64,
 }
 
-/// What the same-host connections exercised over the seeds.
+/// What the same-host connections exercised over the seeds, by name: `connections`,
+/// `grants` (slot frames), `places` (handed), `placed` (samples written into their place,
+/// each credit given back), `claimed` (of those, claimed by the engine first), `late writes`
+/// (places written after the client dropped the connection), `releases`.
 #[derive(Default)]
-pub(super) struct ShmTally {
-    pub(super) connections: u64,
-    pub(super) grants: u64,
-    pub(super) places: u64,
-    /// Samples written into their place: each gave its credit back.
-    pub(super) placed: u64,
-    pub(super) claimed: u64,
-    /// Places written by a worker after the client had dropped its connection.
-    pub(super) late_writes: u64,
-    pub(super) releases: u64,
-}
+pub(super) struct ShmTally(pub(super) std::collections::BTreeMap<&'static str, u64>);
 
 impl ShmTally {
+    fn count(&mut self, what: &'static str, n: u64) {
+        *self.0.entry(what).or_default() += n;
+    }
+
+    pub(super) fn get(&self, what: &str) -> u64 {
+        self.0.get(what).copied().unwrap_or(0)
+    }
+
     pub(super) fn add(&mut self, t: &ShmTally) {
-        self.connections += t.connections;
-        self.grants += t.grants;
-        self.places += t.places;
-        self.placed += t.placed;
-        self.claimed += t.claimed;
-        self.late_writes += t.late_writes;
-        self.releases += t.releases;
+        for (what, n) in &t.0 {
+            self.count(what, *n);
+        }
     }
 }
 
@@ -95,7 +92,7 @@ impl Sim {
     /// A new same-host connection of job `j`: its writer in the job's arena and its slots.
     pub(super) fn shm_conn(&mut self, j: usize) -> Option<ShmConn> {
         let arena = self.jobs[j].arena.as_ref()?;
-        self.shm_tally.connections += 1;
+        self.shm_tally.count("connections", 1);
         let slots = 1 + self.rng.below(24) as u32;
         Some(ShmConn {
             free: (0..slots).rev().collect(),
@@ -136,7 +133,7 @@ impl Sim {
             Commanded::Hand(grant) => {
                 let arena = &self.jobs[conn.job].arena.as_ref().expect("an arena").arena;
                 let places = grant.hand(arena, shm.writer).expect("the job's arena");
-                self.shm_tally.places += places.len() as u64;
+                self.shm_tally.count("places", places.len() as u64);
                 conn.session.places(places);
             }
         }
@@ -210,7 +207,7 @@ impl Sim {
         let route = match claimed {
             Some(place) => {
                 rules.placed(unit.id);
-                self.shm_tally.claimed += 1;
+                self.shm_tally.count("claimed", 1);
                 Route::Place(place)
             }
             None => rules
@@ -230,9 +227,9 @@ impl Sim {
                     "place {place} written by writer {} for sample {index} of unit {key:?}",
                     shm.writer
                 );
-                self.shm_tally.placed += 1;
+                self.shm_tally.count("placed", 1);
                 if conn.client_closed || conn.worker_closed {
-                    self.shm_tally.late_writes += 1;
+                    self.shm_tally.count("late writes", 1);
                 }
                 Message::ShmPlaced { place, header }
             }
@@ -240,13 +237,7 @@ impl Sim {
                 let at = shm.granted.iter().position(|&s| s == slot);
                 let at = at.unwrap_or_else(|| panic!("slot {slot} written, not granted"));
                 shm.granted.swap_remove(at);
-                shm.slot_samples += 1;
-                assert!(
-                    shm.slot_samples <= shm.slots_granted,
-                    "{} samples in slots on {} slots granted",
-                    shm.slot_samples,
-                    shm.slots_granted
-                );
+                super::spend(&mut shm.slot_samples, shm.slots_granted, "slots");
                 Message::ShmSample { slot, header }
             }
         }
@@ -301,7 +292,7 @@ impl Sim {
     pub(super) fn released(&mut self, c: usize) {
         if let Some(shm) = self.conns[c].shm.as_mut() {
             shm.released = true;
-            self.shm_tally.releases += 1;
+            self.shm_tally.count("releases", 1);
         }
     }
 
@@ -364,7 +355,7 @@ impl Sim {
         if let Some(shm) = self.conns[c].shm.as_mut() {
             shm.granted.extend_from_slice(slots);
             shm.slots_granted += slots.len() as u64;
-            self.shm_tally.grants += 1;
+            self.shm_tally.count("grants", 1);
         }
     }
 }

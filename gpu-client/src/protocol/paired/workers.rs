@@ -93,14 +93,10 @@ impl SimWorker {
 }
 
 fn rules() -> Rules {
-    let welcome = Welcome {
-        worker: "sim".into(),
-        ..Welcome::default()
-    };
     Rules {
         max_job_weight: 8,
         heartbeat: HEARTBEAT,
         client_silence: SILENCE,
-        ..Rules::new(Some("t".into()), welcome)
+        ..Rules::new(Some("t".into()), Welcome::named("sim"))
     }
 }
