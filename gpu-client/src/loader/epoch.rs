@@ -57,7 +57,7 @@ pub struct Epoch {
     /// segment's batch indexes, so a batch's index is its step in the epoch.
     offset: u64,
     /// Starts a mixture's next round when this one has run out (`None`: no round after it).
-    rounds: Option<super::start::Runner>,
+    rounds: Option<Box<dyn Rounds>>,
     rx: mpsc::Receiver<Result<Batch, ClientError>>,
     pub(super) cancel: CancellationToken,
     pub(super) counters: Arc<EpochCounters>,
@@ -83,6 +83,18 @@ pub struct Epoch {
     per_source: Vec<u64>,
 }
 
+/// Starts a mixture's next round when the one being read runs out, under the plan the epoch
+/// started with (the loader's runner starts it): the round as an epoch of its own, and
+/// what the consumer will have been handed once it takes it.
+pub(super) trait Rounds: Send + Sync {
+    fn next_round(
+        &self,
+        epoch: u64,
+        resumed: &[Segment],
+        counters: Arc<EpochCounters>,
+    ) -> Result<(Epoch, Option<Progress>), ClientError>;
+}
+
 /// What an epoch's iterator is made of (see `Loader::start`).
 pub(super) struct Parts {
     pub runtime: tokio::runtime::Handle,
@@ -92,7 +104,7 @@ pub(super) struct Parts {
     /// The rest of the epoch from the segment's start (its rounds after it included).
     pub rest: sluice_plan::BatchPlan,
     pub resumed: Vec<Segment>,
-    pub rounds: Option<super::start::Runner>,
+    pub rounds: Option<Box<dyn Rounds>>,
     pub first_batch: u64,
     pub rx: mpsc::Receiver<Result<Batch, ClientError>>,
     pub cancel: CancellationToken,
@@ -198,8 +210,7 @@ impl Epoch {
             return Ok(());
         };
         let counters = self.counters.clone();
-        let mut next = runner.next_round(self.epoch, &self.resumed, counters)?;
-        let fresh = &mut next.epoch;
+        let (mut fresh, mut handed) = runner.next_round(self.epoch, &self.resumed, counters)?;
         // `fresh` ends up with this round's queue and token, and cancels them when dropped.
         std::mem::swap(&mut self.rx, &mut fresh.rx);
         std::mem::swap(&mut self.cancel, &mut fresh.cancel);
@@ -209,7 +220,7 @@ impl Epoch {
         self.rounds = fresh.rounds.take();
         if let Ok(mut p) = self.progress.lock() {
             if p.as_ref().is_some_and(|p| p.pass == self.pass) {
-                *p = next.progress.take().map(|mut progress| {
+                *p = handed.take().map(|mut progress| {
                     progress.pass = self.pass;
                     progress
                 });

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::checkpoint::Pending;
-use super::epoch::{Epoch, Parts, Progress};
+use super::epoch::{Epoch, Parts, Progress, Rounds};
 use super::{Loader, Workers};
 use crate::config::{EpochSettings, Order};
 use crate::coordinator::{handoff, Coordinator, Predecessor};
@@ -248,7 +248,8 @@ impl Runner {
             false => (None, None),
         };
         let (batch_plan, first_batch) = (run.settings.batch_plan, run.settings.first_batch);
-        let (rest, rounds) = (run.rest, rounds_after.then(|| self.clone()));
+        let rounds = rounds_after.then(|| Box::new(self.clone()) as Box<dyn Rounds>);
+        let rest = run.rest;
         let resumed = run.progress.resumed.clone();
         let mut coordinator = Coordinator::new(
             run.settings,
@@ -293,27 +294,6 @@ impl Runner {
             links: names,
             next,
         })
-    }
-
-    /// The round after the one `epoch` is reading after the segments `resumed`, which every
-    /// rank took whole: the segments so far and that round are the earlier ones, and
-    /// nothing is handed back.
-    pub(super) fn next_round(
-        &self,
-        epoch: u64,
-        resumed: &[Segment],
-        counters: Arc<EpochCounters>,
-    ) -> Result<Started, ClientError> {
-        let resumed = self
-            .planner
-            .after_round(epoch, resumed, self.config.world_size)?;
-        let pending = Pending {
-            epoch,
-            resumed,
-            batches: 0,
-            ledger: None,
-        };
-        self.start(epoch, Some(pending), None, Some(counters))
     }
 
     /// This rank's part of `epoch` (the rest of it after `resume`): its units, what of them
@@ -484,5 +464,29 @@ impl Runner {
             out.tasks.push(Box::pin(watcher.run()));
         }
         Ok(out)
+    }
+}
+
+impl Rounds for Runner {
+    /// The round after the one `epoch` is reading after the segments `resumed`, which every
+    /// rank took whole: the segments so far and that round are the earlier ones, and
+    /// nothing is handed back.
+    fn next_round(
+        &self,
+        epoch: u64,
+        resumed: &[Segment],
+        counters: Arc<EpochCounters>,
+    ) -> Result<(Epoch, Option<Progress>), ClientError> {
+        let resumed = self
+            .planner
+            .after_round(epoch, resumed, self.config.world_size)?;
+        let pending = Pending {
+            epoch,
+            resumed,
+            batches: 0,
+            ledger: None,
+        };
+        let started = self.start(epoch, Some(pending), None, Some(counters))?;
+        Ok((started.epoch, started.progress))
     }
 }
