@@ -59,6 +59,26 @@ pub struct LoadedMixture {
     pub schedule: Option<sluice_plan::ScheduleSpec>,
 }
 
+impl LoadedMixture {
+    /// Fills a loader's mixture settings from this mixture, taking its sources: its weights;
+    /// its epoch length and weight schedule unless the loader set its own. The manifests,
+    /// by name, are returned for the loader's sources. The one place a mixture meets a
+    /// loader's settings (the binding and loadgen both fill theirs here).
+    pub fn fill(
+        self,
+        weights: &mut Vec<f64>,
+        epoch_samples: &mut Option<u64>,
+        schedule: &mut Option<sluice_plan::ScheduleSpec>,
+    ) -> Vec<(String, Manifest)> {
+        *weights = self.weights;
+        *epoch_samples = epoch_samples.or(self.epoch_samples);
+        if schedule.is_none() {
+            *schedule = self.schedule;
+        }
+        self.sources
+    }
+}
+
 /// Whether `spec` names a mixture file (`.toml`, or `.json` that is not a manifest is told
 /// apart when read: see [`read_spec`]).
 /// The largest mixture file read (a few sources' names and weights).

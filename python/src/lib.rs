@@ -406,12 +406,12 @@ impl Loader {
         sources: Option<Vec<(String, f64)>>,
     ) -> PyResult<Self> {
         logs::install();
-        // The settings first, as a worker will check them: a mistake is a ValueError here.
+        // The settings as given: the builder validates them once, with the mixture's (a
+        // mistake is a ValueError naming its key, from `build`).
         let mut config = settings::parse(config)?;
         if let Some(s) = &sources {
             config.weights = s.iter().map(|(_, w)| *w).collect();
         }
-        config.validate().map_err(client_error)?;
         let ordinal = parse_device(device)?;
         let wanted = Conversion { dtype, mean, std };
         if ordinal.is_none() && wanted.converts() {
@@ -442,12 +442,9 @@ impl Loader {
                 let m = py
                     .allow_threads(|| sluice_dataset::mixture::load(Path::new(dataset)))
                     .map_err(|e| PyValueError::new_err(format!("dataset: {e}")))?;
-                config.weights = m.weights;
-                config.epoch_samples = config.epoch_samples.or(m.epoch_samples);
-                if config.weight_schedule.is_none() {
-                    config.weight_schedule = m.schedule;
-                }
-                sluice_client::Loader::builder().sources(m.sources)
+                let c = &mut config;
+                let sources = m.fill(&mut c.weights, &mut c.epoch_samples, &mut c.weight_schedule);
+                sluice_client::Loader::builder().sources(sources)
             }
             (None, false) => {
                 let manifest = py.allow_threads(|| load_dataset(dataset))?;

@@ -347,10 +347,8 @@ pub fn run(args: Args) -> Result<()> {
     let mut cfg = config(&args)?;
     let (manifest, mixture) = datasets(&args)?;
     if let Some(m) = mixture {
-        cfg.loader.weights = m.weights;
-        cfg.loader.epoch_samples = m.epoch_samples;
-        cfg.loader.weight_schedule = m.schedule;
-        cfg.mixture = m.sources;
+        let l = &mut cfg.loader;
+        cfg.mixture = m.fill(&mut l.weights, &mut l.epoch_samples, &mut l.weight_schedule);
     }
     cfg.validate(&manifest)?;
     let bars = Bars::new(cfg.ranks, cfg.step_ms);

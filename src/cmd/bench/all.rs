@@ -128,7 +128,7 @@ pub fn run(args: AllArgs) -> Result<()> {
     // What the client costs the host per sample on each, beside the floor (the worker in a
     // child process).
     eprintln!("[bench] the client's host cost…");
-    let host = super::host_cost::measure(&probe, 3, 3, None)?;
+    let host = super::probe::measure(&probe, 3, 3, None)?;
 
     // The whole chain over each transport, beside the CPU tier alone on the same cores.
     eprintln!("[bench] the chain…");

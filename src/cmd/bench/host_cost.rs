@@ -6,18 +6,19 @@
 //! so the figure is the client's CPU alone, as `time` on a loadgen beside a separate `sluice
 //! cpu` would measure it.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 
-use anyhow::{bail, Context, Result};
-use sluice_testbed::host_cost::{self, HostCost, SyntheticWorker};
-use sluice_testbed::transport::{Synthetic, TransportProbe};
+use anyhow::{bail, Result};
+use sluice_testbed::host_cost::SyntheticWorker;
+use sluice_testbed::transport::Synthetic;
+
+use super::probe::{measure, Row};
 
 #[derive(clap::Args)]
 pub struct HostCostArgs {
     #[command(flatten)]
-    probe: super::transport::ProbeArgs,
+    probe: super::probe::ProbeArgs,
     /// Repeat each measurement this many times and keep the cheapest.
     #[arg(long, default_value_t = 3)]
     repeat: u32,
@@ -40,15 +41,6 @@ pub struct HostCostArgs {
     /// With --serve: the same-host socket too.
     #[arg(long, hide = true)]
     serve_same_host: bool,
-}
-
-/// One transport's figures.
-pub struct Row {
-    pub transport: &'static str,
-    pub cost: HostCost,
-    /// The floor, µs per sample.
-    pub floor: f64,
-    pub floor_parts: String,
 }
 
 pub fn run(args: HostCostArgs) -> Result<()> {
@@ -91,51 +83,6 @@ pub fn run(args: HostCostArgs) -> Result<()> {
     Ok(())
 }
 
-/// Each transport's cost and floor (or `only` one).
-pub fn measure(
-    probe: &TransportProbe,
-    repeat: u32,
-    epochs: u64,
-    only: Option<&str>,
-) -> Result<Vec<Row>> {
-    let bytes = (u64::from(probe.side) * u64::from(probe.side) * 3) as usize;
-    let floor = host_cost::floor(bytes, probe.samples, probe.credits as usize)?;
-    let mut rows = Vec::new();
-    for (transport, same_host) in [("quic", false), ("same-host", true)] {
-        if only.is_some_and(|o| o != transport) {
-            continue;
-        }
-        let mut best: Option<HostCost> = None;
-        for _ in 0..repeat.max(1) {
-            let cost = once(probe, same_host, epochs)?;
-            if best.is_none_or(|b| cost.micros_per_sample() < b.micros_per_sample()) {
-                best = Some(cost);
-            }
-        }
-        let cost = best.context("no measurement")?;
-        let (floor_us, parts) = match same_host {
-            false => (
-                floor.decrypt_us + floor.copy_us,
-                format!(
-                    "{} AES-256-GCM in {}-byte packets {:.1} + copy {:.1}",
-                    floor.aes_gcm.name(),
-                    floor.packet,
-                    floor.decrypt_us,
-                    floor.copy_us
-                ),
-            ),
-            true => (floor.copy_us, format!("copy {:.1}", floor.copy_us)),
-        };
-        rows.push(Row {
-            transport,
-            cost,
-            floor: floor_us,
-            floor_parts: parts,
-        });
-    }
-    Ok(rows)
-}
-
 fn print_row(row: &Row, rate: f64, gpus: u32) {
     let us = row.cost.micros_per_sample();
     let cores = |us: f64| us * rate * f64::from(gpus) / 1e6;
@@ -150,54 +97,6 @@ fn print_row(row: &Row, rate: f64, gpus: u32) {
         cores(us),
         cores(row.floor)
     );
-}
-
-/// One epoch against a worker in a child process.
-fn once(probe: &TransportProbe, same_host: bool, epochs: u64) -> Result<HostCost> {
-    let dir = tempfile::tempdir().context("a temporary folder")?;
-    let (mut child, addr) = spawn_worker(dir.path(), probe, same_host)?;
-    let cost = host_cost::client_cost(probe, addr, dir.path(), same_host, epochs);
-    // Closing its stdin stops the worker.
-    drop(child.stdin.take());
-    let _ = child.wait();
-    Ok(cost?)
-}
-
-/// Starts this binary as the worker (`--serve`); its address once it listens.
-fn spawn_worker(
-    dir: &Path,
-    probe: &TransportProbe,
-    same_host: bool,
-) -> Result<(Child, std::net::SocketAddr)> {
-    let exe = std::env::current_exe().context("finding this binary to start the worker")?;
-    let mut command = Command::new(exe);
-    command
-        .args(["bench", "host-cost", "--serve"])
-        .arg(dir)
-        .args([
-            "--side",
-            &probe.side.to_string(),
-            "--connections",
-            &probe.connections.to_string(),
-        ]);
-    if same_host {
-        command.arg("--serve-same-host");
-    }
-    let mut child = command
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("starting the worker process")?;
-    let stdout = child.stdout.take().context("the worker's stdout")?;
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .context("reading the worker's address")?;
-    let addr = line
-        .trim()
-        .parse()
-        .with_context(|| format!("the worker said {line:?}, not its address"))?;
-    Ok((child, addr))
 }
 
 /// The child: serves until its stdin closes.

@@ -8,6 +8,7 @@
 mod all;
 mod chain;
 mod host_cost;
+mod probe;
 mod transport;
 mod upload;
 

@@ -11,44 +11,12 @@
 //! buffer: what moving the bytes costs at all on this machine.
 
 use anyhow::Result;
-use sluice_testbed::transport::{compare, TransportPath, TransportProbe};
-
-/// What a transport probe sends (shared with `bench host-cost`).
-#[derive(clap::Args)]
-pub struct ProbeArgs {
-    /// Samples to send each way.
-    #[arg(long, default_value_t = 8192)]
-    pub samples: u64,
-    /// Tensor side (side × side × 3 bytes per sample).
-    #[arg(long, default_value_t = 224)]
-    pub side: u32,
-    /// Credits (samples in flight) the client grants.
-    #[arg(long, default_value_t = 256)]
-    pub credits: u32,
-    /// QUIC connections to the worker (the loader's `connections_per_worker`).
-    #[arg(long, default_value_t = 1)]
-    pub connections: u32,
-    /// The client's runtime threads (the loader's `io_threads`).
-    #[arg(long, default_value_t = 2)]
-    pub io_threads: usize,
-}
-
-impl ProbeArgs {
-    pub fn probe(&self) -> TransportProbe {
-        TransportProbe {
-            samples: self.samples,
-            side: self.side,
-            credits: self.credits,
-            connections: self.connections,
-            io_threads: self.io_threads,
-        }
-    }
-}
+use sluice_testbed::transport::{compare, TransportPath};
 
 #[derive(clap::Args)]
 pub struct TransportArgs {
     #[command(flatten)]
-    probe: ProbeArgs,
+    probe: super::probe::ProbeArgs,
     /// Repeat each measurement this many times and keep the best.
     #[arg(long, default_value_t = 3)]
     repeat: u32,
