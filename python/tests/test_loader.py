@@ -450,6 +450,55 @@ def test_the_loader_documents_every_argument_and_the_stubs_match_the_extension()
     assert sluice.__version__ != "0+unknown"
 
 
+def test_the_stub_matches_the_extension_class_by_class_and_function_by_function():
+    """Every class and function of the extension (``sluice._sluice``) is in its stub
+    (_sluice.pyi), with the same base class, the same methods and properties, and the same
+    parameter names wherever the extension states them; nothing is stubbed that it lacks."""
+    import ast
+    import inspect
+    import pathlib
+
+    ext = sluice._sluice
+    stub = ast.parse(pathlib.Path(sluice.__file__).with_name("_sluice.pyi").read_text())
+    classes = {c.name: c for c in stub.body if isinstance(c, ast.ClassDef)}
+    functions = {f.name: f for f in stub.body if isinstance(f, ast.FunctionDef)}
+    public = {n: getattr(ext, n) for n in dir(ext) if not n.startswith("__")}
+    assert set(classes) == {n for n, o in public.items() if inspect.isclass(o)}
+    assert set(functions) == {n for n, o in public.items()
+                              if callable(o) and not inspect.isclass(o)}
+
+    def params(node):
+        a = node.args
+        names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+        return [n for n in names if n not in ("self", "cls")]
+
+    def same_signature(where, node, runtime):
+        try:
+            signature = inspect.signature(runtime)
+        except (TypeError, ValueError):
+            return  # the extension states none (a slot wrapper)
+        stated = [n for n in signature.parameters if n not in ("self", "cls", "$self")]
+        assert params(node) == stated, f"{where}: stub {params(node)}, extension {stated}"
+
+    plumbing = {"__doc__", "__module__", "__new__", "__weakref__", "__dict__"}
+    for name, node in classes.items():
+        cls = public[name]
+        bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+        assert bases == [b.__name__ for b in cls.__bases__ if b is not object], name
+        stubbed = {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)}
+        own = set(vars(cls)) - plumbing
+        assert set(stubbed) - {"__init__"} == own, \
+            f"{name}: stub only {set(stubbed) - {'__init__'} - own}, extension only " \
+            f"{own - set(stubbed)}"
+        for method, f in stubbed.items():
+            if method == "__init__":
+                same_signature(f"{name}()", f, cls)
+            elif callable(vars(cls)[method]):
+                same_signature(f"{name}.{method}", f, getattr(cls, method))
+    for name, f in functions.items():
+        same_signature(name, f, public[name])
+
+
 def labelled_shard(dataset, sluice_bin, tmp_path, labels):
     """One shard of the dataset's first JPEG under each of `labels` (cls bytes)."""
     jpeg = first_jpeg(dataset)
