@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use sluice_wire::io::{FrameReader, IoError};
 use sluice_wire::session::{
-    ConnId, Effect, End, Parker, Transport, UnitId, UnitThread, Waiting, Wake, Worker,
+    ConnId, Effect, End, Parker, Route, Transport, UnitId, UnitThread, Waiting, Wake, Worker,
 };
 use sluice_wire::shm::Segment;
 use sluice_wire::{Assign, ErrorCode, JobRunner, JobSpec, Message, Output, ShmAttach};
@@ -350,7 +350,8 @@ impl Connection {
     ) -> Result<Vec<Message>, End> {
         let result = match (segments, self.jobs.get_mut(&job)) {
             (Ok(segments), Some(j)) => {
-                let slots = Slots::new(segments, self.state.clone(), self.conn, job);
+                let session = Box::new(self.state.clone());
+                let slots = Slots::new(segments, session, self.conn, job);
                 let slots = Arc::new(slots);
                 if slots.has_arena() {
                     j.runner.share_places(slots.clone());
@@ -592,6 +593,35 @@ impl Connection {
                 .set(f64::from(job.weight));
             publish_demand(w, name);
         }
+    }
+}
+
+/// The slots' questions, answered by the worker's session under its lock; the wakes an
+/// answer makes (a credit given back) are carried out.
+impl crate::slots::Routes for Arc<State> {
+    fn route(&self, id: UnitId, index: u64, fits: bool) -> Result<Route, String> {
+        let (route, wakes) = {
+            let mut w = lock(&self.rules);
+            (w.route(id, index, fits), w.take_wakes())
+        };
+        wake(self, wakes);
+        route
+    }
+
+    fn placed(&self, id: UnitId) {
+        let wakes = {
+            let mut w = lock(&self.rules);
+            w.placed(id);
+            w.take_wakes()
+        };
+        wake(self, wakes);
+    }
+
+    fn take_place(&self, conn: ConnId, job: u64, unit: (u64, u32), index: u64) -> Option<u32> {
+        lock(&self.rules)
+            .take_place(conn, job, unit, index)
+            .ok()
+            .flatten()
     }
 }
 

@@ -9,7 +9,16 @@ use sluice_wire::session::{ConnId, Route, UnitId};
 use sluice_wire::shm::Segment;
 use sluice_wire::{Message, PlaceClaim, Places, SampleHeader, SamplePayload};
 
-use crate::connection::{lock, wake, State};
+/// The worker's session as the slots ask it (`crate::connection` answers, under the session's
+/// lock, and carries out the wakes each answer makes).
+pub(crate) trait Routes: Send + Sync {
+    /// `sluice_wire::session::Worker::route`.
+    fn route(&self, id: UnitId, index: u64, fits: bool) -> Result<Route, String>;
+    /// `sluice_wire::session::Worker::placed`.
+    fn placed(&self, id: UnitId);
+    /// `sluice_wire::session::Worker::take_place`.
+    fn take_place(&self, conn: ConnId, job: u64, unit: (u64, u32), index: u64) -> Option<u32>;
+}
 
 /// A same-host job's segment, its batch arena (when the client shares its batches), and
 /// the session that routes its samples.
@@ -20,7 +29,7 @@ pub(crate) struct Slots {
     /// Set once the client cancelled the job: no write into the arena starts after, and
     /// setting it waits for those under way (they hold it shared).
     released: RwLock<bool>,
-    state: Arc<State>,
+    session: Box<dyn Routes>,
     conn: ConnId,
     job: u64,
 }
@@ -28,7 +37,7 @@ pub(crate) struct Slots {
 impl Slots {
     pub(crate) fn new(
         (segment, arena): (Arc<Segment>, Option<Arc<Segment>>),
-        state: Arc<State>,
+        session: Box<dyn Routes>,
         conn: ConnId,
         job: u64,
     ) -> Self {
@@ -36,7 +45,7 @@ impl Slots {
             segment,
             arena,
             released: RwLock::new(false),
-            state,
+            session,
             conn,
             job,
         }
@@ -77,12 +86,7 @@ impl Slots {
             .arena
             .as_ref()
             .is_some_and(|a| tensor.len() as u64 == a.slot_bytes());
-        let (route, wakes) = {
-            let mut w = lock(&self.state.rules);
-            (w.route(id, header.index, fits), w.take_wakes())
-        };
-        wake(&self.state, wakes);
-        let message = match route? {
+        let message = match self.session.route(id, header.index, fits)? {
             Route::Place(place) => {
                 // Held while the place is written, taken after the session's lock (a release
                 // holds that lock while it waits for this one).
@@ -107,12 +111,7 @@ impl Slots {
     /// A sample the engine wrote into the place it claimed: the frame to send (its credit
     /// comes back: it takes no slot).
     pub(crate) fn placed(&self, id: UnitId, header: SampleHeader, place: u32) -> Message {
-        let wakes = {
-            let mut w = lock(&self.state.rules);
-            w.placed(id);
-            w.take_wakes()
-        };
-        wake(&self.state, wakes);
+        self.session.placed(id);
         Message::ShmPlaced { place, header }
     }
 
@@ -138,10 +137,7 @@ impl Places for Slots {
         if len as u64 != arena.slot_bytes() {
             return None;
         }
-        let place = lock(&self.state.rules)
-            .take_place(self.conn, self.job, (unit, attempt), index)
-            .ok()
-            .flatten()?;
+        let place = (self.session).take_place(self.conn, self.job, (unit, attempt), index)?;
         // After the session's lock, as in `write`.
         let released = self.released.read().ok().filter(|r| !**r)?;
         let memory = self.place_memory(place, len).ok()?;

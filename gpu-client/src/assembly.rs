@@ -30,6 +30,17 @@ pub(crate) enum Step {
     Reserve(u64),
 }
 
+/// A sample written straight into its place in the batch arena spent no credit.
+impl crate::protocol::Tensor for Payload {
+    fn detach(self, tensor_bytes: usize) -> Self {
+        Payload::detach(self, tensor_bytes)
+    }
+
+    fn spent_credit(&self) -> bool {
+        !matches!(self, Payload::Placed { .. })
+    }
+}
+
 /// Where a sample's tensor goes in the batch being filled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Landing {

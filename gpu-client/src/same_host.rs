@@ -623,17 +623,6 @@ pub(crate) enum Payload {
     Placed { arena: Arc<Arena>, place: u32 },
 }
 
-/// A sample written straight into its place in the batch arena spent no credit.
-impl crate::protocol::Tensor for Payload {
-    fn detach(self, tensor_bytes: usize) -> Self {
-        Payload::detach(self, tensor_bytes)
-    }
-
-    fn spent_credit(&self) -> bool {
-        !matches!(self, Payload::Placed { .. })
-    }
-}
-
 impl Payload {
     /// The payload of a sample that must wait for its turn: its tensor (`tensor_bytes` of
     /// it) alone, and a same-host slot kept only while the segment can spare it (else the
