@@ -223,6 +223,46 @@ pub struct LoaderConfig {
     /// The job's share of a busy worker against other jobs' (1: equal; a worker caps it at
     /// its `limits.max_job_weight`).
     pub job_weight: u32,
+    /// Where batches go: `"cpu"` (host memory) or `"cuda"`/`"cuda:N"` (that GPU; the Python
+    /// binding built with `cuda` uploads them).
+    pub device: String,
+    /// On the GPU, what each batch becomes: `"uint8"` (as the workers made it), `"float16"`
+    /// or `"float32"`, normalized by `mean` and `std` (ImageNet's where unset).
+    pub dtype: String,
+    pub mean: Option<[f32; 3]>,
+    pub std: Option<[f32; 3]>,
+    /// Decode threads of the in-process worker (no `workers`); unset: 1.
+    pub threads: Option<usize>,
+    /// The most bytes a field's value may decode to in Python (`npy`, `npz`); unset:
+    /// [`DECODED_PER_STORED`] times `max_field_bytes`.
+    pub max_decoded_bytes: Option<u64>,
+    /// A mixture's datasets, one per weight of `weights`, in the order `images.source`
+    /// numbers them (`[]`: one dataset, or a mixture file's).
+    pub sources: Vec<String>,
+}
+
+/// How many times its stored size a field's value may decode to by default (an `npz`
+/// compresses well: 8x is far above real arrays, far below a zip bomb's ratio).
+pub const DECODED_PER_STORED: u64 = 8;
+
+/// A [`LoaderConfig`] that passed [`LoaderConfig::validate`]: a builder takes it as it is
+/// (`LoaderBuilder::valid_config`), so a binding that reads settings before it builds the
+/// loader validates them once.
+#[derive(Clone, Debug)]
+pub struct ValidConfig(LoaderConfig);
+
+impl std::ops::Deref for ValidConfig {
+    type Target = LoaderConfig;
+
+    fn deref(&self) -> &LoaderConfig {
+        &self.0
+    }
+}
+
+impl ValidConfig {
+    pub fn into_inner(self) -> LoaderConfig {
+        self.0
+    }
 }
 
 impl Default for LoaderConfig {
@@ -232,6 +272,13 @@ impl Default for LoaderConfig {
             workers: Vec::new(),
             workers_file: None,
             workers_refresh: Duration::from_secs(1),
+            device: "cpu".into(),
+            dtype: "uint8".into(),
+            mean: None,
+            std: None,
+            threads: None,
+            max_decoded_bytes: None,
+            sources: Vec::new(),
             pipeline: "decode | random_resized_crop 224 | hflip 0.5".into(),
             batch_size: 256,
             seed: 0,
@@ -347,6 +394,7 @@ impl LoaderConfig {
     pub fn validate(&mut self) -> Result<(), ClientError> {
         self.check_world()?;
         self.check_counts()?;
+        self.check_device()?;
         self.check_sizes()?;
         self.settle_order()?;
         self.settle_clips()?;
@@ -355,6 +403,72 @@ impl LoaderConfig {
                 "lookahead",
                 "must be at least batch_size, or workers could not fill one batch ahead",
             );
+        }
+        Ok(())
+    }
+
+    /// [`Self::validate`]d, as a value that says so.
+    pub fn validated(mut self) -> Result<ValidConfig, ClientError> {
+        self.validate()?;
+        Ok(ValidConfig(self))
+    }
+
+    /// The GPU the batches go to (`None`: host memory), from a validated `device`.
+    pub fn device_ordinal(&self) -> Option<usize> {
+        parse_device(&self.device).ok().flatten()
+    }
+
+    /// Whether the batches are converted on the GPU (anything but uint8 as the workers made
+    /// them).
+    pub fn converts(&self) -> bool {
+        self.dtype != "uint8" || self.mean.is_some() || self.std.is_some()
+    }
+
+    /// The most bytes a field's value may decode to.
+    pub fn decoded_limit(&self) -> u64 {
+        (self.max_decoded_bytes).unwrap_or(self.max_field_bytes.saturating_mul(DECODED_PER_STORED))
+    }
+
+    /// Where the batches go and what they become there; the in-process threads, the decode
+    /// limit, a mixture's datasets against its weights.
+    fn check_device(&self) -> Result<(), ClientError> {
+        let ordinal = parse_device(&self.device).or_else(|d| bad("device", &d))?;
+        if !["uint8", "float16", "float32"].contains(&self.dtype.as_str()) {
+            let detail = format!(
+                "expected \"uint8\", \"float16\" or \"float32\", got {:?}",
+                self.dtype
+            );
+            return bad("dtype", &detail);
+        }
+        if ordinal.is_none() && self.converts() {
+            let detail = format!(
+                "{:?} / mean / std: the conversion runs on the GPU, so it needs \
+                 device=\"cuda:N\" (on the CPU, convert the uint8 batch yourself)",
+                self.dtype
+            );
+            return bad("dtype", &detail);
+        }
+        if let Some(s) = self
+            .std
+            .iter()
+            .flatten()
+            .find(|s| !(s.is_finite() && **s > 0.0))
+        {
+            return bad("std", &format!("every value must be positive, got {s}"));
+        }
+        if self.threads == Some(0) {
+            return bad("threads", "must be at least 1");
+        }
+        if self.max_decoded_bytes == Some(0) {
+            return bad("max_decoded_bytes", "must be at least 1");
+        }
+        if !self.sources.is_empty() && self.sources.len() != self.weights.len() {
+            let detail = format!(
+                "{} sources for {} weights",
+                self.sources.len(),
+                self.weights.len()
+            );
+            return bad("sources", &detail);
         }
         Ok(())
     }
@@ -563,6 +677,19 @@ impl LoaderConfig {
             mixing: self.mixing,
             mixture_round_samples: self.mixture_round_samples,
         }
+    }
+}
+
+/// `"cpu"` (`None`), `"cuda"` (0) or `"cuda:N"`; otherwise what is wrong.
+fn parse_device(device: &str) -> Result<Option<usize>, String> {
+    match device {
+        "cpu" => Ok(None),
+        "cuda" => Ok(Some(0)),
+        d => d
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(Some)
+            .ok_or_else(|| format!("expected \"cpu\", \"cuda\" or \"cuda:N\", got {d:?}")),
     }
 }
 

@@ -63,7 +63,9 @@ mod tls;
 pub use batch::{
     Adopted, Batch, HeapAllocator, HostAllocator, HostMemory, LastBatch, SampleId, ShortBatch,
 };
-pub use config::{check_pipeline, LabelRange, LoaderConfig, Order, PlanSettings};
+pub use config::{
+    check_pipeline, LabelRange, LoaderConfig, Order, PlanSettings, ValidConfig, DECODED_PER_STORED,
+};
 pub use error::ClientError;
 pub use loader::{Checkpoint, Epoch, Loader, LoaderBuilder, PlanRecord, Workers};
 pub use same_host::SameHost;

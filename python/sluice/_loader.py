@@ -41,6 +41,17 @@ def _unknown_keyword(key: str) -> TypeError:
     return TypeError(f"Loader() got an unexpected keyword argument '{key}'")
 
 
+def _floats(key: str, value: Any) -> Optional[List[float]]:
+    """``None``, or three numbers (a channel each; any sequence, a tensor's included)."""
+    if value is None:
+        return None
+    try:
+        numbers = [float(v) for v in value]
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}: expected three numbers, got {value!r}") from None
+    return numbers
+
+
 def _names(key: str, value: Any, what: str) -> List[str]:
     """``None``, one name, or a list of names, as a list."""
     if value is None:
@@ -327,23 +338,25 @@ class Loader:
             "job_weight": job_weight,
             "workers_file": None if workers_file is None else os.fspath(workers_file),
             "workers_refresh": _seconds(workers_refresh),
+            "device": None if device is None else str(device),
+            "dtype": dtype,
+            "mean": _floats("mean", mean),
+            "std": _floats("std", std),
+            "max_decoded_bytes": max_decoded_bytes,
+            "sources": None if sources is None else [d for d, _ in sources],
+            "weights": None if sources is None else [w for _, w in sources],
         }
         # None means "the default" everywhere but the label, where it means "no label".
         config = {k: v for k, v in config.items() if v is not None}
         config["label"] = label
         remote = bool(workers) or workers_file is not None
-        if not remote and threads is None:
-            threads = _env.threads_per_rank()
+        if not remote:
+            config["threads"] = _env.threads_per_rank() if threads is None else threads
+        elif threads is not None:
+            config["threads"] = threads
         self._inner = _Loader(
             name,
             json.dumps(config),
-            sources=sources,
-            device=device,
-            dtype=dtype,
-            mean=mean,
-            std=std,
-            threads=threads,
-            max_decoded_bytes=max_decoded_bytes,
             token=_env.env_token(token_file) if remote else None,
         )
         if config["shuffle"] == "none" and remainder is None:

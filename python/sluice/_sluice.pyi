@@ -13,22 +13,10 @@ class _Loader:
     """The Rust loader behind ``sluice.Loader`` (``python/sluice/_loader.py``), which is
     where the arguments and their documentation are."""
 
-    def __init__(
-        self,
-        dataset: str,
-        config: str,
-        *,
-        device: str = "cpu",
-        dtype: str = "uint8",
-        mean: Optional[Tuple[float, float, float]] = None,
-        std: Optional[Tuple[float, float, float]] = None,
-        threads: Optional[int] = None,
-        max_decoded_bytes: Optional[int] = None,
-        token: Optional[str] = None,
-        sources: Optional[List[Tuple[str, float]]] = None,
-    ) -> None:
-        """``config``: a ``LoaderConfig`` as JSON (validated; a mistake is a ``ValueError``
-        naming its key)."""
+    def __init__(self, dataset: str, config: str, *, token: Optional[str] = None) -> None:
+        """``config``: a ``LoaderConfig`` as JSON, every setting (validated; a mistake is a
+        ``ValueError`` naming its key); ``token``: the cluster token as text, a secret kept
+        out of it."""
     def epoch(self, epoch: int) -> Epoch: ...
     def set_epoch(self, epoch: int) -> None: ...
     @property

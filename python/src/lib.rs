@@ -99,52 +99,17 @@ enum Device {
     Cuda(sluice_client::cuda::Uploader),
 }
 
-/// `cpu`, `cuda` or `cuda:N`: `None` for the CPU, else the GPU ordinal.
-fn parse_device(device: &str) -> PyResult<Option<usize>> {
-    match device {
-        "cpu" => Ok(None),
-        "cuda" => Ok(Some(0)),
-        d => d
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .map(Some)
-            .ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "device {d:?}: expected \"cpu\", \"cuda\" or \"cuda:N\""
-                ))
-            }),
-    }
-}
-
-/// The on-device conversion asked for (`dtype`, `mean`, `std`).
-struct Conversion<'a> {
-    dtype: &'a str,
-    mean: Option<[f32; 3]>,
-    std: Option<[f32; 3]>,
-}
-
-impl Conversion<'_> {
-    /// Whether it asks for anything but the uint8 batch as the workers made it.
-    fn converts(&self) -> bool {
-        self.dtype != "uint8" || self.mean.is_some() || self.std.is_some()
-    }
-}
-
 /// The GPU side of a loader: the page-locked ring's allocator and the uploader.
 #[cfg(feature = "cuda")]
 fn open_cuda(
     ordinal: usize,
-    wanted: Conversion<'_>,
+    wanted: &sluice_client::LoaderConfig,
 ) -> PyResult<(Arc<dyn sluice_client::HostAllocator>, Device)> {
     use sluice_client::cuda::{Convert, Gpu, PinnedAllocator, Uploader};
+    // Checked with the settings (`LoaderConfig::validate`).
     let mean = wanted.mean.unwrap_or(Convert::IMAGENET_MEAN);
     let std = wanted.std.unwrap_or(Convert::IMAGENET_STD);
-    if let Some(s) = std.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
-        return Err(PyValueError::new_err(format!(
-            "std: every value must be positive, got {s}"
-        )));
-    }
-    let dtype = wanted.dtype;
+    let dtype = wanted.dtype.as_str();
     let convert = Convert::to_dtype(dtype, mean, std).ok_or_else(|| {
         PyValueError::new_err(format!(
             "dtype {dtype:?}: expected \"uint8\", \"float32\" or \"float16\""
@@ -160,7 +125,7 @@ fn open_cuda(
 #[cfg(not(feature = "cuda"))]
 fn open_cuda(
     ordinal: usize,
-    _: Conversion<'_>,
+    _: &sluice_client::LoaderConfig,
 ) -> PyResult<(Arc<dyn sluice_client::HostAllocator>, Device)> {
     Err(PyValueError::new_err(format!(
         "device \"cuda:{ordinal}\": this sluice was built without CUDA support; reinstall it with MATURIN_PEP517_ARGS=\"--features cuda\" pip install ./python, or take \"cpu\" batches and move them with .to(device)"
@@ -193,11 +158,6 @@ fn forked(made_in: u32) -> PyErr {
     ))
 }
 
-/// A field's decoded value may be this many times its stored limit (`max_field_bytes`) unless
-/// `max_decoded_bytes` says otherwise: room for compressed arrays, not for a 1 MB `.npz` that
-/// is 1 GB of zeros.
-const DECODED_PER_STORED: u64 = 8;
-
 /// The Sluice loader (`sluice.Loader` wraps it). See the module documentation.
 #[pyclass(module = "sluice._sluice", name = "_Loader")]
 struct Loader {
@@ -213,40 +173,12 @@ struct Loader {
 #[pymethods]
 impl Loader {
     /// Made by `sluice.Loader` (python/sluice/_loader.py), which turns its keyword
-    /// arguments into `config`, a `LoaderConfig` as JSON; the rest is what the binding
-    /// itself needs (the device and its conversion, in-process decode threads, a token given
-    /// as text, the decoded field limit).
+    /// arguments into `config`, a `LoaderConfig` as JSON; beside it comes only a token given
+    /// as text, which is a secret, not a setting (never in `config`, never printed).
     #[new]
-    #[pyo3(signature = (
-        dataset, config, *, device="cpu", dtype="uint8", mean=None, std=None, threads=None,
-        max_decoded_bytes=None, token=None, sources=None,
-    ))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        py: Python<'_>,
-        dataset: &str,
-        config: &str,
-        device: &str,
-        dtype: &str,
-        mean: Option<[f32; 3]>,
-        std: Option<[f32; 3]>,
-        threads: Option<usize>,
-        max_decoded_bytes: Option<u64>,
-        token: Option<String>,
-        sources: Option<Vec<(String, f64)>>,
-    ) -> PyResult<Self> {
-        guard("sluice.Loader()", || {
-            Self::make(
-                py,
-                dataset,
-                config,
-                (device, dtype, mean, std),
-                threads,
-                max_decoded_bytes,
-                token,
-                sources,
-            )
-        })
+    #[pyo3(signature = (dataset, config, *, token=None))]
+    fn new(py: Python<'_>, dataset: &str, config: &str, token: Option<String>) -> PyResult<Self> {
+        guard("sluice.Loader()", || Self::make(py, dataset, config, token))
     }
 
     /// A mixture's sources, in the order `images.source` numbers them (`[]` for a single
@@ -394,59 +326,44 @@ impl Loader {
 
 impl Loader {
     /// [`Loader::new`]'s work, under its guard.
-    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
-    fn make(
-        py: Python<'_>,
-        dataset: &str,
-        config: &str,
-        (device, dtype, mean, std): (&str, &str, Option<[f32; 3]>, Option<[f32; 3]>),
-        threads: Option<usize>,
-        max_decoded_bytes: Option<u64>,
-        token: Option<String>,
-        sources: Option<Vec<(String, f64)>>,
-    ) -> PyResult<Self> {
+    fn make(py: Python<'_>, dataset: &str, config: &str, token: Option<String>) -> PyResult<Self> {
         logs::install();
-        // The settings as given: the builder validates them once, with the mixture's (a
-        // mistake is a ValueError naming its key, from `build`).
         let mut config = settings::parse(config)?;
-        if let Some(s) = &sources {
-            config.weights = s.iter().map(|(_, w)| *w).collect();
-        }
-        let ordinal = parse_device(device)?;
-        let wanted = Conversion { dtype, mean, std };
-        if ordinal.is_none() && wanted.converts() {
-            return Err(PyValueError::new_err(format!(
-                "dtype {dtype:?} / mean / std: the conversion runs on the GPU, so it needs device=\"cuda:N\" (on the CPU, convert the uint8 batch yourself)"
-            )));
-        }
-        // The GPU next: a machine without one fails before any worker is contacted.
-        let (allocator, sink) = match ordinal {
-            None => (None, Device::Cpu),
-            Some(n) => {
-                let (a, d) = py.allow_threads(|| open_cuda(n, wanted))?;
-                (Some(a), d)
-            }
-        };
-        let decoded =
-            max_decoded_bytes.unwrap_or(config.max_field_bytes.saturating_mul(DECODED_PER_STORED));
-        let mut b = match (sources, sluice_dataset::mixture::is_mixture_file(dataset)) {
-            (Some(sources), _) => {
-                let mut loaded = Vec::with_capacity(sources.len());
-                for (name, _) in sources {
-                    let m = py.allow_threads(|| load_dataset(&name))?;
-                    loaded.push((name, m));
-                }
-                sluice_client::Loader::builder().sources(loaded)
-            }
-            (None, true) => {
+        // A mixture file gives the weights (and the epoch's length and schedule, unless
+        // set): read first, so the settings are validated once, whole (a mistake is a
+        // ValueError naming its key), before the GPU or any dataset is touched.
+        let from_file =
+            config.sources.is_empty() && sluice_dataset::mixture::is_mixture_file(dataset);
+        let mixture = match from_file {
+            true => {
                 let m = py
                     .allow_threads(|| sluice_dataset::mixture::load(Path::new(dataset)))
                     .map_err(|e| PyValueError::new_err(format!("dataset: {e}")))?;
                 let c = &mut config;
-                let sources = m.fill(&mut c.weights, &mut c.epoch_samples, &mut c.weight_schedule);
-                sluice_client::Loader::builder().sources(sources)
+                Some(m.fill(&mut c.weights, &mut c.epoch_samples, &mut c.weight_schedule))
             }
-            (None, false) => {
+            false => None,
+        };
+        let config = config.validated().map_err(client_error)?;
+        // The GPU next: a machine without one fails before any worker is contacted.
+        let (allocator, sink) = match config.device_ordinal() {
+            None => (None, Device::Cpu),
+            Some(n) => {
+                let (a, d) = py.allow_threads(|| open_cuda(n, &config))?;
+                (Some(a), d)
+            }
+        };
+        let mut b = match mixture {
+            Some(sources) => sluice_client::Loader::builder().sources(sources),
+            None if !config.sources.is_empty() => {
+                let mut loaded = Vec::with_capacity(config.sources.len());
+                for name in &config.sources {
+                    let m = py.allow_threads(|| load_dataset(name))?;
+                    loaded.push((name.clone(), m));
+                }
+                sluice_client::Loader::builder().sources(loaded)
+            }
+            None => {
                 let manifest = py.allow_threads(|| load_dataset(dataset))?;
                 sluice_client::Loader::builder().dataset(manifest)
             }
@@ -460,9 +377,10 @@ impl Loader {
             b = b.token(t);
         }
         if !config.remote() {
-            b = b.in_process(in_process_worker(py, threads.unwrap_or(1))?);
+            b = b.in_process(in_process_worker(py, config.threads.unwrap_or(1))?);
         }
-        let b = b.config(config);
+        let decoded = config.decoded_limit();
+        let b = b.valid_config(config);
         let inner = py.allow_threads(|| b.build()).map_err(client_error);
         logs::deliver(py);
         Ok(Loader {

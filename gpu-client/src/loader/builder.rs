@@ -28,6 +28,8 @@ pub struct LoaderBuilder {
     runner: Option<Arc<dyn UnitRunner>>,
     allocator: Arc<dyn HostAllocator>,
     token: Option<String>,
+    /// The settings as [`Self::valid_config`] took them, validated.
+    validated: Option<LoaderConfig>,
 }
 
 impl Default for LoaderBuilder {
@@ -38,6 +40,7 @@ impl Default for LoaderBuilder {
             runner: None,
             allocator: Arc::new(HeapAllocator),
             token: None,
+            validated: None,
         }
     }
 }
@@ -96,6 +99,14 @@ impl LoaderBuilder {
     /// Every setting at once (a binding's, deserialized).
     pub fn config(mut self, config: LoaderConfig) -> Self {
         self.config = config;
+        self
+    }
+
+    /// Every setting at once, validated already: [`Self::build`] validates them again only
+    /// if they changed since.
+    pub fn valid_config(mut self, config: crate::config::ValidConfig) -> Self {
+        self.config = config.into_inner();
+        self.validated = Some(self.config.clone());
         self
     }
 
@@ -161,7 +172,9 @@ impl LoaderBuilder {
     }
 
     pub fn build(mut self) -> Result<Loader, ClientError> {
-        self.config.validate()?;
+        if self.validated.as_ref() != Some(&self.config) {
+            self.config.validate()?;
+        }
         let config = Arc::new(self.config);
         if self.sources.is_empty() {
             return Err(bad("dataset", "no dataset given"));
