@@ -1,9 +1,12 @@
 //! The worker's half of the protocol as a state machine with no IO, in the manner of
 //! `quinn-proto`: a [`Worker`] takes what its clients say, what its units do and the time,
 //! and says what to send, which units to start, wake or stop, and when to call it again. It
-//! holds the worker's rules once: admission (the cluster token, a draining worker), opening
-//! jobs, credits, which assignments are accepted, fair sharing of the unit slots across jobs
-//! ([`FairQueue`]), drain, heartbeats and client silence.
+//! holds the worker's rules once: admission (the cluster token or a tenant's, a draining
+//! worker: `admission`), opening jobs, credits, which assignments are accepted, fair sharing
+//! of the unit slots across jobs ([`FairQueue`]), drain, heartbeats and client silence; and
+//! on the same-host socket (`shm`) the handshake's order, which segments may attach, slot
+//! grants, the places a client gives, where each sample goes ([`Worker::route`]) and the
+//! credit a sample written into its place gives back.
 //!
 //! Three shells drive it: the QUIC daemon and its same-host socket (`sluice_cpu::server`,
 //! `sluice_cpu::same_host`), and the client's in-process worker (`sluice_client`'s links);
@@ -11,7 +14,7 @@
 //! behind one lock, feeds it, and carries out:
 //!
 //! - per connection, [`Worker::poll_effect`]: frames to send, jobs to open with the runner,
-//!   slot grants to place (same-host), the session's end;
+//!   segments to receive and map (same-host), the session's end;
 //! - for the whole worker, [`Worker::take_wakes`]: units to start (a slot is theirs),
 //!   resume (after waiting for a slot or a credit) or stop (their job is gone). A unit asks
 //!   [`Worker::next_sample`] before each sample it sends, and reports its end with
