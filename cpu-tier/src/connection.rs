@@ -156,10 +156,12 @@ fn run_unit(state: &Arc<State>, launch: &Arc<Launch>) {
                     Produced::Frame(Message::Sample(h), payload)
                 }
                 Some(segment) => match segment.write(launch.id, h, &payload) {
-                    Ok((m, fields)) => {
+                    Ok(Some((m, fields))) => {
                         job.runner.recycle(payload);
                         Produced::Frame(m, fields.into())
                     }
+                    // Its job is gone: the unit stops, sending nothing more.
+                    Ok(None) => return false,
                     Err(e) => {
                         // The unit fails (and is reassigned); the connection lives.
                         warn!("same-host slot: {e}");
@@ -599,7 +601,7 @@ impl Connection {
 /// The slots' questions, answered by the worker's session under its lock; the wakes an
 /// answer makes (a credit given back) are carried out.
 impl crate::slots::Routes for Arc<State> {
-    fn route(&self, id: UnitId, index: u64, fits: bool) -> Result<Route, String> {
+    fn route(&self, id: UnitId, index: u64, fits: bool) -> Result<Option<Route>, String> {
         let (route, wakes) = {
             let mut w = lock(&self.rules);
             (w.route(id, index, fits), w.take_wakes())

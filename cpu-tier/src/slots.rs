@@ -13,7 +13,7 @@ use sluice_wire::{Message, PlaceClaim, Places, SampleHeader, SamplePayload};
 /// lock, and carries out the wakes each answer makes).
 pub(crate) trait Routes: Send + Sync {
     /// `sluice_wire::session::Worker::route`.
-    fn route(&self, id: UnitId, index: u64, fits: bool) -> Result<Route, String>;
+    fn route(&self, id: UnitId, index: u64, fits: bool) -> Result<Option<Route>, String>;
     /// `sluice_wire::session::Worker::placed`.
     fn placed(&self, id: UnitId);
     /// `sluice_wire::session::Worker::take_place`.
@@ -66,13 +66,13 @@ impl Slots {
 
     /// Writes unit `id`'s finished sample where the session routes it (its place in the
     /// client's batch, or the next granted slot): the frame to send and its payload (the
-    /// fields only).
+    /// fields only); `None` when the unit is stopping (its job is gone).
     pub(crate) fn write(
         &self,
         id: UnitId,
         header: SampleHeader,
         payload: &[u8],
-    ) -> Result<(Message, Vec<u8>), String> {
+    ) -> Result<Option<(Message, Vec<u8>)>, String> {
         if header.tensor_bytes != self.segment.slot_bytes() {
             return Err(format!(
                 "sample {:?}: {} tensor bytes for slots of {}",
@@ -86,13 +86,16 @@ impl Slots {
             .arena
             .as_ref()
             .is_some_and(|a| tensor.len() as u64 == a.slot_bytes());
-        let message = match self.session.route(id, header.index, fits)? {
+        let Some(route) = self.session.route(id, header.index, fits)? else {
+            return Ok(None);
+        };
+        let message = match route {
             Route::Place(place) => {
                 // Held while the place is written, taken after the session's lock (a release
                 // holds that lock while it waits for this one).
                 let released = self.released.read().map_err(|_| "arena state poisoned")?;
                 if *released {
-                    return Err("the job was cancelled".into());
+                    return Ok(None); // cancelled since: the unit is stopping
                 }
                 let memory = self.place_memory(place, tensor.len())?;
                 memory.copy_from_slice(tensor);
@@ -105,7 +108,7 @@ impl Slots {
                 Message::ShmSample { slot, header }
             }
         };
-        Ok((message, fields.to_vec()))
+        Ok(Some((message, fields.to_vec())))
     }
 
     /// A sample the engine wrote into the place it claimed: the frame to send (its credit

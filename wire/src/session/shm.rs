@@ -262,20 +262,25 @@ impl<L: Clone> Worker<L> {
 
     /// Where unit `id`'s sample `index` goes: its place in the client's batch when the
     /// client gave one and `fits` (the tensor is a place's size), its credit given back; else
-    /// the next granted slot.
-    pub fn route(&mut self, id: UnitId, index: u64, fits: bool) -> Result<Route, String> {
-        let u = self.units.get(&id).ok_or("the unit ended")?;
+    /// the next granted slot. `None`: nowhere, the unit is stopping (its job was cancelled or
+    /// its client left), which is no fault.
+    pub fn route(&mut self, id: UnitId, index: u64, fits: bool) -> Result<Option<Route>, String> {
+        let Some(u) = self.units.get(&id).filter(|u| !u.stopped) else {
+            return Ok(None);
+        };
         let (conn, job, key) = (u.conn, u.job, u.key);
-        let j = self.job_mut(conn, job).ok_or("the job was cancelled")?;
+        let Some(j) = self.job_mut(conn, job) else {
+            return Ok(None);
+        };
         let place = match fits {
             true => j.shm.take_place(key, index),
             false => None,
         };
         let Some(place) = place else {
-            return j.shm.take_slot().map(Route::Slot);
+            return j.shm.take_slot().map(|slot| Some(Route::Slot(slot)));
         };
         self.placed(id);
-        Ok(Route::Place(place))
+        Ok(Some(Route::Place(place)))
     }
 
     /// Unit `id` sent a sample that spends no credit (written straight into its place in the

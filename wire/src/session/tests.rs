@@ -618,7 +618,7 @@ fn same_host_samples_take_their_place_or_a_granted_slot_and_placed_ones_spend_no
     assert!(effects(&mut w, c).is_empty());
     // One credit: sample 0 goes to its place and gives it back, so sample 1 may go too.
     assert_eq!(w.next_sample(id), Gate::Go);
-    assert_eq!(w.route(id, 0, true), Ok(Route::Place(3)));
+    assert_eq!(w.route(id, 0, true), Ok(Some(Route::Place(3))));
     assert_eq!(w.next_sample(id), Gate::Go);
     assert_eq!(
         w.take_place(c, 1, (5, 0), 1),
@@ -628,7 +628,7 @@ fn same_host_samples_take_their_place_or_a_granted_slot_and_placed_ones_spend_no
     w.placed(id);
     assert_eq!(w.next_sample(id), Gate::Go);
     // A place is used once: sample 0 again takes the slot, and then there is none.
-    assert_eq!(w.route(id, 0, true), Ok(Route::Slot(0)));
+    assert_eq!(w.route(id, 0, true), Ok(Some(Route::Slot(0))));
     assert_eq!(w.next_sample(id), Gate::Wait(Waiting::Credit));
     assert!(w
         .route(id, 2, true)
@@ -654,6 +654,12 @@ fn a_same_host_job_cancelled_releases_its_places_and_none_is_handed_out_after() 
             c = same_host(&mut w, now);
         }
     }
+    let mut id = None;
+    w.handle(c, Message::Assign(assign(1, 7)), now, |i, _| {
+        id = Some(i);
+        7
+    });
+    let id = id.expect("accepted");
     send(&mut w, c, Message::Cancel { job: 1 }, now);
     assert!(matches!(
         effects(&mut w, c)[..],
@@ -663,4 +669,9 @@ fn a_same_host_job_cancelled_releases_its_places_and_none_is_handed_out_after() 
         ]
     ));
     assert!(w.take_place(c, 1, (6, 0), 0).is_err());
+    assert_eq!(
+        w.route(id, 0, true),
+        Ok(None),
+        "a stopping unit writes nowhere"
+    );
 }

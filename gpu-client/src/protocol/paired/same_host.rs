@@ -210,9 +210,9 @@ impl Sim {
                 self.shm_tally.count("claimed", 1);
                 Route::Place(place)
             }
-            None => rules
-                .route(unit.id, index, true)
-                .expect("a slot per credit"),
+            None => (rules.route(unit.id, index, true))
+                .expect("a slot per credit")
+                .expect("the unit's job is open"),
         };
         self.workers[w].wake();
         let conn = &mut self.conns[c];
