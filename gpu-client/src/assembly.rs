@@ -115,17 +115,18 @@ impl Bound {
         }
     }
 
-    /// The batch's own buffer made safe to hand out as `settle` says: the samples put off
-    /// written into it, or (`Settle::Fresh`, with `fresh`) the batch copied into `fresh`
-    /// with them, the arena buffer going back (retired while a place in it is owned).
-    pub(crate) fn settle(self, settle: Settle, fresh: Option<Box<dyn HostMemory>>) -> Filling {
+    /// The batch's own buffer made safe to hand out: the samples put off written into it
+    /// ([`Settle::InPlace`]: no `fresh`), or the batch copied into `fresh` with them
+    /// ([`Settle::Fresh`]), the arena buffer going back (retired while a place in it is
+    /// owned).
+    pub(crate) fn settle(self, fresh: Option<Box<dyn HostMemory>>) -> Filling {
         let Bound {
             mut filling,
             deferred,
             ..
         } = self;
         let n = filling.sample_bytes();
-        let Some(mut fresh) = fresh.filter(|_| settle == Settle::Fresh) else {
+        let Some(mut fresh) = fresh else {
             if let Some(buf) = filling.buffer_mut() {
                 for (i, payload) in &deferred {
                     payload.copy_tensor(&mut buf[i * n..(i + 1) * n]);

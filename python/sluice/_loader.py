@@ -299,6 +299,9 @@ class Loader:
         workers = _names("workers", workers, '"host:port" or a list of them')
         mixing = {"window_units": mix_units, "buffer_samples": mix_buffer}
         name, sources = _sources(dataset)
+        remote = bool(workers) or workers_file is not None
+        if not remote and threads is None:
+            threads = _env.threads_per_rank()
         config: Dict[str, Any] = {
             "dataset_name": name,
             "workers": workers,
@@ -342,6 +345,7 @@ class Loader:
             "dtype": dtype,
             "mean": _floats("mean", mean),
             "std": _floats("std", std),
+            "threads": threads,
             "max_decoded_bytes": max_decoded_bytes,
             "sources": None if sources is None else [d for d, _ in sources],
             "weights": None if sources is None else [w for _, w in sources],
@@ -349,11 +353,6 @@ class Loader:
         # None means "the default" everywhere but the label, where it means "no label".
         config = {k: v for k, v in config.items() if v is not None}
         config["label"] = label
-        remote = bool(workers) or workers_file is not None
-        if not remote:
-            config["threads"] = _env.threads_per_rank() if threads is None else threads
-        elif threads is not None:
-            config["threads"] = threads
         self._inner = _Loader(
             name,
             json.dumps(config),

@@ -36,7 +36,7 @@ use std::time::Instant;
 
 pub use admission::{Admission, Rules, Tenant};
 pub use fair::FairQueue;
-pub use shm::{Route, MAX_PLACES, MAX_SPARE_SLOTS};
+pub use shm::Route;
 pub use threads::{Parker, UnitThread};
 
 use crate::message::{Assign, ErrorCode, JobSpec, Message, SampleShape, UnitFailed};

@@ -73,7 +73,7 @@ fn a_closed_batch_goes_out_in_place_or_fresh_as_its_places_say() {
     }
     let (b, settle) = a.close(2, |_| false).expect("a batch");
     assert_eq!(settle, Settle::InPlace);
-    let filling = b.settle(settle, None);
+    let filling = b.settle(None);
     assert_eq!(filling.buffer(), Some(&[1u8, 1, 2, 2][..]));
     // The next batch is filled next; one whose places are owned is copied into a fresh one.
     assert_eq!(a.filling().err(), Some(Step::Reserve(1)));
@@ -83,7 +83,7 @@ fn a_closed_batch_goes_out_in_place_or_fresh_as_its_places_say() {
     let (b, settle) = a.close(1, |r| r.contains(&12)).expect("a batch");
     assert_eq!(settle, Settle::Fresh);
     let fresh = HeapAllocator.allocate(2).unwrap();
-    assert_eq!(b.settle(settle, Some(fresh)).buffer(), Some(&[7u8, 7][..]));
+    assert_eq!(b.settle(Some(fresh)).buffer(), Some(&[7u8, 7][..]));
 }
 
 #[test]

@@ -209,7 +209,7 @@ impl Coordinator {
                 Some(fresh.map_err(ClientError::Allocate)?)
             }
         };
-        Ok(bound.settle(settle, fresh))
+        Ok(bound.settle(fresh))
     }
 }
 

@@ -13,10 +13,10 @@ use crate::message::{ErrorCode, Message, Place, ShmAttach};
 
 /// Slots a segment may have beyond `limits.max_credits`: the client keeps samples that
 /// arrived before their turn in them (its default bound on those is 2,560).
-pub const MAX_SPARE_SLOTS: u32 = 1 << 16;
+const MAX_SPARE_SLOTS: u32 = 1 << 16;
 
 /// Samples a client's batch arena may hold (its batches, back to back).
-pub const MAX_PLACES: u32 = 1 << 16;
+const MAX_PLACES: u32 = 1 << 16;
 
 /// Where a unit's finished sample goes on a same-host connection ([`Worker::route`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
