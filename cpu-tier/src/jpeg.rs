@@ -606,7 +606,19 @@ impl EntropyReader {
     /// Reads every coefficient of `data`; `Err` names what is wrong with it. After an error
     /// the next image starts on a fresh handle (as [`JpegDecoder`] does).
     pub fn read(&mut self, data: &[u8]) -> Result<(), DecodeError> {
-        let transform = whole_image(tj::TJXOPT_NOOUTPUT as i32);
+        match self.transform(data, &whole_image(tj::TJXOPT_NOOUTPUT as i32))? {
+            None => Ok(()),
+            Some(warning) => Err(DecodeError::Corrupt(warning)),
+        }
+    }
+
+    /// Runs `transform` over `data`: `Ok(Some(warning))` when it read everything but
+    /// libjpeg-turbo warned (of damage it read past), `Err` when it stopped.
+    fn transform(
+        &mut self,
+        data: &[u8],
+        transform: &tj::tjtransform,
+    ) -> Result<Option<String>, DecodeError> {
         let mut out: *mut u8 = std::ptr::null_mut();
         let mut size = 0;
         // SAFETY: the input is a live slice; one transform and one output slot, which
@@ -619,7 +631,7 @@ impl EntropyReader {
                 1,
                 &mut out,
                 &mut size,
-                &transform,
+                transform,
             )
         };
         if !out.is_null() {
@@ -627,14 +639,64 @@ impl EntropyReader {
             unsafe { tj::tj3Free(out.cast()) };
         }
         if rc == 0 {
-            return Ok(());
+            return Ok(None);
         }
-        // SAFETY: a NUL-terminated static or per-handle buffer.
+        // SAFETY: a NUL-terminated static or per-handle buffer; a valid handle.
         let msg = unsafe { CStr::from_ptr(tj::tj3GetErrorStr(self.handle)) };
-        let err = DecodeError::Corrupt(msg.to_string_lossy().into_owned());
+        let msg = msg.to_string_lossy().into_owned();
+        let warning = unsafe { tj::tj3GetErrorCode(self.handle) } == tj::TJERR_TJERR_WARNING as i32;
         *self = EntropyReader::new()?;
-        Err(err)
+        match warning {
+            true => Ok(Some(msg)),
+            false => Err(DecodeError::Corrupt(msg)),
+        }
     }
+}
+
+extern "C" {
+    /// In the vendored libjpeg-turbo (`vendor/README.md`): whether this thread's decoders keep
+    /// the fast Huffman path in scans with restart markers.
+    fn sluice_jdhuff_restart_fast(on: std::ffi::c_int);
+}
+
+/// Whether JPEGs this thread decodes from now on keep libjpeg-turbo's fast Huffman path in
+/// scans with restart markers: Sluice's patch to the vendored decoder (`vendor/README.md`),
+/// on unless turned off. Off, the thread decodes them as upstream libjpeg-turbo does, on
+/// the slow path throughout, so tests and `sluice bench cpu` can hold the two side by side.
+pub fn restart_fast_path(on: bool) {
+    // SAFETY: sets a thread-local int in the vendored decoder; no other effect.
+    unsafe { sluice_jdhuff_restart_fast(std::ffi::c_int::from(on)) }
+}
+
+/// Every DCT coefficient of a JPEG, component by component, each in block-row order (64 a
+/// block, as libjpeg-turbo keeps them): what entropy decoding produced, before any IDCT,
+/// read through damage as libjpeg-turbo does, with the last warning it gave. The tests
+/// compare the patched decoder's with upstream's on them.
+pub fn coefficients(data: &[u8]) -> Result<(Vec<i16>, Option<String>), DecodeError> {
+    unsafe extern "C" fn append(
+        coeffs: *mut std::ffi::c_short,
+        array: tj::tjregion,
+        _plane: tj::tjregion,
+        _component: std::ffi::c_int,
+        _transform_id: std::ffi::c_int,
+        transform: *mut tj::tjtransform,
+    ) -> std::ffi::c_int {
+        // SAFETY: TurboJPEG hands one block row: `array.w` coefficient columns (8 a block)
+        // times `array.h` (8) rows, contiguous, and `data` is the Vec `coefficients` owns.
+        unsafe {
+            let out = &mut *(*transform).data.cast::<Vec<i16>>();
+            let n = array.w as usize * array.h as usize;
+            out.extend_from_slice(std::slice::from_raw_parts(coeffs, n));
+        }
+        0
+    }
+    let mut reader = EntropyReader::new()?;
+    let mut out: Vec<i16> = Vec::new();
+    let mut transform = whole_image(tj::TJXOPT_NOOUTPUT as i32);
+    transform.data = (&mut out as *mut Vec<i16>).cast();
+    transform.customFilter = Some(append);
+    let warning = reader.transform(data, &transform)?;
+    Ok((out, warning))
 }
 
 /// A lossless transform of the whole image, as it is (no crop, flip or rotation), with

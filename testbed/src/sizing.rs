@@ -560,7 +560,10 @@ pub fn engine_run(
 /// sample's `jpg` again and again for `seconds` after one pass (no IDCT, colour conversion or
 /// resize: the floor of any decoder of whole images, see [`sluice_cpu::jpeg::EntropyReader`]).
 /// Images it cannot read are left out of the rate.
-pub fn entropy_rate(samples: &[Sample], threads: usize, seconds: f64) -> Result<f64> {
+/// JPEGs with restart markers are read with libjpeg-turbo's fast Huffman path kept across
+/// their intervals (the vendored decoder's patch, as the engine runs it) when `fast`, else as
+/// upstream reads them ([`sluice_cpu::jpeg::restart_fast_path`]).
+pub fn entropy_rate(samples: &[Sample], threads: usize, seconds: f64, fast: bool) -> Result<f64> {
     let jpegs: Vec<&[u8]> = samples
         .iter()
         .filter_map(|s| s.fields.iter().find(|f| f.name == "jpg"))
@@ -589,6 +592,7 @@ pub fn entropy_rate(samples: &[Sample], threads: usize, seconds: f64) -> Result<
             .map(|t| {
                 let good = &good;
                 scope.spawn(move || -> Result<u64> {
+                    sluice_cpu::jpeg::restart_fast_path(fast);
                     let mut reader = reader()?;
                     let mut n = 0u64;
                     // Each thread starts at its own place in the corpus.
@@ -792,7 +796,7 @@ mod tests {
     #[test]
     fn entropy_decoding_reads_jpegs_and_refuses_garbage() {
         let (samples, _) = bench_images(None).unwrap();
-        let rate = entropy_rate(&samples[..20], 1, 0.05).unwrap();
+        let rate = entropy_rate(&samples[..20], 1, 0.05, true).unwrap();
         assert!(rate > 0.0);
         let mut reader = sluice_cpu::jpeg::EntropyReader::new().unwrap();
         assert!(reader.read(b"not a jpeg").is_err());

@@ -114,6 +114,8 @@ fn cpu(args: CpuArgs) -> Result<()> {
         return clips(&args, spec, &samples, &what);
     }
     let restart_markers = !args.no_restart_markers;
+    // The JPEGs as they came, for the entropy floor without markers beside the one with.
+    let unmarked = restart_markers.then(|| samples.clone());
     if restart_markers {
         let (before, after) = sizing::add_restart_markers(&mut samples)?;
         println!(
@@ -144,7 +146,7 @@ fn cpu(args: CpuArgs) -> Result<()> {
             threads as f64 * 1000.0 / rate
         );
         // The floor on the same images and threads: entropy decoding alone.
-        let floor = sizing::entropy_rate(&samples, threads, args.seconds)?;
+        let floor = sizing::entropy_rate(&samples, threads, args.seconds, true)?;
         println!(
             "floor\tthreads={threads}\t{floor:.0} images/s\tentropy decoding alone (libjpeg-turbo reading the coefficients: no IDCT, no resize)\tthe engine runs at {:.2} of it",
             rate / floor.max(1e-9)
@@ -154,6 +156,9 @@ fn cpu(args: CpuArgs) -> Result<()> {
             "seconds": run.seconds, "decode_share": run.decode_share,
             "entropy_decode_images_per_s": floor, "of_floor": rate / floor.max(1e-9),
         });
+        if let Some(unmarked) = &unmarked {
+            result["entropy_markers"] = marker_floors(unmarked, &samples, threads, &args, floor)?;
+        }
         if let Some(plain) = without_pixel_ops(&spec) {
             let config = args.engine(threads);
             let base = sizing::engine_run(&samples, plain.clone(), config, args.seconds)?;
@@ -189,6 +194,31 @@ fn cpu(args: CpuArgs) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// What restart markers cost the entropy floor: the marked JPEGs' `floor` (read with the
+/// vendored decoder's fast Huffman path across intervals) beside the same JPEGs without
+/// markers and the marked ones as upstream libjpeg-turbo reads them (its slow path
+/// throughout), measured one after the other on the same threads.
+fn marker_floors(
+    unmarked: &[sluice_shard::Sample],
+    marked: &[sluice_shard::Sample],
+    threads: usize,
+    args: &CpuArgs,
+    floor: f64,
+) -> Result<serde_json::Value> {
+    let plain = sizing::entropy_rate(unmarked, threads, args.seconds, true)?;
+    let upstream = sizing::entropy_rate(marked, threads, args.seconds, false)?;
+    println!(
+        "markers\tthreads={threads}\tentropy floor with markers {floor:.0}, without {plain:.0}, with markers as upstream reads them {upstream:.0} images/s\tmarked at {:.3} of unmarked (upstream {:.3})",
+        floor / plain.max(1e-9),
+        upstream / plain.max(1e-9)
+    );
+    Ok(serde_json::json!({
+        "marked_images_per_s": floor, "unmarked_images_per_s": plain,
+        "marked_upstream_images_per_s": upstream, "marked_of_unmarked": floor / plain.max(1e-9),
+        "upstream_marked_of_unmarked": upstream / plain.max(1e-9),
+    }))
 }
 
 /// `spec` without its pixel ops (a late `hflip` back in the geometry), when it has any.

@@ -237,9 +237,10 @@ slowlabel: \
       s |= GET_BITS(1); \
       nb++; \
     } \
-    if (nb > 16) \
+    if (nb > 16) { \
       s = 0; \
-    else \
+      bad_code = 1; /* Sluice: decode_mcu_fast() then tells */ \
+    } else \
       s = htbl->pub->huffval[(int)(s + htbl->valoffset[nb]) & 0xFF]; \
   }
 
