@@ -23,12 +23,18 @@ pub struct LocalCluster {
     pub token: String,
     stop: CancellationToken,
     runtime: Option<tokio::runtime::Runtime>,
+    /// The storage node's own runtime, so its threads' CPU time is told from the workers'
+    /// ([`crate::tier_cpu`]).
+    storage_runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl Drop for LocalCluster {
     fn drop(&mut self) {
         self.stop.cancel();
-        if let Some(rt) = self.runtime.take() {
+        for rt in [self.runtime.take(), self.storage_runtime.take()]
+            .into_iter()
+            .flatten()
+        {
             rt.shutdown_timeout(std::time::Duration::from_secs(2));
         }
     }
@@ -62,6 +68,12 @@ pub fn start(
         .enable_all()
         .build()
         .map_err(TestbedError::io("starting the tiers' runtime"))?;
+    let storage_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("sluice-storage")
+        .enable_all()
+        .build()
+        .map_err(TestbedError::io("starting the storage node's runtime"))?;
     let stop = CancellationToken::new();
     let bind = TestbedError::io("binding a loopback port");
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(bind)?;
@@ -75,13 +87,13 @@ pub fn start(
     };
     storage.validate()?;
     {
-        let _enter = runtime.enter();
+        let _enter = storage_runtime.enter();
         let listener = listener
             .set_nonblocking(true)
             .and_then(|()| tokio::net::TcpListener::from_std(listener))
             .map_err(TestbedError::io("listening on a loopback port"))?;
         let stop = stop.clone();
-        runtime.spawn(async move {
+        storage_runtime.spawn(async move {
             if let Err(e) = sluice_storage::run(listener, storage, recorder, stop).await {
                 tracing::error!("storage node: {e}");
             }
@@ -147,6 +159,7 @@ pub fn start(
         token,
         stop,
         runtime: Some(runtime),
+        storage_runtime: Some(storage_runtime),
     })
 }
 

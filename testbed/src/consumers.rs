@@ -485,9 +485,15 @@ pub fn run_ranks_keeping_failures(
     observer: &dyn Observer,
 ) -> Result<Vec<RankResult>> {
     std::thread::scope(|scope| {
+        // Named, so the CPU they spend is told from the client's ([`crate::tier_cpu`]).
         let handles: Vec<_> = (0..cfg.ranks)
-            .map(|rank| scope.spawn(move || run_rank(cfg, manifest, rank, observer)))
-            .collect();
+            .map(|rank| {
+                std::thread::Builder::new()
+                    .name(format!("sluice-rank-{rank}"))
+                    .spawn_scoped(scope, move || run_rank(cfg, manifest, rank, observer))
+                    .map_err(TestbedError::io(format!("starting rank {rank}'s thread")))
+            })
+            .collect::<Result<_>>()?;
         // A rank that could not even start is a failed rank beside the others, whose
         // deliveries are still reported and dumped.
         let results = handles

@@ -13,6 +13,7 @@ pub mod consumers;
 pub mod error;
 pub mod host_cost;
 pub mod sizing;
+pub mod tier_cpu;
 pub mod transport;
 
 pub use error::{Result, TestbedError};

@@ -468,6 +468,9 @@ pub struct EngineRun {
     pub decode_share: f64,
     /// Samples the decoder refused in the warm-up pass (named).
     pub skipped: Vec<String>,
+    /// CPU seconds (user + system) the process used over the measured passes: what the
+    /// images cost whatever else shared the cores.
+    pub cpu_secs: f64,
 }
 
 impl EngineRun {
@@ -524,6 +527,7 @@ pub fn engine_run(
         t0.transform_ns.load(Ordering::Relaxed),
     );
     let started = Instant::now();
+    let usage = crate::host_cost::ProcessUsage::now();
     let (mut images, mut done) = (0u64, 0u64);
     while started.elapsed().as_secs_f64() < seconds {
         epoch += 1;
@@ -544,6 +548,9 @@ pub fn engine_run(
         }
     }
     let secs = started.elapsed().as_secs_f64();
+    let cpu_secs = crate::host_cost::ProcessUsage::now()
+        .since(&usage)
+        .cpu_secs();
     let t = engine.times();
     let decode = (t.decode_ns.load(Ordering::Relaxed) - d0) as f64;
     let transform = (t.transform_ns.load(Ordering::Relaxed) - x0) as f64;
@@ -553,6 +560,7 @@ pub fn engine_run(
         seconds: secs,
         decode_share: decode / (decode + transform).max(1.0),
         skipped,
+        cpu_secs,
     })
 }
 
@@ -623,6 +631,9 @@ pub struct ChainRun {
     pub results: Vec<crate::consumers::RankResult>,
     pub seconds: f64,
     pub readings: Vec<Reading>,
+    /// CPU seconds this process's threads spent on the run, by tier
+    /// ([`crate::tier_cpu::TIERS`]): the tiers' own only when they run in this process.
+    pub cpu: std::collections::BTreeMap<&'static str, f64>,
 }
 
 impl ChainRun {
@@ -655,17 +666,26 @@ pub fn run_chain(
 ) -> Result<ChainRun> {
     let started = Instant::now();
     let readings = std::sync::Mutex::new(vec![Reading::take(metrics, started)]);
+    let cpu = std::sync::Mutex::new(crate::tier_cpu::ThreadCpu::start());
     // The sampler stops as soon as the consumers are done (the sender dropped), so it adds
-    // nothing to the time measured.
+    // nothing to the time measured. Threads' CPU is read more often than the counters: a
+    // loader's threads end with it, and what they did since their last reading is lost.
     let (done, stop) = std::sync::mpsc::sync_channel::<()>(1);
-    let shared = &readings;
+    let (shared, threads) = (&readings, &cpu);
     let (results, seconds) = std::thread::scope(|s| {
         s.spawn(move || {
+            let mut tick = 0u32;
             while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                stop.recv_timeout(Duration::from_millis(250))
+                stop.recv_timeout(Duration::from_millis(50))
             {
-                if let Ok(mut r) = shared.lock() {
-                    r.push(Reading::take(metrics, started));
+                if let Ok(mut t) = threads.lock() {
+                    t.sample();
+                }
+                tick += 1;
+                if tick % 5 == 0 {
+                    if let Ok(mut r) = shared.lock() {
+                        r.push(Reading::take(metrics, started));
+                    }
                 }
             }
         });
@@ -674,10 +694,13 @@ pub fn run_chain(
         drop(done);
         r.map(|r| (r, seconds))
     })?;
+    let mut cpu = cpu.into_inner().unwrap_or_default();
+    cpu.sample();
     Ok(ChainRun {
         results,
         seconds,
         readings: readings.into_inner().unwrap_or_default(),
+        cpu: cpu.by_tier(),
     })
 }
 

@@ -166,6 +166,9 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
         );
     }
     for (name, run, _) in &runs {
+        println!("{}", cpu_line(name, run, in_process));
+    }
+    for (name, run, _) in &runs {
         let (storage, cached) = run.shard_bytes();
         println!(
             "shards ({name}): {:.1} MB read from the storage tier, {:.1} MB from the workers' \
@@ -202,6 +205,7 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
             "vs_cpu_alone": ratio(run.samples_per_s()),
             "samples_per_s_after_first_epoch": later,
             "vs_cpu_alone_after_first_epoch": later.map(ratio),
+            "cpu_us_per_sample": cpu_per_sample(run),
             "storage_bytes": run.shard_bytes().0,
             "cached_bytes": run.shard_bytes().1,
             "timeline": sizing::timeline(&run.readings, per_sample_stored, cfg),
@@ -220,6 +224,54 @@ pub fn run(mut args: ChainArgs) -> Result<()> {
         bail!("the exactly-once contract was broken: {broken:?}");
     }
     Ok(())
+}
+
+/// CPU microseconds per delivered sample by tier ([`sluice_testbed::tier_cpu`]), and the
+/// work that is not decoding (storage, the workers' transport, the client) as a share of the
+/// decoders'.
+fn cpu_per_sample(run: &sizing::ChainRun) -> serde_json::Value {
+    let samples: u64 = run.results.iter().map(|r| r.delivered + r.skipped).sum();
+    let us = |secs: f64| secs * 1e6 / samples.max(1) as f64;
+    let mut out: serde_json::Map<String, serde_json::Value> = run
+        .cpu
+        .iter()
+        .map(|(tier, secs)| (tier.to_string(), us(*secs).into()))
+        .collect();
+    let decode = run.cpu.get("worker decode").copied().unwrap_or(0.0);
+    let other: f64 = ["storage", "worker transport", "client"]
+        .iter()
+        .filter_map(|t| run.cpu.get(t))
+        .sum();
+    out.insert(
+        "non_decode_of_decode".into(),
+        (other / decode.max(1e-9)).into(),
+    );
+    out.into()
+}
+
+/// The CPU line of one chain run: every tier's CPU per sample when they ran in this
+/// process, the client's alone otherwise.
+fn cpu_line(name: &str, run: &sizing::ChainRun, in_process: bool) -> String {
+    let per = cpu_per_sample(run);
+    let us = |tier: &str| per[tier].as_f64().unwrap_or(0.0);
+    if !in_process {
+        return format!(
+            "cpu ({name}): client {:.1} µs/sample, consumers {:.1} (the tiers run elsewhere: \
+             their CPU is on their hosts)",
+            us("client"),
+            us("consumers")
+        );
+    }
+    let tiers: Vec<String> = sluice_testbed::tier_cpu::TIERS
+        .iter()
+        .map(|t| format!("{t} {:.1}", us(t)))
+        .collect();
+    format!(
+        "cpu ({name}): µs/sample {}; not decoding (storage, worker transport, client): {:.1}% \
+         of the decoders'",
+        tiers.join(", "),
+        per["non_decode_of_decode"].as_f64().unwrap_or(0.0) * 100.0
+    )
 }
 
 /// Throughput of each tier over time (top) and the consumers' starvation (bottom).

@@ -131,6 +131,8 @@ fn cpu(args: CpuArgs) -> Result<()> {
     for &threads in &args.threads {
         let config = args.engine(threads);
         let run = sizing::engine_run(&samples, spec.clone(), config, args.seconds)?;
+        // CPU, not wall time: what an image costs whatever else shares the cores.
+        let cpu_ms = run.cpu_secs * 1e3 / run.images.max(1) as f64;
         if let Some(first) = run.skipped.first() {
             eprintln!(
                 "note: {} images were skipped as undecodable, e.g. {first}",
@@ -139,7 +141,7 @@ fn cpu(args: CpuArgs) -> Result<()> {
         }
         let rate = run.images_per_s();
         println!(
-            "cpu\tthreads={threads}\t{rate:.0} images/s\t{:.0} images/s/thread\tdecode {:.0}% / resize+flip {:.0}%\t{:.3} ms/image/thread",
+            "cpu\tthreads={threads}\t{rate:.0} images/s\t{:.0} images/s/thread\tdecode {:.0}% / resize+flip {:.0}%\t{:.3} ms/image/thread\t{cpu_ms:.3} CPU-ms/image",
             rate / threads as f64,
             run.decode_share * 100.0,
             (1.0 - run.decode_share) * 100.0,
@@ -153,7 +155,7 @@ fn cpu(args: CpuArgs) -> Result<()> {
         );
         let mut result = serde_json::json!({
             "threads": threads, "images_per_s": rate, "images": run.images,
-            "seconds": run.seconds, "decode_share": run.decode_share,
+            "seconds": run.seconds, "decode_share": run.decode_share, "cpu_ms_per_image": cpu_ms,
             "entropy_decode_images_per_s": floor, "of_floor": rate / floor.max(1e-9),
         });
         if let Some(unmarked) = &unmarked {
