@@ -12,7 +12,8 @@
 #
 # These VMs differ about 2x in absolute speed, so each figure is also given as a ratio to the
 # floors `sluice bench host-cost` measures in the same run, under the same load, just before
-# it: the copy of a 224x224x3 tensor (same-host) and AES-256-GCM over it plus the copy (QUIC).
+# it: the copy of a 224x224x3 tensor (same-host), and over QUIC the kernel's copy of its
+# datagrams out of a UDP socket, AES-256-GCM over them and the copy.
 #
 # Data: the first 196 JPEGs of ../shared/data/imagenet-sample with their labels (4 shards of
 # 50), or, without ../shared, 196 generated ones (says so). The binary is target/release/sluice
@@ -66,7 +67,8 @@ echo "gpu-host-cost-token-0123456789" > "$work/token"
 samples=$(( 196 * epochs ))
 
 # The floors now, µs per sample: sets floor_quic and floor_copy, from `bench host-cost`'s
-# QUIC row ("floor T µs (<impl> AES-256-GCM in N-byte packets D + copy C)").
+# QUIC row ("floor T µs (kernel receive K + <impl> AES-256-GCM in N-byte packets D + copy C)":
+# T is the sum: the kernel's copy out of the socket, decryption and the copy into a batch).
 floors() {
     local row
     row=$("$SLUICE_BIN" bench host-cost --only quic --samples 1024 --repeat 1 --epochs 1 \

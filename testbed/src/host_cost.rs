@@ -12,10 +12,11 @@
 //! connecting and TLS handshake are in it (a few milliseconds of the seconds an 8,192-sample
 //! epoch takes), the loader's shutdown is not.
 //!
-//! The floors, per sample of the same bytes on one thread: over QUIC, AES-256-GCM over the
-//! tensor in datagram-sized packets, by the implementation this process's QUIC packet
-//! protection chose ([`sluice_tls::chosen`]; sealing stands in for opening, which costs the
-//! same) plus one copy into a batch; over same-host,
+//! The floors, per sample of the same bytes on one thread: over QUIC, the kernel's copy of
+//! its datagrams out of a UDP socket as the client receives them ([`kernel_copy_us`]), plus
+//! AES-256-GCM over the tensor in datagram-sized packets, by the implementation this
+//! process's QUIC packet protection chose ([`sluice_tls::chosen`]; sealing stands in for
+//! opening, which costs the same), plus one copy into a batch; over same-host,
 //! the copy alone (the client copies each tensor once, from its slot into the batch). The
 //! copy is the cheaper, on this machine, of a plain one and the client's own streaming one
 //! (`sluice_wire::copy`).
@@ -140,6 +141,9 @@ pub fn client_cost(
 /// What a sample's bytes need at least, in µs of one thread.
 #[derive(Clone, Copy, Debug)]
 pub struct Floor {
+    /// The kernel's copy of the tensor's datagrams out of a UDP socket, received as the
+    /// client receives them ([`kernel_copy_us`]).
+    pub kernel_us: f64,
     /// AES-256-GCM over the tensor in `packet`-byte packets, by `aes_gcm`.
     pub decrypt_us: f64,
     pub aes_gcm: sluice_tls::AesGcm,
@@ -193,9 +197,92 @@ pub fn floor(bytes: usize, samples: u64, pool: usize) -> Result<Floor> {
     }
     std::hint::black_box(&batch);
     Ok(Floor {
+        kernel_us: kernel_copy_us(bytes, samples)?,
         decrypt_us,
         aes_gcm,
         copy_us,
         packet,
     })
+}
+
+/// The kernel's part of receiving a `bytes` tensor over QUIC, in µs of the receiving
+/// thread's CPU: its datagrams (Sluice's size, sent as the worker sends them: GSO runs of
+/// [`sluice_wire::quic::GSO_SEGMENTS`]) received on loopback as the client receives them
+/// (quinn-udp's `recvmmsg`, GRO where the kernel coalesces), into buffers that are reused.
+/// Sending is not counted: each burst is sent first, then received with the clock running
+/// (a burst fits the socket's default receive buffer). Averaged over `samples` tensors.
+pub fn kernel_copy_us(bytes: usize, samples: u64) -> Result<f64> {
+    use quinn_udp::{RecvMeta, Transmit, UdpSocketState, BATCH_SIZE};
+    use std::io::IoSliceMut;
+    let io = |what: &'static str| TestbedError::io(format!("the kernel-copy floor: {what}"));
+    let rx = std::net::UdpSocket::bind("127.0.0.1:0").map_err(io("binding a socket"))?;
+    let tx = std::net::UdpSocket::bind("127.0.0.1:0").map_err(io("binding a socket"))?;
+    let to = rx.local_addr().map_err(io("its address"))?;
+    let rx_state = UdpSocketState::new((&rx).into()).map_err(io("setting the socket up"))?;
+    let tx_state = UdpSocketState::new((&tx).into()).map_err(io("setting the socket up"))?;
+    rx.set_nonblocking(true)
+        .map_err(io("setting the socket up"))?;
+    let datagram = usize::from(sluice_wire::quic::MAX_UDP_PAYLOAD);
+    let segments = sluice_wire::quic::GSO_SEGMENTS
+        .min(tx_state.max_gso_segments())
+        .max(1);
+    let run = vec![0x5au8; datagram * segments];
+    // A burst: two GSO runs (20 datagrams of 6,500 bytes at most), under the 208 KiB a
+    // socket's receive buffer holds by default, accounting included.
+    let burst_runs = 2;
+    let slot = datagram * rx_state.gro_segments().max(1);
+    let mut slots = vec![vec![0u8; slot]; BATCH_SIZE];
+    let mut metas = [RecvMeta::default(); BATCH_SIZE];
+    let wanted = bytes as u64 * samples.max(1);
+    let (mut received, mut cpu) = (0u64, 0f64);
+    let mut idle = 0;
+    while received < wanted {
+        for _ in 0..burst_runs {
+            let transmit = Transmit {
+                destination: to,
+                ecn: None,
+                contents: &run,
+                segment_size: (segments > 1).then_some(datagram),
+                src_ip: None,
+            };
+            tx_state
+                .send((&tx).into(), &transmit)
+                .map_err(io("sending a burst"))?;
+        }
+        let before = thread_cpu_secs();
+        let mut got = 0u64;
+        loop {
+            let mut iovs: Vec<IoSliceMut<'_>> =
+                slots.iter_mut().map(|s| IoSliceMut::new(s)).collect();
+            match rx_state.recv((&rx).into(), &mut iovs, &mut metas) {
+                Ok(n) => got += metas[..n].iter().map(|m| m.len as u64).sum::<u64>(),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(io("receiving")(e)),
+            }
+        }
+        cpu += thread_cpu_secs() - before;
+        received += got;
+        // Loopback drops nothing it accepted; a kernel that queues none of it is a setup
+        // this floor cannot be measured on.
+        idle = if got == 0 { idle + 1 } else { 0 };
+        if idle > 100 {
+            return Err(TestbedError::Setup(
+                "the kernel-copy floor: loopback delivered no datagram".into(),
+            ));
+        }
+    }
+    Ok(cpu * 1e6 * bytes as f64 / received as f64)
+}
+
+/// This thread's CPU seconds (user + system) so far.
+fn thread_cpu_secs() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given, which lives on this stack.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }

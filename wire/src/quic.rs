@@ -16,7 +16,7 @@ pub const MAX_UDP_PAYLOAD: u16 = 6_500;
 
 /// Datagrams quinn 0.11 puts in one GSO send (`MAX_TRANSMIT_SEGMENTS` in quinn's
 /// `connection.rs`); check it again when quinn is upgraded.
-const GSO_SEGMENTS: usize = 10;
+pub const GSO_SEGMENTS: usize = 10;
 
 // Ten datagrams and the IPv6 and UDP headers within the 64 KiB a GSO send may carry.
 const _: () = assert!(GSO_SEGMENTS * MAX_UDP_PAYLOAD as usize + 40 + 8 <= 65_535);

@@ -75,9 +75,10 @@ pub fn measure(
         let cost = best.context("no measurement")?;
         let (floor_us, parts) = match same_host {
             false => (
-                floor.decrypt_us + floor.copy_us,
+                floor.kernel_us + floor.decrypt_us + floor.copy_us,
                 format!(
-                    "{} AES-256-GCM in {}-byte packets {:.1} + copy {:.1}",
+                    "kernel receive {:.1} + {} AES-256-GCM in {}-byte packets {:.1} + copy {:.1}",
+                    floor.kernel_us,
                     floor.aes_gcm.name(),
                     floor.packet,
                     floor.decrypt_us,
