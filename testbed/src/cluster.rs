@@ -62,18 +62,15 @@ pub fn start(
 ) -> Result<LocalCluster> {
     // The process's recorder, installed here: every tier's metrics land in it.
     let recorder = sluice_daemon::metrics_handle();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("sluice-tiers")
-        .enable_all()
-        .build()
-        .map_err(TestbedError::io("starting the tiers' runtime"))?;
-    let storage_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("sluice-storage")
-        .enable_all()
-        .build()
-        .map_err(TestbedError::io("starting the storage node's runtime"))?;
+    let runtime = |name: &str| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(name)
+            .enable_all()
+            .build()
+            .map_err(TestbedError::io(format!("starting the {name} runtime")))
+    };
+    let (runtime, storage_runtime) = (runtime("sluice-tiers")?, runtime("sluice-storage")?);
     let stop = CancellationToken::new();
     let bind = TestbedError::io("binding a loopback port");
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(bind)?;
