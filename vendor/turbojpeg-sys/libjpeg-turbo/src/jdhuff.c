@@ -813,7 +813,9 @@ decode_mcu_fast(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
  * next (Zen 3), with where the linker put this function: its loops moved
  * across fetch boundaries.  A cache-line start and loops and jump targets on
  * 32-byte boundaries keep it at the faster of the two in every binary. */
-#if defined(__GNUC__)
+#if defined(__clang__)
+__attribute__((aligned(64)))
+#elif defined(__GNUC__)
 __attribute__((aligned(64), optimize("align-loops=32", "align-jumps=32")))
 #endif
 METHODDEF(boolean)
