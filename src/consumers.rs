@@ -28,7 +28,7 @@ pub struct Consumers {
     #[arg(long)]
     pub no_prefetch_next_epoch: bool,
     /// Threads per rank that receive samples and fill batches (the loader's `io_threads`; 0:
-    /// one when every worker is served same-host, else two).
+    /// one, or one per connection with `--connections-per-worker` above one).
     #[arg(long, default_value_t = 0)]
     pub io_threads: usize,
 }

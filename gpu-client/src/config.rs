@@ -166,11 +166,12 @@ pub struct LoaderConfig {
     /// task on each side, about a core's worth. Same-host workers always get one.
     pub connections_per_worker: u32,
     /// Threads of the loader's runtime (1–16), which run its links and its coordinator:
-    /// receiving, decrypting and copying samples into batches. One costs about 10% less CPU
-    /// per sample than two (fewer wake-ups across threads; `sluice bench host-cost`), and
-    /// carries about 6,000 samples/s over QUIC on a 2-core VM; two let a fast rank read more.
-    /// 0 (the default): one when every worker listed is on this machine and serves a
-    /// same-host socket as the loader is built, else two ([`LoaderConfig::runtime_threads`]).
+    /// receiving, decrypting and copying samples into batches. One costs 10–15% less CPU per
+    /// sample than two over QUIC (a third fewer wake-ups across threads, beside a real worker:
+    /// `bench/host_cost_outside.sh`), and carries about 10,000 samples/s of 224×224×3 a rank
+    /// over QUIC on a 2-core VM (`sluice bench host-cost`, `bench transport`), where two
+    /// carried no more. 0 (the default): one, or `connections_per_worker` when that is above
+    /// one, so added connections spread over threads ([`LoaderConfig::runtime_threads`]).
     pub io_threads: usize,
     /// Batch buffers in the ring (at least 2: one being filled, one being consumed).
     pub ring_batches: usize,
@@ -352,34 +353,15 @@ impl LoaderConfig {
             )
     }
 
-    /// The loader runtime's threads: `io_threads`, or when it is 0, one if every worker listed
-    /// (as an address or `localhost`, without a workers file) is on this machine and serves
-    /// a same-host socket in `same_host_dir` now, else two. A same-host link copies little
-    /// and decrypts nothing, so one thread carries it with room to spare, and a second only
-    /// adds wake-ups across threads (about 10% of the client's CPU a sample beside a real
-    /// worker, `bench/host_cost_outside.sh`); QUIC's decryption may need the second.
+    /// The loader runtime's threads: `io_threads`, or when it is 0, one, or as many as the
+    /// QUIC connections to each worker when there are more. One thread receives, decrypts
+    /// and copies a rank's samples with none of the wake-ups across threads a second adds
+    /// (once about 10% of the client's CPU a sample over either transport); a rank that reads
+    /// faster than one thread carries asks for more connections, or for threads.
     pub fn runtime_threads(&self) -> usize {
-        if self.io_threads > 0 {
-            return self.io_threads;
-        }
-        let all_same_host = self.same_host != SameHost::Off
-            && self.workers_file.is_none()
-            && !self.workers.is_empty()
-            && self.workers.iter().all(|w| {
-                // An address, or `localhost`: names are resolved later, not here.
-                let addr = match w.strip_prefix("localhost:") {
-                    Some(port) => port
-                        .parse::<u16>()
-                        .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)))
-                        .ok(),
-                    None => w.parse::<std::net::SocketAddr>().ok(),
-                };
-                addr.is_some_and(|a| crate::same_host::socket_for(&self.same_host_dir, a).is_ok())
-            });
-        if all_same_host {
-            1
-        } else {
-            2
+        match self.io_threads {
+            0 => (self.connections_per_worker as usize).clamp(1, 16),
+            given => given,
         }
     }
 

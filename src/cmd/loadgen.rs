@@ -98,7 +98,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     connections_per_worker: u32,
     /// Threads per rank that receive samples and fill batches (the loader's `io_threads`; 0:
-    /// one when every worker is served same-host, else two).
+    /// one, or one per connection with `--connections-per-worker` above one).
     #[arg(long, default_value_t = 0)]
     io_threads: usize,
     /// Decode threads for `--workers local` (0 = one per core).

@@ -1,38 +1,19 @@
 use super::*;
 
 #[test]
-fn runtime_threads_follow_the_workers() {
-    let dir = tempfile::tempdir().unwrap();
-    // A worker on port 7345 serving a same-host socket in `dir`, one on 7346 not.
-    let path = sluice_wire::shm::socket_path(dir.path(), 7345);
-    let _socket = std::os::unix::net::UnixListener::bind(&path).unwrap();
-    let config = |workers: &[&str], same_host, io_threads| LoaderConfig {
-        workers: workers.iter().map(|w| w.to_string()).collect(),
-        same_host,
-        same_host_dir: dir.path().to_path_buf(),
+fn runtime_threads_are_one_unless_connections_or_the_user_ask_for_more() {
+    let config = |connections_per_worker, io_threads| LoaderConfig {
+        workers: vec!["192.0.2.1:7345".into()],
+        connections_per_worker,
         io_threads,
         ..LoaderConfig::default()
     };
-    let threads = |workers: &[&str], same_host, io_threads| {
-        config(workers, same_host, io_threads).runtime_threads()
-    };
-    assert_eq!(threads(&["127.0.0.1:7345"], SameHost::Auto, 0), 1);
-    assert_eq!(threads(&["127.0.0.1:7345"], SameHost::Require, 0), 1);
-    // QUIC for any of them, or maybe (a name, a workers file): two.
-    assert_eq!(threads(&["127.0.0.1:7345"], SameHost::Off, 0), 2);
-    assert_eq!(
-        threads(&["127.0.0.1:7345", "127.0.0.1:7346"], SameHost::Auto, 0),
-        2
-    );
-    assert_eq!(threads(&["localhost:7345"], SameHost::Auto, 0), 1);
-    assert_eq!(threads(&["gpu-7.local:7345"], SameHost::Auto, 0), 2);
-    assert_eq!(threads(&["192.0.2.1:7345"], SameHost::Auto, 0), 2);
-    let mut from_file = config(&["127.0.0.1:7345"], SameHost::Auto, 0);
-    from_file.workers_file = Some(dir.path().join("workers"));
-    assert_eq!(from_file.runtime_threads(), 2);
+    assert_eq!(config(1, 0).runtime_threads(), 1);
+    // Added connections spread over as many threads.
+    assert_eq!(config(4, 0).runtime_threads(), 4);
     // Given, it is what was given.
-    assert_eq!(threads(&["127.0.0.1:7345"], SameHost::Auto, 3), 3);
-    assert_eq!(threads(&["127.0.0.1:7346"], SameHost::Auto, 1), 1);
+    assert_eq!(config(1, 3).runtime_threads(), 3);
+    assert_eq!(config(4, 1).runtime_threads(), 1);
 }
 
 #[test]

@@ -121,7 +121,7 @@ pub fn run(args: AllArgs) -> Result<()> {
         side: 224,
         credits: 256,
         connections: 1,
-        io_threads: 2,
+        io_threads: 0,
     };
     let t = transport::compare(&probe, 3, 3, None)?;
 

@@ -25,8 +25,8 @@ pub struct ProbeArgs {
     /// QUIC connections to the worker (the loader's `connections_per_worker`).
     #[arg(long, default_value_t = 1)]
     pub connections: u32,
-    /// The client's runtime threads (the loader's `io_threads`).
-    #[arg(long, default_value_t = 2)]
+    /// The client's runtime threads (the loader's `io_threads`; 0: the loader's default).
+    #[arg(long, default_value_t = 0)]
     pub io_threads: usize,
 }
 
