@@ -810,7 +810,7 @@ decode_mcu_fast(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
 #define BUFSIZE  (DCTSIZE2 * 8)
 
 /* Sluice: the fast path ran 10-13% faster or not at all from one link to the
- * next (Zen 3), with where the linker put this function: its loops moved
+ * next (Zen 4), with where the linker put this function: its loops moved
  * across fetch boundaries.  A cache-line start and loops and jump targets on
  * 32-byte boundaries keep it at the faster of the two in every binary. */
 #if defined(__clang__)
