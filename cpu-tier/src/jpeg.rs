@@ -641,9 +641,10 @@ impl EntropyReader {
         if rc == 0 {
             return Ok(None);
         }
-        // SAFETY: a NUL-terminated static or per-handle buffer; a valid handle.
+        // SAFETY: a NUL-terminated static or per-handle buffer.
         let msg = unsafe { CStr::from_ptr(tj::tj3GetErrorStr(self.handle)) };
         let msg = msg.to_string_lossy().into_owned();
+        // SAFETY: a valid handle; reads the kind of its last error.
         let warning = unsafe { tj::tj3GetErrorCode(self.handle) } == tj::TJERR_TJERR_WARNING as i32;
         *self = EntropyReader::new()?;
         match warning {
