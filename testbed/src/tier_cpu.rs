@@ -19,6 +19,11 @@ pub const TIERS: [&str; 6] = [
     "other",
 ];
 
+/// The decoders' tier, and the tiers whose work is not decoding (the non-decode CPU that
+/// `sluice bench chain` sets beside the decoders').
+pub const DECODE: &str = "worker decode";
+pub const NOT_DECODING: [&str; 3] = ["storage", "worker transport", "client"];
+
 /// The tier a thread works for, by the name its runtime or pool gives it.
 pub fn tier(thread: &str) -> &'static str {
     if thread.starts_with("sluice-storage") {

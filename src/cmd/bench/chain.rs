@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::json;
 use sluice_testbed::cluster;
 use sluice_testbed::sizing::{self, Capacity};
+use sluice_testbed::tier_cpu;
 
 use crate::consumers::{Bars, Consumers, FirstEpochs, Paced};
 
@@ -237,8 +238,8 @@ fn cpu_per_sample(run: &sizing::ChainRun) -> serde_json::Value {
         .iter()
         .map(|(tier, secs)| (tier.to_string(), us(*secs).into()))
         .collect();
-    let decode = run.cpu.get("worker decode").copied().unwrap_or(0.0);
-    let other: f64 = ["storage", "worker transport", "client"]
+    let decode = run.cpu.get(tier_cpu::DECODE).copied().unwrap_or(0.0);
+    let other: f64 = tier_cpu::NOT_DECODING
         .iter()
         .filter_map(|t| run.cpu.get(t))
         .sum();
@@ -262,14 +263,14 @@ fn cpu_line(name: &str, run: &sizing::ChainRun, in_process: bool) -> String {
             us("consumers")
         );
     }
-    let tiers: Vec<String> = sluice_testbed::tier_cpu::TIERS
+    let tiers: Vec<String> = tier_cpu::TIERS
         .iter()
         .map(|t| format!("{t} {:.1}", us(t)))
         .collect();
     format!(
-        "cpu ({name}): µs/sample {}; not decoding (storage, worker transport, client): {:.1}% \
-         of the decoders'",
+        "cpu ({name}): µs/sample {}; not decoding ({}): {:.1}% of the decoders'",
         tiers.join(", "),
+        tier_cpu::NOT_DECODING.join(", "),
         per["non_decode_of_decode"].as_f64().unwrap_or(0.0) * 100.0
     )
 }
