@@ -422,6 +422,8 @@ fn cpu_tier_modules_import_only_down_their_floors() {
                 "jpeg",
                 "fields",
                 "engine",
+                "share",
+                "tensor",
                 "mappings",
                 "key_files",
                 "lib",

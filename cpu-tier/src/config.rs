@@ -116,6 +116,10 @@ pub struct Limits {
     /// Largest frame header and payload accepted, bytes.
     pub max_header_bytes: u32,
     pub max_payload_bytes: u32,
+    /// Bytes of decoded tensors kept for sweeps (jobs of one team reading the same samples
+    /// with the same pipeline and seed, `crate::share`): a job that far behind the others is
+    /// still served their decodes. 0: every job decodes alone.
+    pub share_window_bytes: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -209,6 +213,7 @@ impl Default for Limits {
             max_credits: 4096,
             max_header_bytes: 1 << 20,
             max_payload_bytes: 256 << 20,
+            share_window_bytes: 256 << 20,
         }
     }
 }

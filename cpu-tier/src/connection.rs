@@ -177,6 +177,11 @@ fn run_unit(state: &Arc<State>, launch: &Arc<Launch>) {
                 }
             },
             Output::Skipped(s) => Produced::Frame(Message::Skipped(s), bytes::Bytes::new()),
+            // `drive_unit` hands on the sample inside, never this.
+            Output::Shared(_) => {
+                warn!("a sample shared twice over");
+                return false;
+            }
         };
         let sample = matches!(
             frame,

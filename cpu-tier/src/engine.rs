@@ -29,7 +29,7 @@ use sluice_wire::SampleGeometry;
 use crate::error::{DecodeError, EngineError, SampleError};
 use crate::fields::FieldSpec;
 use crate::jpeg::{DecodeLimits, JpegDecoder};
-use sluice_wire::spec::{DType, PipelineSpec};
+use sluice_wire::spec::PipelineSpec;
 
 mod pixels;
 mod render;
@@ -83,21 +83,7 @@ pub struct SampleContext {
     pub shard: u32,
 }
 
-/// An output image.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Tensor {
-    /// Frames of a clip (T×H×W×3, frame after frame); 1 for an image.
-    pub frames: u32,
-    pub height: u32,
-    pub width: u32,
-    pub dtype: DType,
-    /// Channels first (3×H×W) rather than H×W×3.
-    pub chw: bool,
-    /// Little-endian elements; empty when they were written into `placed`.
-    pub data: Vec<u8>,
-    /// The place in the client's batch the tensor was written into, if it was.
-    pub placed: Option<u32>,
-}
+pub use crate::tensor::Tensor;
 
 /// Where a unit's samples may be written straight into the client's batches: the job's
 /// places and the unit's (unit, attempt).
@@ -127,6 +113,9 @@ pub struct Processed {
     /// Every field the sample has, when one the job asked for by name is missing (empty
     /// otherwise): the client names them to a user with a typo in `fields=`.
     pub has: Vec<String>,
+    /// Its tensor was copied from a decode made for another job of its sweep
+    /// ([`crate::share`]), not decoded for it.
+    pub shared: bool,
 }
 
 /// What became of one sample.
@@ -181,11 +170,13 @@ pub struct Engine {
     times: Arc<StageTimes>,
     /// Output tensors the transport is done with, written again (see [`Engine::recycle`]).
     outputs: Arc<sluice_wire::BufferPool>,
+    /// The job's part in the worker's sweeps ([`crate::share`]); `None`: it decodes alone.
+    share: Option<crate::share::Sharing>,
 }
 
 /// Spare output tensors an engine keeps per size: about what is in flight between the
 /// decoders and the transport (queues, credits, QUIC's send buffer).
-const SPARE_OUTPUTS: usize = 512;
+pub(crate) const SPARE_OUTPUTS: usize = 512;
 
 /// How often a unit waiting for its turn looks again (its turn's resume wakes it sooner).
 const TURN_POLL: Duration = Duration::from_millis(50);
@@ -220,7 +211,23 @@ impl Engine {
             pool,
             times: Arc::new(StageTimes::default()),
             outputs: Arc::new(sluice_wire::BufferPool::new(SPARE_OUTPUTS)),
+            share: None,
         }
+    }
+
+    /// The same engine writing its tensors into buffers from `outputs`, a pool several
+    /// engines share (a worker's jobs: an epoch's job then starts with the buffers the
+    /// last one gave back, not fresh pages).
+    pub fn with_outputs(mut self, outputs: Arc<sluice_wire::BufferPool>) -> Self {
+        self.outputs = outputs;
+        self
+    }
+
+    /// The same engine serving tensors other jobs of its sweep decoded, and keeping its own
+    /// for them ([`crate::share`]).
+    pub(crate) fn with_sharing(mut self, share: crate::share::Sharing) -> Self {
+        self.share = Some(share);
+        self
     }
 
     /// The same engine reading labels and fields as `fields` says (default: the `cls` label,
@@ -381,6 +388,32 @@ impl Engine {
         let label = self.fields.label(sample)?;
         let fields = self.fields.pick(sample, image_field)?;
         let has = self.fields.names_if_missing(sample, image_field);
+        let mut claim = None;
+        if let Some(share) = &self.share {
+            match share.lookup(ctx.shard, sample.index, data) {
+                crate::share::Lookup::Hit(kept) => {
+                    metrics::counter!("sluice_cpu_share_hits_total").increment(1);
+                    return Ok(Processed {
+                        shard: ctx.shard,
+                        index: sample.index,
+                        key: sample.key.clone(),
+                        label,
+                        tensor: self.copied(&kept.tensor, dest),
+                        fields,
+                        geometry: kept.geometry,
+                        has,
+                        shared: true,
+                    });
+                }
+                crate::share::Lookup::Decode(c) => claim = Some(c),
+                crate::share::Lookup::Alone => {}
+            }
+        }
+        // A decode kept for the sweep is made in a buffer of ours, then copied to its place.
+        let (dest, place) = match claim.is_some() {
+            true => (None, dest),
+            false => (dest, None),
+        };
         let mut rng = sample_stream(ctx.seed, ctx.epoch, ctx.shard, sample.index);
         let t0 = Instant::now();
         let (tensor, decode_ns, geometry) = if let Some(clip) = self.spec.clip {
@@ -406,6 +439,19 @@ impl Engine {
         metrics::histogram!("sluice_cpu_decode_seconds").record(decode_ns as f64 * 1e-9);
         metrics::histogram!("sluice_cpu_transform_seconds")
             .record((total - decode_ns) as f64 * 1e-9);
+        let tensor = match claim {
+            Some(claim) => {
+                claim.keep(&tensor, &geometry);
+                match self.to_place(&tensor, place) {
+                    Some(placed) => {
+                        self.outputs.give_back(tensor.data);
+                        placed
+                    }
+                    None => tensor,
+                }
+            }
+            None => tensor,
+        };
         Ok(Processed {
             shard: ctx.shard,
             index: sample.index,
@@ -415,6 +461,7 @@ impl Engine {
             fields,
             geometry,
             has,
+            shared: false,
         })
     }
 

@@ -32,9 +32,11 @@ mod reload;
 pub mod restart;
 pub mod same_host;
 pub mod server;
+pub mod share;
 mod slots;
 pub mod source;
 pub mod tenants;
+mod tensor;
 pub mod tls;
 pub mod worker;
 

@@ -26,6 +26,7 @@ const EXPIRY_WARNING: Duration = Duration::from_secs(7 * 24 * 3600);
 pub(crate) async fn reread_admission(
     source: AdmissionSource,
     state: Arc<State>,
+    share_scopes: Option<Arc<crate::share::Scopes>>,
     stop: CancellationToken,
 ) {
     let mut turns = Rereads::new();
@@ -56,6 +57,9 @@ pub(crate) async fn reread_admission(
                     admission = describe(&new),
                     "admission re-read: new handshakes use it; admitted clients keep theirs"
                 );
+                if let Some(scopes) = &share_scopes {
+                    scopes.set(&new);
+                }
                 crate::connection::lock(&state.rules).set_admission(new);
                 metrics::counter!("sluice_cpu_admission_reloads_total").increment(1);
                 metrics::gauge!("sluice_cpu_admission_config_broken").set(0.0);

@@ -67,6 +67,9 @@ pub struct Setup {
     pub reload: Option<crate::admission::AdmissionSource>,
     /// The certificate served, replaced when its files change ([`crate::reload`]).
     certificate: tls::LiveCertificate,
+    /// Whose jobs share sweeps' decodes, re-read with `admission` (`None`: a runner that
+    /// shares nothing).
+    share_scopes: Option<Arc<crate::share::Scopes>>,
 }
 
 impl Setup {
@@ -85,9 +88,17 @@ impl Setup {
     ) -> Result<Setup, SetupError> {
         let source = crate::source::ShardSource::new(config.source())
             .map_err(crate::error::EngineError::from)?;
+        let admission = admission.into();
+        let scopes = crate::share::Scopes::new(&admission);
         let worker = crate::worker::CpuWorker::new(config.engine(), source)?
-            .with_max_sample_bytes(u64::from(config.limits.max_payload_bytes));
-        Setup::with_runner(config, admission, port, runtime, Arc::new(worker))
+            .with_max_sample_bytes(u64::from(config.limits.max_payload_bytes))
+            .with_sharing(
+                crate::share::Window::new(config.limits.share_window_bytes),
+                scopes.clone(),
+            );
+        let mut setup = Setup::with_runner(config, admission, port, runtime, Arc::new(worker))?;
+        setup.share_scopes = Some(scopes);
+        Ok(setup)
     }
 
     /// [`Setup::from_config`] decoding with `runner` instead of the config's engine (a
@@ -140,6 +151,7 @@ impl Setup {
             same_host,
             reload: None,
             certificate,
+            share_scopes: None,
         })
     }
 }
@@ -197,7 +209,12 @@ pub async fn run(
         same_host,
         reload,
         certificate,
+        share_scopes,
     } = setup;
+    // The admission in force decides who shares (a caller may have replaced it).
+    if let Some(scopes) = &share_scopes {
+        scopes.set(&admission);
+    }
     // The per-job series expire as the config says (the process's first worker decides).
     sluice_daemon::job_series(Some(config.timeouts.job_series()));
     let endpoint = endpoint(socket, server)?;
@@ -238,6 +255,7 @@ pub async fn run(
         tasks.spawn(crate::reload::reread_admission(
             source,
             state.clone(),
+            share_scopes,
             admin_stop.clone(),
         ));
     }

@@ -28,6 +28,9 @@ pub struct TenantConfig {
     pub max_weight: Option<u32>,
     /// The most samples one of its jobs may have in flight; unset: `limits.max_credits`.
     pub max_credits: Option<u32>,
+    /// Teams with the same group may share decodes between their jobs (a sweep read by two
+    /// teams); unset: its own name, so its jobs share with its own alone. A DNS label.
+    pub share_group: Option<String>,
 }
 
 /// A `--tenants` file: `[[tenant]]` tables and nothing else.
@@ -48,6 +51,11 @@ pub enum TenantError {
          or digit at each end"
     )]
     Name { name: String },
+    #[error(
+        "tenant {name:?}: share_group {group:?} must be a DNS label: 1 to 63 of a-z, 0-9 and \
+         '-', a letter or digit at each end"
+    )]
+    ShareGroup { name: String, group: String },
     #[error("tenant {name:?} is named twice")]
     DuplicateName { name: String },
     #[error("tenant {name:?}: {key} must be at least 1")]
@@ -118,6 +126,12 @@ pub fn admission(
         if t.max_credits == Some(0) {
             return Err(zero("max_credits"));
         }
+        if let Some(group) = t.share_group.as_ref().filter(|g| !Tenant::valid_name(g)) {
+            return Err(TenantError::ShareGroup {
+                name: t.name.clone(),
+                group: group.clone(),
+            });
+        }
         let token =
             sluice_wire::token::read(&t.token_file).map_err(|source| TenantError::Token {
                 name: t.name.clone(),
@@ -136,6 +150,7 @@ pub fn admission(
             token,
             max_weight: t.max_weight.unwrap_or(max_weight).min(max_weight),
             max_credits: t.max_credits.unwrap_or(max_credits).min(max_credits),
+            share_group: t.share_group.clone().unwrap_or_else(|| t.name.clone()),
         }));
     }
     Ok(Admission::Tenants(out))
@@ -184,6 +199,7 @@ mod tests {
             token_file: path,
             max_weight: None,
             max_credits: None,
+            share_group: None,
         }
     }
 

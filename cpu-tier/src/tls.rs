@@ -340,7 +340,7 @@ mod tests {
     fn an_alpn_mismatch_names_both_versions() {
         let why = alpn_mismatch([b"sluice/1".as_slice()]).unwrap();
         assert!(
-            why.contains("sluice/1") && why.contains("sluice/8"),
+            why.contains("sluice/1") && why.contains("sluice/9"),
             "{why}"
         );
         assert_eq!(alpn_mismatch([sluice_wire::message::ALPN]), None);

@@ -29,6 +29,10 @@ pub struct CpuWorker {
     config: EngineConfig,
     /// The largest sample payload (tensor and fields) a frame carries.
     max_sample_bytes: u64,
+    /// Output tensors given back by every job's transport, for any job's next ones.
+    outputs: Arc<sluice_wire::BufferPool>,
+    /// The window of decodes its jobs' sweeps share, and whose jobs may share them.
+    share: Option<(Arc<crate::share::Window>, Arc<crate::share::Scopes>)>,
 }
 
 impl CpuWorker {
@@ -39,6 +43,8 @@ impl CpuWorker {
             source: Arc::new(source),
             config,
             max_sample_bytes: u64::from(sluice_wire::Limits::default().max_payload),
+            outputs: Arc::new(sluice_wire::BufferPool::new(crate::engine::SPARE_OUTPUTS)),
+            share: None,
         })
     }
 
@@ -48,6 +54,17 @@ impl CpuWorker {
     /// is skipped by name.
     pub fn with_max_sample_bytes(mut self, bytes: u64) -> Self {
         self.max_sample_bytes = bytes;
+        self
+    }
+
+    /// Jobs that share (`JobSpec::share`) are served tensors `window` holds for their sweep
+    /// and keep theirs there, among the jobs `scopes` puts together ([`crate::share`]).
+    pub fn with_sharing(
+        mut self,
+        window: Arc<crate::share::Window>,
+        scopes: Arc<crate::share::Scopes>,
+    ) -> Self {
+        self.share = Some((window, scopes));
         self
     }
 }
@@ -74,8 +91,28 @@ impl UnitRunner for CpuWorker {
             label: spec.label.clone(),
             max_field_bytes: spec.max_field_bytes,
         };
+        let share = match (&self.share, spec.share) {
+            (Some((window, scopes)), true) => Some(crate::share::Sharing::join(
+                window,
+                &scopes.of(&spec.name),
+                &format!("{pipeline:?}"),
+                [
+                    spec.seed,
+                    spec.epoch,
+                    u64::from(spec.rank),
+                    u64::from(spec.world_size),
+                ],
+            )),
+            _ => None,
+        };
+        let mut engine = Engine::with_pool(pipeline, config, self.pool.clone())
+            .with_fields(fields)
+            .with_outputs(self.outputs.clone());
+        if let Some(share) = share {
+            engine = engine.with_sharing(share);
+        }
         Ok(Box::new(CpuJob {
-            engine: Engine::with_pool(pipeline, config, self.pool.clone()).with_fields(fields),
+            engine,
             source: self.source.clone(),
             spec: spec.clone(),
             shape,
@@ -260,13 +297,17 @@ impl CpuJob {
             has: p.has,
         };
         finished.sent += 1;
-        Ok(match p.tensor.placed {
+        let output = match p.tensor.placed {
             // The payload is the fields alone: the tensor is in its place.
             Some(place) => {
                 metrics::counter!("sluice_cpu_resized_in_place_total").increment(1);
                 Output::Placed(header, place, payload)
             }
             None => Output::Sample(header, payload),
+        };
+        Ok(match p.shared {
+            true => Output::Shared(Box::new(output)),
+            false => output,
         })
     }
 

@@ -224,6 +224,11 @@ pub struct LoaderConfig {
     /// The job's share of a busy worker against other jobs' (1: equal; a worker caps it at
     /// its `limits.max_job_weight`).
     pub job_weight: u32,
+    /// Whether workers may serve this job tensors they decoded for another job of the same
+    /// team reading the same samples with the same pipeline and seed (a sweep), and keep this
+    /// job's for them: the pool decodes a sweep's samples once. Batches are the same either
+    /// way; `false` makes every worker decode this job's samples for it alone.
+    pub share: bool,
     /// Where batches go: `"cpu"` (host memory) or `"cuda"`/`"cuda:N"` (that GPU; the Python
     /// binding built with `cuda` uploads them).
     pub device: String,
@@ -326,6 +331,7 @@ impl Default for LoaderConfig {
             mixture_round_samples: sluice_plan::mixture::DEFAULT_ROUND_SAMPLES,
             job_name: None,
             job_weight: 1,
+            share: true,
         }
     }
 }

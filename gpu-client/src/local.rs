@@ -74,6 +74,11 @@ fn run_unit(local: &Arc<Local>, unit: &Unit) {
                 tracing::error!(key = %header.key, "an in-process sample claims a batch place");
                 return false;
             }
+            // `drive_unit` hands on the sample inside, never this.
+            Output::Shared(_) => {
+                tracing::error!("an in-process sample shared twice over");
+                return false;
+            }
         };
         !unit.parker.stopped() && local.events.blocking_send(event).is_ok()
     };

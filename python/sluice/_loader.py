@@ -229,6 +229,11 @@ class Loader:
             among the jobs it serves by name, and labels its per-job metrics with it.
         job_weight: the job's share of a busy worker against other jobs' (1: equal; a
             worker caps it at its ``limits.max_job_weight``).
+        share: let workers decode once for a sweep (default ``True``): jobs of one team
+            reading the same samples with the same pipeline and seed (say, four learning
+            rates) are served tensors decoded for one of them, each job still exactly once,
+            in its own order, never waiting for another. The batches are the same either
+            way; ``False`` has every worker decode this job's samples for it alone.
         workers_file: a file of workers, one ``host:port`` a line (``#`` comments), re-read
             while epochs run: a worker added to it gets units within ``workers_refresh``
             seconds, one removed from it is drained (its open units finish, it gets no new
@@ -289,6 +294,7 @@ class Loader:
         schedule_interpolate: str = "step",
         job_name: Optional[str] = None,
         job_weight: int = 1,
+        share: bool = True,
         workers_file: Union[None, str, PathLike] = None,
         workers_refresh: float = 1.0,
         **kwargs: Any,
@@ -339,6 +345,7 @@ class Loader:
             "weight_schedule": _schedule(weight_schedule, schedule_interpolate),
             "job_name": job_name,
             "job_weight": job_weight,
+            "share": share,
             "workers_file": None if workers_file is None else os.fspath(workers_file),
             "workers_refresh": _seconds(workers_refresh),
             "device": None if device is None else str(device),

@@ -157,6 +157,11 @@ pub struct Args {
     /// limits.max_job_weight).
     #[arg(long, default_value_t = 1)]
     job_weight: u32,
+    /// Decode this job's samples for it alone: no worker serves it tensors decoded for
+    /// another job of its team (a sweep with the same data, pipeline and seed), nor keeps its
+    /// own for them.
+    #[arg(long)]
+    no_share: bool,
     /// Serve the client's metrics (`sluice_client_*`) on this address at `/metrics` while
     /// the run lasts (port 0: any free port; the log says which).
     #[arg(long)]
@@ -240,6 +245,7 @@ fn config(args: &Args) -> Result<ConsumerConfig> {
         mixture_round_samples: args.mixture_round_samples,
         job_name: args.job_name.clone().or(base.loader.job_name.clone()),
         job_weight: args.job_weight,
+        share: !args.no_share,
         workers_file: args.workers_file.clone(),
         workers_refresh: Duration::from_secs_f64(args.workers_refresh.max(0.0)),
         ..base.loader.clone()

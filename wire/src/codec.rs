@@ -16,7 +16,7 @@ use bincode::Options;
 use crate::message::Message;
 
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 8;
+pub const VERSION: u8 = 9;
 /// Bytes before the header.
 pub const PREFIX_LEN: usize = 12;
 const MAGIC: &[u8; 3] = b"SLC";

@@ -40,8 +40,8 @@ pub use fields::{ClipFrames, FieldSelection, LabelSource, SampleFields, SampleGe
 pub use message::*;
 pub use payload::SamplePayload;
 pub use runner::{
-    drive_unit, error_chain, synthetic_unit, Cause, Finished, JobRunner, Output, PlaceClaim,
-    Places, RunnerError, Turn, UnitEnd, UnitRunner,
+    drive_unit, error_chain, synthetic_unit, Cause, Charge, Finished, JobRunner, Output,
+    PlaceClaim, Places, RunnerError, Turn, UnitEnd, UnitRunner,
 };
 
 #[cfg(test)]

@@ -164,6 +164,11 @@ pub struct JobSpec {
     /// The job's share of a busy worker against the others' (1 = an equal share; the worker
     /// caps it at its `limits.max_job_weight`).
     pub weight: u32,
+    /// Whether the worker may serve this job tensors it decoded for another job of the same
+    /// team whose samples are the same bytes (a sweep: same data, pipeline and seed), and keep
+    /// this job's for them. The worker decides what is the same from the job and the sample
+    /// bytes themselves; nothing of it crosses the wire. `false` opts the job out both ways.
+    pub share: bool,
 }
 
 /// The shape of every sample tensor of a job; the pipeline must fix it.
@@ -341,7 +346,7 @@ impl std::fmt::Display for ErrorMessage {
     }
 }
 
-/// The TLS application protocol name of a Sluice QUIC connection: the frames' version (8: a
-/// sample's geometry carries its pixel ops' affine transform). Every frame's version byte also
+/// The TLS application protocol name of a Sluice QUIC connection: the frames' version (9: a
+/// job says whether it shares decodes with its team's sweeps). Every frame's version byte also
 /// tells builds of different versions apart, with an error naming both.
-pub const ALPN: &[u8] = b"sluice/8";
+pub const ALPN: &[u8] = b"sluice/9";

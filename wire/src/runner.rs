@@ -13,6 +13,19 @@ pub enum Output {
     /// (claimed from the job's [`Places`]), that place, and each field's bytes.
     Placed(SampleHeader, u32, Vec<u8>),
     Skipped(SkippedSample),
+    /// A sample (`Sample` or `Placed`) whose tensor was decoded for another job of its sweep
+    /// and copied from there: [`drive_unit`] hands on the sample, and the worker charges its
+    /// job's fair share the copy it cost, not a decode ([`Charge::Shared`]).
+    Shared(Box<Output>),
+}
+
+/// What a sample cost the worker's decode slots, for the fair share of its job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Charge {
+    /// Decoded for this job (and perhaps kept for its sweep).
+    Decoded,
+    /// Copied from a decode made for another job of its sweep.
+    Shared,
 }
 
 /// Where a job's samples may be written straight into the client's batches (the same-host
@@ -193,17 +206,22 @@ pub enum UnitEnd {
 
 /// Runs one assignment of an open job: the unit driver the `sluice cpu` daemon and the
 /// client's in-process mode share. Before each sample goes out, `take_credit` must grant it
-/// a credit (it blocks while the client has none; `false` cancels the unit); `forward` hands
-/// each output on (`false` cancels too). Returns the frame that ends the unit.
+/// a credit, told what the sample cost (it blocks while the client has none; `false` cancels
+/// the unit); `forward` hands each output on (`false` cancels too), never an
+/// [`Output::Shared`]: its sample. Returns the frame that ends the unit.
 pub fn drive_unit(
     runner: &dyn JobRunner,
     assign: &Assign,
     turn: &Turn,
-    mut take_credit: impl FnMut() -> bool,
+    mut take_credit: impl FnMut(Charge) -> bool,
     mut forward: impl FnMut(Output) -> bool,
 ) -> UnitEnd {
     let mut emit = |output: Output| -> bool {
-        if matches!(output, Output::Sample(..) | Output::Placed(..)) && !take_credit() {
+        let (output, charge) = match output {
+            Output::Shared(inner) => (*inner, Charge::Shared),
+            other => (other, Charge::Decoded),
+        };
+        if matches!(output, Output::Sample(..) | Output::Placed(..)) && !take_credit(charge) {
             return false;
         }
         forward(output)
@@ -361,7 +379,7 @@ mod tests {
             &Counting,
             &assign(0, 5),
             &Turn::default(),
-            || {
+            |_| {
                 credits += 1;
                 true
             },
@@ -381,9 +399,9 @@ mod tests {
         );
         // No credit: the unit stops and reports a failure.
         let turn = Turn::default();
-        let end = drive_unit(&Counting, &assign(0, 5), &turn, || false, |_| true);
+        let end = drive_unit(&Counting, &assign(0, 5), &turn, |_| false, |_| true);
         assert!(matches!(end, UnitEnd::Failed(f) if f.error == "cancelled"));
-        let end = drive_unit(&Counting, &assign(98, 100), &turn, || true, |_| true);
+        let end = drive_unit(&Counting, &assign(98, 100), &turn, |_| true, |_| true);
         assert!(matches!(end, UnitEnd::Failed(f) if f.error.contains("cursed")));
     }
 }

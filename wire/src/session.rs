@@ -587,6 +587,15 @@ impl<L: Clone> Worker<L> {
         }
     }
 
+    /// Unit `id` was let send a sample ([`Gate::Go`]) that was decoded for another job of its
+    /// sweep: its job's fair share is charged the copy, not the decode
+    /// ([`fair::FairQueue::served_shared`]).
+    pub fn served_shared(&mut self, id: UnitId) {
+        if let Some(u) = self.units.get(&id) {
+            self.fair.served_shared(&u.name);
+        }
+    }
+
     /// Unit `id` ended (its runner returned): the frame that reports it, unless its job is
     /// gone. Send it, then call [`Worker::finished`].
     pub fn unit_ended(&mut self, id: UnitId, end: UnitEnd) -> Option<Message> {

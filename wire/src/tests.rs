@@ -61,6 +61,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
                     max_field_bytes: 1 << 20,
                     name: format!("job-{seed}"),
                     weight: rank % 8 + 1,
+                    share: !fail,
                 })
             ),
         (
@@ -235,15 +236,15 @@ fn lengths_are_bounded_before_allocation() {
 fn version_and_magic_are_checked() {
     let buf = heartbeat_frame();
     let mut v = buf.clone();
-    v[3] = 9;
+    v[3] = VERSION + 1;
     assert_eq!(
         decode_frame(&v, &Limits::default()).unwrap_err(),
-        WireError::Version { found: 9 }
+        WireError::Version { found: VERSION + 1 }
     );
     let msg = decode_frame(&v, &Limits::default())
         .unwrap_err()
         .to_string();
-    assert!(msg.contains("version 9"), "{msg}");
+    assert!(msg.contains(&format!("version {}", VERSION + 1)), "{msg}");
     let mut m = buf.clone();
     m[0] = b'G';
     assert!(matches!(

@@ -302,6 +302,38 @@ impl Engine {
         Ok(self.convert(owned, g, plan))
     }
 
+    /// A tensor decoded for another job of the sweep, as this sample's: written into its
+    /// place when `dest` has one for it (where a decode would have written it), else copied
+    /// into a buffer of ours.
+    pub(super) fn copied(&self, kept: &Tensor, dest: Dest<'_>) -> Tensor {
+        if let Some(placed) = self.to_place(kept, dest) {
+            return placed;
+        }
+        let mut data = self.outputs.take(kept.data.len());
+        data.copy_from_slice(&kept.data);
+        Tensor {
+            data,
+            placed: None,
+            ..kept.clone_header()
+        }
+    }
+
+    /// `tensor` copied into this sample's place, if `dest` has one it goes to as it is.
+    pub(super) fn to_place(&self, tensor: &Tensor, dest: Dest<'_>) -> Option<Tensor> {
+        dest?;
+        let (claim, owned) = self.output(dest, tensor.data.len());
+        let Some(mut claim) = claim else {
+            self.outputs.give_back(owned);
+            return None;
+        };
+        claim.memory().copy_from_slice(&tensor.data);
+        Some(Tensor {
+            data: Vec::new(),
+            placed: Some(claim.place()),
+            ..tensor.clone_header()
+        })
+    }
+
     /// Where a tensor of `len` bytes is written: its place in the client's batch, when it has
     /// one and the tensor goes there as it is (no normalize, no chw), else a buffer of ours.
     fn output<'d>(

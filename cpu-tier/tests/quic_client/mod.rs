@@ -172,6 +172,7 @@ pub fn job_n(job: u64, pipeline: &str) -> Message {
         max_field_bytes: 1 << 20,
         name: format!("job {job}"),
         weight: 1,
+        share: true,
     })
 }
 

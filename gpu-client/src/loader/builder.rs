@@ -70,7 +70,7 @@ impl LoaderBuilder {
         heartbeat: Duration, silence: Duration, connect_timeout: Duration,
         max_unit_attempts: u32, client_name: String, same_host: SameHost,
         same_host_dir: PathBuf, prefetch_next_epoch: bool, weights: Vec<f64>,
-        job_weight: u32, same_host_uid: Option<u32>, mixture_round_samples: u64,
+        job_weight: u32, same_host_uid: Option<u32>, mixture_round_samples: u64, share: bool,
     );
 
     /// The training job's name on the workers (see [`LoaderConfig::job_name`]).

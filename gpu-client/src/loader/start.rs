@@ -392,6 +392,7 @@ impl Runner {
             max_field_bytes: c.max_field_bytes,
             name: c.job_name(),
             weight: c.job_weight,
+            share: c.share,
         }
     }
 

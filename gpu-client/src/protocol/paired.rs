@@ -116,6 +116,7 @@ impl Job {
             job: self.id,
             name: self.name.clone(),
             weight: self.weight,
+            share: true,
             ..JobSpec::default()
         }
     }

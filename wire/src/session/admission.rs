@@ -46,6 +46,9 @@ pub struct Tenant {
     pub max_weight: u32,
     /// The most unspent credits one of its jobs may hold (and no more than the worker's cap).
     pub max_credits: u32,
+    /// The teams whose sweeps may share decodes with its own: those with the same group
+    /// (its own name unless the operator groups teams).
+    pub share_group: String,
 }
 
 /// Never the token, wherever a tenant is printed.
@@ -55,6 +58,7 @@ impl std::fmt::Debug for Tenant {
             .field("name", &self.name)
             .field("max_weight", &self.max_weight)
             .field("max_credits", &self.max_credits)
+            .field("share_group", &self.share_group)
             .finish_non_exhaustive()
     }
 }

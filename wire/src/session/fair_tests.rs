@@ -7,6 +7,8 @@ struct Sim {
     queue: FairQueue<(String, u32)>,
     running: VecDeque<(String, u32)>,
     samples: HashMap<String, u64>,
+    /// Jobs whose samples are copied from another job's decodes (a sweep's).
+    shared: Vec<String>,
 }
 
 impl Sim {
@@ -15,6 +17,7 @@ impl Sim {
             queue: FairQueue::new(slots),
             running: VecDeque::new(),
             samples: HashMap::new(),
+            shared: Vec::new(),
         }
     }
 
@@ -46,6 +49,9 @@ impl Sim {
             };
             *got.entry(name.clone()).or_insert(0) += 1;
             *self.samples.entry(name.clone()).or_insert(0) += 1;
+            if self.shared.contains(&name) {
+                self.queue.served_shared(&name);
+            }
             if self.queue.keep(&name) {
                 self.running.push_back((name, u));
                 continue;
@@ -194,4 +200,27 @@ fn a_job_s_weight_orders_it_only_among_its_tenant_s_jobs() {
     );
     assert!((0.37..=0.38).contains(&heavy), "3 of t's 4: {heavy}");
     assert!((0.12..=0.13).contains(&light), "1 of t's 4: {light}");
+}
+
+#[test]
+fn a_sweep_is_charged_the_decodes_it_cost_not_its_samples() {
+    // Team sweep runs four jobs of one sweep: one decodes each sample, three copy it. Team
+    // solo runs one job. Equal weights share the worker's time, so the sweep gets about one
+    // decode for each of solo's, and four samples for it.
+    let mut sim = Sim::new(1);
+    for j in 0..4 {
+        sim.start_in("sweep", 1, &format!("sweep/{j}"), 1, 2);
+    }
+    sim.start_in("solo", 1, "solo/x", 1, 2);
+    sim.shared = (1..4).map(|j| format!("sweep/{j}")).collect();
+    let got = sim.run(40_000);
+    let n = |name: &str| got.get(name).copied().unwrap_or(0) as f64;
+    let sweep_work = n("sweep/0") + (n("sweep/1") + n("sweep/2") + n("sweep/3")) / 32.0;
+    let solo = n("solo/x") / (n("solo/x") + sweep_work);
+    assert!(
+        (0.45..=0.55).contains(&solo),
+        "solo's share of the decodes: {solo}"
+    );
+    let samples = share_of(&got, "sweep/");
+    assert!(samples > 0.7, "the sweep's share of the samples: {samples}");
 }

@@ -178,6 +178,7 @@ fn tenants() -> W {
             token: token.into(),
             max_weight,
             max_credits,
+            share_group: name.into(),
         })
     };
     let admission = Admission::Tenants(vec![

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::{Gate, UnitId, Waiting, Wake, Worker};
 use crate::message::{Assign, Message, UnitFailed};
-use crate::runner::{drive_unit, Output, Turn, UnitEnd};
+use crate::runner::{drive_unit, Charge, Output, Turn, UnitEnd};
 
 /// Where a unit's thread waits for its [`Wake::Resume`] or [`Wake::Stop`]. A wake that comes
 /// before the wait is kept, so none is lost; a spurious one only makes the unit ask again.
@@ -86,10 +86,14 @@ impl<L: Clone> UnitThread<'_, L> {
         // The unit's turn on the decode slots, for a runner that decodes ahead: paused while
         // it waits for a slot.
         let turn = Turn::default();
-        let take_credit = || loop {
+        let take_credit = |charge: Charge| loop {
             let (gate, wakes) = {
                 let mut w = lock(worker);
-                (w.next_sample(id), w.take_wakes())
+                let gate = w.next_sample(id);
+                if gate == Gate::Go && charge == Charge::Shared {
+                    w.served_shared(id);
+                }
+                (gate, w.take_wakes())
             };
             wake(wakes);
             match gate {
