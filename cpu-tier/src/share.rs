@@ -55,8 +55,10 @@ enum Entry {
 #[derive(Default)]
 struct State {
     entries: HashMap<u128, Entry>,
-    /// Ready entries, oldest first, with their bytes: the order they leave in.
-    order: VecDeque<(u128, u64)>,
+    /// Ready entries, oldest first, with their bytes and class: the order they leave in.
+    order: VecDeque<(u128, u64, u128)>,
+    /// Ready entries per class.
+    kept: HashMap<u128, u64>,
     bytes: u64,
     /// Buffers of tensors that left the window, for the next ones kept (fresh pages cost
     /// more than the copy into them).
@@ -89,6 +91,7 @@ pub(crate) enum Lookup<'w> {
 /// failed, or panicked), the others waiting for it decode it themselves.
 pub(crate) struct Claim<'w> {
     window: &'w Window,
+    class: u128,
     key: u128,
     done: bool,
 }
@@ -122,10 +125,16 @@ impl Window {
         }
     }
 
+    /// Whether a job of `class` may find or keep anything: another job of its class is open,
+    /// or one was and left tensors. A job alone skips hashing its samples.
+    fn worth_looking(&self, class: u128) -> bool {
+        let s = self.lock();
+        self.max_bytes > 0
+            && (s.classes.get(&class).copied().unwrap_or(0) >= 2
+                || s.kept.get(&class).copied().unwrap_or(0) > 0)
+    }
+
     fn lookup(&self, class: u128, key: u128) -> Lookup<'_> {
-        if self.max_bytes == 0 {
-            return Lookup::Alone;
-        }
         let started = Instant::now();
         let mut s = self.lock();
         loop {
@@ -146,6 +155,7 @@ impl Window {
                     s.entries.insert(key, Entry::Decoding);
                     return Lookup::Decode(Claim {
                         window: self,
+                        class,
                         key,
                         done: false,
                     });
@@ -171,20 +181,27 @@ impl Window {
         }
     }
 
-    fn keep(&self, key: u128, kept: Kept) {
+    fn keep(&self, (class, key): (u128, u128), kept: Kept) {
         let bytes = kept.tensor.data.len() as u64;
         let mut s = self.lock();
         if bytes > self.max_bytes {
             s.entries.remove(&key);
         } else {
             s.entries.insert(key, Entry::Ready(Arc::new(kept)));
-            s.order.push_back((key, bytes));
+            s.order.push_back((key, bytes, class));
+            *s.kept.entry(class).or_default() += 1;
             s.bytes += bytes;
             while s.bytes > self.max_bytes {
-                let Some((old, b)) = s.order.pop_front() else {
+                let Some((old, b, old_class)) = s.order.pop_front() else {
                     break;
                 };
                 s.bytes -= b;
+                if let Some(n) = s.kept.get_mut(&old_class) {
+                    *n -= 1;
+                    if *n == 0 {
+                        s.kept.remove(&old_class);
+                    }
+                }
                 if let Some(Entry::Ready(kept)) = s.entries.remove(&old) {
                     // Unless a job is copying it out right now.
                     if let Ok(kept) = Arc::try_unwrap(kept) {
@@ -225,6 +242,7 @@ impl Window {
         // class is open at all, else leave the rest to age out of the window.
         if s.classes.is_empty() {
             s.order.clear();
+            s.kept.clear();
             s.entries.retain(|_, e| matches!(e, Entry::Decoding));
             s.bytes = 0;
             metrics::gauge!("sluice_cpu_share_window_bytes").set(0.0);
@@ -243,7 +261,7 @@ impl Claim<'_> {
             },
             geometry: *geometry,
         };
-        self.window.keep(self.key, kept);
+        self.window.keep((self.class, self.key), kept);
     }
 }
 
@@ -311,6 +329,9 @@ impl Sharing {
 
     /// What the job's engine does with this sample.
     pub(crate) fn lookup(&self, shard: u32, index: u64, image: &[u8]) -> Lookup<'_> {
+        if !self.member.window.worth_looking(self.member.class) {
+            return Lookup::Alone;
+        }
         let key = self.key(shard, index, image);
         self.member.window.lookup(self.member.class, key)
     }
