@@ -344,3 +344,45 @@ fn a_same_host_sweep_writes_one_decode_into_each_jobs_own_batches() {
     assert!(kept > 0.0 && hits >= kept, "{kept} kept, {hits} served");
     assert!(value(&worker, "sluice_cpu_placed_samples_total") > 0.0);
 }
+
+#[test]
+fn a_job_resumed_mid_epoch_beside_its_sweep_gets_exactly_the_rest_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data = dataset(d, 100);
+    let worker = start_worker_with(d, "w", &["--no-same-host"]);
+    let trust = trust_file(d, &[&worker]);
+    let tok = token(d);
+    let auth = (tok.as_path(), trust.as_path());
+    let pool = [&worker];
+    run(
+        "solo",
+        job(&data, &pool, auth, ("solo", 7), &d.join("solo")),
+    );
+    // A job stopped after 10 batches of its first epoch, its checkpoint saved ...
+    let state = d.join("state.json");
+    let mut first = job(&data, &pool, auth, ("resumed", 7), &d.join("first"));
+    first.args([
+        "--stop-after-batches",
+        "10",
+        "--save-state",
+        path_str(&state),
+    ]);
+    run("first part", first);
+    // ... resumes while another job of its sweep runs from the start: it shares where their
+    // positions meet, and gets exactly the rest of its run, in its order.
+    let other = job(&data, &pool, auth, ("other", 7), &d.join("other"))
+        .spawn()
+        .unwrap();
+    let mut rest = job(&data, &pool, auth, ("resumed", 7), &d.join("rest"));
+    rest.args(["--resume", path_str(&state)]);
+    run("rest", rest);
+    finish("other", other);
+    let solo = read(&d.join("solo"));
+    assert_eq!(read(&d.join("first")).lines().count(), 160);
+    assert!(
+        read(&d.join("first")) + &read(&d.join("rest")) == solo,
+        "the first part and the rest are the uninterrupted run"
+    );
+    assert!(read(&d.join("other")) == solo);
+}
