@@ -53,11 +53,13 @@ for _ in $(seq 300); do
 done
 [ -n "$addr" ] || { echo "sluice cpu did not start: $(cat "$work/cpu.log")" >&2; exit 1; }
 
+# --no-share: jobs with the same data, pipeline and seed are a sweep and share decodes
+# (bench/sweep.sh); these stand for different trainings.
 job() {
     "${client_cpus[@]}" "$SLUICE_BIN" loadgen --dataset "$work/shards/manifest.json" \
         --workers "$addr" --trust-cert "$work/state/cert.pem" --token-file "$work/token" \
         --same-host off --batch-size 16 --epochs 100000 --job-name "$1" --job-weight "$2" \
-        > /dev/null 2>&1 &
+        --no-share > /dev/null 2>&1 &
     pids+=($!)
 }
 

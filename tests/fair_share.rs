@@ -41,6 +41,9 @@ fn job(
         ])
         .args(["--credits", &credits.to_string(), "--job-name", name])
         .args(["--job-weight", &weight.to_string()])
+        // Same data, pipeline and seed make a sweep, whose jobs share decodes
+        // (tests/sweeps.rs); these stand for different trainings.
+        .arg("--no-share")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -319,6 +319,9 @@ fn a_team_that_opens_more_jobs_gets_no_larger_share() {
         ])
         .args(["--epochs", "10000", "--worker-wait", "5"])
         .args(["--job-name", name, "--job-weight", &weight.to_string()])
+        // Same data, pipeline and seed make a sweep, whose jobs share decodes
+        // (tests/sweeps.rs); these stand for different trainings.
+        .arg("--no-share")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
