@@ -4,10 +4,12 @@
 //! A sample's tensor is a pure function of the pipeline, the job's seed, the epoch, the
 //! shard's place in the manifest, the sample's index there and the sample's image bytes
 //! ([`crate::engine`]: every random draw comes from that stream). So the worker keys each
-//! tensor by exactly those ([`Sharing::key`]), hashed with the job's *scope* (its tenant's
-//! share group, [`Scopes`]): two jobs whose keys match get the same bytes, whatever the rest
-//! of their settings (world size, batch size, fields, order). The key is made here from what
-//! the job and its own read of the shard say; nothing of it crosses the wire.
+//! tensor by exactly those (`Sharing::key`), hashed with the job's *class*: its *scope*
+//! (its tenant's share group, [`Scopes`]), pipeline, seed, epoch, rank and world size. Jobs
+//! whose keys match get the same bytes, whatever the rest of their settings (batch size,
+//! fields, order); the rank and world size keep apart jobs that read different samples (the
+//! ranks of one job), which would keep tensors for nobody. The key is made here from what the
+//! job and its own read of the shard say; nothing of it crosses the wire.
 //!
 //! Each job still runs its own units, reads its own samples (fields and labels come from its
 //! own read), spends its own credits and keeps its own order: only the decode is shared. Its
