@@ -69,6 +69,19 @@ fn value(worker: &Worker, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name} on the worker's /metrics"))
 }
 
+/// Waits until `worker` serves no client: jobs that finished are closed there too, so a job
+/// started next cannot meet them.
+fn idle(worker: &Worker) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while value(worker, "sluice_cpu_connections") > 0.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker still serves clients that ended"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The worker's samples served from a sweep's decodes, and decodes kept for one.
 fn share_counts(worker: &Worker) -> (f64, f64) {
     (
@@ -95,45 +108,64 @@ fn token(dir: &Path) -> PathBuf {
     dir.join("token")
 }
 
+/// A temporary directory, the dataset (100 samples a shard) and a worker serving QUIC.
+struct Bed {
+    dir: tempfile::TempDir,
+    data: Dataset,
+    worker: Worker,
+    trust: PathBuf,
+    token: PathBuf,
+}
+
+impl Bed {
+    fn new() -> Bed {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dataset(dir.path(), 100);
+        let worker = start_worker_with(dir.path(), "w", &["--no-same-host"]);
+        let trust = trust_file(dir.path(), &[&worker]);
+        let token = token(dir.path());
+        Bed {
+            dir,
+            data,
+            worker,
+            trust,
+            token,
+        }
+    }
+}
+
 #[test]
 fn a_sweep_decodes_once_and_each_job_keeps_its_own_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let data = dataset(d, 100);
-    let worker = start_worker_with(d, "w", &["--no-same-host"]);
-    let trust = trust_file(d, &[&worker]);
-    let tok = token(d);
-    let auth = (tok.as_path(), trust.as_path());
-    let pool = [&worker];
+    let bed = Bed::new();
+    let (d, data, worker) = (bed.dir.path(), &bed.data, &bed.worker);
+    let auth = (bed.token.as_path(), bed.trust.as_path());
+    let pool = [worker];
 
     // One job alone: its order, and what the worker spends on it.
-    let before = cpu_ticks(&worker);
-    run(
-        "solo",
-        job(&data, &pool, auth, ("solo", 7), &d.join("solo")),
-    );
-    let alone = cpu_ticks(&worker) - before;
+    let before = cpu_ticks(worker);
+    run("solo", job(data, &pool, auth, ("solo", 7), &d.join("solo")));
+    let alone = cpu_ticks(worker) - before;
     let samples = read(&d.join("solo")).lines().count() as f64;
-    assert_eq!(value(&worker, "sluice_cpu_share_kept_total"), 0.0);
+    assert_eq!(value(worker, "sluice_cpu_share_kept_total"), 0.0);
 
     // The sweep: three jobs together, a fourth 2 s later.
-    let before = cpu_ticks(&worker);
+    let before = cpu_ticks(worker);
     let mut sweep: Vec<(String, Child)> = (1..=3)
         .map(|i| {
             let name = format!("lr-{i}");
-            let child = job(&data, &pool, auth, (&name, 7), &d.join(&name))
+            let child = job(data, &pool, auth, (&name, 7), &d.join(&name))
                 .spawn()
                 .unwrap();
             (name, child)
         })
         .collect();
     std::thread::sleep(Duration::from_secs(2));
-    let late = job(&data, &pool, auth, ("lr-late", 7), &d.join("lr-late"));
+    let late = job(data, &pool, auth, ("lr-late", 7), &d.join("lr-late"));
     sweep.push(("lr-late".into(), { late }.spawn().unwrap()));
     for (name, child) in sweep {
         finish(&name, child);
     }
-    let shared = cpu_ticks(&worker) - before;
+    let shared = cpu_ticks(worker) - before;
     let solo = read(&d.join("solo"));
     for name in ["lr-1", "lr-2", "lr-3", "lr-late"] {
         assert!(
@@ -141,8 +173,8 @@ fn a_sweep_decodes_once_and_each_job_keeps_its_own_order() {
             "{name}: its samples, in its order, are its solo run's"
         );
     }
-    let kept = value(&worker, "sluice_cpu_share_kept_total");
-    let hits = value(&worker, "sluice_cpu_share_hits_total");
+    let kept = value(worker, "sluice_cpu_share_kept_total");
+    let hits = value(worker, "sluice_cpu_share_hits_total");
     eprintln!(
         "sweep of 4: worker CPU {shared} ticks against {alone} for one job alone ({:.2}x); \
          {kept} decodes kept for the sweep, {hits} samples served from them, of {samples} a job",
@@ -159,11 +191,12 @@ fn a_sweep_decodes_once_and_each_job_keeps_its_own_order() {
     );
 
     // A job with another seed beside one of the sweep's: its own tensors, its own order.
-    let before = share_counts(&worker);
-    let other = job(&data, &pool, auth, ("other", 8), &d.join("other"))
+    idle(worker);
+    let before = share_counts(worker);
+    let other = job(data, &pool, auth, ("other", 8), &d.join("other"))
         .spawn()
         .unwrap();
-    let again = job(&data, &pool, auth, ("again", 7), &d.join("again"))
+    let again = job(data, &pool, auth, ("again", 7), &d.join("again"))
         .spawn()
         .unwrap();
     finish("other", other);
@@ -171,7 +204,7 @@ fn a_sweep_decodes_once_and_each_job_keeps_its_own_order() {
     run(
         "other alone",
         job(
-            &data,
+            data,
             &pool,
             auth,
             ("other-alone", 8),
@@ -183,15 +216,16 @@ fn a_sweep_decodes_once_and_each_job_keeps_its_own_order() {
     assert_ne!(read(&d.join("other")), solo);
     assert_eq!(
         before,
-        share_counts(&worker),
+        share_counts(worker),
         "two jobs with different seeds share nothing"
     );
 
     // --no-share: decoded alone, though a sweep runs beside it.
-    let a = job(&data, &pool, auth, ("a", 7), &d.join("a"))
+    idle(worker);
+    let a = job(data, &pool, auth, ("a", 7), &d.join("a"))
         .spawn()
         .unwrap();
-    let mut c = job(&data, &pool, auth, ("b", 7), &d.join("b"));
+    let mut c = job(data, &pool, auth, ("b", 7), &d.join("b"));
     c.arg("--no-share");
     let b = c.spawn().unwrap();
     finish("a", a);
@@ -199,7 +233,7 @@ fn a_sweep_decodes_once_and_each_job_keeps_its_own_order() {
     assert_eq!(read(&d.join("b")), solo);
     assert_eq!(
         before,
-        share_counts(&worker),
+        share_counts(worker),
         "a job that opts out neither takes nor keeps"
     );
 }
@@ -347,21 +381,14 @@ fn a_same_host_sweep_writes_one_decode_into_each_jobs_own_batches() {
 
 #[test]
 fn a_job_resumed_mid_epoch_beside_its_sweep_gets_exactly_the_rest_in_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let data = dataset(d, 100);
-    let worker = start_worker_with(d, "w", &["--no-same-host"]);
-    let trust = trust_file(d, &[&worker]);
-    let tok = token(d);
-    let auth = (tok.as_path(), trust.as_path());
-    let pool = [&worker];
-    run(
-        "solo",
-        job(&data, &pool, auth, ("solo", 7), &d.join("solo")),
-    );
+    let bed = Bed::new();
+    let (d, data, worker) = (bed.dir.path(), &bed.data, &bed.worker);
+    let auth = (bed.token.as_path(), bed.trust.as_path());
+    let pool = [worker];
+    run("solo", job(data, &pool, auth, ("solo", 7), &d.join("solo")));
     // A job stopped after 10 batches of its first epoch, its checkpoint saved ...
     let state = d.join("state.json");
-    let mut first = job(&data, &pool, auth, ("resumed", 7), &d.join("first"));
+    let mut first = job(data, &pool, auth, ("resumed", 7), &d.join("first"));
     first.args([
         "--stop-after-batches",
         "10",
@@ -371,10 +398,10 @@ fn a_job_resumed_mid_epoch_beside_its_sweep_gets_exactly_the_rest_in_order() {
     run("first part", first);
     // ... resumes while another job of its sweep runs from the start: it shares where their
     // positions meet, and gets exactly the rest of its run, in its order.
-    let other = job(&data, &pool, auth, ("other", 7), &d.join("other"))
+    let other = job(data, &pool, auth, ("other", 7), &d.join("other"))
         .spawn()
         .unwrap();
-    let mut rest = job(&data, &pool, auth, ("resumed", 7), &d.join("rest"));
+    let mut rest = job(data, &pool, auth, ("resumed", 7), &d.join("rest"));
     rest.args(["--resume", path_str(&state)]);
     run("rest", rest);
     finish("other", other);
