@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use system::{bed, loadgen, metrics_text, Worker};
+use system::{bed, loadgen, metrics_text, series_value, Worker};
 
 const PIPELINE: &str = "decode | random_resized_crop 64 | hflip 0.5";
 
@@ -131,10 +131,7 @@ fn jobs_share_a_worker_by_weight_and_a_late_one_gets_its_share_at_once() {
     // slots keep some waiting).
     let text = metrics_text(&worker);
     let gauge = |name: &str| -> f64 {
-        text.lines()
-            .find(|l| l.split_whitespace().next() == Some(name))
-            .and_then(|l| l.split_whitespace().last()?.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in the worker's metrics"))
+        series_value(&text, name).unwrap_or_else(|| panic!("no {name} in the worker's metrics"))
     };
     assert_eq!(gauge("sluice_cpu_unit_slots"), 2.0);
     let per_slot = gauge("sluice_cpu_units_waiting_per_slot");

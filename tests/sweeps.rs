@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use support::path_str;
-use system::{dataset, loadgen, metrics_text, start_worker_with, trust_file, Dataset, Worker};
+use system::{dataset, loadgen, metric, start_worker_with, trust_file, Dataset, Worker};
 
 const PIPELINE: &str = "decode | random_resized_crop 32 | hflip 0.5";
 /// Long enough that a job started 2 s after the others still finds them running.
@@ -62,11 +62,7 @@ fn run(name: &str, mut c: Command) {
 
 /// The value of the unlabelled series `name` on `worker`'s `/metrics`.
 fn value(worker: &Worker, name: &str) -> f64 {
-    metrics_text(worker)
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .and_then(|l| l.split_whitespace().last()?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} on the worker's /metrics"))
+    metric(worker, name).unwrap_or_else(|| panic!("no {name} on the worker's /metrics"))
 }
 
 /// Waits until `worker` serves no client: jobs that finished are closed there too, so a job

@@ -12,7 +12,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::path_str;
-use system::{dataset, loadgen, metrics_text, start_worker_with, trust_file, Worker, TOKEN};
+use system::{
+    dataset, loadgen, metric, metrics_text, series_value, start_worker_with, trust_file, Worker,
+    TOKEN,
+};
 
 const PIPELINE: &str = "decode | random_resized_crop 32";
 
@@ -58,18 +61,10 @@ fn job(
     c
 }
 
-/// The value of the series `series` (`name{labels}`) in the worker's metrics.
-fn value(worker: &Worker, series: &str) -> Option<f64> {
-    metrics_text(worker)
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(series))
-        .and_then(|l| l.split_whitespace().last()?.parse().ok())
-}
-
 fn wait_for(worker: &Worker, series: &str) -> f64 {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if let Some(v) = value(worker, series) {
+        if let Some(v) = metric(worker, series) {
             return v;
         }
         assert!(
@@ -128,12 +123,12 @@ fn a_teams_token_decides_its_jobs_names_and_weights_and_no_team_is_refused() {
     let b2_weight = "sluice_cpu_job_weight{job=\"team-b/team-a/resnet\"}";
     assert_eq!(wait_for(&worker, b2_weight), 2.0);
     assert_eq!(
-        value(&worker, "sluice_cpu_job_weight{job=\"team-a/resnet\"}"),
+        metric(&worker, "sluice_cpu_job_weight{job=\"team-a/resnet\"}"),
         Some(3.0),
         "team A's job keeps its weight"
     );
     let samples = |job: &str| {
-        value(
+        metric(
             &worker,
             &format!("sluice_cpu_job_samples_total{{job=\"{job}\"}}"),
         )
@@ -243,10 +238,7 @@ fn sent(worker: &Worker, jobs: &[String]) -> Vec<f64> {
     jobs.iter()
         .map(|j| {
             let series = format!("sluice_cpu_job_samples_total{{job=\"{j}\"}}");
-            text.lines()
-                .find(|l| l.split_whitespace().next() == Some(series.as_str()))
-                .and_then(|l| l.split_whitespace().last()?.parse().ok())
-                .unwrap_or(0.0)
+            series_value(&text, &series).unwrap_or(0.0)
         })
         .collect()
 }
@@ -440,7 +432,7 @@ fn tenants_rotated_while_a_job_runs_take_effect_without_a_restart() {
         "a broken tenants file went unsaid"
     );
     assert_eq!(
-        value(&worker, "sluice_cpu_admission_config_broken"),
+        metric(&worker, "sluice_cpu_admission_config_broken"),
         Some(1.0)
     );
     let c = one_epoch("c");

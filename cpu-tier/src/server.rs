@@ -88,8 +88,8 @@ impl Setup {
     ) -> Result<Setup, SetupError> {
         let source = crate::source::ShardSource::new(config.source())
             .map_err(crate::error::EngineError::from)?;
-        let admission = admission.into();
-        let scopes = crate::share::Scopes::new(&admission);
+        // Whose jobs share is set from the admission `run` puts in force.
+        let scopes = Arc::new(crate::share::Scopes::default());
         let worker = crate::worker::CpuWorker::new(config.engine(), source)?
             .with_max_sample_bytes(u64::from(config.limits.max_payload_bytes))
             .with_sharing(
@@ -211,7 +211,7 @@ pub async fn run(
         certificate,
         share_scopes,
     } = setup;
-    // The admission in force decides who shares (a caller may have replaced it).
+    // The admission in force decides who shares.
     if let Some(scopes) = &share_scopes {
         scopes.set(&admission);
     }

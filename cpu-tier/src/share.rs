@@ -349,12 +349,6 @@ pub struct Scopes {
 }
 
 impl Scopes {
-    pub fn new(admission: &Admission) -> Arc<Scopes> {
-        let scopes = Arc::new(Scopes::default());
-        scopes.set(admission);
-        scopes
-    }
-
     /// The groups of `admission`'s tenants, from now on.
     pub fn set(&self, admission: &Admission) {
         let groups = match admission {
@@ -495,9 +489,11 @@ mod tests {
                 share_group: group.into(),
             })
         };
-        let open = Scopes::new(&Admission::Open);
+        let open = Scopes::default();
+        open.set(&Admission::Open);
         assert_eq!(open.of("a/x"), open.of("b/y"));
-        let s = Scopes::new(&Admission::Tenants(vec![
+        let s = Scopes::default();
+        s.set(&Admission::Tenants(vec![
             tenant("a", "a"),
             tenant("b", "b"),
             tenant("c", "vision"),

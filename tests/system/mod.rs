@@ -81,6 +81,19 @@ pub fn metrics_text(worker: &Worker) -> String {
     scrape(&worker.metrics)
 }
 
+/// The value of the series `series` (`name` or `name{labels}`, as written) in the
+/// Prometheus `text`.
+pub fn series_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.split_whitespace().next() == Some(series))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+}
+
+/// The value of the series `series` on `worker`'s `/metrics`.
+pub fn metric(worker: &Worker, series: &str) -> Option<f64> {
+    series_value(&metrics_text(worker), series)
+}
+
 /// `GET /metrics` from `addr`: the whole response.
 pub fn scrape(addr: &str) -> String {
     use std::io::{Read, Write};
