@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::sample::{Sample, SampleGrouper};
+use crate::spares::Spares;
 use crate::tar::{EntryHeader, Limits, Step, TarDecoder, BLOCK};
 
 /// Up to this many bytes of an entry's data are reserved up front; larger entries grow as
@@ -42,6 +43,8 @@ pub struct TarReader<R> {
     inner: R,
     decoder: TarDecoder,
     scratch: Vec<u8>,
+    /// Where entries' buffers come from, when given.
+    spares: Option<Arc<Spares>>,
 }
 
 impl<R: Read> TarReader<R> {
@@ -50,7 +53,14 @@ impl<R: Read> TarReader<R> {
             inner,
             decoder: TarDecoder::starting_at(shard.into(), options.limits, options.start_offset),
             scratch: Vec::new(),
+            spares: None,
         }
+    }
+
+    /// The same reader reading each entry into a buffer from `spares` when it has one.
+    pub fn with_spares(mut self, spares: Arc<Spares>) -> Self {
+        self.spares = Some(spares);
+        self
     }
 
     pub fn shard(&self) -> &Arc<str> {
@@ -72,14 +82,31 @@ impl<R: Read> TarReader<R> {
         let Some(header) = self.next_header()? else {
             return Ok(None);
         };
-        let mut data = Vec::with_capacity(header.size.min(PREALLOC) as usize);
-        let got = (&mut self.inner)
-            .take(header.size)
-            .read_to_end(&mut data)
-            .map_err(|e| self.decoder.io_error(e))?;
-        if (got as u64) < header.size {
-            return Err(self.decoder.truncated("", header.size - got as u64));
-        }
+        let data = match &self.spares {
+            // A spare's bytes are initialized already: they are read over as they are, not
+            // zeroed first (as `read_to_end` does for a reader without `read_buf`).
+            Some(spares) if header.size <= PREALLOC => {
+                let mut data = spares.take(header.size);
+                data.resize(header.size as usize, 0);
+                let got =
+                    read_full(&mut self.inner, &mut data).map_err(|e| self.decoder.io_error(e))?;
+                if got < data.len() {
+                    return Err(self.decoder.truncated("", (data.len() - got) as u64));
+                }
+                data
+            }
+            _ => {
+                let mut data = Vec::with_capacity(header.size.min(PREALLOC) as usize);
+                let got = (&mut self.inner)
+                    .take(header.size)
+                    .read_to_end(&mut data)
+                    .map_err(|e| self.decoder.io_error(e))?;
+                if (got as u64) < header.size {
+                    return Err(self.decoder.truncated("", header.size - got as u64));
+                }
+                data
+            }
+        };
         self.decoder.on_data();
         Ok(Some(Entry { header, data }))
     }
@@ -158,6 +185,13 @@ impl<R: Read> SampleReader<R> {
         }
     }
 
+    /// The same reader reading fields into buffers from `spares` when it has them (given
+    /// back there with [`Spares::give_back`] once a sample is done with).
+    pub fn with_spares(mut self, spares: Arc<Spares>) -> Self {
+        self.tar.spares = Some(spares);
+        self
+    }
+
     /// The shard offset the underlying tar reader has reached.
     pub fn offset(&self) -> u64 {
         self.tar.offset()
@@ -181,6 +215,16 @@ impl<R: Read> SampleReader<R> {
             }
         }
         Ok(self.grouper.finish())
+    }
+}
+
+impl<R> Drop for SampleReader<R> {
+    /// The sample it read ahead (a sample ends where the next key starts) goes back to the
+    /// spares too.
+    fn drop(&mut self) {
+        if let (Some(spares), Some(sample)) = (&self.tar.spares, self.grouper.finish()) {
+            spares.give_back(sample);
+        }
     }
 }
 
