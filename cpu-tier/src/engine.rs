@@ -97,6 +97,9 @@ pub struct PlaceTarget {
 /// The place of the sample being processed, if the client gave it one.
 type Dest<'a> = Option<(&'a PlaceTarget, u64)>;
 
+/// A sample's label, the fields its job asked for, and the names it has when one is missing.
+type OwnParts = (Option<i64>, Vec<Field>, Vec<String>);
+
 /// A processed sample.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Processed {
@@ -172,6 +175,8 @@ pub struct Engine {
     outputs: Arc<sluice_wire::BufferPool>,
     /// The job's part in the worker's sweeps ([`crate::share`]); `None`: it decodes alone.
     share: Option<crate::share::Sharing>,
+    /// Where a unit's samples go once processed, for their source to read into again.
+    spares: Option<Arc<sluice_shard::Spares>>,
 }
 
 /// Spare output tensors an engine keeps per size: about what is in flight between the
@@ -212,6 +217,7 @@ impl Engine {
             times: Arc::new(StageTimes::default()),
             outputs: Arc::new(sluice_wire::BufferPool::new(SPARE_OUTPUTS)),
             share: None,
+            spares: None,
         }
     }
 
@@ -220,6 +226,13 @@ impl Engine {
     /// last one gave back, not fresh pages).
     pub fn with_outputs(mut self, outputs: Arc<sluice_wire::BufferPool>) -> Self {
         self.outputs = outputs;
+        self
+    }
+
+    /// The same engine giving each sample of a unit back to `spares` once it is processed
+    /// (the spares its source reads fields into: [`crate::ShardSource::spares`]).
+    pub fn with_spares(mut self, spares: Arc<sluice_shard::Spares>) -> Self {
+        self.spares = Some(spares);
         self
     }
 
@@ -257,16 +270,18 @@ impl Engine {
 
     /// Processes one sample on the calling thread.
     pub fn process(&self, sample: &Sample, ctx: &SampleContext) -> Outcome {
-        self.process_to(sample, ctx, None)
+        self.process_to(sample, ctx, None, None)
     }
 
     /// Processes one sample, its tensor written into its place in the client's batch when
-    /// `target` has one for it.
+    /// `target` has one for it (`key`: its key in the sweep's window, when the unit's thread
+    /// made it already).
     fn process_to(
         &self,
         sample: &Sample,
         ctx: &SampleContext,
         target: Option<&PlaceTarget>,
+        key: Option<u128>,
     ) -> Outcome {
         let started = Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| {
@@ -289,7 +304,7 @@ impl Engine {
                 let ws = slot
                     .as_mut()
                     .ok_or_else(|| DecodeError::Decoder("no workspace".into()))?;
-                self.render(ws, sample, ctx, target.map(|t| (t, sample.index)))
+                self.render(ws, sample, ctx, target.map(|t| (t, sample.index)), key)
             })
         }));
         let result = result.unwrap_or_else(|panic| {
@@ -314,6 +329,69 @@ impl Engine {
                 index: sample.index,
                 reason,
             }),
+        }
+    }
+
+    /// The sample copied out of the sweep's window on the calling thread, when another job
+    /// of its sweep decoded it already ([`crate::share::Sharing::peek`]); otherwise its key
+    /// (when one was made), for the pool's task. A sample whose label or fields are bad
+    /// goes to the pool too, whose task reports it.
+    pub(crate) fn served_here(
+        &self,
+        sample: &Sample,
+        ctx: &SampleContext,
+        target: Option<&PlaceTarget>,
+    ) -> Result<Outcome, Option<u128>> {
+        let Some(share) = &self.share else {
+            return Err(None);
+        };
+        let started = Instant::now();
+        let served = catch_unwind(AssertUnwindSafe(|| {
+            let (image_field, data) = self.image_field(sample).map_err(|_| None)?;
+            let kept = match share.peek(ctx.shard, sample.index, data) {
+                crate::share::Peek::Ready(kept) => kept,
+                crate::share::Peek::NotYet(key) => return Err(key),
+            };
+            let own = self.own_parts(sample, image_field).map_err(|_| None)?;
+            Ok(self.hit(sample, ctx, own, &kept, target.map(|t| (t, sample.index))))
+        }))
+        .unwrap_or(Err(None))?;
+        metrics::histogram!("sluice_cpu_sample_seconds").record(started.elapsed().as_secs_f64());
+        self.times.samples.fetch_add(1, Ordering::Relaxed);
+        Ok(Outcome::Done(served))
+    }
+
+    /// What a sample carries beside its tensor, from this job's own read of it: its label,
+    /// the fields the job asked for, and (when one is missing) the names it has.
+    fn own_parts(&self, sample: &Sample, image_field: &str) -> Result<OwnParts, DecodeError> {
+        Ok((
+            self.fields.label(sample)?,
+            self.fields.pick(sample, image_field)?,
+            self.fields.names_if_missing(sample, image_field),
+        ))
+    }
+
+    /// A sample whose tensor `kept` another job of its sweep decoded: copied to `dest` (or
+    /// a buffer), with this job's own label and fields.
+    fn hit(
+        &self,
+        sample: &Sample,
+        ctx: &SampleContext,
+        (label, fields, has): OwnParts,
+        kept: &crate::share::Kept,
+        dest: Dest<'_>,
+    ) -> Processed {
+        metrics::counter!("sluice_cpu_share_hits_total").increment(1);
+        Processed {
+            shard: ctx.shard,
+            index: sample.index,
+            key: sample.key.clone(),
+            label,
+            tensor: self.copied(&kept.tensor, dest),
+            fields,
+            geometry: kept.geometry,
+            has,
+            shared: true,
         }
     }
 
@@ -382,28 +460,16 @@ impl Engine {
         sample: &Sample,
         ctx: &SampleContext,
         dest: Dest<'_>,
+        key: Option<u128>,
     ) -> Result<Processed, DecodeError> {
         let (image_field, data) = self.image_field(sample)?;
         // Before decoding: a sample that cannot carry its label or fields costs no decode.
-        let label = self.fields.label(sample)?;
-        let fields = self.fields.pick(sample, image_field)?;
-        let has = self.fields.names_if_missing(sample, image_field);
+        let own = self.own_parts(sample, image_field)?;
         let mut claim = None;
         if let Some(share) = &self.share {
-            match share.lookup(ctx.shard, sample.index, data) {
+            match share.lookup(ctx.shard, sample.index, data, key) {
                 crate::share::Lookup::Hit(kept) => {
-                    metrics::counter!("sluice_cpu_share_hits_total").increment(1);
-                    return Ok(Processed {
-                        shard: ctx.shard,
-                        index: sample.index,
-                        key: sample.key.clone(),
-                        label,
-                        tensor: self.copied(&kept.tensor, dest),
-                        fields,
-                        geometry: kept.geometry,
-                        has,
-                        shared: true,
-                    });
+                    return Ok(self.hit(sample, ctx, own, &kept, dest));
                 }
                 crate::share::Lookup::Decode(c) => claim = Some(c),
                 crate::share::Lookup::Alone => {}
@@ -452,6 +518,7 @@ impl Engine {
             }
             None => tensor,
         };
+        let (label, fields, has) = own;
         Ok(Processed {
             shard: ctx.shard,
             index: sample.index,

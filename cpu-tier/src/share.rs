@@ -89,6 +89,14 @@ pub(crate) enum Lookup<'w> {
     Alone,
 }
 
+/// What the unit's thread finds of a sample before it goes to the pool.
+pub(crate) enum Peek {
+    /// Another job's decode of it: copy it.
+    Ready(Arc<Kept>),
+    /// Not there now: the pool's task looks it up, with its key if one was made.
+    NotYet(Option<u128>),
+}
+
 /// A sample this job decodes for its sweep; dropped without [`Claim::keep`] (the decode
 /// failed, or panicked), the others waiting for it decode it themselves.
 pub(crate) struct Claim<'w> {
@@ -134,6 +142,14 @@ impl Window {
         self.max_bytes > 0
             && (s.classes.get(&class).copied().unwrap_or(0) >= 2
                 || s.kept.get(&class).copied().unwrap_or(0) > 0)
+    }
+
+    /// The tensor kept under `key`, if it is there now (never waits).
+    fn ready(&self, key: u128) -> Option<Arc<Kept>> {
+        match self.lock().entries.get(&key) {
+            Some(Entry::Ready(kept)) => Some(kept.clone()),
+            _ => None,
+        }
     }
 
     fn lookup(&self, class: u128, key: u128) -> Lookup<'_> {
@@ -329,13 +345,35 @@ impl Sharing {
         h.digest128()
     }
 
-    /// What the job's engine does with this sample.
-    pub(crate) fn lookup(&self, shard: u32, index: u64, image: &[u8]) -> Lookup<'_> {
+    /// What the job's engine does with this sample (`key`: its key, if [`Sharing::peek`]
+    /// made it already).
+    pub(crate) fn lookup(
+        &self,
+        shard: u32,
+        index: u64,
+        image: &[u8],
+        key: Option<u128>,
+    ) -> Lookup<'_> {
         if !self.member.window.worth_looking(self.member.class) {
             return Lookup::Alone;
         }
-        let key = self.key(shard, index, image);
+        let key = key.unwrap_or_else(|| self.key(shard, index, image));
         self.member.window.lookup(self.member.class, key)
+    }
+
+    /// Whether the window holds this sample's tensor now, looked at from the unit's thread
+    /// before the sample goes to the pool: a tensor there is copied out on that thread (no
+    /// pool task, no hand-off back); otherwise the pool's task looks again (and may wait
+    /// for a decode under way), with the key made here.
+    pub(crate) fn peek(&self, shard: u32, index: u64, image: &[u8]) -> Peek {
+        if !self.member.window.worth_looking(self.member.class) {
+            return Peek::NotYet(None);
+        }
+        let key = self.key(shard, index, image);
+        match self.member.window.ready(key) {
+            Some(kept) => Peek::Ready(kept),
+            None => Peek::NotYet(Some(key)),
+        }
     }
 }
 
@@ -398,13 +436,13 @@ mod tests {
     fn a_lone_job_keeps_nothing_and_a_sweep_decodes_once() {
         let w = Window::new(1 << 20);
         let a = Sharing::join(&w, "", "decode", [1, 0, 0, 1]);
-        assert!(matches!(a.lookup(0, 0, b"jpeg"), Lookup::Alone));
+        assert!(matches!(a.lookup(0, 0, b"jpeg", None), Lookup::Alone));
         let b = Sharing::join(&w, "", "decode", [1, 0, 0, 1]);
-        match a.lookup(0, 0, b"jpeg") {
+        match a.lookup(0, 0, b"jpeg", None) {
             Lookup::Decode(c) => c.keep(&tensor(7, 30), &SampleGeometry::default()),
             _ => panic!("the first of two decodes"),
         }
-        match b.lookup(0, 0, b"jpeg") {
+        match b.lookup(0, 0, b"jpeg", None) {
             Lookup::Hit(k) => assert_eq!(k.tensor.data, vec![7; 30]),
             _ => panic!("the second copies"),
         }
@@ -412,13 +450,16 @@ mod tests {
         // Another seed is another class (alone, it keeps nothing); another shard, sample or
         // image is another tensor.
         let c = Sharing::join(&w, "", "decode", [2, 0, 0, 1]);
-        assert!(matches!(c.lookup(0, 0, b"jpeg"), Lookup::Alone));
-        assert!(matches!(b.lookup(1, 0, b"jpeg"), Lookup::Decode(_)));
-        assert!(matches!(b.lookup(0, 1, b"jpeg"), Lookup::Decode(_)));
+        assert!(matches!(c.lookup(0, 0, b"jpeg", None), Lookup::Alone));
+        assert!(matches!(b.lookup(1, 0, b"jpeg", None), Lookup::Decode(_)));
+        assert!(matches!(b.lookup(0, 1, b"jpeg", None), Lookup::Decode(_)));
         // Another epoch, or another rank of the same job, is another class: nothing kept.
         let next_epoch = Sharing::join(&w, "", "decode", [1, 1, 0, 1]);
-        assert!(matches!(next_epoch.lookup(0, 0, b"jpeg"), Lookup::Alone));
-        assert!(matches!(b.lookup(0, 0, b"jpeh"), Lookup::Decode(_)));
+        assert!(matches!(
+            next_epoch.lookup(0, 0, b"jpeg", None),
+            Lookup::Alone
+        ));
+        assert!(matches!(b.lookup(0, 0, b"jpeh", None), Lookup::Decode(_)));
         drop((a, b, c, next_epoch));
         assert_eq!(
             w.bytes(),
@@ -434,10 +475,10 @@ mod tests {
         let _a2 = Sharing::join(&w, "group:a", "decode", [1, 0, 0, 1]);
         let b = Sharing::join(&w, "group:b", "decode", [1, 0, 0, 1]);
         let _b2 = Sharing::join(&w, "group:b", "decode", [1, 0, 0, 1]);
-        if let Lookup::Decode(c) = a.lookup(0, 0, b"x") {
+        if let Lookup::Decode(c) = a.lookup(0, 0, b"x", None) {
             c.keep(&tensor(1, 3), &SampleGeometry::default());
         }
-        assert!(matches!(b.lookup(0, 0, b"x"), Lookup::Decode(_)));
+        assert!(matches!(b.lookup(0, 0, b"x", None), Lookup::Decode(_)));
     }
 
     #[test]
@@ -446,18 +487,21 @@ mod tests {
         let a = Sharing::join(&w, "", "decode", [1, 0, 0, 1]);
         let _b = Sharing::join(&w, "", "decode", [1, 0, 0, 1]);
         for i in 0..5 {
-            if let Lookup::Decode(c) = a.lookup(0, i, b"x") {
+            if let Lookup::Decode(c) = a.lookup(0, i, b"x", None) {
                 c.keep(&tensor(i as u8, 30), &SampleGeometry::default());
             }
         }
         assert_eq!(w.bytes(), 90);
-        assert!(matches!(a.lookup(0, 0, b"x"), Lookup::Decode(_)), "evicted");
-        assert!(matches!(a.lookup(0, 4, b"x"), Lookup::Hit(_)));
+        assert!(
+            matches!(a.lookup(0, 0, b"x", None), Lookup::Decode(_)),
+            "evicted"
+        );
+        assert!(matches!(a.lookup(0, 4, b"x", None), Lookup::Hit(_)));
         // Larger than the window: never kept.
-        if let Lookup::Decode(c) = a.lookup(0, 9, b"x") {
+        if let Lookup::Decode(c) = a.lookup(0, 9, b"x", None) {
             c.keep(&tensor(9, 300), &SampleGeometry::default());
         }
-        assert!(matches!(a.lookup(0, 9, b"x"), Lookup::Decode(_)));
+        assert!(matches!(a.lookup(0, 9, b"x", None), Lookup::Decode(_)));
     }
 
     #[test]
@@ -465,17 +509,116 @@ mod tests {
         let w = Window::new(1 << 20);
         let a = Sharing::join(&w, "", "decode", [1, 0, 0, 1]);
         let b = Arc::new(Sharing::join(&w, "", "decode", [1, 0, 0, 1]));
-        let claim = match a.lookup(0, 0, b"x") {
+        let claim = match a.lookup(0, 0, b"x", None) {
             Lookup::Decode(c) => c,
             _ => panic!("decodes"),
         };
         let waiter = {
             let b = b.clone();
-            std::thread::spawn(move || matches!(b.lookup(0, 0, b"x"), Lookup::Decode(_)))
+            std::thread::spawn(move || matches!(b.lookup(0, 0, b"x", None), Lookup::Decode(_)))
         };
         std::thread::sleep(Duration::from_millis(50));
         drop(claim);
         assert!(waiter.join().unwrap(), "the waiter decodes it itself");
+    }
+
+    /// A JPEG sample of a test pattern (index `i`, labelled `i`).
+    fn jpeg_sample(i: u64) -> sluice_shard::Sample {
+        let img = image::RgbImage::from_fn(96, 64, |x, y| {
+            image::Rgb([
+                (x * 3 + y) as u8,
+                (y * 5 + i as u32 * 17) as u8,
+                (x ^ y) as u8,
+            ])
+        });
+        let mut jpeg = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 90)
+            .encode_image(&img)
+            .unwrap();
+        sluice_shard::Sample {
+            shard: "t.tar".into(),
+            key: format!("s{i}"),
+            index: i,
+            start: 0,
+            end: 0,
+            fields: vec![
+                sluice_shard::Field {
+                    name: "jpg".into(),
+                    data: jpeg,
+                },
+                sluice_shard::Field {
+                    name: "cls".into(),
+                    data: i.to_string().into_bytes(),
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_tensor_in_the_window_is_copied_out_on_the_units_thread_as_a_decode_would_make_it() {
+        use crate::engine::{Engine, EngineConfig, Outcome, SampleContext};
+        let spec: sluice_wire::spec::PipelineSpec = "decode | random_resized_crop 32 | hflip 0.5"
+            .parse()
+            .unwrap();
+        let pool = Engine::pool(1).unwrap();
+        let window = Window::new(1 << 20);
+        let job = || {
+            Engine::with_pool(spec.clone(), EngineConfig::default(), pool.clone()).with_sharing(
+                Sharing::join(&window, "", &format!("{spec:?}"), [7, 0, 0, 1]),
+            )
+        };
+        let (first, second) = (job(), job());
+        let alone = Engine::with_pool(spec.clone(), EngineConfig::default(), pool.clone());
+        let samples: Vec<_> = (0..6).map(jpeg_sample).collect();
+        let ctx = SampleContext {
+            seed: 7,
+            epoch: 0,
+            shard: 0,
+        };
+        let run = |engine: &Engine| {
+            let mut out = Vec::new();
+            engine
+                .run_unit(samples.clone().into_iter().map(Ok), ctx, |o| {
+                    out.push(o);
+                    true
+                })
+                .unwrap();
+            out.sort_by_key(|o| match o {
+                Outcome::Done(p) => p.index,
+                Outcome::Skipped(e) => e.index,
+            });
+            out
+        };
+        let reference = run(&alone);
+        let decoded = run(&first);
+        // The pool's one thread is held: the second job's samples, all in the window, must
+        // be copied out without it.
+        let (hold, held) = std::sync::mpsc::sync_channel::<()>(1);
+        pool.spawn(move || {
+            let _ = held.recv();
+        });
+        let (done, finished) = std::sync::mpsc::sync_channel(1);
+        std::thread::scope(|scope| {
+            scope.spawn(|| done.send(run(&second)).unwrap());
+            let served = finished.recv_timeout(Duration::from_secs(20));
+            hold.send(()).unwrap();
+            let served = served.expect("the window's tensors were served without the pool");
+            for ((r, d), s) in reference.iter().zip(&decoded).zip(&served) {
+                let (Outcome::Done(r), Outcome::Done(d), Outcome::Done(s)) = (r, d, s) else {
+                    panic!("a sample was skipped");
+                };
+                assert_eq!(
+                    (&d.tensor, d.geometry, d.label),
+                    (&r.tensor, r.geometry, r.label)
+                );
+                assert_eq!(
+                    (&s.tensor, s.geometry, s.label),
+                    (&r.tensor, r.geometry, r.label)
+                );
+                assert!(!d.shared && s.shared, "sample {}", s.index);
+            }
+            assert_eq!(served.len(), samples.len());
+        });
     }
 
     #[test]

@@ -107,7 +107,8 @@ impl UnitRunner for CpuWorker {
         };
         let mut engine = Engine::with_pool(pipeline, config, self.pool.clone())
             .with_fields(fields)
-            .with_outputs(self.outputs.clone());
+            .with_outputs(self.outputs.clone())
+            .with_spares(self.source.spares().clone());
         if let Some(share) = share {
             engine = engine.with_sharing(share);
         }

@@ -203,8 +203,7 @@ impl Engine {
             None => bound,
         };
         let hub = Hub::new(bound);
-        let mut stats = UnitStats::default();
-        let mut failure: Option<EngineError> = None;
+        let mut tally = Tally::default();
         let read_error = std::thread::scope(|scope| {
             let hub = &hub;
             let times = &self.times;
@@ -241,60 +240,107 @@ impl Engine {
             });
             self.pool.in_place_scope(|tasks| {
                 let mut in_flight = 0usize;
-                let mut stopping = false;
                 loop {
-                    let room = if stopping { 0 } else { most - in_flight };
+                    let room = if tally.stopping { 0 } else { most - in_flight };
                     let turned = hub.turn(room, in_flight, turn);
                     if turned.finished {
                         break;
                     }
                     for outcome in turned.outcomes {
                         in_flight -= 1;
-                        if failure.is_some() {
-                            continue; // drain so the pool's tasks finish
+                        tally.take(outcome, self.config.policy, &mut sink);
+                    }
+                    let mut feed = turned.feed.into_iter();
+                    for input in feed.by_ref() {
+                        if tally.stopping {
+                            break;
                         }
-                        match &outcome {
-                            Outcome::Done(_) => stats.done += 1,
-                            Outcome::Skipped(e) => {
-                                stats.skipped += 1;
-                                if self.config.policy == BadSamplePolicy::Fail {
-                                    failure = Some(EngineError::BadSample(e.clone()));
-                                    stopping = true;
+                        // A sample another job of its sweep decoded already is copied out
+                        // here, not handed to the pool and back.
+                        let key = match &input {
+                            Ok(sample) => match self.served_here(sample, ctx, target) {
+                                Ok(outcome) => {
+                                    self.give_back(input);
+                                    tally.take(outcome, self.config.policy, &mut sink);
                                     continue;
                                 }
-                            }
-                        }
-                        // Every outcome of a sample fed goes to the sink, also after
-                        // it asked to stop (it accounts for each).
-                        if !sink(outcome) {
-                            stopping = true;
-                        }
-                    }
-                    if stopping {
-                        hub.stop();
-                        continue;
-                    }
-                    for input in turned.feed {
+                                Err(key) => key,
+                            },
+                            Err(_) => None,
+                        };
                         in_flight += 1;
                         tasks.spawn(move |_| {
-                            let outcome = match input {
-                                Ok(sample) => self.process_to(&sample, ctx, target),
-                                Err(damaged) => self.skipped(damaged),
+                            let outcome = match &input {
+                                Ok(sample) => self.process_to(sample, ctx, target, key),
+                                Err(damaged) => self.skipped(damaged.clone()),
                             };
+                            self.give_back(input);
                             hub.done(outcome);
                         });
+                    }
+                    // Fed but not processed: the unit stopped.
+                    feed.for_each(|input| self.give_back(input));
+                    if tally.stopping {
+                        hub.stop();
                     }
                 }
             });
             hub.stop();
             reader.join().unwrap_or(None)
         });
-        if let Some(f) = failure {
+        if let Some(f) = tally.failure {
             return Err(f);
         }
         if let Some(e) = read_error {
             return Err(EngineError::Shard(e));
         }
-        Ok(stats)
+        Ok(tally.stats)
+    }
+
+    /// A sample done with: its fields' buffers go back to its source's spares.
+    fn give_back(&self, input: Input) {
+        if let (Some(spares), Ok(sample)) = (&self.spares, input) {
+            spares.give_back(sample);
+        }
+    }
+}
+
+/// What the unit's thread makes of the outcomes it takes.
+#[derive(Default)]
+struct Tally {
+    stats: UnitStats,
+    /// The unit failed (a bad sample under the `fail` policy).
+    failure: Option<EngineError>,
+    /// The unit takes nothing more: the sink asked to stop, or it failed.
+    stopping: bool,
+}
+
+impl Tally {
+    /// Counts `outcome` and hands it to `sink`. Every outcome of a sample fed goes to the
+    /// sink, also after it asked to stop (it accounts for each), until the unit fails; after
+    /// that they are drained, so the pool's tasks finish.
+    fn take(
+        &mut self,
+        outcome: Outcome,
+        policy: BadSamplePolicy,
+        sink: &mut impl FnMut(Outcome) -> bool,
+    ) {
+        if self.failure.is_some() {
+            return;
+        }
+        match &outcome {
+            Outcome::Done(_) => self.stats.done += 1,
+            Outcome::Skipped(e) => {
+                self.stats.skipped += 1;
+                if policy == BadSamplePolicy::Fail {
+                    self.failure = Some(EngineError::BadSample(e.clone()));
+                    self.stopping = true;
+                    return;
+                }
+            }
+        }
+        if !sink(outcome) {
+            self.stopping = true;
+        }
     }
 }

@@ -226,7 +226,13 @@ pub struct ShardSource {
     runtime: OnceLock<tokio::runtime::Runtime>,
     buckets: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
     cache: Option<ShardCache>,
+    /// Field buffers of samples done with, read into again ([`ShardSource::spares`]).
+    spares: Arc<sluice_shard::Spares>,
 }
+
+/// The field buffers a source keeps for reuse: a few hundred images' worth, about what its
+/// units hold read ahead of the decoders.
+const SPARE_FIELD_BYTES: usize = 128 << 20;
 
 impl ShardSource {
     /// Whether it keeps a shard cache on local disk.
@@ -274,7 +280,14 @@ impl ShardSource {
             unindexed: Mutex::new(Default::default()),
             runtime: OnceLock::new(),
             buckets: Mutex::new(HashMap::new()),
+            spares: Arc::new(sluice_shard::Spares::new(SPARE_FIELD_BYTES)),
         })
+    }
+
+    /// Where the samples it reads should go once done with: their fields' buffers are
+    /// read into again rather than fresh pages ([`sluice_shard::spares`]).
+    pub fn spares(&self) -> &Arc<sluice_shard::Spares> {
+        &self.spares
     }
 
     /// The samples `start..end` of a shard, streamed and checked.

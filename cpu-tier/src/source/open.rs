@@ -80,15 +80,22 @@ impl ShardSource {
             } => (stream, options, cached),
             Opened::Changed(samples) => return Ok((samples, false)),
         };
-        let reader = SampleReader::new(stream, name, &options);
+        let reader = SampleReader::new(stream, name, &options).with_spares(self.spares.clone());
         let admission = Admission { index, damage };
+        let spares = self.spares.clone();
         let samples: UnitSamples = Box::new(
             reader
                 .map(move |s| admission.admit(s))
-                .filter(move |s| match s {
-                    Ok(s) => s.index >= start,
-                    Err(sluice_shard::ShardError::DamagedSample { index, .. }) => *index >= start,
-                    Err(_) => true,
+                // Read from the shard's start, those before the unit are passed over.
+                .filter_map(move |s| match s {
+                    Ok(s) if s.index < start => {
+                        spares.give_back(s);
+                        None
+                    }
+                    Err(sluice_shard::ShardError::DamagedSample { index, .. }) if index < start => {
+                        None
+                    }
+                    other => Some(other),
                 })
                 .take_while_inclusive_end(end),
         );
