@@ -348,7 +348,7 @@ impl Engine {
         let started = Instant::now();
         let served = catch_unwind(AssertUnwindSafe(|| {
             let (image_field, data) = self.image_field(sample).map_err(|_| None)?;
-            let kept = match share.peek(ctx.shard, sample.index, data) {
+            let kept = match share.peek(ctx.shard, sample, data) {
                 crate::share::Peek::Ready(kept) => kept,
                 crate::share::Peek::NotYet(key) => return Err(key),
             };
@@ -467,7 +467,7 @@ impl Engine {
         let own = self.own_parts(sample, image_field)?;
         let mut claim = None;
         if let Some(share) = &self.share {
-            match share.lookup(ctx.shard, sample.index, data, key) {
+            match share.lookup(ctx.shard, sample, data, key) {
                 crate::share::Lookup::Hit(kept) => {
                     return Ok(self.hit(sample, ctx, own, &kept, dest));
                 }

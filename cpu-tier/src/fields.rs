@@ -178,6 +178,7 @@ mod tests {
                     data: d.to_vec(),
                 })
                 .collect(),
+            checksum: None,
         }
     }
 

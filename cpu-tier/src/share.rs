@@ -29,6 +29,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
+use sluice_shard::Sample;
 use sluice_wire::session::Admission;
 use sluice_wire::SampleGeometry;
 
@@ -334,14 +335,25 @@ impl Sharing {
         }
     }
 
-    /// The key of sample `index` of the shard at `shard` in the manifest whose image bytes
-    /// are `image`.
-    fn key(&self, shard: u32, index: u64, image: &[u8]) -> u128 {
+    /// The key of `sample`, of the shard at `shard` in the manifest, whose image bytes are
+    /// `image`: its contents are named by the checksum its reader checked its bytes against
+    /// (no second pass over them: hashing a cold image was 6% of a sweep's worker CPU), or,
+    /// where nothing checked them, by a hash of the image.
+    fn key(&self, shard: u32, sample: &Sample, image: &[u8]) -> u128 {
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         h.update(&self.member.class.to_le_bytes());
         h.update(&shard.to_le_bytes());
-        h.update(&index.to_le_bytes());
-        h.update(&xxhash_rust::xxh3::xxh3_128(image).to_le_bytes());
+        h.update(&sample.index.to_le_bytes());
+        match sample.checksum {
+            Some(checked) => {
+                h.update(b"checked");
+                h.update(&checked.to_le_bytes());
+            }
+            None => {
+                h.update(b"image");
+                h.update(&xxhash_rust::xxh3::xxh3_128(image).to_le_bytes());
+            }
+        }
         h.digest128()
     }
 
@@ -350,14 +362,14 @@ impl Sharing {
     pub(crate) fn lookup(
         &self,
         shard: u32,
-        index: u64,
+        sample: &Sample,
         image: &[u8],
         key: Option<u128>,
     ) -> Lookup<'_> {
         if !self.member.window.worth_looking(self.member.class) {
             return Lookup::Alone;
         }
-        let key = key.unwrap_or_else(|| self.key(shard, index, image));
+        let key = key.unwrap_or_else(|| self.key(shard, sample, image));
         self.member.window.lookup(self.member.class, key)
     }
 
@@ -365,11 +377,11 @@ impl Sharing {
     /// before the sample goes to the pool: a tensor there is copied out on that thread (no
     /// pool task, no hand-off back); otherwise the pool's task looks again (and may wait
     /// for a decode under way), with the key made here.
-    pub(crate) fn peek(&self, shard: u32, index: u64, image: &[u8]) -> Peek {
+    pub(crate) fn peek(&self, shard: u32, sample: &Sample, image: &[u8]) -> Peek {
         if !self.member.window.worth_looking(self.member.class) {
             return Peek::NotYet(None);
         }
-        let key = self.key(shard, index, image);
+        let key = self.key(shard, sample, image);
         match self.member.window.ready(key) {
             Some(kept) => Peek::Ready(kept),
             None => Peek::NotYet(Some(key)),
@@ -420,6 +432,42 @@ mod tests {
     use super::*;
     use sluice_wire::spec::DType;
 
+    /// Sample `index`, its bytes unchecked (its key hashes its image).
+    fn at(index: u64) -> Sample {
+        Sample {
+            shard: "t.tar".into(),
+            key: format!("s{index}"),
+            index,
+            start: 0,
+            end: 0,
+            fields: Vec::new(),
+            checksum: None,
+        }
+    }
+
+    #[test]
+    fn a_checked_sample_is_named_by_its_checksum_not_its_image() {
+        let w = Window::new(1 << 20);
+        let a = Sharing::join(&w, "", "decode", [1, 0, 0, 1]);
+        let b = Sharing::join(&w, "", "decode", [1, 0, 0, 1]);
+        let checked = |sum| Sample {
+            checksum: Some(sum),
+            ..at(0)
+        };
+        match a.lookup(0, &checked(42), b"jpeg", None) {
+            Lookup::Decode(c) => c.keep(&tensor(1, 3), &SampleGeometry::default()),
+            _ => panic!("a sweep's first look decodes"),
+        }
+        // The checksum names the bytes: the image is not hashed again.
+        assert!(matches!(b.peek(0, &checked(42), b"other"), Peek::Ready(_)));
+        assert!(matches!(
+            b.peek(0, &checked(43), b"jpeg"),
+            Peek::NotYet(Some(_))
+        ));
+        // An unchecked copy of the same image is keyed apart (nothing vouches for it).
+        assert!(matches!(b.peek(0, &at(0), b"jpeg"), Peek::NotYet(Some(_))));
+    }
+
     fn tensor(byte: u8, len: usize) -> Tensor {
         Tensor {
             frames: 1,
@@ -436,13 +484,13 @@ mod tests {
     fn a_lone_job_keeps_nothing_and_a_sweep_decodes_once() {
         let w = Window::new(1 << 20);
         let a = Sharing::join(&w, "", "decode", [1, 0, 0, 1]);
-        assert!(matches!(a.lookup(0, 0, b"jpeg", None), Lookup::Alone));
+        assert!(matches!(a.lookup(0, &at(0), b"jpeg", None), Lookup::Alone));
         let b = Sharing::join(&w, "", "decode", [1, 0, 0, 1]);
-        match a.lookup(0, 0, b"jpeg", None) {
+        match a.lookup(0, &at(0), b"jpeg", None) {
             Lookup::Decode(c) => c.keep(&tensor(7, 30), &SampleGeometry::default()),
             _ => panic!("the first of two decodes"),
         }
-        match b.lookup(0, 0, b"jpeg", None) {
+        match b.lookup(0, &at(0), b"jpeg", None) {
             Lookup::Hit(k) => assert_eq!(k.tensor.data, vec![7; 30]),
             _ => panic!("the second copies"),
         }
@@ -450,16 +498,25 @@ mod tests {
         // Another seed is another class (alone, it keeps nothing); another shard, sample or
         // image is another tensor.
         let c = Sharing::join(&w, "", "decode", [2, 0, 0, 1]);
-        assert!(matches!(c.lookup(0, 0, b"jpeg", None), Lookup::Alone));
-        assert!(matches!(b.lookup(1, 0, b"jpeg", None), Lookup::Decode(_)));
-        assert!(matches!(b.lookup(0, 1, b"jpeg", None), Lookup::Decode(_)));
+        assert!(matches!(c.lookup(0, &at(0), b"jpeg", None), Lookup::Alone));
+        assert!(matches!(
+            b.lookup(1, &at(0), b"jpeg", None),
+            Lookup::Decode(_)
+        ));
+        assert!(matches!(
+            b.lookup(0, &at(1), b"jpeg", None),
+            Lookup::Decode(_)
+        ));
         // Another epoch, or another rank of the same job, is another class: nothing kept.
         let next_epoch = Sharing::join(&w, "", "decode", [1, 1, 0, 1]);
         assert!(matches!(
-            next_epoch.lookup(0, 0, b"jpeg", None),
+            next_epoch.lookup(0, &at(0), b"jpeg", None),
             Lookup::Alone
         ));
-        assert!(matches!(b.lookup(0, 0, b"jpeh", None), Lookup::Decode(_)));
+        assert!(matches!(
+            b.lookup(0, &at(0), b"jpeh", None),
+            Lookup::Decode(_)
+        ));
         drop((a, b, c, next_epoch));
         assert_eq!(
             w.bytes(),
@@ -475,10 +532,10 @@ mod tests {
         let _a2 = Sharing::join(&w, "group:a", "decode", [1, 0, 0, 1]);
         let b = Sharing::join(&w, "group:b", "decode", [1, 0, 0, 1]);
         let _b2 = Sharing::join(&w, "group:b", "decode", [1, 0, 0, 1]);
-        if let Lookup::Decode(c) = a.lookup(0, 0, b"x", None) {
+        if let Lookup::Decode(c) = a.lookup(0, &at(0), b"x", None) {
             c.keep(&tensor(1, 3), &SampleGeometry::default());
         }
-        assert!(matches!(b.lookup(0, 0, b"x", None), Lookup::Decode(_)));
+        assert!(matches!(b.lookup(0, &at(0), b"x", None), Lookup::Decode(_)));
     }
 
     #[test]
@@ -487,21 +544,21 @@ mod tests {
         let a = Sharing::join(&w, "", "decode", [1, 0, 0, 1]);
         let _b = Sharing::join(&w, "", "decode", [1, 0, 0, 1]);
         for i in 0..5 {
-            if let Lookup::Decode(c) = a.lookup(0, i, b"x", None) {
+            if let Lookup::Decode(c) = a.lookup(0, &at(i), b"x", None) {
                 c.keep(&tensor(i as u8, 30), &SampleGeometry::default());
             }
         }
         assert_eq!(w.bytes(), 90);
         assert!(
-            matches!(a.lookup(0, 0, b"x", None), Lookup::Decode(_)),
+            matches!(a.lookup(0, &at(0), b"x", None), Lookup::Decode(_)),
             "evicted"
         );
-        assert!(matches!(a.lookup(0, 4, b"x", None), Lookup::Hit(_)));
+        assert!(matches!(a.lookup(0, &at(4), b"x", None), Lookup::Hit(_)));
         // Larger than the window: never kept.
-        if let Lookup::Decode(c) = a.lookup(0, 9, b"x", None) {
+        if let Lookup::Decode(c) = a.lookup(0, &at(9), b"x", None) {
             c.keep(&tensor(9, 300), &SampleGeometry::default());
         }
-        assert!(matches!(a.lookup(0, 9, b"x", None), Lookup::Decode(_)));
+        assert!(matches!(a.lookup(0, &at(9), b"x", None), Lookup::Decode(_)));
     }
 
     #[test]
@@ -509,13 +566,13 @@ mod tests {
         let w = Window::new(1 << 20);
         let a = Sharing::join(&w, "", "decode", [1, 0, 0, 1]);
         let b = Arc::new(Sharing::join(&w, "", "decode", [1, 0, 0, 1]));
-        let claim = match a.lookup(0, 0, b"x", None) {
+        let claim = match a.lookup(0, &at(0), b"x", None) {
             Lookup::Decode(c) => c,
             _ => panic!("decodes"),
         };
         let waiter = {
             let b = b.clone();
-            std::thread::spawn(move || matches!(b.lookup(0, 0, b"x", None), Lookup::Decode(_)))
+            std::thread::spawn(move || matches!(b.lookup(0, &at(0), b"x", None), Lookup::Decode(_)))
         };
         std::thread::sleep(Duration::from_millis(50));
         drop(claim);
@@ -551,6 +608,7 @@ mod tests {
                     data: i.to_string().into_bytes(),
                 },
             ],
+            checksum: None,
         }
     }
 

@@ -85,6 +85,35 @@ fn file_source_reads_whole_shards_and_ranges() {
 }
 
 #[test]
+fn a_checked_sample_carries_the_checksum_its_bytes_matched_and_an_unchecked_one_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let (loc, index) = indexed_shard(dir.path(), 10);
+    let checksums = |source: &ShardSource, start, end| -> Vec<Option<u64>> {
+        source
+            .open_unit(&loc, start, end)
+            .unwrap()
+            .map(|s| s.unwrap().checksum)
+            .collect()
+    };
+    let want = |start: usize, end: usize| -> Vec<Option<u64>> {
+        index.entries[start..end]
+            .iter()
+            .map(|e| Some(e.checksum))
+            .collect()
+    };
+    let source = ShardSource::new(SourceConfig::default()).unwrap();
+    // A range (read through the index) and the whole shard.
+    assert_eq!(checksums(&source, 3, 7), want(3, 7));
+    assert_eq!(checksums(&source, 0, 10), want(0, 10));
+    let lax = ShardSource::new(SourceConfig {
+        verify: false,
+        ..SourceConfig::default()
+    })
+    .unwrap();
+    assert_eq!(checksums(&lax, 3, 7), vec![None; 4]);
+}
+
+#[test]
 fn corrupted_bytes_fail_the_checksum_of_that_sample_alone() {
     let dir = tempfile::tempdir().unwrap();
     let loc = make_shard(dir.path(), 10);

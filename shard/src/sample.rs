@@ -31,6 +31,10 @@ pub struct Sample {
     /// Shard byte offset just past the sample's last entry (its padding included).
     pub end: u64,
     pub fields: Vec<Field>,
+    /// The xxh3-64 of its bytes (`start..end`), once its reader has checked them against
+    /// the shard's index: what names its contents without hashing them again. `None` when
+    /// nothing checked them.
+    pub checksum: Option<u64>,
 }
 
 /// A key (or field name) as one column of a text listing: tabs, newlines and other control
@@ -127,6 +131,7 @@ impl SampleGrouper {
             start: entry.header.start,
             end: entry.header.end(),
             fields: vec![field],
+            checksum: None,
         };
         self.next_index += 1;
         self.current.replace(next)

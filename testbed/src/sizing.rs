@@ -405,6 +405,7 @@ pub fn bench_images(dir: Option<&std::path::Path>) -> Result<(Vec<Sample>, Strin
             name: "jpg".into(),
             data: jpeg,
         }],
+        checksum: None,
     };
     let Some(dir) = dir else {
         let samples = (0..300u32)

@@ -81,7 +81,12 @@ impl ShardSource {
             Opened::Changed(samples) => return Ok((samples, false)),
         };
         let reader = SampleReader::new(stream, name, &options).with_spares(self.spares.clone());
-        let admission = Admission { index, damage };
+        // Where there is an index and verifying is on, every sample passes `Verified`.
+        let admission = Admission {
+            checked: self.config.verify && index.is_some(),
+            index,
+            damage,
+        };
         let spares = self.spares.clone();
         let samples: UnitSamples = Box::new(
             reader

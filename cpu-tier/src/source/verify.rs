@@ -151,6 +151,9 @@ impl Damage {
 pub(super) struct Admission {
     pub(super) index: Option<Arc<SampleIndex>>,
     pub(super) damage: Damage,
+    /// Each sample's bytes were checked against its index entry's checksum as they passed
+    /// ([`Verified`]): an admitted sample carries that checksum.
+    pub(super) checked: bool,
 }
 
 impl Admission {
@@ -163,7 +166,7 @@ impl Admission {
         &self,
         sample: Result<sluice_shard::Sample, sluice_shard::ShardError>,
     ) -> Result<sluice_shard::Sample, sluice_shard::ShardError> {
-        let s = sample?;
+        let mut s = sample?;
         let damaged = |s: sluice_shard::Sample, detail: String| {
             Err(sluice_shard::ShardError::DamagedSample {
                 shard: s.shard.to_string(),
@@ -201,6 +204,9 @@ impl Admission {
                     metrics::counter!("sluice_cpu_damaged_samples_total").increment(1);
                 }
                 return damaged(s, detail);
+            }
+            if self.checked {
+                s.checksum = Some(e.checksum);
             }
         }
         match self.damage.take(s.index) {

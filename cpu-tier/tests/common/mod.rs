@@ -63,5 +63,6 @@ pub fn sample(index: u64, fields: Vec<(&str, Vec<u8>)>) -> Sample {
         start: 0,
         end: 0,
         fields,
+        checksum: None,
     }
 }
