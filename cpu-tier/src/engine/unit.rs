@@ -344,3 +344,109 @@ impl Tally {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::engine::{Engine, EngineConfig, Outcome, SampleContext};
+
+    /// A JPEG sample of a test pattern (index `i`, labelled `i`).
+    fn jpeg_sample(i: u64) -> sluice_shard::Sample {
+        let img = image::RgbImage::from_fn(96, 64, |x, y| {
+            image::Rgb([
+                (x * 3 + y) as u8,
+                (y * 5 + i as u32 * 17) as u8,
+                (x ^ y) as u8,
+            ])
+        });
+        let mut jpeg = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 90)
+            .encode_image(&img)
+            .unwrap();
+        sluice_shard::Sample {
+            shard: "t.tar".into(),
+            key: format!("s{i}"),
+            index: i,
+            start: 0,
+            end: 0,
+            fields: vec![
+                sluice_shard::Field {
+                    name: "jpg".into(),
+                    data: jpeg,
+                },
+                sluice_shard::Field {
+                    name: "cls".into(),
+                    data: i.to_string().into_bytes(),
+                },
+            ],
+            checksum: None,
+        }
+    }
+
+    #[test]
+    fn a_tensor_in_the_window_is_copied_out_on_the_units_thread_as_a_decode_would_make_it() {
+        let spec: sluice_wire::spec::PipelineSpec = "decode | random_resized_crop 32 | hflip 0.5"
+            .parse()
+            .unwrap();
+        let pool = Engine::pool(1).unwrap();
+        let window = crate::share::Window::new(1 << 20);
+        let job = || {
+            Engine::with_pool(spec.clone(), EngineConfig::default(), pool.clone()).with_sharing(
+                crate::share::Sharing::join(&window, "", &format!("{spec:?}"), [7, 0, 0, 1]),
+            )
+        };
+        let (first, second) = (job(), job());
+        let alone = Engine::with_pool(spec.clone(), EngineConfig::default(), pool.clone());
+        let samples: Vec<_> = (0..6).map(jpeg_sample).collect();
+        let ctx = SampleContext {
+            seed: 7,
+            epoch: 0,
+            shard: 0,
+        };
+        let run = |engine: &Engine| {
+            let mut out = Vec::new();
+            engine
+                .run_unit(samples.clone().into_iter().map(Ok), ctx, |o| {
+                    out.push(o);
+                    true
+                })
+                .unwrap();
+            out.sort_by_key(|o| match o {
+                Outcome::Done(p) => p.index,
+                Outcome::Skipped(e) => e.index,
+            });
+            out
+        };
+        let reference = run(&alone);
+        let decoded = run(&first);
+        // The pool's one thread is held: the second job's samples, all in the window, must
+        // be copied out without it.
+        let (hold, held) = std::sync::mpsc::sync_channel::<()>(1);
+        pool.spawn(move || {
+            let _ = held.recv();
+        });
+        let (done, finished) = std::sync::mpsc::sync_channel(1);
+        std::thread::scope(|scope| {
+            scope.spawn(|| done.send(run(&second)).unwrap());
+            let served = finished.recv_timeout(Duration::from_secs(20));
+            hold.send(()).unwrap();
+            let served = served.expect("the window's tensors were served without the pool");
+            for ((r, d), s) in reference.iter().zip(&decoded).zip(&served) {
+                let (Outcome::Done(r), Outcome::Done(d), Outcome::Done(s)) = (r, d, s) else {
+                    panic!("a sample was skipped");
+                };
+                assert_eq!(
+                    (&d.tensor, d.geometry, d.label),
+                    (&r.tensor, r.geometry, r.label)
+                );
+                assert_eq!(
+                    (&s.tensor, s.geometry, s.label),
+                    (&r.tensor, r.geometry, r.label)
+                );
+                assert!(!d.shared && s.shared, "sample {}", s.index);
+            }
+            assert_eq!(served.len(), samples.len());
+        });
+    }
+}
