@@ -8,7 +8,9 @@
 //! - a decoded sample wakes the unit's thread (its one wake-up a sample), which takes every
 //!   outcome that is there and feeds the pool the room they left in one turn;
 //! - the reader, ahead of the pool by a queue, is woken when half the queue has gone, not
-//!   for every sample taken.
+//!   for every sample taken;
+//! - a sample whose tensor another job of its sweep already decoded is copied out of the
+//!   window on the unit's thread as it is fed ([`Engine::served_here`]): no task, no wake-up.
 //!
 //! Before, a reader, a feeder thread and the unit's thread passed each sample along two
 //! channels and a condition variable, each step a wake-up, and on a worker whose cores are
