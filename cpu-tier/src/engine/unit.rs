@@ -272,11 +272,14 @@ impl Engine {
                         };
                         in_flight += 1;
                         tasks.spawn(move |_| {
-                            let outcome = match &input {
-                                Ok(sample) => self.process_to(sample, ctx, target, key),
-                                Err(damaged) => self.skipped(damaged.clone()),
+                            let outcome = match input {
+                                Ok(sample) => {
+                                    let outcome = self.process_to(&sample, ctx, target, key);
+                                    self.give_back(Ok(sample));
+                                    outcome
+                                }
+                                Err(damaged) => self.skipped(damaged),
                             };
-                            self.give_back(input);
                             hub.done(outcome);
                         });
                     }
