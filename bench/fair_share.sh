@@ -15,6 +15,7 @@
 #   <phase> <job> weight <w> share <s> (of <n> samples) running <r> waiting <q> starved <c>
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib/await_worker.sh
 window=${1:-8}
 placement=${2:-shared}
 if [ -z "${SLUICE_BIN:-}" ]; then
@@ -44,14 +45,7 @@ echo "fair-share-bench-token-0123456789" > "$work/token"
     --threads 1 --no-same-host --state-dir "$work/state" --token-file "$work/token" \
     2> "$work/cpu.log" &
 pids+=($!)
-addr= metrics=
-for _ in $(seq 300); do
-    addr=$(grep -om1 'listen=[0-9.:]*' "$work/cpu.log" | cut -d= -f2 || true)
-    metrics=$(grep -om1 'metrics=Some([0-9.:]*' "$work/cpu.log" | cut -d'(' -f2 || true)
-    [ -n "$addr" ] && [ -n "$metrics" ] && break
-    sleep 0.1
-done
-[ -n "$addr" ] || { echo "sluice cpu did not start: $(cat "$work/cpu.log")" >&2; exit 1; }
+await_worker "$work/cpu.log" metrics
 
 # --no-share: jobs with the same data, pipeline and seed are a sweep and share decodes
 # (bench/sweep.sh); these stand for different trainings.

@@ -25,6 +25,7 @@
 #   loader's start and the first pages of its buffers>
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib/await_worker.sh
 epochs=${1:-80}
 rounds=${2:-2}
 if [ -z "${SLUICE_BIN:-}" ]; then
@@ -89,13 +90,8 @@ run() {
     "$bin" cpu --listen 127.0.0.1:0 --threads 2 --state-dir "$state" --token-file "$work/token" \
         "${same[@]}" 2> "$state/cpu.log" &
     worker_pid=$!
-    local addr=
-    for _ in $(seq 300); do
-        addr=$(grep -om1 'listen=[0-9.:]*' "$state/cpu.log" | cut -d= -f2 || true)
-        [ -n "$addr" ] && break
-        sleep 0.1
-    done
-    [ -n "$addr" ] || { echo "sluice cpu did not start: $(cat "$state/cpu.log")" >&2; exit 1; }
+    local addr metrics
+    await_worker "$state/cpu.log"
     local TIMEFORMAT='%U %S %R' times
     times=$( { time "$bin" loadgen --dataset "$work/shards/manifest.json" --workers "$addr" \
         --trust-cert "$state/cert.pem" --token-file "$work/token" --ranks 1 --batch-size 32 \

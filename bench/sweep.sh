@@ -13,6 +13,7 @@
 #   <x one job alone> <peak window MiB>
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib/await_worker.sh
 epochs=${1:-4}
 transport=${2:-quic}
 [ -x target/release/sluice ] || cargo build --release --locked -p sluice >&2
@@ -52,14 +53,8 @@ run() {
     "$bin" cpu --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --threads 1 \
         --state-dir "$state" --token-file "$work/token" "${same[@]}" 2> "$state/cpu.log" &
     worker_pid=$!
-    local addr= metrics=
-    for _ in $(seq 300); do
-        addr=$(grep -om1 ' listen=[0-9.:]*' "$state/cpu.log" | cut -d= -f2 || true)
-        metrics=$(grep -om1 'metrics=Some([0-9.:]*' "$state/cpu.log" | cut -d'(' -f2 || true)
-        [ -n "$addr" ] && [ -n "$metrics" ] && break
-        sleep 0.1
-    done
-    [ -n "$addr" ] || { echo "sluice cpu did not start: $(cat "$state/cpu.log")" >&2; exit 1; }
+    local addr metrics
+    await_worker "$state/cpu.log" metrics
     local flag=()
     [ "$share" = no-share ] && flag=(--no-share)
     local before pids=()
