@@ -17,8 +17,9 @@
 //!   segments to receive and map (same-host), the session's end;
 //! - for the whole worker, [`Worker::take_wakes`]: units to start (a slot is theirs),
 //!   resume (after waiting for a slot or a credit) or stop (their job is gone). A unit asks
-//!   [`Worker::next_sample`] before each sample it sends, and reports its end with
-//!   [`Worker::unit_ended`]; [`UnitThread`] is that loop for a unit on a thread of its own.
+//!   [`Worker::next_sample`] (or [`Worker::next_shared`]) before each sample it sends, and
+//!   reports its end with [`Worker::unit_ended`]; [`UnitThread`] is that loop for a unit on a
+//!   thread of its own.
 //!
 //! A unit holds a slot while it decodes. Out of credit, it gives the slot back (a job whose
 //! consumer does not read must not hold the slots the other jobs need) and queues for one
@@ -40,7 +41,7 @@ pub use shm::Route;
 pub use threads::{Parker, UnitThread};
 
 use crate::message::{Assign, ErrorCode, JobSpec, Message, SampleShape, UnitFailed};
-use crate::runner::UnitEnd;
+use crate::runner::{Charge, UnitEnd};
 
 /// What one job asks of a worker ([`Worker::demand`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -534,8 +535,23 @@ impl<L: Clone> Worker<L> {
         }
     }
 
-    /// Unit `id` is about to send a sample: whether it may.
+    /// Unit `id` is about to send a sample it decoded: whether it may.
     pub fn next_sample(&mut self, id: UnitId) -> Gate {
+        self.gate(id, Charge::Decoded)
+    }
+
+    /// Unit `id` is about to send a sample it copied from a decode made for another job of
+    /// its sweep: whether it may. Its job is charged the copy, not a decode
+    /// ([`fair::FairQueue::copied`]), and a unit that holds its slot keeps it, whoever waits:
+    /// the copy held it for microseconds beside a decode's milliseconds, and handing the slot
+    /// on at each one made a sweep's every sample a context switch per job.
+    pub fn next_shared(&mut self, id: UnitId) -> Gate {
+        self.gate(id, Charge::Shared)
+    }
+
+    /// [`Worker::next_sample`] and [`Worker::next_shared`]: whether unit `id` may send a
+    /// sample that cost `charge`.
+    fn gate(&mut self, id: UnitId, charge: Charge) -> Gate {
         let Some(u) = self.units.get_mut(&id) else {
             return Gate::Stop;
         };
@@ -563,7 +579,16 @@ impl<L: Clone> Worker<L> {
             j.credits -= 1;
         }
         u.prepaid = false;
-        if std::mem::take(&mut u.charged) || self.fair.keep(&u.name) {
+        let charged = std::mem::take(&mut u.charged);
+        if charge == Charge::Shared {
+            // Charged a decode by its grant: the difference goes back.
+            match charged {
+                true => self.fair.served_shared(&u.name),
+                false => self.fair.copied(&u.name),
+            }
+            return Gate::Go;
+        }
+        if charged || self.fair.keep(&u.name) {
             return Gate::Go;
         }
         // Another job waits: the slot goes to the job charged least, this one included.
@@ -584,15 +609,6 @@ impl<L: Clone> Worker<L> {
                 }
                 Gate::Wait(Waiting::Slot)
             }
-        }
-    }
-
-    /// Unit `id` was let send a sample ([`Gate::Go`]) that was decoded for another job of its
-    /// sweep: its job's fair share is charged the copy, not the decode
-    /// ([`fair::FairQueue::served_shared`]).
-    pub fn served_shared(&mut self, id: UnitId) {
-        if let Some(u) = self.units.get(&id) {
-            self.fair.served_shared(&u.name);
         }
     }
 

@@ -288,6 +288,14 @@ impl<W> FairQueue<W> {
         }
     }
 
+    /// A unit of `name` that holds a slot sends a sample copied from a decode made for another
+    /// job of its sweep: it keeps the slot (a copy is no decode to take turns for) and its job
+    /// is charged the copy.
+    pub fn copied(&mut self, name: &str) {
+        self.charge(name);
+        self.served_shared(name);
+    }
+
     fn charge(&mut self, name: &str) {
         let Some(t) = self.jobs.get_mut(name) else {
             return;

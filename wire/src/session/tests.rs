@@ -336,6 +336,51 @@ fn a_unit_out_of_credit_gives_its_slot_to_another_job() {
     assert!(w.take_wakes().is_empty(), "a's unit still has no credit");
 }
 
+/// A sample copied from another job's decode keeps the slot while another job waits; the
+/// next decoded one hands it on.
+#[test]
+fn a_unit_keeps_its_slot_over_copies_and_offers_it_at_a_decode() {
+    let (mut w, a, now) = one_job();
+    let b = open(&mut w, 2, "b", 1, now);
+    for (conn, job) in [(a, 1), (b, 2)] {
+        let credit = Message::Credit { job, samples: 10 };
+        send(&mut w, conn, credit, now);
+    }
+    let (ua, ub) = (UnitId(1), UnitId(2));
+    send(&mut w, a, Message::Assign(assign(1, 10)), now);
+    assert!(matches!(w.take_wakes()[..], [Wake::Start(10)]));
+    assert_eq!(
+        w.next_sample(ua),
+        Gate::Go,
+        "its grant paid for its first decode"
+    );
+    // b's unit queues, as charged as a's job: a decode of a's would now hand it the slot.
+    send(&mut w, b, Message::Assign(assign(2, 20)), now);
+    for _ in 0..3 {
+        assert_eq!(w.next_shared(ua), Gate::Go, "b's unit waits, a's copies go");
+        assert!(w.take_wakes().is_empty());
+    }
+    assert_eq!(w.next_sample(ua), Gate::Wait(Waiting::Slot));
+    assert!(matches!(w.take_wakes()[..], [Wake::Start(20)]));
+    // b's unit, granted the slot, decodes and copies; at its next decode the slot goes back to
+    // a's, charged a decode and three copies against b's two decodes and a copy.
+    assert_eq!(w.next_sample(ub), Gate::Go);
+    assert_eq!(w.next_shared(ub), Gate::Go);
+    assert_eq!(w.next_sample(ub), Gate::Wait(Waiting::Slot));
+    assert!(matches!(w.take_wakes()[..], [Wake::Resume(10)]));
+    assert_eq!(
+        w.next_shared(ua),
+        Gate::Go,
+        "its credit was taken as it queued"
+    );
+    // Out of credit, a copy waits as a decode does, and the slot goes on.
+    for _ in 0..5 {
+        assert_eq!(w.next_shared(ua), Gate::Go);
+    }
+    assert_eq!(w.next_shared(ua), Gate::Wait(Waiting::Credit));
+    assert!(matches!(w.take_wakes()[..], [Wake::Resume(20)]));
+}
+
 #[test]
 fn a_cancelled_job_stops_its_units_and_forgets_those_not_started() {
     let (mut w, a, now) = one_job();

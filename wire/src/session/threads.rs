@@ -89,10 +89,10 @@ impl<L: Clone> UnitThread<'_, L> {
         let take_credit = |charge: Charge| loop {
             let (gate, wakes) = {
                 let mut w = lock(worker);
-                let gate = w.next_sample(id);
-                if gate == Gate::Go && charge == Charge::Shared {
-                    w.served_shared(id);
-                }
+                let gate = match charge {
+                    Charge::Decoded => w.next_sample(id),
+                    Charge::Shared => w.next_shared(id),
+                };
                 (gate, w.take_wakes())
             };
             wake(wakes);
