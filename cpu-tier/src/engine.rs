@@ -361,7 +361,7 @@ impl Engine {
         Ok(Outcome::Done(served))
     }
 
-    /// What a sample carries beside its tensor, from this job's own read of it: its label,
+    /// What a sample carries beside its tensor, from this job's read of it: its label,
     /// the fields the job asked for, and (when one is missing) the names it has.
     fn own_parts(&self, sample: &Sample, image_field: &str) -> Result<OwnParts, DecodeError> {
         Ok((
@@ -395,6 +395,12 @@ impl Engine {
         }
     }
 
+    /// The group its units read with ([`crate::share::Sharing::reads_together`]); `None`:
+    /// they read on their own.
+    pub(crate) fn read_group(&self) -> Option<u128> {
+        self.share.as_ref()?.reads_together()
+    }
+
     /// A sample that yields no tensor (the decoder rejected it, or storage damaged it),
     /// counted once.
     fn skipped(&self, error: SampleError) -> Outcome {
@@ -415,14 +421,15 @@ impl Engine {
     /// processed on the pool, and their outcomes are handed to `sink` on the calling thread in
     /// completion order. `sink` returns `false` to cancel. Every queue is bounded by
     /// `readahead`, so a slow sink slows the reader.
-    pub fn run_unit<I>(
+    pub fn run_unit<I, S>(
         &self,
         samples: I,
         ctx: SampleContext,
         sink: impl FnMut(Outcome) -> bool,
     ) -> Result<UnitStats, EngineError>
     where
-        I: Iterator<Item = Result<Sample, ShardError>> + Send,
+        I: Iterator<Item = Result<S, ShardError>> + Send,
+        S: Into<Arc<Sample>>,
     {
         self.run_unit_to(samples, ctx, None, None, sink)
     }
@@ -440,7 +447,7 @@ impl Engine {
     /// shared among jobs by weight, and a unit that decoded ahead while it waited took the
     /// pool from the jobs whose turn it was (weights 3:1 gave 0.64 : 0.36 of one thread's
     /// samples, `bench/fair_share.sh`).
-    pub fn run_unit_to<I>(
+    pub fn run_unit_to<I, S>(
         &self,
         samples: I,
         ctx: SampleContext,
@@ -449,7 +456,8 @@ impl Engine {
         sink: impl FnMut(Outcome) -> bool,
     ) -> Result<UnitStats, EngineError>
     where
-        I: Iterator<Item = Result<Sample, ShardError>> + Send,
+        I: Iterator<Item = Result<S, ShardError>> + Send,
+        S: Into<Arc<Sample>>,
     {
         self.run_unit_on_hub(samples, &ctx, target.as_ref(), turn, sink)
     }

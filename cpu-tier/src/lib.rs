@@ -47,5 +47,5 @@ pub use error::{DecodeError, EngineError, SampleError};
 pub use fields::FieldSpec;
 /// The pipeline spec's grammar lives in `sluice_wire::spec`, where clients check it too.
 pub use sluice_wire::spec::{DType, PipelineSpec};
-pub use source::{ShardLocation, ShardSource, SourceConfig, SourceError};
+pub use source::{ShardLocation, ShardSource, SharedSamples, SourceConfig, SourceError};
 pub use worker::CpuWorker;

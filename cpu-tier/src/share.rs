@@ -10,11 +10,12 @@
 //! whose keys match get the same bytes, whatever the rest of their settings (batch size,
 //! fields, order); the rank and world size keep apart jobs that read different samples (the
 //! ranks of one job), which would keep tensors for nobody. The key is made here from what the
-//! job and its own read of the shard say; nothing of it crosses the wire.
+//! job and its read of the shard say; nothing of it crosses the wire.
 //!
-//! Each job still runs its own units, reads its own samples (fields and labels come from its
-//! own read), spends its own credits and keeps its own order: only the decode is shared. Its
-//! engine looks each sample up in the worker's [`Window`] before decoding it:
+//! Each job still runs its own units, spends its own credits and keeps its own order: only
+//! the read ([`crate::source::ShardSource::open_unit_together`]: units of the same samples
+//! that run at the same time read them once) and the decode are shared. Its engine looks
+//! each sample up in the worker's [`Window`] before decoding it:
 //! - a tensor already there was decoded for another job: it is copied out, not decoded (on
 //!   the unit's own thread, which looks before it hands the sample to the pool);
 //! - one being decoded right now (on another pool thread) is waited for: a decode, never a
@@ -145,6 +146,11 @@ impl Window {
         self.max_bytes > 0
             && (s.classes.get(&class).copied().unwrap_or(0) >= 2
                 || s.kept.get(&class).copied().unwrap_or(0) > 0)
+    }
+
+    /// Whether another job of `class` is open now.
+    fn has_peers(&self, class: u128) -> bool {
+        self.max_bytes > 0 && self.lock().classes.get(&class).copied().unwrap_or(0) >= 2
     }
 
     /// The tensor kept under `key`, if it is there now (never waits).
@@ -373,6 +379,15 @@ impl Sharing {
         }
         let key = key.unwrap_or_else(|| self.key(shard, sample, image));
         self.member.window.lookup(self.member.class, key)
+    }
+
+    /// The group whose units of the same samples read them once between them
+    /// ([`crate::source::ShardSource::open_unit_together`]): the job's class, while another
+    /// job of it is open (a job alone reads on its own: a shared read keeps a copy of each
+    /// sample for units that may join).
+    pub(crate) fn reads_together(&self) -> Option<u128> {
+        let m = &self.member;
+        m.window.has_peers(m.class).then_some(m.class)
     }
 
     /// Whether the window holds this sample's tensor now, looked at from the unit's thread

@@ -20,7 +20,7 @@ use crate::engine::{
 };
 use crate::error::EngineError;
 use crate::fields::FieldSpec;
-use crate::source::{ShardLocation, ShardSource};
+use crate::source::{ShardLocation, ShardSource, SharedSamples};
 
 /// The decode pool and shard source every job of a worker shares.
 pub struct CpuWorker {
@@ -172,10 +172,13 @@ impl JobRunner for CpuJob {
         turn: &Turn,
     ) -> Result<Finished, RunnerError> {
         let loc = location(assign);
-        let samples = self
-            .source
-            .open_unit_with_repair(&loc, assign.start, assign.end)
-            .map_err(|e| RunnerError::Source(e.into()))?;
+        let (source, range) = (&self.source, (assign.start, assign.end));
+        let samples: SharedSamples = match self.engine.read_group() {
+            Some(group) => source.open_unit_together(&loc, range.0, range.1, group),
+            None => (source.open_unit_with_repair(&loc, range.0, range.1))
+                .map(|own| Box::new(own.map(|s| s.map(Arc::new))) as SharedSamples),
+        }
+        .map_err(|e| RunnerError::Source(e.into()))?;
         let ctx = SampleContext {
             seed: self.spec.seed,
             epoch: self.spec.epoch,

@@ -916,3 +916,214 @@ fn a_replica_unavailable_for_a_while_costs_a_pause_not_the_unit() {
     assert!(err.is_unavailable(), "{err}");
     assert!(err.to_string().contains("503"), "{err}");
 }
+
+/// Each unit's samples (or its errors, as text) from a sweep's shared read.
+type Taken = Vec<Result<Arc<sluice_shard::Sample>, String>>;
+
+/// Takes `n` items from `unit` into `into`.
+fn take(unit: &mut sluice_cpu::SharedSamples, n: usize, into: &mut Taken) {
+    into.extend(unit.by_ref().take(n).map(|s| s.map_err(|e| e.to_string())));
+}
+
+/// What a lone read of `loc`'s samples `start..end` gives, for comparing with a shared one.
+fn alone(loc: &ShardLocation, start: u64, end: u64) -> Vec<Result<sluice_shard::Sample, String>> {
+    let source = ShardSource::new(SourceConfig::default()).unwrap();
+    (source.open_unit(loc, start, end).unwrap())
+        .map(|s| s.map_err(|e| e.to_string()))
+        .collect()
+}
+
+fn owned(taken: &Taken) -> Vec<Result<sluice_shard::Sample, String>> {
+    taken
+        .iter()
+        .map(|s| s.clone().map(|s| (*s).clone()))
+        .collect()
+}
+
+/// Two units of one sweep opening the same samples read them once: whichever asks first
+/// reads each sample for both, and both take every sample, the same one (not a copy), in
+/// order, equal to a lone read's. Another group, or a unit opened once the read is over,
+/// reads on its own.
+#[test]
+fn units_of_a_sweep_reading_the_same_samples_read_them_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = make_shard(dir.path(), 12);
+    let (base, requests) = serve(dir.path().to_path_buf());
+    let loc = ShardLocation {
+        tally: Default::default(),
+        urls: vec![format!("{base}/s-00.tar")],
+        info: local.info.clone(),
+    };
+    let want = alone(&local, 2, 10);
+    let source = Arc::new(ShardSource::new(SourceConfig::default()).unwrap());
+    let mut a = source.open_unit_together(&loc, 2, 10, 7).unwrap();
+    let mut b = source.open_unit_together(&loc, 2, 10, 7).unwrap();
+    let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+    // `a` reads three ahead, `b` takes those and reads the next two, then they alternate.
+    take(&mut a, 3, &mut got_a);
+    take(&mut b, 5, &mut got_b);
+    while got_a.len() < 8 || got_b.len() < 8 {
+        take(&mut a, 1, &mut got_a);
+        take(&mut b, 1, &mut got_b);
+    }
+    assert!(a.next().is_none() && b.next().is_none());
+    assert_eq!(owned(&got_a), want);
+    assert_eq!(owned(&got_b), want);
+    for (x, y) in got_a.iter().zip(&got_b) {
+        let (Ok(x), Ok(y)) = (x, y) else {
+            panic!("an error in a healthy shard")
+        };
+        assert!(Arc::ptr_eq(x, y), "sample {}: one read, shared", x.index);
+    }
+    assert_eq!(
+        requests.load(Ordering::SeqCst),
+        2,
+        "the .idx and one Range request for both units"
+    );
+
+    // Another group reads on its own; so does a unit that opens once the read is over.
+    let mut other = source.open_unit_together(&loc, 2, 10, 8).unwrap();
+    let mut got = Vec::new();
+    take(&mut other, 8, &mut got);
+    assert_eq!(owned(&got), want);
+    assert_eq!(requests.load(Ordering::SeqCst), 3);
+    drop((a, b, other));
+    let mut later = source.open_unit_together(&loc, 2, 10, 7).unwrap();
+    let mut got = Vec::new();
+    take(&mut later, 8, &mut got);
+    assert_eq!(owned(&got), want);
+    assert_eq!(requests.load(Ordering::SeqCst), 4);
+}
+
+/// Units on threads of their own, as a worker runs them, taking one read's samples at their
+/// own pace: each gets every sample once, in order, the same samples as alone.
+#[test]
+fn units_on_their_own_threads_each_take_every_sample_of_a_shared_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = make_shard(dir.path(), 40);
+    let want = alone(&local, 0, 40);
+    let source = Arc::new(ShardSource::new(SourceConfig::default()).unwrap());
+    let units: Vec<_> = (0..4)
+        .map(|_| source.open_unit_together(&local, 0, 40, 5).unwrap())
+        .collect();
+    std::thread::scope(|scope| {
+        for (i, mut unit) in units.into_iter().enumerate() {
+            let want = &want;
+            scope.spawn(move || {
+                let mut got = Vec::new();
+                for s in unit.by_ref() {
+                    got.push(s.map_err(|e| e.to_string()));
+                    if got.len() % (i + 2) == 0 {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                }
+                assert_eq!(owned(&got), *want, "unit {i}");
+            });
+        }
+    });
+}
+
+/// A unit further behind than the shared read may hold (its byte bound) reads the rest on
+/// its own from the first sample it has not taken: every sample once, in order.
+#[test]
+fn a_unit_behind_a_shared_read_by_more_than_its_bound_reads_on_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = make_shard(dir.path(), 12);
+    let (base, requests) = serve(dir.path().to_path_buf());
+    let loc = ShardLocation {
+        tally: Default::default(),
+        urls: vec![format!("{base}/s-00.tar")],
+        info: local.info.clone(),
+    };
+    let want = alone(&local, 0, 12);
+    // Room for three samples, not four.
+    let largest = (want
+        .iter()
+        .map(|s| s.as_ref().unwrap().fields[0].data.len())
+        .max())
+    .unwrap_or_default();
+    let bound = 3 * largest as u64 + 100;
+    let source = ShardSource::new(SourceConfig::default()).unwrap();
+    let source = Arc::new(source.with_together_bytes(bound));
+    let mut ahead = source.open_unit_together(&loc, 0, 12, 1).unwrap();
+    let mut behind = source.open_unit_together(&loc, 0, 12, 1).unwrap();
+    let (mut got_ahead, mut got_behind) = (Vec::new(), Vec::new());
+    take(&mut behind, 1, &mut got_behind);
+    take(&mut ahead, 3, &mut got_ahead);
+    take(&mut behind, 1, &mut got_behind);
+    assert_eq!(
+        requests.load(Ordering::SeqCst),
+        2,
+        "within the bound, one read"
+    );
+    take(&mut ahead, 9, &mut got_ahead);
+    take(&mut behind, 10, &mut got_behind);
+    assert_eq!(owned(&got_ahead), want);
+    assert_eq!(owned(&got_behind), want, "every sample once, in order");
+    assert_eq!(
+        requests.load(Ordering::SeqCst),
+        3,
+        "the unit left behind read the rest itself, in one Range request"
+    );
+}
+
+/// A damaged sample in a shared read is reported by every unit of it, as each would alone. A
+/// read that fails (its only replica dies mid-unit) fails the unit that read it, which ends
+/// there as a unit reading alone does; the others read on on their own from where they are,
+/// each sample once.
+#[test]
+fn a_shared_read_reports_damage_to_every_unit_and_a_failed_read_to_its_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let (local, index) = indexed_shard(dir.path(), 10);
+    let path = Path::new(&local.urls[0]);
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[(index.entries[5].offset + 600) as usize] ^= 0x01;
+    std::fs::write(path, &bytes).unwrap();
+    let want = alone(&local, 0, 10);
+    assert!(want[5].as_ref().is_err_and(|e| e.contains("sample #5")));
+    let source = Arc::new(ShardSource::new(SourceConfig::default()).unwrap());
+    let mut a = source.open_unit_together(&local, 0, 10, 3).unwrap();
+    let mut b = source.open_unit_together(&local, 0, 10, 3).unwrap();
+    let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+    take(&mut a, 10, &mut got_a);
+    take(&mut b, 10, &mut got_b);
+    assert_eq!(owned(&got_a), want);
+    assert_eq!(owned(&got_b), want);
+    drop((a, b));
+
+    // A replica that cuts the unit's body after about three and a half samples.
+    let healthy = tempfile::tempdir().unwrap();
+    let (local, index) = indexed_shard(healthy.path(), 10);
+    let cut = (index.entries[3].offset + 300) as usize;
+    let (dying, requests) = serve_cutting(healthy.path().to_path_buf(), Some(cut));
+    let loc = ShardLocation {
+        tally: Default::default(),
+        urls: vec![format!("{dying}/s-00.tar")],
+        info: local.info.clone(),
+    };
+    let mut a = source.open_unit_together(&loc, 0, 10, 3).unwrap();
+    let mut b = source.open_unit_together(&loc, 0, 10, 3).unwrap();
+    let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+    take(&mut b, 2, &mut got_b);
+    take(&mut a, 10, &mut got_a);
+    take(&mut b, 10, &mut got_b);
+    // `a` read on for both from sample 2 and failed there (a sample ends where the next
+    // one's header starts, and the cut leaves sample 3's short); `b` had read 0 and 1 for
+    // both, read on from 2 on its own, and failed where its own body was cut, in sample 4.
+    for (got, want) in [(&got_a, &[0, 1][..]), (&got_b, &[0, 1, 2, 3][..])] {
+        let read: Vec<u64> = got
+            .iter()
+            .filter_map(|s| s.as_ref().ok())
+            .map(|s| s.index)
+            .collect();
+        assert_eq!(read, want);
+        let errors: Vec<&String> = got.iter().filter_map(|s| s.as_ref().err()).collect();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(got.last().is_some_and(|s| s.is_err()), "{errors:?}");
+    }
+    assert_eq!(
+        requests.load(Ordering::SeqCst),
+        3,
+        "the .idx, the shared read, and the second unit's own read of the rest"
+    );
+}

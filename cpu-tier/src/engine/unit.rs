@@ -20,7 +20,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use sluice_shard::{Sample, ShardError};
@@ -29,8 +29,10 @@ use sluice_wire::Turn;
 use super::{BadSamplePolicy, Engine, Outcome, PlaceTarget, SampleContext, UnitStats, TURN_POLL};
 use crate::error::{DecodeError, EngineError, SampleError};
 
-/// A sample to process, or one the source found damaged (reported as a skip).
-type Input = Result<Sample, SampleError>;
+/// A sample to process (shared with the other units of a sweep that read it with this one:
+/// `crate::source::ShardSource::open_unit_together`), or one the source found damaged
+/// (reported as a skip).
+type Input = Result<Arc<Sample>, SampleError>;
 
 /// Where the reader, the pool's tasks and the unit's thread meet.
 struct Hub {
@@ -188,7 +190,7 @@ struct Turned {
 
 impl Engine {
     /// See [`Engine::run_unit_to`].
-    pub(super) fn run_unit_on_hub<I>(
+    pub(super) fn run_unit_on_hub<I, S>(
         &self,
         samples: I,
         ctx: &SampleContext,
@@ -197,7 +199,8 @@ impl Engine {
         mut sink: impl FnMut(Outcome) -> bool,
     ) -> Result<UnitStats, EngineError>
     where
-        I: Iterator<Item = Result<Sample, ShardError>> + Send,
+        I: Iterator<Item = Result<S, ShardError>> + Send,
+        S: Into<Arc<Sample>>,
     {
         let bound = self.config.readahead.max(1);
         let most = match turn {
@@ -209,18 +212,23 @@ impl Engine {
         let read_error = std::thread::scope(|scope| {
             let hub = &hub;
             let times = &self.times;
-            let reader = scope.spawn(move || -> Option<ShardError> {
+            // The reader hands its samples back when it ends, to be dropped with the unit,
+            // not before: a read shared with other units of a sweep
+            // (`crate::source::ShardSource::open_unit_together`) stays joinable while any of
+            // its units runs, not only while one is still reading (a reader runs ahead of
+            // its unit, often to the unit's end at its start).
+            let reader = scope.spawn(move || -> (Option<ShardError>, I) {
                 let _end = ReaderEnd(hub);
                 let mut samples = samples;
-                loop {
+                let read_error = loop {
                     let t = Instant::now();
                     let next = samples.next();
                     times
                         .fetch_parse_ns
                         .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     let input = match next {
-                        None => return None,
-                        Some(Ok(s)) => Ok(s),
+                        None => break None,
+                        Some(Ok(s)) => Ok(s.into()),
                         Some(Err(ShardError::DamagedSample {
                             shard,
                             offset,
@@ -233,12 +241,13 @@ impl Engine {
                             index,
                             reason: DecodeError::Damaged(format!("{detail} (at byte {offset})")),
                         }),
-                        Some(Err(e)) => return Some(e),
+                        Some(Err(e)) => break Some(e),
                     };
                     if !hub.put(input) {
-                        return None;
+                        break None;
                     }
-                }
+                };
+                (read_error, samples)
             });
             self.pool.in_place_scope(|tasks| {
                 let mut in_flight = 0usize;
@@ -291,7 +300,9 @@ impl Engine {
                 }
             });
             hub.stop();
-            reader.join().unwrap_or(None)
+            reader
+                .join()
+                .map_or(None, |(read_error, _samples)| read_error)
         });
         if let Some(f) = tally.failure {
             return Err(f);
@@ -302,10 +313,13 @@ impl Engine {
         Ok(tally.stats)
     }
 
-    /// A sample done with: its fields' buffers go back to its source's spares.
+    /// A sample done with: its fields' buffers go back to its source's spares (by the last
+    /// unit that holds it, when several read it together).
     fn give_back(&self, input: Input) {
         if let (Some(spares), Ok(sample)) = (&self.spares, input) {
-            spares.give_back(sample);
+            if let Ok(sample) = Arc::try_unwrap(sample) {
+                spares.give_back(sample);
+            }
         }
     }
 }
@@ -352,6 +366,8 @@ impl Tally {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
     use std::time::Duration;
 
     use crate::engine::{Engine, EngineConfig, Outcome, SampleContext};
@@ -387,6 +403,47 @@ mod tests {
             ],
             checksum: None,
         }
+    }
+
+    /// The unit's samples (a read it may share with other units of a sweep) are dropped when
+    /// the unit ends, not when its reader has read them all: the read stays joinable while
+    /// the unit runs.
+    #[test]
+    fn a_units_samples_are_dropped_with_the_unit_not_when_its_reader_ends() {
+        struct Samples(std::vec::IntoIter<sluice_shard::Sample>, Arc<AtomicBool>);
+        impl Iterator for Samples {
+            type Item = Result<sluice_shard::Sample, sluice_shard::ShardError>;
+            fn next(&mut self) -> Option<Self::Item> {
+                self.0.next().map(Ok)
+            }
+        }
+        impl Drop for Samples {
+            fn drop(&mut self) {
+                self.1.store(true, Ordering::SeqCst);
+            }
+        }
+        let spec: sluice_wire::spec::PipelineSpec = "decode | resize 32x32".parse().unwrap();
+        let engine = Engine::with_pool(spec, EngineConfig::default(), Engine::pool(1).unwrap());
+        let dropped = Arc::new(AtomicBool::new(false));
+        let samples = Samples((0..4).map(jpeg_sample).collect::<Vec<_>>().into_iter(), {
+            dropped.clone()
+        });
+        let ctx = SampleContext {
+            seed: 1,
+            epoch: 0,
+            shard: 0,
+        };
+        let mut seen = Vec::new();
+        engine
+            .run_unit(samples, ctx, |_| {
+                // Each decode takes a while; the reader read all four at the start.
+                std::thread::sleep(Duration::from_millis(20));
+                seen.push(dropped.load(Ordering::SeqCst));
+                true
+            })
+            .unwrap();
+        assert_eq!(seen, [false; 4], "dropped while the unit ran");
+        assert!(dropped.load(Ordering::SeqCst));
     }
 
     #[test]

@@ -39,6 +39,7 @@ mod open;
 mod replicas;
 mod s3;
 mod streams;
+mod together;
 mod verify;
 
 use std::collections::HashMap;
@@ -54,6 +55,7 @@ pub use cache::{CacheConfig, CacheKey, ShardCache};
 use replicas::Suspects;
 pub use streams::fetch_nanos;
 use streams::{Progress, Resuming, Timed};
+pub use together::SharedSamples;
 
 /// Why a source could not deliver.
 #[derive(Debug, thiserror::Error)]
@@ -228,6 +230,8 @@ pub struct ShardSource {
     cache: Option<ShardCache>,
     /// Field buffers of samples done with, read into again ([`ShardSource::spares`]).
     spares: Arc<sluice_shard::Spares>,
+    /// Reads that units of a sweep share ([`ShardSource::open_unit_together`]).
+    together: together::Together,
 }
 
 /// The field buffers a source keeps for reuse: a few hundred images' worth, about what its
@@ -281,7 +285,16 @@ impl ShardSource {
             runtime: OnceLock::new(),
             buckets: Mutex::new(HashMap::new()),
             spares: Arc::new(sluice_shard::Spares::new(SPARE_FIELD_BYTES)),
+            together: together::Together::new(together::TOGETHER_BYTES),
         })
+    }
+
+    /// At most `bytes` of samples held for the units of a sweep's shared reads that have not
+    /// taken them yet ([`ShardSource::open_unit_together`]; 64 MiB unless set): a unit
+    /// further behind reads on its own.
+    pub fn with_together_bytes(mut self, bytes: u64) -> Self {
+        self.together.set_max_bytes(bytes);
+        self
     }
 
     /// Where the samples it reads should go once done with: their fields' buffers are
