@@ -3,8 +3,8 @@
 //! The jobs of a sweep ask for the same units ([`crate::share`]: one class, one plan), and
 //! on a worker their units of the same samples run nearly in step. Each read them on its
 //! own: a copy out of the page cache (or a download), the checksum and the tar parse again,
-//! for every job, about as much of a sweep's worker CPU as the jobs' copies of the shared
-//! decodes. A unit opened with [`ShardSource::open_unit_together`] joins the read of the same
+//! for every job (`perf` put them at a third of what each job beyond the first cost the
+//! worker once the decodes were shared). A unit opened with [`ShardSource::open_unit_together`] joins the read of the same
 //! samples by another unit of its group, if one is under way and still holds every sample
 //! from the first: whichever of them needs the next sample first reads it (through
 //! [`ShardSource::open_unit_with_repair`], replicas, cache and repair included) for all of
@@ -86,18 +86,24 @@ struct State {
 }
 
 /// A sample read for the units of a reading: each takes it.
+#[derive(Clone)]
 enum Item {
     Sample(Arc<Sample>),
-    Damaged {
-        shard: String,
-        offset: u64,
-        index: u64,
-        key: String,
-        detail: String,
-    },
+    Damaged(Damaged),
+}
+
+/// A sample the read found damaged ([`ShardError::DamagedSample`]), reported by every unit.
+#[derive(Clone)]
+struct Damaged {
+    shard: String,
+    offset: u64,
+    index: u64,
+    key: String,
+    detail: String,
 }
 
 impl Item {
+    /// What the units of a read keep of what it read: `None` for an error that ends the read.
     fn of(item: &Result<Arc<Sample>, ShardError>) -> Option<Item> {
         match item {
             Ok(sample) => Some(Item::Sample(sample.clone())),
@@ -107,13 +113,13 @@ impl Item {
                 index,
                 key,
                 detail,
-            }) => Some(Item::Damaged {
+            }) => Some(Item::Damaged(Damaged {
                 shard: shard.clone(),
                 offset: *offset,
                 index: *index,
                 key: key.clone(),
                 detail: detail.clone(),
-            }),
+            })),
             Err(_) => None,
         }
     }
@@ -121,26 +127,20 @@ impl Item {
     fn bytes(&self) -> u64 {
         match self {
             Item::Sample(s) => s.fields.iter().map(|f| f.data.len() as u64).sum(),
-            Item::Damaged { .. } => 0,
+            Item::Damaged(_) => 0,
         }
     }
 
     /// What a unit takes.
-    fn taken(&self) -> Result<Arc<Sample>, ShardError> {
+    fn taken(self) -> Result<Arc<Sample>, ShardError> {
         match self {
-            Item::Sample(s) => Ok(s.clone()),
-            Item::Damaged {
-                shard,
-                offset,
-                index,
-                key,
-                detail,
-            } => Err(ShardError::DamagedSample {
-                shard: shard.clone(),
-                offset: *offset,
-                index: *index,
-                key: key.clone(),
-                detail: detail.clone(),
+            Item::Sample(s) => Ok(s),
+            Item::Damaged(d) => Err(ShardError::DamagedSample {
+                shard: d.shard,
+                offset: d.offset,
+                index: d.index,
+                key: d.key,
+                detail: d.detail,
             }),
         }
     }
@@ -150,27 +150,6 @@ impl Item {
             if let Ok(s) = Arc::try_unwrap(s) {
                 spares.give_back(s);
             }
-        }
-    }
-}
-
-impl Clone for Item {
-    fn clone(&self) -> Self {
-        match self {
-            Item::Sample(s) => Item::Sample(s.clone()),
-            Item::Damaged {
-                shard,
-                offset,
-                index,
-                key,
-                detail,
-            } => Item::Damaged {
-                shard: shard.clone(),
-                offset: *offset,
-                index: *index,
-                key: key.clone(),
-                detail: detail.clone(),
-            },
         }
     }
 }
@@ -279,14 +258,9 @@ impl Reading {
     /// bound is held.
     fn drop_front(&self, s: &mut State, drop: impl Fn(u64) -> bool) {
         while self.held.load(Ordering::Relaxed) > self.max_bytes && drop(s.base) {
-            let Some(item) = s.items.pop_front() else {
+            if !self.pop_front(s) {
                 break;
-            };
-            s.base += 1;
-            let bytes = item.bytes();
-            s.bytes -= bytes;
-            self.held.fetch_sub(bytes, Ordering::Relaxed);
-            item.give_back(&self.spares);
+            }
         }
     }
 
@@ -296,18 +270,22 @@ impl Reading {
         let Some(&least) = s.at.values().min() else {
             return;
         };
-        while s.base < least && s.base > 0 {
-            let Some(item) = s.items.pop_front() else {
-                break;
-            };
-            s.base += 1;
-            let bytes = item.bytes();
-            s.bytes -= bytes;
-            self.held.fetch_sub(bytes, Ordering::Relaxed);
-            item.give_back(&self.spares);
-        }
+        while s.base < least && s.base > 0 && self.pop_front(s) {}
         // Over the bound, what every unit has taken goes first, the first sample included.
         self.drop_front(s, |at| at < least);
+    }
+
+    /// Drops the oldest sample held, if there is one.
+    fn pop_front(&self, s: &mut State) -> bool {
+        let Some(item) = s.items.pop_front() else {
+            return false;
+        };
+        s.base += 1;
+        let bytes = item.bytes();
+        s.bytes -= bytes;
+        self.held.fetch_sub(bytes, Ordering::Relaxed);
+        item.give_back(&self.spares);
+        true
     }
 }
 
