@@ -78,11 +78,13 @@ fn idle(worker: &Worker) {
     }
 }
 
-/// The worker's samples served from a sweep's decodes, and decodes kept for one.
-fn share_counts(worker: &Worker) -> (f64, f64) {
+/// The worker's samples served from a sweep's decodes, decodes kept for one, and samples
+/// taken from another job's read.
+fn share_counts(worker: &Worker) -> (f64, f64, f64) {
     (
         value(worker, "sluice_cpu_share_hits_total"),
         value(worker, "sluice_cpu_share_kept_total"),
+        value(worker, "sluice_cpu_share_read_samples_total"),
     )
 }
 
@@ -142,7 +144,11 @@ fn a_sweep_decodes_once_and_each_job_keeps_its_own_order() {
     run("solo", job(data, &pool, auth, ("solo", 7), &d.join("solo")));
     let alone = cpu_ticks(worker) - before;
     let samples = read(&d.join("solo")).lines().count() as f64;
-    assert_eq!(value(worker, "sluice_cpu_share_kept_total"), 0.0);
+    assert_eq!(
+        share_counts(worker),
+        (0.0, 0.0, 0.0),
+        "a job alone shares nothing"
+    );
 
     // The sweep: three jobs together, a fourth 2 s later.
     let before = cpu_ticks(worker);
@@ -169,11 +175,11 @@ fn a_sweep_decodes_once_and_each_job_keeps_its_own_order() {
             "{name}: its samples, in its order, are its solo run's"
         );
     }
-    let kept = value(worker, "sluice_cpu_share_kept_total");
-    let hits = value(worker, "sluice_cpu_share_hits_total");
+    let (hits, kept, reads) = share_counts(worker);
     eprintln!(
         "sweep of 4: worker CPU {shared} ticks against {alone} for one job alone ({:.2}x); \
-         {kept} decodes kept for the sweep, {hits} samples served from them, of {samples} a job",
+         {kept} decodes kept for the sweep, {hits} samples served from them, of {samples} a \
+         job; {reads} samples taken from another job's read",
         shared as f64 / alone.max(1) as f64
     );
     // Each sample decoded at most once for the four and kept, and most of the others'
@@ -184,6 +190,12 @@ fn a_sweep_decodes_once_and_each_job_keeps_its_own_order() {
     assert!(
         hits >= 1.5 * samples,
         "{hits} samples served from {kept} kept decodes, for four jobs of {samples} samples"
+    );
+    // The three started together read their units together (which of them reads each sample
+    // first is up to the threads; that some samples were not read again is not).
+    assert!(
+        reads > 0.0,
+        "no sample of the sweep was read once for several jobs"
     );
 
     // A job with another seed beside one of the sweep's: its own tensors, its own order.
@@ -286,9 +298,10 @@ fn teams_share_decodes_only_where_the_tenants_file_groups_them() {
     };
     both("apart");
     assert_eq!(
-        value(&worker, "sluice_cpu_share_hits_total"),
-        0.0,
-        "two teams with the same data, pipeline and seed share nothing by default"
+        share_counts(&worker),
+        (0.0, 0.0, 0.0),
+        "two teams with the same data, pipeline and seed share nothing by default, reads \
+         included"
     );
     // The operator groups them; the worker reads the file again while it serves.
     tenants(d, true);
