@@ -23,8 +23,9 @@
 //!
 //! A unit holds a slot while it decodes. Out of credit, it gives the slot back (a job whose
 //! consumer does not read must not hold the slots the other jobs need) and queues for one
-//! again when a credit comes; after each sample it keeps its slot unless another job waits,
-//! in which case the job charged least gets it.
+//! again when a credit comes; after each sample it decoded it keeps its slot unless another
+//! job waits, in which case the job charged least gets it (a sample copied from a sweep's
+//! decode keeps the slot: [`Worker::next_shared`]).
 
 mod admission;
 mod fair;
