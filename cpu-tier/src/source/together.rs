@@ -1,15 +1,15 @@
 //! Units of a sweep that read the same samples at the same time read them once.
 //!
-//! The jobs of a sweep ask for the same units ([`crate::share`]: one class, one plan), and
-//! on a worker their units of the same samples run nearly in step. Each read them on its
-//! own: a copy out of the page cache (or a download), the checksum and the tar parse again,
-//! for every job (`perf` put them at a third of what each job beyond the first cost the
-//! worker once the decodes were shared). A unit opened with [`ShardSource::open_unit_together`] joins the read of the same
-//! samples by another unit of its group, if one is under way and still holds every sample
-//! from the first: whichever of them needs the next sample first reads it (through
-//! [`ShardSource::open_unit_with_repair`], replicas, cache and repair included) for all of
-//! them, and each takes the same sample, shared (`Arc`), not copied (a copy into fresh
-//! pages costs about what the read did).
+//! The jobs of a sweep ask for the same units ([`crate::share`]: one class, one plan), and on a
+//! worker their units of the same samples run nearly in step. Each read them on its own: a copy out
+//! of the page cache (or a download), the checksum and the tar parse again, for every job (`perf`
+//! put them at a third of what each job beyond the first cost the worker once the decodes were
+//! shared). A unit opened with [`ShardSource::open_unit_together`] joins the read of the same
+//! samples by another unit of its group, if one is under way and still holds every sample from the
+//! first: whichever of them needs the next sample first reads it (through
+//! [`ShardSource::open_unit_with_repair`], replicas, cache and repair included) for all of them,
+//! and each takes the same sample, shared (`Arc`), not copied (a copy into fresh pages costs about
+//! what the read did).
 //!
 //! A unit never waits for another's pace, only for a read under way. The samples read are
 //! kept until the last unit of the read is done with them, within one byte bound over all
