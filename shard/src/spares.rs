@@ -8,7 +8,7 @@
 //! worker's CPU. A reader given [`Spares`] ([`crate::SampleReader::with_spares`]) reads into
 //! a buffer from them, and whoever is done with a sample gives its buffers back.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::sample::Sample;
 
@@ -88,6 +88,14 @@ impl Spares {
         }
     }
 
+    /// [`Spares::give_back`] for a sample several hold (the units of a sweep that read it
+    /// together): its buffers go back with the last of them, and stay with the others.
+    pub fn give_back_shared(&self, sample: Arc<Sample>) {
+        if let Ok(sample) = Arc::try_unwrap(sample) {
+            self.give_back(sample);
+        }
+    }
+
     /// How many buffers it holds now.
     pub fn len(&self) -> usize {
         self.stack.lock().map(|s| s.buffers.len()).unwrap_or(0)
@@ -100,8 +108,6 @@ impl Spares {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use crate::read::{ReadOptions, SampleReader};
     use crate::write::encode_sample;
@@ -140,6 +146,19 @@ mod tests {
         assert_eq!(third, plain[2]);
         assert_eq!(third.fields[0].data.as_ptr(), image, "read into the spare");
         assert!(reader.next().is_none());
+    }
+
+    #[test]
+    fn a_shared_sample_goes_back_with_its_last_holder() {
+        let tar = shard(&[("a", 100_000)]);
+        let spares = Spares::new(1 << 20);
+        let mut reader = SampleReader::new(&tar[..], "s.tar", &ReadOptions::default());
+        let sample = Arc::new(reader.next().unwrap().unwrap());
+        let other = sample.clone();
+        spares.give_back_shared(sample);
+        assert!(spares.is_empty(), "another unit still holds it");
+        spares.give_back_shared(other);
+        assert_eq!(spares.len(), 1);
     }
 
     #[test]

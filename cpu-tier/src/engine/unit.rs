@@ -317,9 +317,7 @@ impl Engine {
     /// unit that holds it, when several read it together).
     fn give_back(&self, input: Input) {
         if let (Some(spares), Ok(sample)) = (&self.spares, input) {
-            if let Ok(sample) = Arc::try_unwrap(sample) {
-                spares.give_back(sample);
-            }
+            spares.give_back_shared(sample);
         }
     }
 }

@@ -147,9 +147,7 @@ impl Item {
 
     fn give_back(self, spares: &sluice_shard::Spares) {
         if let Item::Sample(s) = self {
-            if let Ok(s) = Arc::try_unwrap(s) {
-                spares.give_back(s);
-            }
+            spares.give_back_shared(s);
         }
     }
 }
